@@ -1,0 +1,242 @@
+"""The ``kernelcast`` command line: list operations, measure template spaces, show the best kernels.
+
+Configuration is read here, at the edge, validated once, and passed down as values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import signal
+import sys
+import time
+from collections import Counter
+
+DEFAULT_DATA = "kernelcast-data"
+
+
+class UsageError(Exception):
+    """Bad input from the command line; printed as one clear line, exit status 2."""
+
+
+def _parse_storage_options(pairs: list[str]) -> dict:
+    options: dict = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise UsageError(f"--storage-option takes KEY=VALUE, got {pair!r}")
+        key, value = pair.split("=", 1)
+        if key == "endpoint_url":
+            options.setdefault("client_kwargs", {})["endpoint_url"] = value
+        else:
+            options[key] = value
+    return options
+
+
+def _data_root(args):
+    from storage.dataset import DataRoot
+
+    return DataRoot(args.data, storage_options=_parse_storage_options(args.storage_option))
+
+
+def cmd_ops(args) -> int:
+    from kernels.ops import OPERATIONS
+    from kernels.spaces import get_space
+
+    print(f"{'operation':<14} {'bound':<8} {'variants':>8}  algorithms / cases")
+    for name, op in OPERATIONS.items():
+        space = get_space(name)
+        algos = Counter(c.template.split("/", 1)[1] for c in space.variants())
+        print(f"{name:<14} {op.bound:<8} {sum(algos.values()):>8}  "
+              + ", ".join(f"{a} ({n})" for a, n in algos.items()))
+        print(f"{'':<33}cases: " + ", ".join(c.name for c in op.cases))
+        print(f"{'':<33}{op.summary}")
+    return 0
+
+
+def _resolve_ops(spec: str) -> list[str]:
+    from kernels.ops import OPERATIONS, get_operation
+
+    names = list(OPERATIONS) if spec == "all" else [s.strip() for s in spec.split(",") if s.strip()]
+    if not names:
+        raise UsageError("--op names no operation")
+    for name in names:
+        try:
+            get_operation(name)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    return names
+
+
+def _resolve_mode(requested: str):
+    """The measurement mode and hardware spec; says so when there is no GPU."""
+    import torch
+
+    from kernels.hardware import detect
+
+    if requested == "gpu" and not torch.cuda.is_available():
+        raise UsageError("--mode gpu, but no CUDA GPU is visible")
+    mode = requested if requested != "auto" else ("gpu" if torch.cuda.is_available() else "interpreter")
+    if mode == "interpreter":
+        os.environ["TRITON_INTERPRET"] = "1"
+        print("no GPU in use: checking correctness only, with Triton's CPU interpreter on small cases; "
+              "no timings are recorded", file=sys.stderr)
+        from kernels.hardware import INTERPRETER
+        from kernels.records import HardwareSpec
+        import triton
+
+        return mode, HardwareSpec(gpu_type=INTERPRETER, device_name="Triton CPU interpreter",
+                                  torch_version=torch.__version__, triton_version=triton.__version__)
+    return mode, detect()
+
+
+def cmd_measure(args) -> int:
+    from tqdm import tqdm
+
+    from kernels.harness.worker import MeasureWorker, WorkerConfig
+    from kernels.ops import get_operation
+    from kernels.spaces import get_space
+
+    if args.limit is not None and args.limit < 0:
+        raise UsageError(f"--limit must be zero or more, got {args.limit}")
+    ops = _resolve_ops(args.op)
+    root = _data_root(args)
+    mode, hw = _resolve_mode(args.mode)
+    config = WorkerConfig(mode=mode, concurrency=args.concurrency or max(1, (os.cpu_count() or 2) - 1),
+                          timeout_s=args.timeout, gpu_timeout_s=args.gpu_timeout,
+                          seeds=args.seeds if args.seeds else (3 if mode == "gpu" else 1))
+    plan = []
+    for name in ops:
+        todo = get_operation(name).seed_candidates() + get_space(name).spread_subset(args.limit)
+        done = set() if args.remeasure else root.measured_ids(name, hw.gpu_type)
+        plan += [c for c in todo if c.candidate_id not in done]
+    print(f"measuring {len(plan)} candidates of {', '.join(ops)} on {hw.device_name} ({hw.gpu_type}), "
+          f"mode {mode}, data root {args.data}", file=sys.stderr)
+    if not plan:
+        print("nothing to measure: every candidate is already measured here (use --remeasure)", file=sys.stderr)
+        return 0
+    root.write_candidates(plan)
+
+    deadline = time.monotonic() + args.max_minutes * 60 if args.max_minutes else math.inf
+    statuses: Counter = Counter()
+    buffer, written, t0, last_flush = [], 0, time.monotonic(), time.monotonic()
+    best: dict[str, float] = {}
+
+    def flush():
+        nonlocal buffer, written, last_flush
+        if buffer:
+            written += root.write_measurements(buffer)
+            buffer, last_flush = [], time.monotonic()
+
+    def on_term(signum, frame):  # `timeout` and schedulers send SIGTERM: keep what is measured
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    worker = MeasureWorker(hw, config)
+    bar = tqdm(total=len(plan), unit="cand", file=sys.stderr, dynamic_ncols=True)
+    stopped = ""
+    try:
+        for m in worker.measure(plan):
+            buffer.append(m)
+            statuses[m.status] += 1
+            if m.speedup:
+                best[m.op] = max(best.get(m.op, 0.0), m.speedup)
+            bar.update(1)
+            bar.set_postfix({k: v for k, v in statuses.most_common()}, refresh=False)
+            if len(buffer) >= 25 or time.monotonic() - last_flush > 30:
+                flush()
+            if time.monotonic() > deadline:
+                stopped = f"stopped after --max-minutes {args.max_minutes}; rerun to continue"
+                break
+    except KeyboardInterrupt:
+        stopped = "interrupted; rerun to continue where it stopped"
+    finally:
+        bar.close()
+        flush()
+        worker.close()
+        signal.signal(signal.SIGTERM, previous)
+    elapsed = time.monotonic() - t0
+    n = sum(statuses.values())
+    print(f"measured {n} candidates in {elapsed:.1f} s ({written} new rows written): "
+          + ", ".join(f"{k} {v}" for k, v in statuses.most_common()))
+    if mode == "gpu" and elapsed > 0:
+        print(f"throughput {n / (elapsed / 60):.1f} candidates per GPU-minute; GPU busy "
+              f"{100 * worker.busy_gpu_seconds / elapsed:.0f}% of wall time")
+        for op_name, s in sorted(best.items()):
+            print(f"  best speedup over eager PyTorch, {op_name}: {s:.2f}x")
+    else:
+        print("correctness only (interpreter): no runtimes recorded")
+    if stopped:
+        print(stopped, file=sys.stderr)
+        return 130
+    return 0
+
+
+def cmd_show(args) -> int:
+    from flows.report import best_table
+
+    root = _data_root(args)
+    table = best_table(root, op=args.op)
+    if table.empty:
+        print(f"no measurements under {args.data}")
+        return 0
+    print(table.to_string(index=False))
+    return 0
+
+
+def cmd_compact(args) -> int:
+    root = _data_root(args)
+    for table in ("candidates", "measurements"):
+        root.compact(table)
+    print(f"compacted {args.data}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kernelcast", description="Find fast GPU kernels with few GPU measurements.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def data_args(sp):
+        sp.add_argument("--data", default=os.environ.get("KERNELCAST_DATA", DEFAULT_DATA),
+                        help="data root: a local folder or s3://bucket/prefix (default: %(default)s)")
+        sp.add_argument("--storage-option", action="append", metavar="KEY=VALUE",
+                        help="fsspec storage option, e.g. endpoint_url=http://127.0.0.1:9000")
+
+    sp = sub.add_parser("ops", help="list operations and their template spaces")
+    sp.set_defaults(func=cmd_ops)
+
+    sp = sub.add_parser("measure", help="measure template variants of operations")
+    sp.add_argument("--op", required=True, help="operation name, comma-separated names, or 'all'")
+    sp.add_argument("--limit", type=int, default=None, help="measure N variants spread over the space")
+    sp.add_argument("--mode", choices=["auto", "gpu", "interpreter"], default="auto")
+    sp.add_argument("--concurrency", type=int, default=0, help="children compiling at once (default: cores - 1)")
+    sp.add_argument("--timeout", type=float, default=300.0, help="seconds a candidate may take in all")
+    sp.add_argument("--gpu-timeout", type=float, default=60.0, help="seconds a candidate may hold the GPU")
+    sp.add_argument("--seeds", type=int, default=0, help="seeded correctness inputs per case (default 3 GPU, 1 CPU)")
+    sp.add_argument("--remeasure", action="store_true", help="measure again what is already measured here")
+    sp.add_argument("--max-minutes", type=float, default=0, help="stop (keeping results) after this long")
+    data_args(sp)
+    sp.set_defaults(func=cmd_measure)
+
+    sp = sub.add_parser("show", help="best measured variant per operation and GPU type")
+    sp.add_argument("--op", default=None)
+    data_args(sp)
+    sp.set_defaults(func=cmd_show)
+
+    sp = sub.add_parser("compact", help="merge each partition's Parquet files into one")
+    data_args(sp)
+    sp.set_defaults(func=cmd_compact)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (UsageError, ValueError, FileNotFoundError, ConnectionError, PermissionError) as exc:
+        print(f"kernelcast {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

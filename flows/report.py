@@ -1,0 +1,59 @@
+"""Tables people read: the best measured variant per operation and GPU type."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from kernels.hardware import peak_tflops
+from kernels.ops import OPERATIONS
+
+
+def fraction_of_limit(op_name: str, case_names, runtimes_us, peak_gbps: float, gpu_type: str) -> float | None:
+    """Mean over cases of achieved bandwidth (memory-bound) or bf16 throughput (compute-bound) over peak."""
+    op = OPERATIONS.get(op_name)
+    if op is None or not len(runtimes_us):
+        return None
+    by_name = {c.name: c for c in op.cases}
+    peak_tf = peak_tflops(gpu_type)
+    fractions = []
+    for name, t in zip(case_names, runtimes_us):
+        case = by_name.get(name)
+        if case is None:
+            continue
+        gbps, tflops = op.achieved(case, t)
+        if op.bound == "memory" and peak_gbps:
+            fractions.append(gbps / peak_gbps)
+        elif op.bound == "compute" and peak_tf:
+            fractions.append(tflops / peak_tf)
+    return sum(fractions) / len(fractions) if fractions else None
+
+
+def best_table(root, op: str | None = None) -> pd.DataFrame:
+    """One row per (op, gpu_type): counts by status and the fastest correct variant."""
+    m = root.read_measurements(op=op)
+    if m.empty:
+        return pd.DataFrame()
+    cands = root.read_candidates(op=op)[["candidate_id", "template", "params"]]
+    m = m.merge(cands, on="candidate_id", how="left")
+    rows = []
+    for (op_name, gpu_type), g in m.groupby(["op", "gpu_type"], sort=True):
+        counts = g["status"].value_counts()
+        row = {"op": op_name, "gpu_type": gpu_type, "measured": len(g), "ok": int(counts.get("ok", 0)),
+               "failed": int(len(g) - counts.get("ok", 0))}
+        timed = g[(g["status"] == "ok") & g["speedup"].notna() & (g["template"].fillna("").str.rsplit("/", n=1).str[-1] != "eager")]
+        if len(timed):
+            b = timed.loc[timed["speedup"].idxmax()]
+            runtimes = list(b["runtime_us_median"])
+            frac = fraction_of_limit(op_name, list(b["case_names"]), runtimes,
+                                     float(b.get("peak_bandwidth_gbps") or 0.0), gpu_type)
+            row.update({
+                "best": b["template"], "params": b["params"],
+                "runtime_us": round(math.exp(sum(math.log(t) for t in runtimes) / len(runtimes)), 2),
+                "speedup": round(float(b["speedup"]), 3),
+                "median_speedup": round(float(timed["speedup"].median()), 3),
+                "pct_of_limit": None if frac is None else round(100 * frac, 1),
+            })
+        rows.append(row)
+    return pd.DataFrame(rows)

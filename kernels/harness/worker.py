@@ -1,0 +1,233 @@
+"""The measurement worker for one GPU: runs each candidate in its own child process.
+
+Children come from a fork server that has already imported torch and Triton, so a
+child starts in milliseconds and with no CUDA state. Up to ``concurrency`` children
+load and compile at once on the CPU cores while one of them holds the GPU lock for
+correctness and timing. The worker watches every child from outside: a crash
+(segfault, illegal address that kills the process) becomes ``crashed``, a child past
+its time limit (overall, or once it holds the GPU) is killed and becomes ``timeout``.
+Either way only that candidate is lost; the worker goes on with the next.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from typing import Iterable, Iterator
+
+from kernels.harness.runner import Job, child_main
+from kernels.hardware import INTERPRETER
+from kernels.ops import get_operation
+from kernels.records import Candidate, HardwareSpec, Measurement
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    mode: str = "gpu"  # "gpu" or "interpreter"
+    concurrency: int = 4  # children loading/compiling at once
+    timeout_s: float = 300.0  # a child's whole life
+    gpu_timeout_s: float = 60.0  # from taking the GPU lock to its result
+    seeds: int = 3  # seeded correctness inputs per case
+    max_seconds_per_case: float = 1.0  # timing budget per case
+
+
+@dataclass
+class _Running:
+    candidate: Candidate
+    process: mp.process.BaseProcess
+    conn: object
+    scratch: str
+    started: float
+    gpu_started: float | None = None
+    result: dict | None = None
+
+
+def _context():
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["kernels.harness.runner"])
+    return ctx
+
+
+def _signal_name(exitcode: int) -> str:
+    try:
+        return signal.Signals(-exitcode).name
+    except ValueError:
+        return f"signal {-exitcode}"
+
+
+def _log_tail(scratch: str, limit: int = 1500) -> str:
+    try:
+        with open(os.path.join(scratch, "child.log"), errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return ""
+    return text[-limit:].strip()
+
+
+def geometric_mean(values: Iterable[float]) -> float | None:
+    values = list(values)
+    if not values or any(v <= 0 or not math.isfinite(v) for v in values):
+        return None
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+class MeasureWorker:
+    """Measures candidates on one device (or the CPU interpreter); yields ``Measurement``s."""
+
+    def __init__(self, hardware: HardwareSpec, config: WorkerConfig = WorkerConfig()):
+        if config.mode == "gpu" and hardware.gpu_type == INTERPRETER:
+            raise ValueError("no CUDA GPU is visible; measure in interpreter mode (correctness only)")
+        if config.mode not in ("gpu", "interpreter"):
+            raise ValueError(f"unknown measurement mode {config.mode!r}; known: gpu, interpreter")
+        # Triton decides at import time whether its jit functions are interpreted, so the
+        # fork server (started on first use, inheriting this environment) must see the switch.
+        if config.mode == "interpreter":
+            os.environ["TRITON_INTERPRET"] = "1"
+        elif os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+            raise ValueError("TRITON_INTERPRET is set in this process; GPU measurement needs it unset")
+        self.hardware = hardware
+        self.config = config
+        self._ctx = _context()
+        self._root = tempfile.mkdtemp(prefix="kernelcast-worker-")
+        self._lock_path = os.path.join(self._root, "gpu.lock")
+        self._cache = os.path.join(self._root, "triton-cache")
+        os.makedirs(self._cache, exist_ok=True)
+        self.reference_us: dict[str, tuple[float, ...]] = {}  # op -> eager runtime per case
+        self.busy_gpu_seconds = 0.0
+
+    def close(self) -> None:
+        shutil.rmtree(self._root, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def measure(self, candidates: Iterable[Candidate]) -> Iterator[Measurement]:
+        """Measure each candidate (the op's eager reference first, once), yielding results as they finish."""
+        candidates = list(candidates)
+        for op_name in dict.fromkeys(c.op for c in candidates):
+            get_operation(op_name)  # fail on an unknown op before any child starts
+            if self.config.mode == "gpu" and op_name not in self.reference_us:
+                seed = get_operation(op_name).seed_candidates()[0]
+                for m in self._run([seed]):
+                    if m.status == "ok":
+                        self.reference_us[op_name] = m.runtime_us_median
+                    m = self._with_speedup(m)
+                    yield m
+                candidates = [c for c in candidates if c.candidate_id != seed.candidate_id]
+        for m in self._run(candidates):
+            yield self._with_speedup(m)
+
+    def _with_speedup(self, m: Measurement) -> Measurement:
+        ref = self.reference_us.get(m.op)
+        if m.status != "ok" or not ref or not m.runtime_us_median:
+            return m
+        from dataclasses import replace
+
+        speedup = geometric_mean(r / t for r, t in zip(ref, m.runtime_us_median))
+        return replace(m, reference_us_median=tuple(ref), speedup=speedup)
+
+    def _start(self, cand: Candidate) -> _Running:
+        scratch = tempfile.mkdtemp(prefix="cand-", dir=self._root)
+        job = Job(candidate=cand, mode=self.config.mode, scratch_dir=scratch, lock_path=self._lock_path,
+                  triton_cache_dir=self._cache, seeds=self.config.seeds,
+                  max_seconds_per_case=self.config.max_seconds_per_case)
+        parent_conn, child_conn = self._ctx.Pipe(duplex=False)
+        proc = self._ctx.Process(target=child_main, args=(job, child_conn), daemon=True,
+                                 name=f"kernelcast-{cand.candidate_id}")
+        proc.start()
+        child_conn.close()
+        return _Running(cand, proc, parent_conn, scratch, time.monotonic())
+
+    def _run(self, candidates: list[Candidate]) -> Iterator[Measurement]:
+        pending = deque(candidates)
+        running: list[_Running] = []
+        try:
+            while pending or running:
+                while pending and len(running) < self.config.concurrency:
+                    running.append(self._start(pending.popleft()))
+                wait([r.conn for r in running] + [r.process.sentinel for r in running], timeout=0.5)
+                still = []
+                for r in running:
+                    done = self._poll(r)
+                    if done is None:
+                        still.append(r)
+                    else:
+                        yield done
+                running = still
+        finally:
+            for r in running:  # the caller stopped early: leave no child behind
+                r.process.kill()
+                r.process.join(5)
+                shutil.rmtree(r.scratch, ignore_errors=True)
+
+    def _poll(self, r: _Running) -> Measurement | None:
+        """The finished measurement of a child, or None while it is still running within its limits."""
+        try:
+            while r.conn.poll():
+                kind, payload = r.conn.recv()
+                if kind == "gpu_stage":
+                    r.gpu_started = time.monotonic()
+                elif kind == "result":
+                    r.result = payload
+        except (EOFError, OSError):
+            pass
+        now = time.monotonic()
+        if r.result is not None:
+            r.process.join(10)
+            if r.process.is_alive():
+                r.process.kill()
+            return self._finish(r, **self._from_result(r.result))
+        if not r.process.is_alive():
+            r.process.join()
+            code = r.process.exitcode
+            how = f"killed by {_signal_name(code)}" if code and code < 0 else f"exited with code {code}"
+            tail = _log_tail(r.scratch)
+            message = f"child process {how} before reporting a result" + (f"; its output ended: {tail}" if tail else "")
+            return self._finish(r, status="crashed", error=message, gpu_seconds=self._gpu_held(r, now))
+        if now - r.started > self.config.timeout_s:
+            return self._kill(r, f"exceeded its time limit of {self.config.timeout_s:.0f} s", now)
+        if r.gpu_started is not None and now - r.gpu_started > self.config.gpu_timeout_s:
+            return self._kill(r, f"held the GPU past its limit of {self.config.gpu_timeout_s:.0f} s", now)
+        return None
+
+    def _gpu_held(self, r: _Running, now: float) -> float:
+        return now - r.gpu_started if r.gpu_started is not None else 0.0
+
+    def _kill(self, r: _Running, why: str, now: float) -> Measurement:
+        r.process.kill()
+        r.process.join(10)
+        return self._finish(r, status="timeout", error=f"candidate {why}; killed", gpu_seconds=self._gpu_held(r, now))
+
+    @staticmethod
+    def _from_result(res: dict) -> dict:
+        return {"status": res.get("status", "runtime_error"), "error": res.get("error", ""),
+                "case_names": tuple(res.get("case_names", ())),
+                "runtime_us_median": tuple(res.get("runtime_us_median", ())),
+                "runtime_us_iqr": tuple(res.get("runtime_us_iqr", ())),
+                "repetitions": tuple(res.get("repetitions", ())),
+                "compile_seconds": float(res.get("compile_seconds", 0.0)),
+                "gpu_seconds": float(res.get("gpu_seconds", 0.0))}
+
+    def _finish(self, r: _Running, **fields) -> Measurement:
+        shutil.rmtree(r.scratch, ignore_errors=True)
+        try:
+            r.conn.close()
+        except OSError:
+            pass
+        self.busy_gpu_seconds += fields.get("gpu_seconds", 0.0)
+        if fields.get("status") != "ok":  # a failed candidate carries no timings
+            fields.update(runtime_us_median=(), runtime_us_iqr=(), repetitions=())
+        return Measurement(candidate_id=r.candidate.candidate_id, op=r.candidate.op,
+                           gpu_type=self.hardware.gpu_type, mode=self.config.mode,
+                           wall_seconds=time.monotonic() - r.started, hardware=self.hardware, **fields)

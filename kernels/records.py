@@ -1,0 +1,124 @@
+"""Typed records that travel between the steps: candidates, hardware specs, measurements.
+
+Each record maps one-to-one to a Parquet table whose pyarrow schema lives in
+``storage/schema.py``. Records are frozen; a step that changes one makes a new one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+BACKENDS = ("triton", "cuda", "torch")
+ORIGINS = ("template", "llm", "seed", "import")
+STATUSES = ("ok", "compile_error", "runtime_error", "incorrect", "timeout", "crashed", "rejected")
+MODES = ("gpu", "interpreter", "replay")
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def canonical_params(params: Mapping[str, Any]) -> str:
+    """Launch parameters as one canonical JSON string (sorted keys, no spaces)."""
+    return json.dumps(dict(params), sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One kernel to try: real source code plus the launch parameters it is called with.
+
+    The source is a Python module defining ``launch(*inputs, *outputs, **params)``;
+    it writes the op's outputs into the tensors the harness allocates (or returns them).
+    """
+
+    op: str
+    backend: str
+    source: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    template: str | None = None  # "softmax/online" for template variants, None otherwise
+    parent_id: str | None = None
+    origin: str = "template"
+    created_at: datetime = field(default_factory=utc_now, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {self.backend!r}; known: {', '.join(BACKENDS)}")
+        if self.origin not in ORIGINS:
+            raise ValueError(f"unknown origin {self.origin!r}; known: {', '.join(ORIGINS)}")
+        object.__setattr__(self, "params", dict(sorted(dict(self.params).items())))
+
+    @property
+    def candidate_id(self) -> str:
+        """Content hash of op, backend, source and launch parameters (16 hex digits)."""
+        h = hashlib.sha256()
+        for part in (self.op, self.backend, self.source, canonical_params(self.params)):
+            h.update(part.encode())
+            h.update(b"\0")
+        return h.hexdigest()[:16]
+
+    def with_params(self, **changes: Any) -> "Candidate":
+        return dataclasses.replace(self, params={**self.params, **changes})
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """What a measurement ran on; every field that a forecaster or a roofline needs."""
+
+    gpu_type: str  # short routing name: "h100", "h200", or "interpreter"
+    device_name: str
+    compute_capability: str = ""
+    sm_count: int = 0
+    sm_clock_mhz: int = 0
+    mem_clock_mhz: int = 0
+    bus_width_bits: int = 0
+    memory_gib: float = 0.0
+    l2_mib: float = 0.0
+    threads_per_sm: int = 0
+    driver_version: str = ""
+    cuda_version: str = ""
+    torch_version: str = ""
+    triton_version: str = ""
+
+    @property
+    def peak_bandwidth_gbps(self) -> float:
+        """Datasheet DRAM bandwidth from memory clock and bus width (double data rate)."""
+        return 2.0 * self.mem_clock_mhz * 1e6 * self.bus_width_bits / 8 / 1e9
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One candidate evaluated on one GPU type: status first, then per-case timings.
+
+    Per-case lists are aligned with ``case_names``. Timing fields are empty when
+    the status is not ``ok`` or when the mode records no timing (interpreter).
+    """
+
+    candidate_id: str
+    op: str
+    gpu_type: str
+    status: str
+    mode: str
+    error: str = ""
+    case_names: tuple[str, ...] = ()
+    runtime_us_median: tuple[float, ...] = ()
+    runtime_us_iqr: tuple[float, ...] = ()
+    repetitions: tuple[int, ...] = ()
+    reference_us_median: tuple[float, ...] = ()
+    speedup: float | None = None  # geometric mean over cases of reference / candidate
+    compile_seconds: float = 0.0
+    gpu_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    hardware: HardwareSpec | None = None
+    replayed: bool = False
+    measured_at: datetime = field(default_factory=utc_now)
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown status {self.status!r}; known: {', '.join(STATUSES)}")
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode {self.mode!r}; known: {', '.join(MODES)}")

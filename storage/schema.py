@@ -1,0 +1,187 @@
+"""The one place for table schemas: pyarrow columns, keys and partitions, and record <-> row conversion.
+
+Every table is one ``TableSpec``; ``storage/dataset.py`` reads and writes any of
+them the same way, so a new table (forecasts, decisions, generations) is one
+spec here plus its two converters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Iterable
+
+import pandas as pd
+import pyarrow as pa
+
+from kernels.records import Candidate, HardwareSpec, Measurement, canonical_params
+
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A table: its full schema, the columns that identify a row, and the Hive partition columns."""
+
+    name: str
+    schema: pa.Schema
+    key: tuple[str, ...]
+    partition_by: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        missing = [c for c in (*self.key, *self.partition_by) if c not in self.schema.names]
+        if missing:
+            raise ValueError(f"table {self.name!r}: key or partition columns {missing} are not in its schema")
+
+    @property
+    def file_schema(self) -> pa.Schema:
+        """Columns stored inside each Parquet file; partition values live in the path instead."""
+        return pa.schema([f for f in self.schema if f.name not in self.partition_by])
+
+    @property
+    def partition_schema(self) -> pa.Schema:
+        return pa.schema([self.schema.field(name) for name in self.partition_by])
+
+
+CANDIDATES = TableSpec(
+    name="candidates",
+    schema=pa.schema([
+        ("candidate_id", pa.string()),
+        ("op", pa.string()),
+        ("backend", pa.string()),
+        ("template", pa.string()),
+        ("source", pa.string()),
+        ("params", pa.string()),  # canonical JSON, see kernels.records.canonical_params
+        ("parent_id", pa.string()),
+        ("origin", pa.string()),
+        ("created_at", TIMESTAMP),
+    ]),
+    key=("candidate_id",),
+    partition_by=("op",),
+)
+
+# HardwareSpec is flattened under its own field names; its gpu_type is the measurement's.
+_HARDWARE_COLUMNS = [
+    ("device_name", pa.string()),
+    ("compute_capability", pa.string()),
+    ("sm_count", pa.int32()),
+    ("sm_clock_mhz", pa.int32()),
+    ("mem_clock_mhz", pa.int32()),
+    ("bus_width_bits", pa.int32()),
+    ("memory_gib", pa.float64()),
+    ("l2_mib", pa.float64()),
+    ("threads_per_sm", pa.int32()),
+    ("driver_version", pa.string()),
+    ("cuda_version", pa.string()),
+    ("torch_version", pa.string()),
+    ("triton_version", pa.string()),
+]
+HARDWARE_FIELDS = tuple(name for name, _ in _HARDWARE_COLUMNS)
+
+MEASUREMENTS = TableSpec(
+    name="measurements",
+    schema=pa.schema([
+        ("candidate_id", pa.string()),
+        ("op", pa.string()),
+        ("gpu_type", pa.string()),
+        ("status", pa.string()),
+        ("mode", pa.string()),
+        ("error", pa.string()),
+        ("case_names", pa.list_(pa.string())),
+        ("runtime_us_median", pa.list_(pa.float64())),
+        ("runtime_us_iqr", pa.list_(pa.float64())),
+        ("repetitions", pa.list_(pa.int32())),
+        ("reference_us_median", pa.list_(pa.float64())),
+        ("speedup", pa.float64()),
+        ("compile_seconds", pa.float64()),
+        ("gpu_seconds", pa.float64()),
+        ("wall_seconds", pa.float64()),
+        *_HARDWARE_COLUMNS,
+        ("peak_bandwidth_gbps", pa.float64()),  # derived from the spec; stored for queries, not read back
+        ("replayed", pa.bool_()),
+        ("measured_at", TIMESTAMP),
+    ]),
+    key=("candidate_id", "gpu_type"),
+    partition_by=("op", "gpu_type"),
+)
+
+TABLES: dict[str, TableSpec] = {t.name: t for t in (CANDIDATES, MEASUREMENTS)}
+
+
+def table_spec(name: str) -> TableSpec:
+    """The spec of table ``name``, with the known names in the error."""
+    try:
+        return TABLES[name]
+    except KeyError:
+        raise ValueError(f"unknown table {name!r}; known: {', '.join(TABLES)}") from None
+
+
+def _rows(df: pd.DataFrame, spec: TableSpec) -> list[dict]:
+    """DataFrame rows as plain Python values (None for nulls, lists for list columns).
+
+    Going back through Arrow with the spec's schema undoes pandas' conversions:
+    NaN for missing numbers and strings, floats for nullable ints, numpy arrays for lists.
+    """
+    missing = [c for c in spec.schema.names if c not in df.columns]
+    if missing:
+        raise ValueError(f"{spec.name} rows lack columns {missing}")
+    table = pa.Table.from_pandas(df[spec.schema.names], schema=spec.schema, preserve_index=False)
+    return table.to_pylist()
+
+
+def candidates_to_table(candidates: Iterable[Candidate]) -> pa.Table:
+    rows = [{
+        "candidate_id": c.candidate_id,
+        "op": c.op,
+        "backend": c.backend,
+        "template": c.template,
+        "source": c.source,
+        "params": canonical_params(c.params),
+        "parent_id": c.parent_id,
+        "origin": c.origin,
+        "created_at": c.created_at,
+    } for c in candidates]
+    return pa.Table.from_pylist(rows, schema=CANDIDATES.schema)
+
+
+def candidates_from_frame(df: pd.DataFrame) -> list[Candidate]:
+    """Rows of the candidates table back to records; a row whose content no longer hashes to its id is an error."""
+    out = []
+    for row in _rows(df, CANDIDATES):
+        c = Candidate(op=row["op"], backend=row["backend"], source=row["source"],
+                      params=json.loads(row["params"]), template=row["template"],
+                      parent_id=row["parent_id"], origin=row["origin"], created_at=row["created_at"])
+        if c.candidate_id != row["candidate_id"]:
+            raise ValueError(f"candidate {row['candidate_id']!r}: stored content hashes to {c.candidate_id!r}")
+        out.append(c)
+    return out
+
+
+def measurements_to_table(measurements: Iterable[Measurement]) -> pa.Table:
+    rows = []
+    for m in measurements:
+        hw = m.hardware
+        if hw is not None and hw.gpu_type != m.gpu_type:
+            raise ValueError(f"measurement of {m.candidate_id!r}: gpu_type {m.gpu_type!r} but hardware "
+                             f"says {hw.gpu_type!r}; the table stores gpu_type once")
+        row = {f.name: getattr(m, f.name) for f in dataclasses.fields(Measurement) if f.name != "hardware"}
+        for name in HARDWARE_FIELDS:
+            row[name] = None if hw is None else getattr(hw, name)
+        row["peak_bandwidth_gbps"] = None if hw is None else hw.peak_bandwidth_gbps
+        rows.append(row)
+    return pa.Table.from_pylist(rows, schema=MEASUREMENTS.schema)
+
+
+def measurements_from_frame(df: pd.DataFrame) -> list[Measurement]:
+    """Rows of the measurements table back to records; null hardware columns mean ``hardware=None``."""
+    out = []
+    for row in _rows(df, MEASUREMENTS):
+        hardware = None
+        if row["device_name"] is not None:
+            hardware = HardwareSpec(gpu_type=row["gpu_type"], **{name: row[name] for name in HARDWARE_FIELDS})
+        fields = {f.name: row[f.name] for f in dataclasses.fields(Measurement) if f.name != "hardware"}
+        for name in ("case_names", "runtime_us_median", "runtime_us_iqr", "repetitions", "reference_us_median"):
+            fields[name] = tuple(fields[name] or ())
+        out.append(Measurement(**fields, hardware=hardware))
+    return out

@@ -1,0 +1,1 @@
+"""Forecasting a candidate's speedup and how sure we are of it: bins, forecasters, calibration, policies."""

@@ -1,0 +1,37 @@
+"""The paper's speedup bins: speedup S = reference runtime / candidate runtime.
+
+Bin 0 is failure (does not compile, or is incorrect); bins 1-8 have upper edges
+0.25, 0.5, 0.71, 1.0, 1.41, 2.0, 4.0 and infinity.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from typing import Sequence
+
+UPPER_EDGES = (0.25, 0.5, 0.71, 1.0, 1.41, 2.0, 4.0, math.inf)
+N_BINS = len(UPPER_EDGES)  # 8 speedup bins, numbered 1..8
+FAILURE_BIN = 0
+# A representative speedup per bin: the geometric midpoint of its edges (the open
+# ends use the next edge's ratio), used to turn a bin distribution into a speedup.
+_LOWER = (UPPER_EDGES[0] / 2,) + UPPER_EDGES[:-1]
+_UPPER = UPPER_EDGES[:-1] + (UPPER_EDGES[-2] * 2,)
+BIN_SPEEDUP = tuple(math.sqrt(lo * hi) for lo, hi in zip(_LOWER, _UPPER))
+
+
+def speedup_bin(speedup: float | None) -> int:
+    """Bin 1..8 of a measured speedup; 0 for a failed candidate (None, NaN or non-positive)."""
+    if speedup is None or math.isnan(speedup) or speedup <= 0:
+        return FAILURE_BIN
+    return bisect.bisect_left(UPPER_EDGES, speedup) + 1
+
+
+def expected_speedup(probabilities: Sequence[float]) -> float:
+    """Expected speedup under 8 bin probabilities, averaged in log space (speedups are ratios)."""
+    if len(probabilities) != N_BINS:
+        raise ValueError(f"expected {N_BINS} bin probabilities, got {len(probabilities)}")
+    total = float(sum(probabilities))
+    if not total > 0:
+        raise ValueError("bin probabilities sum to zero")
+    return math.exp(sum(p * math.log(s) for p, s in zip(probabilities, BIN_SPEEDUP)) / total)

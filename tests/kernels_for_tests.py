@@ -1,0 +1,47 @@
+"""Hand-written candidate sources for the harness tests: good ones and every kind of bad one."""
+
+from kernels.records import Candidate
+
+SOURCES = {
+    "malformed": "def launch(x, out:\n    pass\n",
+    "no_launch": "import torch\n\ndef run(x, out):\n    pass\n",
+    "raises": "def launch(x, out):\n    raise RuntimeError('kernel exploded on purpose')\n",
+    "segfault": "import ctypes\n\ndef launch(x, out):\n    ctypes.string_at(0)\n",
+    "hangs": "def launch(x, out):\n    while True:\n        pass\n",
+    "wrong_values": "def launch(x, out):\n    out.copy_(x * 2)\n",
+    "nans": "def launch(x, out):\n    out.fill_(float('nan'))\n",
+    "out_of_bounds": '''
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _spill(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(y_ptr + n + offs, tl.load(x_ptr + offs, mask=offs < n, other=0.0))
+
+
+def launch(x, out):
+    out.copy_(torch.softmax(x.float(), dim=-1).to(x.dtype))
+    _spill[(1,)](x, out, out.numel(), BLOCK=64)
+''',
+    "illegal_address": '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _far(y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(y_ptr + 1_000_000_000_000 + offs, tl.zeros([BLOCK], tl.float32))
+
+
+def launch(x, out):
+    _far[(1,)](out, BLOCK=64)
+''',
+}
+
+
+def candidate(kind: str, op: str = "softmax") -> Candidate:
+    return Candidate(op=op, backend="triton", source=SOURCES[kind], origin="llm")

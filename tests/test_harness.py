@@ -1,0 +1,81 @@
+"""The measurement harness on the CPU: Triton's interpreter checks correctness, children are isolated."""
+
+import os
+
+import pytest
+
+from kernels.harness.worker import MeasureWorker, WorkerConfig
+from kernels.hardware import INTERPRETER
+from kernels.records import Candidate, HardwareSpec
+from kernels.spaces import get_space
+from tests.kernels_for_tests import candidate
+
+CPU = HardwareSpec(gpu_type=INTERPRETER, device_name="Triton CPU interpreter")
+
+
+def measure(cands, **config):
+    cfg = WorkerConfig(**{"mode": "interpreter", "concurrency": 2, "timeout_s": 10, "seeds": 1, **config})
+    with MeasureWorker(CPU, cfg) as worker:
+        return {m.candidate_id: m for m in worker.measure(cands)}
+
+
+@pytest.fixture(scope="module")
+def batch():
+    """One batch mixing good template variants with every kind of bad candidate."""
+    good = get_space("softmax").spread_subset(3)
+    bad = {kind: candidate(kind) for kind in
+           ("malformed", "no_launch", "raises", "segfault", "hangs", "wrong_values", "nans", "out_of_bounds")}
+    results = measure(good + list(bad.values()))
+    return good, bad, results
+
+
+def test_good_variants_pass_under_the_interpreter_with_no_timing(batch):
+    good, _, results = batch
+    for c in good:
+        m = results[c.candidate_id]
+        assert m.status == "ok", m.error
+        assert m.mode == "interpreter" and m.runtime_us_median == () and m.speedup is None
+
+
+@pytest.mark.parametrize("kind,status,words", [
+    ("malformed", "compile_error", "syntax error"),
+    ("no_launch", "compile_error", "no callable 'launch"),
+    ("raises", "runtime_error", "kernel exploded on purpose"),
+    ("segfault", "crashed", "SIGSEGV"),
+    ("hangs", "timeout", "time limit"),
+    ("wrong_values", "incorrect", "out of tolerance"),
+    ("nans", "incorrect", "NaN/Inf"),
+    ("out_of_bounds", "incorrect", "out-of-bounds write"),
+])
+def test_bad_candidate_gets_its_status_and_a_clear_message(batch, kind, status, words):
+    _, bad, results = batch
+    m = results[bad[kind].candidate_id]
+    assert m.status == status, m.error
+    assert words in m.error
+
+
+def test_worker_keeps_going_and_loses_no_result(batch):
+    good, bad, results = batch
+    assert len(results) == len(good) + len(bad)
+
+
+def test_hang_costs_only_its_own_time_limit():
+    results = measure([candidate("hangs")], timeout_s=3)
+    (m,) = results.values()
+    assert m.status == "timeout" and 3 <= m.wall_seconds < 15
+
+
+def test_unknown_operation_is_refused_before_any_child_starts():
+    bogus = Candidate(op="sofmax", backend="triton", source="def launch(): pass\n", origin="llm")
+    with MeasureWorker(CPU, WorkerConfig(mode="interpreter")) as worker:
+        with pytest.raises(ValueError, match="unknown operation 'sofmax'; known: softmax"):
+            list(worker.measure([bogus]))
+
+
+def test_candidate_environment_has_no_secrets(tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "planted-secret")
+    monkeypatch.setenv("MY_API_TOKEN", "planted-token")
+    from kernels.harness.runner import scrub_environment
+
+    scrub_environment()
+    assert "AWS_SECRET_ACCESS_KEY" not in os.environ and "MY_API_TOKEN" not in os.environ
