@@ -1,0 +1,144 @@
+"""Measurement-harness benchmark (needs a CUDA GPU): throughput, repeatability, agreement with do_bench.
+
+    python benchmarks/harness_bench.py [--batch 200] [--repeat-candidates 20] [--repeats 5]
+
+Prints:
+  1. the GPU's two ceilings measured here: device-to-device copy bandwidth and bf16 matmul rate;
+  2. throughput over a batch of template candidates of elementwise/reduction operations,
+     in candidates per GPU-minute, and the fraction of wall time the GPU stage was busy;
+  3. repeatability: candidates measured several times each in separate runs ->
+     coefficient of variation of the per-case medians;
+  4. agreement of the harness's medians with triton.testing.do_bench on the same kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+import triton
+
+from kernels.harness.correctness import load_launch, poisoned_outputs
+from kernels.harness.worker import MeasureWorker, WorkerConfig
+from kernels.hardware import detect
+from kernels.ops import get_operation
+from kernels.spaces import get_space
+
+MEMORY_OPS = ("softmax", "layernorm", "rmsnorm", "bias_gelu", "row_sum", "cross_entropy", "fp8_quant", "transpose")
+
+
+def ceilings() -> dict:
+    """Copy bandwidth (bytes read + written) and dense bf16 matmul rate, both measured here."""
+    n = 1 << 30
+    src = torch.randn(n // 4, device="cuda")
+    dst = torch.empty_like(src)
+    copy_ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=500, return_mode="median")
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    mm_ms = triton.testing.do_bench(lambda: a @ b, warmup=50, rep=500, return_mode="median")
+    return {"copy_gbps": 2 * n / copy_ms / 1e6, "matmul_bf16_tflops": 2 * 8192**3 / mm_ms / 1e9}
+
+
+def spread_batch(total: int) -> list:
+    per_op = total // len(MEMORY_OPS)
+    out = []
+    for op in MEMORY_OPS:
+        out += get_space(op).spread_subset(per_op)
+    return out
+
+
+def do_bench_medians(cand) -> list[float]:
+    """The same kernel timed by triton.testing.do_bench (median, its own L2 flush), per case, in us."""
+    op = get_operation(cand.op)
+    launch = load_launch(cand.source)
+    medians = []
+    for case in op.cases:
+        gen = torch.Generator(device="cuda")
+        gen.manual_seed(1000)
+        inputs = op.make_inputs(case, gen, "cuda")
+        outputs = poisoned_outputs(op, case, "cuda")
+        fn = lambda: launch(*inputs, *outputs, **cand.params)  # noqa: E731
+        medians.append(1e3 * triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+    return medians
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch", type=int, default=200)
+    p.add_argument("--repeat-candidates", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--concurrency", type=int, default=12)
+    p.add_argument("--json", default=None, help="also write the figures here")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("this benchmark needs a CUDA GPU", file=sys.stderr)
+        return 2
+    hw = detect()
+    report: dict = {"device": hw.device_name, "driver": hw.driver_version, "torch": hw.torch_version,
+                    "triton": hw.triton_version}
+    report.update(ceilings())
+    print(f"device {hw.device_name}, driver {hw.driver_version}, torch {hw.torch_version}, triton {hw.triton_version}")
+    print(f"copy bandwidth {report['copy_gbps']:.0f} GB/s, bf16 matmul {report['matmul_bf16_tflops']:.0f} TFLOP/s")
+    config = WorkerConfig(mode="gpu", concurrency=args.concurrency)
+
+    # 2. throughput over a fresh batch (the eager reference of each op is measured too and counted)
+    batch = spread_batch(args.batch)
+    with MeasureWorker(hw, config) as worker:
+        t0 = time.monotonic()
+        results = list(worker.measure(batch))
+        wall = time.monotonic() - t0
+        busy = worker.busy_gpu_seconds
+    statuses = {s: sum(m.status == s for m in results) for s in {m.status for m in results}}
+    report.update(batch_candidates=len(results), batch_wall_s=wall, candidates_per_gpu_minute=len(results) / (wall / 60),
+                  gpu_busy_fraction=busy / wall, batch_statuses=statuses)
+    print(f"throughput: {len(results)} candidates in {wall:.1f} s = {report['candidates_per_gpu_minute']:.0f} "
+          f"per GPU-minute; GPU busy {100 * busy / wall:.0f}% of wall time; statuses {statuses}")
+
+    # 3. repeatability: the same candidates, separate runs (fresh worker, fresh children)
+    ok = [m for m in results if m.status == "ok"]
+    by_id = {c.candidate_id: c for c in batch}
+    step = max(1, len(ok) // args.repeat_candidates)
+    chosen = [by_id[m.candidate_id] for m in ok[::step] if m.candidate_id in by_id][: args.repeat_candidates]
+    runs: dict[str, list[tuple[float, ...]]] = {c.candidate_id: [] for c in chosen}
+    for _ in range(args.repeats):
+        with MeasureWorker(hw, config) as worker:
+            for m in worker.measure(chosen):
+                if m.candidate_id in runs and m.status == "ok":
+                    runs[m.candidate_id].append(m.runtime_us_median)
+    cvs = []
+    for series in runs.values():
+        for per_case in zip(*series):
+            if len(per_case) >= 2:
+                cvs.append(statistics.stdev(per_case) / statistics.mean(per_case))
+    report.update(repeat_candidates=len(chosen), repeats=args.repeats, median_cv=statistics.median(cvs),
+                  p90_cv=sorted(cvs)[int(0.9 * (len(cvs) - 1))])
+    print(f"repeatability: {len(chosen)} candidates x {args.repeats} runs, {len(cvs)} case series: "
+          f"median CV {100 * report['median_cv']:.2f}%, 90th percentile {100 * report['p90_cv']:.2f}%")
+
+    # 4. agreement with do_bench on the same kernels (first run's medians)
+    ratios = []
+    for c in chosen:
+        if not runs[c.candidate_id]:
+            continue
+        ours = runs[c.candidate_id][0]
+        theirs = do_bench_medians(c)
+        ratios += [o / t for o, t in zip(ours, theirs)]
+    devs = [abs(r - 1) for r in ratios]
+    report.update(do_bench_pairs=len(ratios), do_bench_median_ratio=statistics.median(ratios),
+                  do_bench_median_abs_dev=statistics.median(devs),
+                  do_bench_within_3pct=sum(d <= 0.03 for d in devs) / len(devs))
+    print(f"do_bench agreement: {len(ratios)} (kernel, case) pairs, median ratio harness/do_bench "
+          f"{report['do_bench_median_ratio']:.3f}, median |deviation| {100 * report['do_bench_median_abs_dev']:.1f}%, "
+          f"{100 * report['do_bench_within_3pct']:.0f}% within 3%")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

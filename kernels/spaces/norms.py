@@ -1,0 +1,306 @@
+"""LayerNorm and RMSNorm template spaces.
+
+Algorithms (both ops unless noted):
+
+- ``single_tile``: a whole row (``BLOCK_N = next_power_of_2(N)``) sits in registers, ROWS rows
+  per program as a 2-D tile; x is read once and the statistics are exact two-pass sums over
+  the registers. Fast while the row fits, spills when the tile gets too large per thread.
+- ``looped``: a loop over BLOCK_N-wide chunks accumulates the statistics (sum and sum of
+  squares for LayerNorm, sum of squares for RMSNorm), then a second loop normalises. x is read
+  twice (the second read mostly hits L2), but registers stay small whatever N is.
+- ``welford`` (LayerNorm only): like ``looped``, but the statistics are a per-lane Welford
+  mean/M2, merged across lanes with Chan's formula in a ``tl.reduce``; numerically the most
+  robust, and it costs extra arithmetic per element.
+
+Every variant may run one program per row block or a persistent grid sized to the SMs.
+``launch`` passes N and the row stride as multiples of VEC (the largest power of two <= 16
+dividing both), so Triton can prove that rows and masks are VEC-aligned and emit 16-byte
+loads even for sizes such as N=3000.
+"""
+
+from kernels.spaces import Algorithm, TemplateSpace
+
+_PRELUDE = '''
+import torch
+import triton
+import triton.language as tl
+
+
+def _programs(n_blocks, persistent, num_warps, x):
+    """Grid size: one program per row block, or a persistent grid sized to the SMs."""
+    if not persistent:
+        return n_blocks
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
+    return max(1, min(n_blocks, sms * max(1, 32 // num_warps)))
+
+
+def _vec(*sizes):
+    """The largest power of two <= 16 that divides every size."""
+    v = 16
+    while v > 1 and any(s % v for s in sizes):
+        v //= 2
+    return v
+'''
+
+LN_SINGLE_TILE = _PRELUDE + '''
+
+@triton.jit
+def _layernorm_tile(x_ptr, w_ptr, b_ptr, y_ptr, M, n_div, sx_div, sy_div, eps,
+                    VEC: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+    N = n_div * VEC
+    stride_x = sx_div * VEC
+    stride_y = sy_div * VEC
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    for rb in range(pid, tl.cdiv(M, ROWS), nprog):
+        rows = rb * ROWS + tl.arange(0, ROWS)
+        rows64 = rows.to(tl.int64)
+        mask = (rows[:, None] < M) & cmask[None, :]
+        x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask,
+                    other=0.0).to(tl.float32)
+        mean = tl.sum(x, axis=1) / N
+        d = tl.where(mask, x - mean[:, None], 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=1) / N + eps)
+        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        y = d * rstd[:, None] * w[None, :] + b[None, :]
+        tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty),
+                 mask=mask)
+
+
+def launch(x, weight, bias, out, *, ROWS, PERSISTENT, num_warps, num_stages):
+    M, N = x.shape
+    vec = _vec(N, x.stride(0), out.stride(0))
+    grid = (_programs(triton.cdiv(M, ROWS), PERSISTENT, num_warps, x),)
+    _layernorm_tile[grid](x, weight, bias, out, M, N // vec, x.stride(0) // vec,
+                          out.stride(0) // vec, 1e-5, VEC=vec, BLOCK_N=triton.next_power_of_2(N),
+                          ROWS=ROWS, num_warps=num_warps, num_stages=num_stages)
+'''
+
+LN_LOOPED = _PRELUDE + '''
+
+@triton.jit
+def _layernorm_looped(x_ptr, w_ptr, b_ptr, y_ptr, M, n_div, sx_div, sy_div, eps,
+                      VEC: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+    N = n_div * VEC
+    stride_x = sx_div * VEC
+    stride_y = sy_div * VEC
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_N)
+    for rb in range(pid, tl.cdiv(M, ROWS), nprog):
+        rows = rb * ROWS + tl.arange(0, ROWS)
+        rows64 = rows.to(tl.int64)
+        rmask = rows[:, None] < M
+        x_rows = x_ptr + rows64[:, None] * stride_x
+        acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
+        acc2 = tl.zeros([ROWS, BLOCK_N], tl.float32)
+        for start in range(0, N, BLOCK_N):
+            offs = start + cols
+            x = tl.load(x_rows + offs[None, :], mask=rmask & (offs < N)[None, :],
+                        other=0.0).to(tl.float32)
+            acc += x
+            acc2 += x * x
+        mean = tl.sum(acc, axis=1) / N
+        var = tl.maximum(tl.sum(acc2, axis=1) / N - mean * mean, 0.0)
+        rstd = 1.0 / tl.sqrt(var + eps)
+        y_rows = y_ptr + rows64[:, None] * stride_y
+        for start in range(0, N, BLOCK_N):
+            offs = start + cols
+            cmask = offs < N
+            mask = rmask & cmask[None, :]
+            x = tl.load(x_rows + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + offs, mask=cmask, other=0.0).to(tl.float32)
+            b = tl.load(b_ptr + offs, mask=cmask, other=0.0).to(tl.float32)
+            y = (x - mean[:, None]) * rstd[:, None] * w[None, :] + b[None, :]
+            tl.store(y_rows + offs[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def launch(x, weight, bias, out, *, BLOCK_N, ROWS, PERSISTENT, num_warps, num_stages):
+    M, N = x.shape
+    vec = _vec(N, x.stride(0), out.stride(0))
+    grid = (_programs(triton.cdiv(M, ROWS), PERSISTENT, num_warps, x),)
+    _layernorm_looped[grid](x, weight, bias, out, M, N // vec, x.stride(0) // vec,
+                            out.stride(0) // vec, 1e-5, VEC=vec, BLOCK_N=BLOCK_N, ROWS=ROWS,
+                            num_warps=num_warps, num_stages=num_stages)
+'''
+
+LN_WELFORD = _PRELUDE + '''
+
+@triton.jit
+def _welford_merge(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
+    n = n_a + n_b
+    frac = n_b / tl.maximum(n, 1.0)
+    delta = mean_b - mean_a
+    return mean_a + delta * frac, m2_a + m2_b + delta * delta * n_a * frac, n
+
+
+@triton.jit
+def _layernorm_welford(x_ptr, w_ptr, b_ptr, y_ptr, M, n_div, sx_div, sy_div, eps,
+                       VEC: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+    N = n_div * VEC
+    stride_x = sx_div * VEC
+    stride_y = sy_div * VEC
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_N)
+    # Lane j sees chunk elements j, j + BLOCK_N, ...: cdiv(N - j, BLOCK_N) of them.
+    lane_n = tl.maximum((N - cols + BLOCK_N - 1) // BLOCK_N, 0).to(tl.float32)
+    for rb in range(pid, tl.cdiv(M, ROWS), nprog):
+        rows = rb * ROWS + tl.arange(0, ROWS)
+        rows64 = rows.to(tl.int64)
+        rmask = rows[:, None] < M
+        x_rows = x_ptr + rows64[:, None] * stride_x
+        mean = tl.zeros([ROWS, BLOCK_N], tl.float32)
+        m2 = tl.zeros([ROWS, BLOCK_N], tl.float32)
+        for start in range(0, N, BLOCK_N):
+            offs = start + cols
+            cmask = (offs < N)[None, :]
+            x = tl.load(x_rows + offs[None, :], mask=rmask & cmask, other=0.0).to(tl.float32)
+            # Every lane still in range has seen exactly start // BLOCK_N + 1 elements:
+            # only the last chunk is partial, so one scalar reciprocal serves all lanes.
+            inv = 1.0 / (start // BLOCK_N + 1)
+            delta = tl.where(cmask, x - mean, 0.0)
+            mean += delta * inv
+            m2 += delta * (x - mean)
+        counts = tl.zeros([ROWS, BLOCK_N], tl.float32) + lane_n[None, :]
+        mean_r, m2_r, n_r = tl.reduce((mean, m2, counts), 1, _welford_merge)
+        rstd = 1.0 / tl.sqrt(m2_r / n_r + eps)
+        y_rows = y_ptr + rows64[:, None] * stride_y
+        for start in range(0, N, BLOCK_N):
+            offs = start + cols
+            cmask = offs < N
+            mask = rmask & cmask[None, :]
+            x = tl.load(x_rows + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + offs, mask=cmask, other=0.0).to(tl.float32)
+            b = tl.load(b_ptr + offs, mask=cmask, other=0.0).to(tl.float32)
+            y = (x - mean_r[:, None]) * rstd[:, None] * w[None, :] + b[None, :]
+            tl.store(y_rows + offs[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def launch(x, weight, bias, out, *, BLOCK_N, ROWS, PERSISTENT, num_warps, num_stages):
+    M, N = x.shape
+    vec = _vec(N, x.stride(0), out.stride(0))
+    grid = (_programs(triton.cdiv(M, ROWS), PERSISTENT, num_warps, x),)
+    _layernorm_welford[grid](x, weight, bias, out, M, N // vec, x.stride(0) // vec,
+                             out.stride(0) // vec, 1e-5, VEC=vec, BLOCK_N=BLOCK_N, ROWS=ROWS,
+                             num_warps=num_warps, num_stages=num_stages)
+'''
+
+RMS_SINGLE_TILE = _PRELUDE + '''
+
+@triton.jit
+def _rmsnorm_tile(x_ptr, w_ptr, y_ptr, M, n_div, sx_div, sy_div, eps,
+                  VEC: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+    N = n_div * VEC
+    stride_x = sx_div * VEC
+    stride_y = sy_div * VEC
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    for rb in range(pid, tl.cdiv(M, ROWS), nprog):
+        rows = rb * ROWS + tl.arange(0, ROWS)
+        rows64 = rows.to(tl.int64)
+        mask = (rows[:, None] < M) & cmask[None, :]
+        x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask,
+                    other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / N + eps)
+        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        y = x * rstd[:, None] * w[None, :]
+        tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty),
+                 mask=mask)
+
+
+def launch(x, weight, out, *, ROWS, PERSISTENT, num_warps, num_stages):
+    M, N = x.shape
+    vec = _vec(N, x.stride(0), out.stride(0))
+    grid = (_programs(triton.cdiv(M, ROWS), PERSISTENT, num_warps, x),)
+    _rmsnorm_tile[grid](x, weight, out, M, N // vec, x.stride(0) // vec, out.stride(0) // vec,
+                        1e-6, VEC=vec, BLOCK_N=triton.next_power_of_2(N), ROWS=ROWS,
+                        num_warps=num_warps, num_stages=num_stages)
+'''
+
+RMS_LOOPED = _PRELUDE + '''
+
+@triton.jit
+def _rmsnorm_looped(x_ptr, w_ptr, y_ptr, M, n_div, sx_div, sy_div, eps,
+                    VEC: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+    N = n_div * VEC
+    stride_x = sx_div * VEC
+    stride_y = sy_div * VEC
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_N)
+    for rb in range(pid, tl.cdiv(M, ROWS), nprog):
+        rows = rb * ROWS + tl.arange(0, ROWS)
+        rows64 = rows.to(tl.int64)
+        rmask = rows[:, None] < M
+        x_rows = x_ptr + rows64[:, None] * stride_x
+        acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
+        for start in range(0, N, BLOCK_N):
+            offs = start + cols
+            x = tl.load(x_rows + offs[None, :], mask=rmask & (offs < N)[None, :],
+                        other=0.0).to(tl.float32)
+            acc += x * x
+        rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=1) / N + eps)
+        y_rows = y_ptr + rows64[:, None] * stride_y
+        for start in range(0, N, BLOCK_N):
+            offs = start + cols
+            cmask = offs < N
+            mask = rmask & cmask[None, :]
+            x = tl.load(x_rows + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + offs, mask=cmask, other=0.0).to(tl.float32)
+            y = x * rstd[:, None] * w[None, :]
+            tl.store(y_rows + offs[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def launch(x, weight, out, *, BLOCK_N, ROWS, PERSISTENT, num_warps, num_stages):
+    M, N = x.shape
+    vec = _vec(N, x.stride(0), out.stride(0))
+    grid = (_programs(triton.cdiv(M, ROWS), PERSISTENT, num_warps, x),)
+    _rmsnorm_looped[grid](x, weight, out, M, N // vec, x.stride(0) // vec, out.stride(0) // vec,
+                          1e-6, VEC=vec, BLOCK_N=BLOCK_N, ROWS=ROWS,
+                          num_warps=num_warps, num_stages=num_stages)
+'''
+
+# The widest row among the GPU cases (N = 8192); tiles are judged at that size in fp32.
+_MAX_N = 8192
+
+
+def _valid(algo, p):
+    threads = 32 * p["num_warps"]
+    if algo == "single_tile":
+        tile = p["ROWS"] * _MAX_N
+        # At most 64 fp32 row values per thread (x, plus weight/bias, stay in registers),
+        # and a pipelined next tile must fit in shared memory.
+        return tile // threads <= 64 and p["num_stages"] * tile * 4 <= 192 * 1024
+    tile = p["ROWS"] * p["BLOCK_N"]
+    per_thread = tile // threads
+    # Chunks from 4 to 32 elements per thread: fewer leaves lanes idle or loads narrow, more
+    # spills the accumulators; pipelined chunks must fit in shared memory.
+    return 4 <= per_thread <= 32 and p["num_stages"] * tile * 4 <= 160 * 1024
+
+
+def _space(op, tile_src, looped_src, welford_src=None):
+    algos = [
+        Algorithm("single_tile", tile_src.lstrip(), {
+            "ROWS": [1, 2, 4], "PERSISTENT": [0, 1],
+            "num_warps": [2, 4, 8, 16], "num_stages": [1, 2]}),
+        Algorithm("looped", looped_src.lstrip(), {
+            "BLOCK_N": [512, 1024, 2048, 4096], "ROWS": [1, 2, 4], "PERSISTENT": [0, 1],
+            "num_warps": [2, 4, 8, 16], "num_stages": [1, 2, 3]}),
+    ]
+    if welford_src is not None:
+        algos.append(Algorithm("welford", welford_src.lstrip(), {
+            "BLOCK_N": [512, 1024, 2048], "ROWS": [1, 2], "PERSISTENT": [0, 1],
+            "num_warps": [4, 8, 16], "num_stages": [1, 3]}))
+    return TemplateSpace(op=op, algorithms=algos, valid=_valid)
+
+
+SPACES = {
+    "layernorm": _space("layernorm", LN_SINGLE_TILE, LN_LOOPED, LN_WELFORD),
+    "rmsnorm": _space("rmsnorm", RMS_SINGLE_TILE, RMS_LOOPED),
+}

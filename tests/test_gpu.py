@@ -1,0 +1,46 @@
+"""Measurement on a real GPU (skipped without one): timing, speedup, and faults that cost one candidate."""
+
+import pytest
+
+from kernels.harness.worker import MeasureWorker, WorkerConfig
+from kernels.hardware import detect
+from kernels.ops import get_operation
+from kernels.spaces import get_space
+from tests.kernels_for_tests import candidate
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def results():
+    good = get_space("softmax").spread_subset(4)
+    bad = [candidate(k) for k in ("illegal_address", "out_of_bounds", "gpu_hang", "segfault", "wrong_values")]
+    # The good ones come after the faults, so they prove the worker recovers.
+    with MeasureWorker(detect(), WorkerConfig(mode="gpu", concurrency=3, timeout_s=60, gpu_timeout_s=30)) as w:
+        out = {m.candidate_id: m for m in w.measure(bad + good)}
+    return good, {c.source: c.candidate_id for c in bad}, out
+
+
+def test_template_variants_are_timed_with_speedup_over_eager(results):
+    good, _, out = results
+    seed = get_operation("softmax").seed_candidates()[0]
+    assert out[seed.candidate_id].status == "ok"
+    for c in good:
+        m = out[c.candidate_id]
+        assert m.status == "ok", m.error
+        assert len(m.runtime_us_median) == 3 and all(t > 0 for t in m.runtime_us_median)
+        assert m.speedup and m.speedup > 0 and m.gpu_seconds > 0 and m.hardware.sm_count > 0
+
+
+@pytest.mark.parametrize("kind,statuses", [
+    ("illegal_address", {"runtime_error", "crashed"}),
+    ("out_of_bounds", {"incorrect"}),
+    ("gpu_hang", {"timeout"}),
+    ("segfault", {"crashed"}),
+    ("wrong_values", {"incorrect"}),
+])
+def test_gpu_fault_costs_one_candidate(results, kind, statuses):
+    _, ids, out = results
+    m = out[ids[candidate(kind).source]]
+    assert m.status in statuses, m.error
+    assert m.error
