@@ -97,7 +97,7 @@ class DataRoot:
         base = self._table_path(spec)
         with self._io("list", base):
             self.fs.invalidate_cache(base)  # other writers may have added files since we last looked
-            found = self.fs.find(base) if self.fs.exists(base) else []
+            found = self.fs.find(base)
         files = []
         for path in sorted(found):
             parts = path[len(base):].strip("/").split("/")
@@ -112,12 +112,11 @@ class DataRoot:
         schema = spec.schema if columns is None else pa.schema([spec.schema.field(c) for c in columns])
         if not files:
             return schema.empty_table()
-        dataset = ds.dataset(files, schema=spec.schema, format="parquet", filesystem=self.fs,
-                             partitioning=ds.partitioning(spec.partition_schema, flavor="hive"),
-                             partition_base_dir=self._table_path(spec))
         with self._io("read", self._table_path(spec)):
-            table = dataset.to_table(columns=list(schema.names))
-        return table
+            dataset = ds.dataset(files, schema=spec.schema, format="parquet", filesystem=self.fs,
+                                 partitioning=ds.partitioning(spec.partition_schema, flavor="hive"),
+                                 partition_base_dir=self._table_path(spec))
+            return dataset.to_table(columns=list(schema.names))
 
     def _put(self, path: str, data: bytes) -> None:
         """Make ``path`` hold ``data``, visible whole or not at all."""

@@ -1,0 +1,57 @@
+"""The kernelcast command line, end to end on the CPU (interpreter mode), with a local data root."""
+
+import pandas as pd
+import pyarrow.dataset as ds
+
+from flows.cli import main
+
+
+def test_measure_writes_readable_tables_and_rerun_measures_nothing_twice(tmp_path, capsys):
+    root = str(tmp_path / "data")
+    assert main(["measure", "--op", "rmsnorm", "--limit", "3", "--data", root]) == 0
+    out = capsys.readouterr()
+    assert "correctness only" in out.out and "Triton's CPU interpreter" in out.err
+    m = pd.read_parquet(tmp_path / "data" / "measurements")
+    assert len(m) == 4 and set(m["status"]) == {"ok"}  # 3 variants and the eager seed
+    assert set(ds.dataset(tmp_path / "data" / "candidates", partitioning="hive").to_table()["op"].to_pylist()) == {"rmsnorm"}
+    assert main(["measure", "--op", "rmsnorm", "--limit", "3", "--data", root]) == 0
+    assert "nothing to measure" in capsys.readouterr().err
+    assert len(pd.read_parquet(tmp_path / "data" / "measurements")) == 4
+
+
+def test_show_lists_each_operation_and_gpu_type(tmp_path, capsys):
+    root = str(tmp_path / "data")
+    main(["measure", "--op", "row_sum,transpose", "--limit", "2", "--data", root])
+    capsys.readouterr()
+    assert main(["show", "--data", root]) == 0
+    shown = capsys.readouterr().out
+    assert "row_sum" in shown and "transpose" in shown and "interpreter" in shown
+
+
+def test_ops_lists_every_operation_with_its_space(capsys):
+    assert main(["ops"]) == 0
+    shown = capsys.readouterr().out
+    for name in ("softmax", "layernorm", "rmsnorm", "cross_entropy", "fp8_quant", "bias_gelu", "row_sum",
+                 "transpose", "matmul", "attention"):
+        assert name in shown
+
+
+def test_unknown_operation_is_a_clear_error(tmp_path, capsys):
+    assert main(["measure", "--op", "sofmax", "--data", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown operation 'sofmax'; known: softmax" in err
+
+
+def test_negative_limit_is_refused(tmp_path, capsys):
+    assert main(["measure", "--op", "softmax", "--limit", "-1", "--data", str(tmp_path)]) == 2
+    assert "--limit must be zero or more" in capsys.readouterr().err
+
+
+def test_gpu_mode_without_a_gpu_is_refused_before_measuring(tmp_path, capsys):
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible here")
+    assert main(["measure", "--op", "softmax", "--mode", "gpu", "--data", str(tmp_path)]) == 2
+    assert "no CUDA GPU is visible" in capsys.readouterr().err

@@ -1,0 +1,303 @@
+"""Parquet tables on a local folder and on a real S3-compatible server (moto in server mode)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from datetime import datetime, timezone
+from pathlib import Path
+
+import boto3
+import pandas as pd
+import pyarrow.dataset as ds
+import pytest
+from moto.server import ThreadedMotoServer
+
+import storage.dataset
+from kernels.records import Candidate, HardwareSpec, Measurement
+from storage.dataset import DataRoot, StorageError
+from storage.schema import CANDIDATES, MEASUREMENTS, candidates_from_frame, measurements_from_frame
+
+REPO = Path(__file__).resolve().parents[1]
+
+H100 = HardwareSpec(gpu_type="h100", device_name="NVIDIA H100 80GB HBM3", compute_capability="9.0",
+                    sm_count=132, sm_clock_mhz=1980, mem_clock_mhz=2619, bus_width_bits=5120,
+                    memory_gib=79.1, l2_mib=50.0, threads_per_sm=2048, driver_version="550.54.15",
+                    cuda_version="12.4", torch_version="2.5.1", triton_version="3.1.0")
+
+
+def candidate(i: int, op: str = "softmax") -> Candidate:
+    return Candidate(op=op, backend="triton", source=f"def launch(x, y, **params):\n    pass  # variant {i}\n",
+                     params={"BLOCK": 64 * (i + 1), "num_warps": 4, "eps": 1e-5}, template=f"{op}/online",
+                     parent_id=None if i == 0 else "0123456789abcdef", origin="template",
+                     created_at=datetime(2026, 1, 2, 3, 4, 5, 123_456 + i, tzinfo=timezone.utc))
+
+
+def measured(c: Candidate, gpu_type: str = "h100") -> Measurement:
+    return Measurement(candidate_id=c.candidate_id, op=c.op, gpu_type=gpu_type, status="ok", mode="gpu",
+                       case_names=("4096x4096-fp16", "1x32000-fp32"), runtime_us_median=(81.25, 9.5),
+                       runtime_us_iqr=(0.75, 0.125), repetitions=(200, 1000), reference_us_median=(102.0, 12.0),
+                       speedup=1.2597, compile_seconds=1.5, gpu_seconds=0.42, wall_seconds=3.0,
+                       hardware=dataclasses.replace(H100, gpu_type=gpu_type), replayed=False,
+                       measured_at=datetime(2026, 1, 2, 4, 0, 0, 7, tzinfo=timezone.utc))
+
+
+def failed_without_hardware(c: Candidate) -> Measurement:
+    return Measurement(candidate_id=c.candidate_id, op=c.op, gpu_type="interpreter", status="compile_error",
+                       mode="interpreter", error="SyntaxError: invalid syntax (line 3)", speedup=None,
+                       hardware=None, replayed=True,
+                       measured_at=datetime(2026, 1, 2, 5, 0, 0, tzinfo=timezone.utc))
+
+
+def visible_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*.parquet") if not p.name.startswith((".", "_")))
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> DataRoot:
+    return DataRoot(str(tmp_path / "data"))
+
+
+@pytest.fixture
+def aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def s3_root(aws_credentials: None):
+    """A DataRoot at s3://kernelcast/runs/test on a moto server listening on 127.0.0.1."""
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        # moto keeps its state per process, not per server: start every test from an empty store
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=30)
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="kernelcast")
+        yield DataRoot("s3://kernelcast/runs/test", storage_options={"client_kwargs": {"endpoint_url": endpoint}})
+    finally:
+        server.stop()
+
+
+# ---- schema --------------------------------------------------------------------------------
+
+
+def test_schema_columns_map_one_to_one_to_record_fields():
+    assert set(CANDIDATES.schema.names) == {f.name for f in dataclasses.fields(Candidate)} | {"candidate_id"}
+    hardware = {f.name for f in dataclasses.fields(HardwareSpec)}
+    measurement = {f.name for f in dataclasses.fields(Measurement)} - {"hardware"}
+    assert set(MEASUREMENTS.schema.names) == measurement | hardware | {"peak_bandwidth_gbps"}
+    assert len(MEASUREMENTS.schema.names) == len(set(MEASUREMENTS.schema.names))
+
+
+# ---- local data root -----------------------------------------------------------------------
+
+
+def test_candidates_round_trip_exactly(root: DataRoot):
+    written = [candidate(i) for i in range(3)] + [candidate(0, op="layernorm")]
+    assert root.write_candidates(written) == 4
+    back = candidates_from_frame(root.read_candidates())
+    key = lambda c: c.candidate_id  # noqa: E731
+    assert sorted(back, key=key) == sorted(written, key=key)
+    assert sorted((c.candidate_id, c.created_at) for c in back) == sorted((c.candidate_id, c.created_at) for c in written)
+
+
+def test_measurements_round_trip_exactly_including_missing_hardware(root: DataRoot):
+    cands = [candidate(i) for i in range(3)]
+    written = [measured(cands[0]), measured(cands[1], gpu_type="h200"), failed_without_hardware(cands[2])]
+    assert root.write_measurements(written) == 3
+    back = measurements_from_frame(root.read_measurements())
+    key = lambda m: (m.candidate_id, m.gpu_type)  # noqa: E731
+    assert sorted(back, key=key) == sorted(written, key=key)
+    assert root.read_measurements(gpu_type="interpreter")["peak_bandwidth_gbps"].isna().all()
+
+
+def test_reads_filter_by_partition(root: DataRoot):
+    root.write_candidates([candidate(0), candidate(1), candidate(0, op="layernorm")])
+    root.write_measurements([measured(candidate(0)), measured(candidate(1), gpu_type="h200")])
+    assert set(root.read_candidates(op="layernorm")["op"]) == {"layernorm"}
+    assert len(root.read_candidates(op="softmax")) == 2
+    assert list(root.read_measurements(op="softmax", gpu_type="h200")["candidate_id"]) == [candidate(1).candidate_id]
+    assert root.read_measurements(op="layernorm").empty
+
+
+def test_writing_the_same_batch_twice_stores_each_row_once(root: DataRoot, tmp_path: Path):
+    cands = [candidate(i) for i in range(3)]
+    for _ in range(2):
+        root.write_candidates(cands)
+        root.write_measurements([measured(c) for c in cands])
+    assert len(root.read_candidates()) == 3
+    assert len(root.read_measurements()) == 3
+    assert len(visible_files(tmp_path / "data")) == 2  # one file per table partition, not per write
+    assert root.write_candidates(cands) == 0
+    assert root.write_measurements([measured(c) for c in cands]) == 0
+
+
+def test_only_rows_not_yet_stored_are_written(root: DataRoot):
+    root.write_candidates([candidate(0), candidate(1)])
+    assert root.write_candidates([candidate(1), candidate(2), candidate(3)]) == 2
+    assert sorted(root.read_candidates()["candidate_id"]) == sorted(candidate(i).candidate_id for i in range(4))
+
+
+def test_duplicate_keys_within_one_batch_are_written_once(root: DataRoot):
+    assert root.write_candidates([candidate(0), candidate(0), candidate(1)]) == 2
+    assert len(pd.read_parquet(root.path + "/candidates")) == 2
+
+
+def test_same_key_on_another_gpu_type_is_a_new_row(root: DataRoot):
+    c = candidate(0)
+    assert root.write_measurements([measured(c, "h100")]) == 1
+    assert root.write_measurements([measured(c, "h100"), measured(c, "h200")]) == 1
+    assert root.measured_ids("softmax", "h100") == root.measured_ids("softmax", "h200") == {c.candidate_id}
+    assert root.measured_ids("softmax", "a100") == set()
+
+
+def test_layout_is_hive_partitioned_and_readable_by_pandas_and_pyarrow(root: DataRoot, tmp_path: Path):
+    root.write_candidates([candidate(0), candidate(0, op="layernorm")])
+    root.write_measurements([measured(candidate(0)), measured(candidate(1), gpu_type="h200")])
+    data = tmp_path / "data"
+    layout = [str(p.relative_to(data).parent) for p in visible_files(data)]
+    assert layout == ["candidates/op=layernorm", "candidates/op=softmax",
+                      "measurements/op=softmax/gpu_type=h100", "measurements/op=softmax/gpu_type=h200"]
+    assert all(re.fullmatch(r"part-[0-9a-f]{16}\.parquet", p.name) for p in visible_files(data))
+
+    frame = pd.read_parquet(data / "measurements")
+    assert sorted(frame["gpu_type"].astype(str)) == ["h100", "h200"]
+    assert sorted(frame["candidate_id"]) == sorted([candidate(0).candidate_id, candidate(1).candidate_id])
+    table = ds.dataset(data / "candidates", partitioning="hive").to_table()
+    assert sorted(table["op"].to_pylist()) == ["layernorm", "softmax"]
+    assert table.num_rows == 2
+
+
+CRASHING_WRITER = """
+import os, signal, sys
+import storage.dataset
+from kernels.records import Candidate
+
+def die(src, dst):  # the temp file is complete; the process dies before renaming it
+    os.kill(os.getpid(), signal.SIGKILL)
+
+storage.dataset.os.replace = die
+storage.dataset.DataRoot(sys.argv[1]).write_candidates([Candidate(op="softmax", backend="triton", source="x")])
+"""
+
+
+def test_writer_killed_mid_write_leaves_no_visible_file(root: DataRoot, tmp_path: Path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    child = subprocess.run([sys.executable, "-c", CRASHING_WRITER, root.uri], env=env, capture_output=True, timeout=120)
+    assert child.returncode == -signal.SIGKILL, child.stderr.decode()
+    partition = tmp_path / "data" / "candidates" / "op=softmax"
+    assert [p.name.startswith(".") for p in partition.iterdir()] == [True]  # only the abandoned temp file
+    assert root.read_candidates().empty
+    assert pd.read_parquet(tmp_path / "data" / "candidates").empty
+    assert root.write_candidates([Candidate(op="softmax", backend="triton", source="x")]) == 1
+    assert len(root.read_candidates()) == 1
+
+
+def test_write_failing_after_the_temp_file_leaves_nothing_behind(root: DataRoot, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch):
+    def refuse(src, dst):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(storage.dataset.os, "replace", refuse)
+    with pytest.raises(StorageError, match="candidates/op=softmax/part-"):
+        root.write_candidates([candidate(0)])
+    monkeypatch.undo()
+    assert list((tmp_path / "data" / "candidates" / "op=softmax").iterdir()) == []
+    assert root.read_candidates().empty
+
+
+def test_readers_drop_duplicate_keys_left_in_several_files(root: DataRoot, tmp_path: Path):
+    root.write_candidates([candidate(0), candidate(1)])
+    [only] = visible_files(tmp_path / "data")
+    shutil.copy(only, only.with_name("part-racing-writer.parquet"))  # as if two writers raced
+    assert len(pd.read_parquet(tmp_path / "data" / "candidates")) == 4
+    assert len(root.read_candidates()) == 2
+
+
+def test_compaction_leaves_one_file_per_partition_with_every_row_once(root: DataRoot, tmp_path: Path):
+    for batch in ([0, 1], [2], [3, 4, 5]):
+        root.write_candidates([candidate(i) for i in batch])
+    root.write_candidates([candidate(0, op="layernorm")])
+    first = visible_files(tmp_path / "data" / "candidates" / "op=softmax")[0]
+    shutil.copy(first, first.with_name("part-racing-writer.parquet"))
+    expected = sorted([candidate(i).candidate_id for i in range(6)] + [candidate(0, op="layernorm").candidate_id])
+
+    assert root.compact("candidates") == 1  # layernorm already had a single file
+    files = visible_files(tmp_path / "data" / "candidates")
+    assert [p.parent.name for p in files] == ["op=layernorm", "op=softmax"]
+    assert sorted(pd.read_parquet(tmp_path / "data" / "candidates")["candidate_id"]) == expected
+    by_id = lambda c: c.candidate_id  # noqa: E731
+    compacted = candidates_from_frame(root.read_candidates(op="softmax"))
+    assert sorted(compacted, key=by_id) == sorted([candidate(i) for i in range(6)], key=by_id)
+    assert root.compact("candidates") == 0
+
+
+def test_bad_partition_value_is_rejected_by_name(root: DataRoot, tmp_path: Path):
+    with pytest.raises(ValueError, match=r"'Soft Max'.*'op'"):
+        root.write_candidates([candidate(0), candidate(1, op="Soft Max")])
+    assert not (tmp_path / "data").exists()  # nothing of the batch was written
+    with pytest.raises(ValueError, match=r"'\.\./h100'"):
+        root.read_measurements(gpu_type="../h100")
+
+
+def test_unknown_table_is_rejected_by_name(root: DataRoot):
+    with pytest.raises(ValueError, match="unknown table 'forecast'; known: candidates, measurements"):
+        root.read("forecast")
+
+
+# ---- S3 data root (a real S3-compatible server) ----------------------------------------------
+
+
+def test_s3_round_trip_of_both_tables(s3_root: DataRoot):
+    cands = [candidate(i) for i in range(3)] + [candidate(0, op="layernorm")]
+    measurements = [measured(cands[0]), measured(cands[1], gpu_type="h200"), failed_without_hardware(cands[2])]
+    assert s3_root.write_candidates(cands) == 4
+    assert s3_root.write_measurements(measurements) == 3
+    by_id = lambda r: r.candidate_id  # noqa: E731
+    assert sorted(candidates_from_frame(s3_root.read_candidates()), key=by_id) == sorted(cands, key=by_id)
+    assert sorted(measurements_from_frame(s3_root.read_measurements()), key=by_id) == sorted(measurements, key=by_id)
+    assert s3_root.fs.ls("kernelcast/runs/test/measurements/op=softmax/gpu_type=h200")[0].endswith(".parquet")
+
+
+def test_s3_writing_the_same_batch_twice_stores_each_row_once(s3_root: DataRoot):
+    cands = [candidate(i) for i in range(3)]
+    assert s3_root.write_candidates(cands) == 3
+    assert s3_root.write_candidates(cands + [candidate(3)]) == 1
+    assert s3_root.write_measurements([measured(c) for c in cands]) == 3
+    assert s3_root.write_measurements([measured(c) for c in cands]) == 0
+    assert len(s3_root.read_candidates()) == 4
+    assert s3_root.measured_ids("softmax", "h100") == {c.candidate_id for c in cands}
+
+
+def test_s3_compaction_keeps_every_row_once(s3_root: DataRoot):
+    for i in range(3):
+        s3_root.write_candidates([candidate(i)])
+    assert s3_root.compact("candidates") == 1
+    assert len(s3_root.fs.ls("kernelcast/runs/test/candidates/op=softmax")) == 1
+    assert sorted(s3_root.read_candidates()["candidate_id"]) == sorted(candidate(i).candidate_id for i in range(3))
+
+
+def test_unreachable_s3_endpoint_error_names_the_uri(aws_credentials: None):
+    options = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{free_port()}"}, "retries": 1,
+               "config_kwargs": {"retries": {"max_attempts": 1}}}
+    root = DataRoot("s3://kernelcast/unreachable", storage_options=options)
+    with pytest.raises(StorageError, match="s3://kernelcast/unreachable/candidates"):
+        root.read_candidates()
