@@ -15,6 +15,12 @@ def _has_gpu() -> bool:
         return False
 
 
+# Without a GPU, kernels run under Triton's CPU interpreter; Triton reads the switch when it
+# is first imported, so it is set here, before any test module imports it.
+if not _has_gpu():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
 def pytest_collection_modifyitems(config, items):
     if _has_gpu():
         return
