@@ -123,6 +123,10 @@ def _itemsize(dtype: str) -> int:
     return torch.empty((), dtype=DTYPES[dtype]).element_size()
 
 
+# Tiny row-op cases for the CPU interpreter: odd, power-of-two and long-ish rows, three dtypes.
+ROW_INTERPRET_CASES = (case("float32", M=5, N=37), case("bfloat16", M=3, N=256), case("float16", M=4, N=300))
+
+
 class _RowOp(Operation):
     """Operations over rows of an (M, N) matrix."""
 
@@ -146,8 +150,7 @@ class Softmax(_RowOp):
     summary = "row softmax over the last dimension of an (M, N) matrix"
     cases = (case("float32", M=8192, N=4096), case("bfloat16", M=32768, N=1000),
              case("bfloat16", M=4096, N=8192))
-    interpret_cases = (case("float32", M=5, N=37), case("bfloat16", M=3, N=256),
-                       case("float16", M=4, N=300))
+    interpret_cases = ROW_INTERPRET_CASES
     eager_source = _src("""
         import torch
 
@@ -167,8 +170,7 @@ class LayerNorm(_RowOp):
     summary = "layer normalisation of each row with weight and bias (eps 1e-5)"
     cases = (case("bfloat16", M=8192, N=4096), case("float16", M=16384, N=3000),
              case("float32", M=4096, N=8192))
-    interpret_cases = (case("float32", M=5, N=37), case("bfloat16", M=3, N=256),
-                       case("float16", M=4, N=300))
+    interpret_cases = ROW_INTERPRET_CASES
     eager_source = _src("""
         import torch
         import torch.nn.functional as F
@@ -202,8 +204,7 @@ class RMSNorm(_RowOp):
     summary = "RMS normalisation of each row with a weight (eps 1e-6)"
     cases = (case("bfloat16", M=8192, N=4096), case("bfloat16", M=16384, N=5000),
              case("float32", M=4096, N=8192))
-    interpret_cases = (case("float32", M=5, N=37), case("bfloat16", M=3, N=256),
-                       case("float16", M=4, N=300))
+    interpret_cases = ROW_INTERPRET_CASES
     eager_source = _src("""
         import torch
         import torch.nn.functional as F
@@ -316,8 +317,7 @@ class BiasGelu(_RowOp):
     summary = "fused bias add and exact (erf) GELU over an (M, N) matrix"
     cases = (case("bfloat16", M=8192, N=4096), case("float16", M=16384, N=3000),
              case("float32", M=4096, N=8192))
-    interpret_cases = (case("float32", M=5, N=37), case("bfloat16", M=3, N=256),
-                       case("float16", M=4, N=300))
+    interpret_cases = ROW_INTERPRET_CASES
     eager_source = _src("""
         import torch
         import torch.nn.functional as F
@@ -349,8 +349,7 @@ class RowSum(_RowOp):
     summary = "sum of each row of an (M, N) matrix, accumulated and returned in fp32"
     cases = (case("bfloat16", M=8192, N=8192), case("float32", M=32768, N=1000),
              case("float16", M=2048, N=32768))
-    interpret_cases = (case("float32", M=5, N=37), case("bfloat16", M=3, N=256),
-                       case("float16", M=4, N=300))
+    interpret_cases = ROW_INTERPRET_CASES
     eager_source = _src("""
         import torch
 
