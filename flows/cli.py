@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (UsageError, ValueError, FileNotFoundError, ConnectionError, PermissionError) as exc:
+    except (UsageError, ValueError, OSError) as exc:  # storage errors are OSErrors naming the URI
         print(f"kernelcast {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -26,12 +26,12 @@ import triton
 import triton.language as tl
 
 
-def _programs(n_blocks, persistent, num_warps, x):
-    """Grid size: one program per row block, or a persistent grid sized to the SMs."""
-    if not persistent:
+def _programs(n_blocks, per_sm, x):
+    """Grid size: one program per row block (PER_SM=0), or PER_SM persistent programs per SM."""
+    if per_sm == 0:
         return n_blocks
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
-    return max(1, min(n_blocks, sms * max(1, 32 // num_warps)))
+    return max(1, min(n_blocks, sms * per_sm))
 
 
 def _vec(*sizes):
@@ -70,10 +70,10 @@ def _layernorm_tile(x_ptr, w_ptr, b_ptr, y_ptr, M, n_div, sx_div, sy_div, eps,
                  mask=mask)
 
 
-def launch(x, weight, bias, out, *, ROWS, PERSISTENT, num_warps, num_stages):
+def launch(x, weight, bias, out, *, ROWS, PER_SM, num_warps, num_stages):
     M, N = x.shape
     vec = _vec(N, x.stride(0), out.stride(0))
-    grid = (_programs(triton.cdiv(M, ROWS), PERSISTENT, num_warps, x),)
+    grid = (_programs(triton.cdiv(M, ROWS), PER_SM, x),)
     _layernorm_tile[grid](x, weight, bias, out, M, N // vec, x.stride(0) // vec,
                           out.stride(0) // vec, 1e-5, VEC=vec, BLOCK_N=triton.next_power_of_2(N),
                           ROWS=ROWS, num_warps=num_warps, num_stages=num_stages)
@@ -83,7 +83,8 @@ LN_LOOPED = _PRELUDE + '''
 
 @triton.jit
 def _layernorm_looped(x_ptr, w_ptr, b_ptr, y_ptr, M, n_div, sx_div, sy_div, eps,
-                      VEC: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+                      VEC: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+                      STAGES: tl.constexpr):
     N = n_div * VEC
     stride_x = sx_div * VEC
     stride_y = sy_div * VEC
@@ -97,7 +98,7 @@ def _layernorm_looped(x_ptr, w_ptr, b_ptr, y_ptr, M, n_div, sx_div, sy_div, eps,
         x_rows = x_ptr + rows64[:, None] * stride_x
         acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
         acc2 = tl.zeros([ROWS, BLOCK_N], tl.float32)
-        for start in range(0, N, BLOCK_N):
+        for start in tl.range(0, N, BLOCK_N, num_stages=STAGES):
             offs = start + cols
             x = tl.load(x_rows + offs[None, :], mask=rmask & (offs < N)[None, :],
                         other=0.0).to(tl.float32)
@@ -107,7 +108,7 @@ def _layernorm_looped(x_ptr, w_ptr, b_ptr, y_ptr, M, n_div, sx_div, sy_div, eps,
         var = tl.maximum(tl.sum(acc2, axis=1) / N - mean * mean, 0.0)
         rstd = 1.0 / tl.sqrt(var + eps)
         y_rows = y_ptr + rows64[:, None] * stride_y
-        for start in range(0, N, BLOCK_N):
+        for start in tl.range(0, N, BLOCK_N, num_stages=STAGES):
             offs = start + cols
             cmask = offs < N
             mask = rmask & cmask[None, :]
@@ -118,13 +119,13 @@ def _layernorm_looped(x_ptr, w_ptr, b_ptr, y_ptr, M, n_div, sx_div, sy_div, eps,
             tl.store(y_rows + offs[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def launch(x, weight, bias, out, *, BLOCK_N, ROWS, PERSISTENT, num_warps, num_stages):
+def launch(x, weight, bias, out, *, BLOCK_N, ROWS, PER_SM, num_warps, num_stages):
     M, N = x.shape
     vec = _vec(N, x.stride(0), out.stride(0))
-    grid = (_programs(triton.cdiv(M, ROWS), PERSISTENT, num_warps, x),)
+    grid = (_programs(triton.cdiv(M, ROWS), PER_SM, x),)
     _layernorm_looped[grid](x, weight, bias, out, M, N // vec, x.stride(0) // vec,
                             out.stride(0) // vec, 1e-5, VEC=vec, BLOCK_N=BLOCK_N, ROWS=ROWS,
-                            num_warps=num_warps, num_stages=num_stages)
+                            STAGES=num_stages, num_warps=num_warps, num_stages=num_stages)
 '''
 
 LN_WELFORD = _PRELUDE + '''
@@ -139,7 +140,8 @@ def _welford_merge(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
 
 @triton.jit
 def _layernorm_welford(x_ptr, w_ptr, b_ptr, y_ptr, M, n_div, sx_div, sy_div, eps,
-                       VEC: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+                       VEC: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+                       STAGES: tl.constexpr):
     N = n_div * VEC
     stride_x = sx_div * VEC
     stride_y = sy_div * VEC
@@ -155,7 +157,7 @@ def _layernorm_welford(x_ptr, w_ptr, b_ptr, y_ptr, M, n_div, sx_div, sy_div, eps
         x_rows = x_ptr + rows64[:, None] * stride_x
         mean = tl.zeros([ROWS, BLOCK_N], tl.float32)
         m2 = tl.zeros([ROWS, BLOCK_N], tl.float32)
-        for start in range(0, N, BLOCK_N):
+        for start in tl.range(0, N, BLOCK_N, num_stages=STAGES):
             offs = start + cols
             cmask = (offs < N)[None, :]
             x = tl.load(x_rows + offs[None, :], mask=rmask & cmask, other=0.0).to(tl.float32)
@@ -169,7 +171,7 @@ def _layernorm_welford(x_ptr, w_ptr, b_ptr, y_ptr, M, n_div, sx_div, sy_div, eps
         mean_r, m2_r, n_r = tl.reduce((mean, m2, counts), 1, _welford_merge)
         rstd = 1.0 / tl.sqrt(m2_r / n_r + eps)
         y_rows = y_ptr + rows64[:, None] * stride_y
-        for start in range(0, N, BLOCK_N):
+        for start in tl.range(0, N, BLOCK_N, num_stages=STAGES):
             offs = start + cols
             cmask = offs < N
             mask = rmask & cmask[None, :]
@@ -180,13 +182,13 @@ def _layernorm_welford(x_ptr, w_ptr, b_ptr, y_ptr, M, n_div, sx_div, sy_div, eps
             tl.store(y_rows + offs[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def launch(x, weight, bias, out, *, BLOCK_N, ROWS, PERSISTENT, num_warps, num_stages):
+def launch(x, weight, bias, out, *, BLOCK_N, ROWS, PER_SM, num_warps, num_stages):
     M, N = x.shape
     vec = _vec(N, x.stride(0), out.stride(0))
-    grid = (_programs(triton.cdiv(M, ROWS), PERSISTENT, num_warps, x),)
+    grid = (_programs(triton.cdiv(M, ROWS), PER_SM, x),)
     _layernorm_welford[grid](x, weight, bias, out, M, N // vec, x.stride(0) // vec,
                              out.stride(0) // vec, 1e-5, VEC=vec, BLOCK_N=BLOCK_N, ROWS=ROWS,
-                             num_warps=num_warps, num_stages=num_stages)
+                             STAGES=num_stages, num_warps=num_warps, num_stages=num_stages)
 '''
 
 RMS_SINGLE_TILE = _PRELUDE + '''
@@ -214,10 +216,10 @@ def _rmsnorm_tile(x_ptr, w_ptr, y_ptr, M, n_div, sx_div, sy_div, eps,
                  mask=mask)
 
 
-def launch(x, weight, out, *, ROWS, PERSISTENT, num_warps, num_stages):
+def launch(x, weight, out, *, ROWS, PER_SM, num_warps, num_stages):
     M, N = x.shape
     vec = _vec(N, x.stride(0), out.stride(0))
-    grid = (_programs(triton.cdiv(M, ROWS), PERSISTENT, num_warps, x),)
+    grid = (_programs(triton.cdiv(M, ROWS), PER_SM, x),)
     _rmsnorm_tile[grid](x, weight, out, M, N // vec, x.stride(0) // vec, out.stride(0) // vec,
                         1e-6, VEC=vec, BLOCK_N=triton.next_power_of_2(N), ROWS=ROWS,
                         num_warps=num_warps, num_stages=num_stages)
@@ -227,7 +229,8 @@ RMS_LOOPED = _PRELUDE + '''
 
 @triton.jit
 def _rmsnorm_looped(x_ptr, w_ptr, y_ptr, M, n_div, sx_div, sy_div, eps,
-                    VEC: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+                    VEC: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+                    STAGES: tl.constexpr):
     N = n_div * VEC
     stride_x = sx_div * VEC
     stride_y = sy_div * VEC
@@ -240,14 +243,14 @@ def _rmsnorm_looped(x_ptr, w_ptr, y_ptr, M, n_div, sx_div, sy_div, eps,
         rmask = rows[:, None] < M
         x_rows = x_ptr + rows64[:, None] * stride_x
         acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
-        for start in range(0, N, BLOCK_N):
+        for start in tl.range(0, N, BLOCK_N, num_stages=STAGES):
             offs = start + cols
             x = tl.load(x_rows + offs[None, :], mask=rmask & (offs < N)[None, :],
                         other=0.0).to(tl.float32)
             acc += x * x
         rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=1) / N + eps)
         y_rows = y_ptr + rows64[:, None] * stride_y
-        for start in range(0, N, BLOCK_N):
+        for start in tl.range(0, N, BLOCK_N, num_stages=STAGES):
             offs = start + cols
             cmask = offs < N
             mask = rmask & cmask[None, :]
@@ -257,50 +260,116 @@ def _rmsnorm_looped(x_ptr, w_ptr, y_ptr, M, n_div, sx_div, sy_div, eps,
             tl.store(y_rows + offs[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def launch(x, weight, out, *, BLOCK_N, ROWS, PERSISTENT, num_warps, num_stages):
+def launch(x, weight, out, *, BLOCK_N, ROWS, PER_SM, num_warps, num_stages):
     M, N = x.shape
     vec = _vec(N, x.stride(0), out.stride(0))
-    grid = (_programs(triton.cdiv(M, ROWS), PERSISTENT, num_warps, x),)
+    grid = (_programs(triton.cdiv(M, ROWS), PER_SM, x),)
     _rmsnorm_looped[grid](x, weight, out, M, N // vec, x.stride(0) // vec, out.stride(0) // vec,
-                          1e-6, VEC=vec, BLOCK_N=BLOCK_N, ROWS=ROWS,
+                          1e-6, VEC=vec, BLOCK_N=BLOCK_N, ROWS=ROWS, STAGES=num_stages,
                           num_warps=num_warps, num_stages=num_stages)
+'''
+
+RMS_TWO_KERNEL = _PRELUDE + '''
+
+@triton.jit
+def _rmsnorm_stats(x_ptr, rstd_ptr, M, n_div, sx_div, eps, VEC: tl.constexpr,
+                   BLOCK_N: tl.constexpr, ROWS: tl.constexpr, STAGES: tl.constexpr):
+    N = n_div * VEC
+    stride_x = sx_div * VEC
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rmask = rows[:, None] < M
+    x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_x
+    cols = tl.arange(0, BLOCK_N)
+    acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    for start in tl.range(0, N, BLOCK_N, num_stages=STAGES):
+        offs = start + cols
+        x = tl.load(x_rows + offs[None, :], mask=rmask & (offs < N)[None, :],
+                    other=0.0).to(tl.float32)
+        acc += x * x
+    tl.store(rstd_ptr + rows, 1.0 / tl.sqrt(tl.sum(acc, axis=1) / N + eps), mask=rows < M)
+
+
+@triton.jit
+def _rmsnorm_apply(x_ptr, w_ptr, rstd_ptr, y_ptr, M, n_div, sx_div, sy_div, VEC: tl.constexpr,
+                   BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+    N = n_div * VEC
+    stride_x = sx_div * VEC
+    stride_y = sy_div * VEC
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows64 = rows.to(tl.int64)
+    cmask = cols < N
+    mask = (rows[:, None] < M) & cmask[None, :]
+    x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask,
+                other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    rstd = tl.load(rstd_ptr + rows, mask=rows < M, other=0.0)
+    y = x * rstd[:, None] * w[None, :]
+    tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty),
+             mask=mask)
+
+
+def launch(x, weight, out, *, BLOCK_N, ROWS, num_warps, num_stages):
+    M, N = x.shape
+    vec = _vec(N, x.stride(0), out.stride(0))
+    rstd = torch.empty((M,), dtype=torch.float32, device=x.device)
+    row_blocks = triton.cdiv(M, ROWS)
+    _rmsnorm_stats[(row_blocks,)](x, rstd, M, N // vec, x.stride(0) // vec, 1e-6, VEC=vec,
+                                  BLOCK_N=BLOCK_N, ROWS=ROWS, STAGES=num_stages,
+                                  num_warps=num_warps, num_stages=num_stages)
+    _rmsnorm_apply[(row_blocks, triton.cdiv(N, BLOCK_N))](
+        x, weight, rstd, out, M, N // vec, x.stride(0) // vec, out.stride(0) // vec, VEC=vec,
+        BLOCK_N=BLOCK_N, ROWS=ROWS, num_warps=num_warps)
 '''
 
 # The widest row among the GPU cases (N = 8192); tiles are judged at that size in fp32.
 _MAX_N = 8192
 
 
-def _valid(algo, p):
-    threads = 32 * p["num_warps"]
-    if algo == "single_tile":
-        tile = p["ROWS"] * _MAX_N
-        # At most 64 fp32 row values per thread (x, plus weight/bias, stay in registers),
-        # and a pipelined next tile must fit in shared memory.
-        return tile // threads <= 64 and p["num_stages"] * tile * 4 <= 192 * 1024
-    tile = p["ROWS"] * p["BLOCK_N"]
-    per_thread = tile // threads
-    # Chunks from 4 to 32 elements per thread: fewer leaves lanes idle or loads narrow, more
-    # spills the accumulators; pipelined chunks must fit in shared memory.
-    return 4 <= per_thread <= 32 and p["num_stages"] * tile * 4 <= 160 * 1024
+def _valid_for(row_vectors):
+    """The valid rule, given how many row-length vectors the normalise loop loads (x, w[, b])."""
+
+    def valid(algo, p):
+        threads = 32 * p["num_warps"]
+        # A persistent grid with fewer than 8 warps per SM cannot keep enough loads in flight.
+        if 0 < p.get("PER_SM", 0) * p["num_warps"] < 8:
+            return False
+        if algo == "single_tile":
+            # At most 64 fp32 row values per thread, or the tile spills.
+            return p["ROWS"] * _MAX_N // threads <= 64
+        tile = p["ROWS"] * p["BLOCK_N"]
+        # Chunks from 4 to 32 elements per thread: fewer leaves loads narrow, more spills the
+        # accumulators. Pipelined chunks of x, w (and b), fp32 at worst, must fit in shared
+        # memory (about 227 KB on H100; leave headroom).
+        return (4 <= tile // threads <= 32
+                and p["num_stages"] * (p["ROWS"] + row_vectors - 1) * p["BLOCK_N"] * 4
+                <= 160 * 1024)
+
+    return valid
 
 
-def _space(op, tile_src, looped_src, welford_src=None):
+def _space(op, tile_src, looped_src, looped_per_sm, welford_src=None, two_kernel_src=None):
     algos = [
         Algorithm("single_tile", tile_src.lstrip(), {
-            "ROWS": [1, 2, 4], "PERSISTENT": [0, 1],
-            "num_warps": [2, 4, 8, 16], "num_stages": [1, 2]}),
+            "ROWS": [1, 2, 4], "PER_SM": [0, 1, 2, 4, 8],
+            "num_warps": [4, 8, 16], "num_stages": [1]}),
         Algorithm("looped", looped_src.lstrip(), {
-            "BLOCK_N": [512, 1024, 2048, 4096], "ROWS": [1, 2, 4], "PERSISTENT": [0, 1],
-            "num_warps": [2, 4, 8, 16], "num_stages": [1, 2, 3]}),
+            "BLOCK_N": [512, 1024, 2048, 4096], "ROWS": [1, 2, 4], "PER_SM": looped_per_sm,
+            "num_warps": [4, 8, 16], "num_stages": [1, 3]}),
     ]
     if welford_src is not None:
         algos.append(Algorithm("welford", welford_src.lstrip(), {
-            "BLOCK_N": [512, 1024, 2048], "ROWS": [1, 2], "PERSISTENT": [0, 1],
-            "num_warps": [4, 8, 16], "num_stages": [1, 3]}))
-    return TemplateSpace(op=op, algorithms=algos, valid=_valid)
+            "BLOCK_N": [512, 1024, 2048], "ROWS": [1, 2], "PER_SM": [0, 4],
+            "num_warps": [4, 8], "num_stages": [1, 3]}))
+    if two_kernel_src is not None:
+        algos.append(Algorithm("two_kernel", two_kernel_src.lstrip(), {
+            "BLOCK_N": [512, 1024, 2048], "ROWS": [1, 2, 4],
+            "num_warps": [4, 8], "num_stages": [1, 3]}))
+    return TemplateSpace(op=op, algorithms=algos, valid=_valid_for(3 if welford_src else 2))
 
 
 SPACES = {
-    "layernorm": _space("layernorm", LN_SINGLE_TILE, LN_LOOPED, LN_WELFORD),
-    "rmsnorm": _space("rmsnorm", RMS_SINGLE_TILE, RMS_LOOPED),
+    "layernorm": _space("layernorm", LN_SINGLE_TILE, LN_LOOPED, [0, 1, 4], LN_WELFORD),
+    "rmsnorm": _space("rmsnorm", RMS_SINGLE_TILE, RMS_LOOPED, [0, 1, 2, 4],
+                      two_kernel_src=RMS_TWO_KERNEL),
 }
