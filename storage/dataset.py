@@ -63,7 +63,7 @@ def _first_of_each_key(table: pa.Table, key: tuple[str, ...]) -> pa.Table:
         return table
     indexed = table.select(list(key)).append_column("_row", pa.array(range(table.num_rows), pa.int64()))
     first = indexed.group_by(list(key), use_threads=False).aggregate([("_row", "min")])["_row_min"]
-    return table.take(pc.sort_indices(first))
+    return table.take(pc.take(first, pc.sort_indices(first)))  # those row numbers, in table order
 
 
 class DataRoot:

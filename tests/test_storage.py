@@ -232,6 +232,18 @@ def test_readers_drop_duplicate_keys_left_in_several_files(root: DataRoot, tmp_p
     assert len(root.read_candidates()) == 2
 
 
+def test_readers_keep_every_distinct_key_when_duplicates_come_first(root: DataRoot, tmp_path: Path):
+    root.write_candidates([candidate(0), candidate(1)])
+    [only] = visible_files(tmp_path / "data")
+    # Two copies named to be read before any later file, as if two writers raced.
+    shutil.copy(only, only.with_name("part-0a-racing-writer.parquet"))
+    only.rename(only.with_name("part-0b-racing-writer.parquet"))
+    root.write_candidates([candidate(2), candidate(3, op="layernorm")])
+    expected = {candidate(i).candidate_id for i in range(3)} | {candidate(3, op="layernorm").candidate_id}
+    assert set(root.read_candidates()["candidate_id"]) == expected
+    assert len(root.read_candidates()) == 4
+
+
 def test_compaction_leaves_one_file_per_partition_with_every_row_once(root: DataRoot, tmp_path: Path):
     for batch in ([0, 1], [2], [3, 4, 5]):
         root.write_candidates([candidate(i) for i in batch])

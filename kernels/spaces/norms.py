@@ -4,18 +4,22 @@ Algorithms (both ops unless noted):
 
 - ``single_tile``: a whole row (``BLOCK_N = next_power_of_2(N)``) sits in registers, ROWS rows
   per program as a 2-D tile; x is read once and the statistics are exact two-pass sums over
-  the registers. Fast while the row fits, spills when the tile gets too large per thread.
+  the registers. Fastest while the row fits in registers.
 - ``looped``: a loop over BLOCK_N-wide chunks accumulates the statistics (sum and sum of
   squares for LayerNorm, sum of squares for RMSNorm), then a second loop normalises. x is read
   twice (the second read mostly hits L2), but registers stay small whatever N is.
 - ``welford`` (LayerNorm only): like ``looped``, but the statistics are a per-lane Welford
   mean/M2, merged across lanes with Chan's formula in a ``tl.reduce``; numerically the most
   robust, and it costs extra arithmetic per element.
+- ``two_kernel`` (RMSNorm only): the unfused form, one kernel writing 1/rms per row to a
+  scratch vector and a 2-D elementwise kernel applying it; x comes from DRAM twice.
 
-Every variant may run one program per row block or a persistent grid sized to the SMs.
-``launch`` passes N and the row stride as multiples of VEC (the largest power of two <= 16
-dividing both), so Triton can prove that rows and masks are VEC-aligned and emit 16-byte
-loads even for sizes such as N=3000.
+Axes shared by most algorithms: PER_SM is 0 for one program per row block, else the number
+of persistent programs per SM (few programs per SM keep too few loads in flight: slower);
+num_stages is passed to the launch and to ``tl.range`` over the chunk loops, where it
+software-pipelines the loads through shared memory. ``launch`` passes N and the row stride as
+multiples of VEC (the largest power of two <= 16 dividing both), so Triton can prove that rows
+and masks are VEC-aligned and emit 16-byte loads even for sizes such as N=3000.
 """
 
 from kernels.spaces import Algorithm, TemplateSpace
@@ -348,7 +352,8 @@ def _valid_for(row_vectors):
     return valid
 
 
-def _space(op, tile_src, looped_src, looped_per_sm, welford_src=None, two_kernel_src=None):
+def _space(op, row_vectors, tile_src, looped_src, looped_per_sm, welford_src=None,
+           two_kernel_src=None):
     algos = [
         Algorithm("single_tile", tile_src.lstrip(), {
             "ROWS": [1, 2, 4], "PER_SM": [0, 1, 2, 4, 8],
@@ -363,13 +368,14 @@ def _space(op, tile_src, looped_src, looped_per_sm, welford_src=None, two_kernel
             "num_warps": [4, 8], "num_stages": [1, 3]}))
     if two_kernel_src is not None:
         algos.append(Algorithm("two_kernel", two_kernel_src.lstrip(), {
-            "BLOCK_N": [512, 1024, 2048], "ROWS": [1, 2, 4],
+            "BLOCK_N": [512, 1024, 2048], "ROWS": [1, 2],
             "num_warps": [4, 8], "num_stages": [1, 3]}))
-    return TemplateSpace(op=op, algorithms=algos, valid=_valid_for(3 if welford_src else 2))
+    return TemplateSpace(op=op, algorithms=algos, valid=_valid_for(row_vectors))
 
 
 SPACES = {
-    "layernorm": _space("layernorm", LN_SINGLE_TILE, LN_LOOPED, [0, 1, 4], LN_WELFORD),
-    "rmsnorm": _space("rmsnorm", RMS_SINGLE_TILE, RMS_LOOPED, [0, 1, 2, 4],
+    "layernorm": _space("layernorm", 3, LN_SINGLE_TILE, LN_LOOPED, [0, 1, 4],
+                        welford_src=LN_WELFORD),
+    "rmsnorm": _space("rmsnorm", 2, RMS_SINGLE_TILE, RMS_LOOPED, [0, 1, 2, 4],
                       two_kernel_src=RMS_TWO_KERNEL),
 }
