@@ -46,7 +46,10 @@ def main() -> int:
     if args.data:
         from storage.dataset import DataRoot
 
-        m = DataRoot(args.data).read_measurements()
+        root = DataRoot(args.data)
+        m = root.read_measurements()
+        seeds = root.read_candidates().query("origin == 'seed'")["candidate_id"]
+        m = m[~m["candidate_id"].isin(set(seeds))]  # the spread is over template variants only
         for gpu, g in m.groupby("gpu_type"):
             print(f"{gpu}: {len(g)} measurements on {', '.join(sorted(set(g['device_name'])))}, driver "
                   f"{', '.join(sorted(set(g['driver_version'])))}, torch {', '.join(sorted(set(g['torch_version'])))}, "
