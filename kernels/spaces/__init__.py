@@ -129,6 +129,32 @@ class TemplateSpace:
         return best
 
 
+# The opening of every row-wise template module (norms, cross-entropy, row sum): imports, the
+# grid-size rule for persistent variants, and the alignment helper that lets Triton prove
+# 16-byte accesses when a row length is not a multiple of 16.
+ROW_PRELUDE = '''
+import torch
+import triton
+import triton.language as tl
+
+
+def _programs(n_blocks, per_sm, x):
+    """Grid size: one program per row block (PER_SM=0), or PER_SM persistent programs per SM."""
+    if per_sm == 0:
+        return n_blocks
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
+    return max(1, min(n_blocks, sms * per_sm))
+
+
+def _vec(*sizes):
+    """The largest power of two <= 16 that divides every size."""
+    v = 16
+    while v > 1 and any(s % v for s in sizes):
+        v //= 2
+    return v
+'''
+
+
 def _grid(axes: Mapping[str, Sequence[Any]]):
     names = list(axes)
 

@@ -22,29 +22,9 @@ multiples of VEC (the largest power of two <= 16 dividing both), so Triton can p
 and masks are VEC-aligned and emit 16-byte loads even for sizes such as N=3000.
 """
 
-from kernels.spaces import Algorithm, TemplateSpace
+from kernels.spaces import ROW_PRELUDE, Algorithm, TemplateSpace
 
-_PRELUDE = '''
-import torch
-import triton
-import triton.language as tl
-
-
-def _programs(n_blocks, per_sm, x):
-    """Grid size: one program per row block (PER_SM=0), or PER_SM persistent programs per SM."""
-    if per_sm == 0:
-        return n_blocks
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
-    return max(1, min(n_blocks, sms * per_sm))
-
-
-def _vec(*sizes):
-    """The largest power of two <= 16 that divides every size."""
-    v = 16
-    while v > 1 and any(s % v for s in sizes):
-        v //= 2
-    return v
-'''
+_PRELUDE = ROW_PRELUDE
 
 LN_SINGLE_TILE = _PRELUDE + '''
 
