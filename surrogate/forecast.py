@@ -1,0 +1,98 @@
+"""The forecasting contract: a request (anchor, candidate, op case, hardware) and its forecast.
+
+A ``Forecaster`` maps a batch of requests to a batch of forecasts. Every forecast is a
+distribution over the 8 speedup bins of the candidate relative to the anchor (the op's
+eager reference, or a measured parent), with the expected speedup, confidence scores,
+and whether the answer parsed at all. Unparsed forecasts are never trusted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol, Sequence
+
+import numpy as np
+
+from kernels.records import Candidate, HardwareSpec
+from surrogate.bins import N_BINS, expected_speedup
+
+
+@dataclass(frozen=True)
+class ForecastRequest:
+    """Forecast how fast ``candidate`` runs relative to ``anchor`` on ``op`` cases and ``hardware``."""
+
+    anchor: Candidate
+    candidate: Candidate
+    op: str
+    hardware: HardwareSpec
+    case_names: tuple[str, ...] = ()
+    # What is known of the anchor's runtime per case (us), when it has been measured.
+    anchor_runtime_us: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class Forecast:
+    candidate_id: str
+    anchor_id: str
+    surrogate: str
+    surrogate_version: str
+    probabilities: tuple[float, ...]  # 8 bins, renormalised to sum to 1
+    parsed: bool = True
+    raw_sum: float = 1.0  # the sum before renormalising: a health signal for LLM answers
+    latency_s: float = 0.0
+    raw_response: str = ""
+    extra: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.probabilities) != N_BINS:
+            raise ValueError(f"a forecast has {N_BINS} bin probabilities, got {len(self.probabilities)}")
+
+    @property
+    def predicted_bin(self) -> int:
+        """Most probable bin, 1..8."""
+        return int(np.argmax(self.probabilities)) + 1
+
+    @property
+    def expected_speedup(self) -> float:
+        return expected_speedup(self.probabilities)
+
+    @property
+    def max_probability(self) -> float:
+        return max(self.probabilities)
+
+    @property
+    def neg_entropy(self) -> float:
+        return sum(p * math.log(p) for p in self.probabilities if p > 0)
+
+    @property
+    def margin(self) -> float:
+        """Top-1 minus top-2 probability."""
+        top = sorted(self.probabilities, reverse=True)
+        return top[0] - top[1]
+
+
+def normalise(probabilities: Sequence[float]) -> tuple[tuple[float, ...], float]:
+    """(probabilities scaled to sum to 1, their raw sum); uniform when the sum is not positive."""
+    raw = float(sum(probabilities))
+    if not raw > 0 or not math.isfinite(raw):
+        return tuple([1.0 / N_BINS] * N_BINS), raw
+    return tuple(float(p) / raw for p in probabilities), raw
+
+
+def unparsed(request: ForecastRequest, surrogate: str, version: str, raw_response: str = "",
+             latency_s: float = 0.0) -> Forecast:
+    """A forced deferral: uniform probabilities, ``parsed=False``; a policy never trusts it."""
+    return Forecast(request.candidate.candidate_id, request.anchor.candidate_id, surrogate, version,
+                    tuple([1.0 / N_BINS] * N_BINS), parsed=False, raw_sum=0.0, latency_s=latency_s,
+                    raw_response=raw_response)
+
+
+class Forecaster(Protocol):
+    """One small protocol: a name, a version, and batched ``forecast``."""
+
+    name: str
+    version: str
+
+    def forecast(self, requests: Sequence[ForecastRequest]) -> list[Forecast]:
+        ...

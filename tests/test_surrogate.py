@@ -1,0 +1,88 @@
+"""Bins, measured pairs, and the learned and baseline forecasters on the committed pool."""
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.stats import spearmanr
+
+from storage.dataset import DataRoot
+from surrogate.bins import BIN_SPEEDUP, expected_speedup, speedup_bin
+from surrogate.dataset import case_pairs, requests_from, split
+from surrogate.registry import get_forecaster_factory
+
+POOL = Path(__file__).resolve().parent.parent / "data" / "pools"
+
+
+@pytest.mark.parametrize("speedup,expected", [
+    (None, 0), (float("nan"), 0), (-1.0, 0), (0.1, 1), (0.25, 1), (0.3, 2), (0.71, 3), (0.99, 4),
+    (1.0, 4), (1.2, 5), (1.41, 5), (2.0, 6), (3.9, 7), (4.01, 8), (math.inf, 8)])
+def test_speedup_bin_follows_the_papers_edges(speedup, expected):
+    assert speedup_bin(speedup) == expected
+
+
+def test_expected_speedup_of_a_certain_bin_is_that_bins_speedup():
+    for k in range(8):
+        probs = [0.0] * 8
+        probs[k] = 1.0
+        assert expected_speedup(probs) == pytest.approx(BIN_SPEEDUP[k])
+    with pytest.raises(ValueError, match="8 bin probabilities"):
+        expected_speedup([1.0] * 7)
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    return case_pairs(DataRoot(str(POOL)))
+
+
+def test_pairs_are_per_case_and_anchored_at_the_eager_reference(pairs):
+    assert set(pairs["op"]) >= {"softmax", "matmul"} and len(pairs) > 6000
+    row = pairs.iloc[0]
+    assert row["speedup"] == pytest.approx(row["anchor_runtime_us"] / row["runtime_us"])
+    assert speedup_bin(row["speedup"]) == row["true_bin"]
+    assert pairs.groupby("candidate_id")["case_name"].nunique().eq(3).all()
+
+
+@pytest.fixture(scope="module")
+def random_split(pairs):
+    (_, train, test), = split(pairs, "random", seed=1)
+    return train, test.sample(n=600, random_state=0)
+
+
+def _spearman(name, train, test):
+    forecaster = get_forecaster_factory(name)().fit(train)
+    forecasts = forecaster.forecast(requests_from(test))
+    assert len(forecasts) == len(test)
+    for f in forecasts[:20]:
+        assert len(f.probabilities) == 8 and sum(f.probabilities) == pytest.approx(1.0) and f.parsed
+    return spearmanr([f.expected_speedup for f in forecasts], test["speedup"]).statistic
+
+
+def test_learned_forecaster_ranks_held_out_candidates_far_better_than_random(random_split):
+    train, test = random_split
+    learned, random = _spearman("learned", train, test), _spearman("random", train, test)
+    assert learned > 0.8 and abs(random) < 0.2
+
+
+def test_roofline_forecaster_needs_no_training_and_ranks_better_than_random(random_split):
+    train, test = random_split
+    assert _spearman("roofline", None, test) > 0.3
+
+
+def test_learned_forecaster_refuses_to_fit_on_almost_nothing(pairs):
+    with pytest.raises(ValueError, match="at least 20 measured pairs"):
+        get_forecaster_factory("learned")().fit(pairs.head(5))
+
+
+def test_unknown_surrogate_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown surrogate 'lerned'; known: learned"):
+        get_forecaster_factory("lerned")
+
+
+def test_learned_forecaster_is_less_sure_on_an_unseen_operation(pairs):
+    seen = pairs[pairs["op"] != "matmul"]
+    f = get_forecaster_factory("learned")().fit(seen)
+    same = f.forecast(requests_from(seen.sample(200, random_state=0)))
+    unseen = f.forecast(requests_from(pairs[pairs["op"] == "matmul"].sample(200, random_state=0)))
+    assert np.mean([x.max_probability for x in unseen]) < np.mean([x.max_probability for x in same])
