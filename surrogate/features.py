@@ -28,7 +28,7 @@ _ROW_LENGTH = ("N", "V", "K", "S")
 
 FEATURE_NAMES = (
     "num_warps", "num_stages", "block_elems", "block_max", "block_m", "block_n", "block_k", "rows",
-    "persistent", "vec", "split_k", "group_m", "elems_per_thread", "row_coverage", "log_programs",
+    "persistent", "per_sm", "log_waves", "vec", "split_k", "group_m", "elems_per_thread", "row_coverage", "log_programs",
     "log_bytes", "log_flops", "log_row_len", "log_rows", "dtype_bytes", "intensity", "memory_bound",
     "sm_count", "peak_gbps", "l2_mib", "anchor_is_reference", "log_anchor_us", "anchor_fraction_of_roofline",
     "log_roofline_us", "code_len", *_CODE_PATTERNS,
@@ -67,6 +67,9 @@ def request_features(req: ForecastRequest) -> np.ndarray:
         "block_elems": block_elems, "block_max": max(blocks.values()) if blocks else math.nan,
         "block_m": blocks.get("BLOCK_M", math.nan), "block_n": blocks.get("BLOCK_N", blocks.get("BLOCK_V", math.nan)),
         "block_k": blocks.get("BLOCK_K", math.nan), "rows": rows, "persistent": persistent,
+        "per_sm": _first(p, ("PER_SM", "PROGRAMS_PER_SM"), 0.0),
+        "log_waves": (math.log(programs / hw.sm_count) if programs == programs and programs > 0 and hw.sm_count
+                      else math.nan),
         "vec": _first(p, ("VEC", "ALIGN")), "split_k": _first(p, ("SPLIT_K",), 1.0), "group_m": _first(p, ("GROUP_M",)),
         "elems_per_thread": block_elems * rows / (32 * warps) if block_elems == block_elems else math.nan,
         "row_coverage": (blocks.get("BLOCK_N", blocks.get("BLOCK_V", math.nan)) / row_len) if row_len == row_len else math.nan,

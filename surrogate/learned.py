@@ -62,31 +62,42 @@ class LearnedForecaster:
                                              max_leaf_nodes=self.max_leaf_nodes, random_state=self.random_state)
 
     def fit(self, pairs: pd.DataFrame) -> "LearnedForecaster":
-        """Fit on measured pairs (``surrogate.dataset.case_pairs``); failed candidates are skipped."""
+        """Fit on measured pairs (``surrogate.dataset.case_pairs``); failed candidates are skipped.
+
+        log speedup = pool level + deviation: one model predicts the median log speedup of the
+        candidate's (op, case, GPU) pool from what the pool shares (bytes, FLOPs, how close the
+        anchor is to the roofline), the other how far a configuration sits from its pool's
+        median. The second is what ranks candidates, and it transfers across operations far
+        better than a model of absolute speedups.
+        """
         ok = pairs[pairs["speedup"].notna() & (pairs["speedup"] > 0)]
         if len(ok) < 20:
             raise ValueError(f"the learned forecaster needs at least 20 measured pairs, got {len(ok)}")
         X = _encode(feature_matrix(requests_from(ok)))
         y = np.log(ok["speedup"].to_numpy())
+        pool = ok.groupby(["op", "case_name", "gpu_type"])["speedup"].transform(lambda s: np.median(np.log(s)))
+        level, deviation = pool.to_numpy(), y - pool.to_numpy()
         # Out-of-fold residuals, grouped by operation where there are several, so the spread
         # model learns how wrong the mean is on operations it has not seen.
         by = ok["op"].to_numpy() if ok["op"].nunique() >= self.folds else ok["candidate_id"].to_numpy()
         oof = np.zeros_like(y)
         for train, test in GroupKFold(n_splits=min(self.folds, len(set(by)))).split(X, y, by):
-            oof[test] = self._model().fit(X[train], y[train]).predict(X[test])
-        self.mean_model_ = self._model().fit(X, y)
+            oof[test] = (self._model().fit(X[train], level[train]).predict(X[test])
+                         + self._model().fit(X[train], deviation[train]).predict(X[test]))
+        self.level_model_ = self._model().fit(X, level)
+        self.deviation_model_ = self._model().fit(X, deviation)
         self.spread_model_ = self._model().fit(X, np.abs(y - oof) * math.sqrt(math.pi / 2))
         self.n_train_ = len(ok)
         return self
 
     def predict_log_speedup(self, requests: Sequence[ForecastRequest]) -> tuple[np.ndarray, np.ndarray]:
         X = _encode(feature_matrix(list(requests)))
-        mu = self.mean_model_.predict(X)
+        mu = self.level_model_.predict(X) + self.deviation_model_.predict(X)
         sigma = np.maximum(self.spread_model_.predict(X), _MIN_SIGMA)
         return mu, sigma
 
     def forecast(self, requests: Sequence[ForecastRequest]) -> list[Forecast]:
-        if not hasattr(self, "mean_model_"):
+        if not hasattr(self, "level_model_"):
             raise RuntimeError("LearnedForecaster.forecast called before fit")
         t0 = time.perf_counter()
         mu, sigma = self.predict_log_speedup(requests)
