@@ -83,7 +83,7 @@ def test_unknown_surrogate_is_a_clear_error():
 def test_gaussian_over_log_speedup_puts_its_mass_in_the_right_bins():
     from surrogate.learned import bin_probabilities
 
-    probs = bin_probabilities(np.log(np.array([1.2, 3.0, 0.1])), np.array([0.01, 0.01, 2.0]))
+    probs = bin_probabilities(np.log(np.array([1.2, 3.0, 1.0])), np.array([0.01, 0.01, 2.0]))
     assert np.allclose(probs.sum(axis=1), 1.0, atol=1e-6)
     assert probs[0].argmax() + 1 == speedup_bin(1.2) and probs[0].max() > 0.99
     assert probs[1].argmax() + 1 == speedup_bin(3.0)
