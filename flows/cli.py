@@ -184,6 +184,24 @@ def cmd_show(args) -> int:
     return 0
 
 
+def cmd_evaluate(args) -> int:
+    import pandas as pd
+
+    from surrogate.dataset import case_pairs
+    from surrogate.evaluate import evaluate
+    from surrogate.registry import get_forecaster_factory
+
+    factory = get_forecaster_factory(args.surrogate)  # an unknown name fails before any work
+    pairs = case_pairs(_data_root(args), gpu_type=args.gpu_type)
+    if pairs.empty:
+        raise UsageError(f"no measured pairs under {args.data}")
+    table = evaluate(factory, pairs, how=args.split, out_dir=args.out, name=args.surrogate)
+    with pd.option_context("display.width", 200, "display.max_columns", 50):
+        print(table.round(3).to_string(index=False))
+    print(f"table and plots written under {args.out}")
+    return 0
+
+
 def cmd_compact(args) -> int:
     root = _data_root(args)
     for table in ("candidates", "measurements"):
@@ -222,6 +240,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--op", default=None)
     data_args(sp)
     sp.set_defaults(func=cmd_show)
+
+    sp = sub.add_parser("evaluate", help="evaluate a surrogate offline on held-out splits of a measured pool")
+    sp.add_argument("--surrogate", required=True, help="learned, roofline or random")
+    sp.add_argument("--split", choices=["operation", "gpu", "random"], default="operation")
+    sp.add_argument("--gpu-type", default=None, help="only this GPU type's measurements")
+    sp.add_argument("--out", default="kernelcast-eval", help="folder for the CSV table and PNG plots")
+    data_args(sp)
+    sp.set_defaults(func=cmd_evaluate)
 
     sp = sub.add_parser("compact", help="merge each partition's Parquet files into one")
     data_args(sp)

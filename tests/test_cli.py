@@ -55,3 +55,8 @@ def test_gpu_mode_without_a_gpu_is_refused_before_measuring(tmp_path, capsys):
         pytest.skip("a GPU is visible here")
     assert main(["measure", "--op", "softmax", "--mode", "gpu", "--data", str(tmp_path)]) == 2
     assert "no CUDA GPU is visible" in capsys.readouterr().err
+
+
+def test_evaluate_refuses_an_unknown_surrogate_by_name(tmp_path, capsys):
+    assert main(["evaluate", "--surrogate", "lerned", "--data", str(tmp_path)]) == 2
+    assert "unknown surrogate 'lerned'; known: learned, random, roofline" in capsys.readouterr().err
