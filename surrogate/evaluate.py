@@ -1,9 +1,10 @@
 """Offline evaluation of a surrogate on a measured pool, with held-out splits and recalibration.
 
 For each fold the surrogate is fit on the training operations (or GPU types, or a random
-80%), except one slice held back for calibration: a whole operation for leave-one-
-operation-out, so the temperature is fit on the kind of shift the test fold has. Metrics
-are computed on the pooled test forecasts, before and after temperature scaling.
+80%). Its temperature is fit on out-of-fold forecasts of the training data, grouped the
+same way as the split (whole operations held out for leave-one-operation-out), so it
+learns how over- or under-confident the surrogate is on data of the kind the test fold
+holds. Metrics are computed on the pooled test forecasts, before and after scaling.
 """
 
 from __future__ import annotations
@@ -44,16 +45,19 @@ def _forecast_probs(forecaster, frame: pd.DataFrame) -> np.ndarray:
     return np.array([f.probabilities for f in forecaster.forecast(requests_from(frame))])
 
 
-def _calibration_slice(train: pd.DataFrame, how: str, fold: str):
-    if how == "operation":
-        ops = sorted(train["op"].unique())
-        held = ops[(sorted(set(ops) | {fold}).index(fold)) % len(ops)]
-        mask = train["op"] == held
-    else:
-        ids = train["candidate_id"].unique()
-        held_ids = set(np.random.default_rng(0).choice(ids, size=max(1, len(ids) // 5), replace=False))
-        mask = train["candidate_id"].isin(held_ids)
-    return train[~mask], train[mask]
+def _calibration_set(make_forecaster, train: pd.DataFrame, how: str, folds: int = 3):
+    """Out-of-fold forecasts over the training data, grouped like the split (by operation for
+    leave-one-operation-out), so the calibrator sees the same kind of shift the test fold has."""
+    groups = train["op"] if how == "operation" else train["gpu_type"] if how == "gpu" else train["candidate_id"]
+    names = sorted(groups.unique())
+    probs, bins = [], []
+    for k in range(min(folds, len(names))):
+        held = set(names[k::folds])
+        inside = groups.isin(held)
+        forecaster = make_forecaster().fit(train[~inside])
+        probs.append(_forecast_probs(forecaster, train[inside]))
+        bins.append(train.loc[inside, "true_bin"].to_numpy())
+    return np.vstack(probs), np.concatenate(bins)
 
 
 def evaluate(make_forecaster: Callable[[], object], pairs: pd.DataFrame, how: str = "operation",
@@ -62,10 +66,8 @@ def evaluate(make_forecaster: Callable[[], object], pairs: pd.DataFrame, how: st
     pairs = pairs[pairs["speedup"].notna() & (pairs["speedup"] > 0)]
     raw, cal, tests = [], [], []
     for fold, train, test in split(pairs, how):
-        fit_part, calib_part = _calibration_slice(train, how, fold)
-        forecaster = make_forecaster().fit(fit_part)
-        calibrator = TemperatureCalibrator().fit(_forecast_probs(forecaster, calib_part),
-                                                 calib_part["true_bin"].to_numpy())
+        calibrator = TemperatureCalibrator().fit(*_calibration_set(make_forecaster, train, how))
+        forecaster = make_forecaster().fit(train)
         p = _forecast_probs(forecaster, test)
         raw.append(p)
         cal.append(calibrator.transform(p))
