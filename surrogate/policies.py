@@ -1,0 +1,112 @@
+"""Selective policies: which children to measure, which forecasts to trust, which to drop.
+
+An unparsed forecast is never trusted. A confident forecast that would beat the best
+measured kernel is measured, never trusted, so the reported best is always measured.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from surrogate.forecast import Forecast
+
+SCORES = ("max_probability", "neg_entropy", "margin")
+
+
+def confidence(forecast: Forecast, score: str) -> float:
+    if score not in SCORES:
+        raise ValueError(f"unknown confidence score {score!r}; known: {', '.join(SCORES)}")
+    return float(getattr(forecast, score))
+
+
+@dataclass(frozen=True)
+class Selection:
+    measure: list[str] = field(default_factory=list)  # candidate ids
+    trust: list[str] = field(default_factory=list)
+    drop: list[str] = field(default_factory=list)
+    threshold: float = math.inf
+
+
+class ThresholdPolicy:
+    """Trust a parsed forecast whose confidence score reaches ``threshold``."""
+
+    def __init__(self, score: str = "max_probability", threshold: float = 0.9):
+        confidence_check = Forecast("x", "y", "check", "0", (1.0,) + (0.0,) * 7)
+        confidence(confidence_check, score)  # fail now on an unknown score
+        self.score = score
+        self.threshold = threshold
+
+    def trusted(self, forecast: Forecast) -> bool:
+        return forecast.parsed and confidence(forecast, self.score) >= self.threshold
+
+
+class ConformalRiskPolicy(ThresholdPolicy):
+    """A threshold set by conformal risk control from measured calibration forecasts.
+
+    The loss of a candidate at threshold t is 1 when its forecast is trusted (score >= t)
+    and its bin is off by more than one. The threshold is the smallest t whose calibration
+    risk satisfies (n/(n+1)) R(t) + 1/(n+1) <= target_risk, which guarantees that, on new
+    exchangeable candidates, the expected fraction trusted-and-wrong is at most target_risk.
+    """
+
+    def __init__(self, target_risk: float = 0.05, score: str = "max_probability"):
+        if not 0 < target_risk < 1:
+            raise ValueError(f"target risk must lie in (0, 1), got {target_risk}")
+        super().__init__(score, math.inf)
+        self.target_risk = target_risk
+
+    def fit(self, forecasts: Sequence[Forecast], true_bins: Sequence[int]) -> "ConformalRiskPolicy":
+        scores = np.array([confidence(f, self.score) if f.parsed else -np.inf for f in forecasts])
+        wrong = np.array([abs(f.predicted_bin - b) > 1 for f, b in zip(forecasts, true_bins)], dtype=float)
+        n = len(scores)
+        if n == 0:
+            raise ValueError("conformal risk control needs calibration forecasts with measured bins")
+        best = math.inf  # trust nothing unless some threshold is certified
+        for t in np.unique(scores[np.isfinite(scores)])[::-1]:  # from strict to permissive
+            risk = float(np.sum(wrong * (scores >= t))) / n
+            if n / (n + 1) * risk + 1 / (n + 1) <= self.target_risk:
+                best = float(t)
+            else:
+                break  # the risk only grows as the threshold falls
+        self.threshold = best
+        self.threshold_ = best
+        return self
+
+
+class BudgetPolicy:
+    """Spend at most ``budget`` measurements: the most promising uncertain children first.
+
+    Trusted forecasts predicting a loss against ``best_speedup`` are dropped; a trusted
+    forecast predicting a new best is measured (it takes precedence in the budget);
+    untrusted children are measured by expected speedup until the budget is spent, and
+    the rest are dropped for this generation.
+    """
+
+    def __init__(self, budget: int, trust: ThresholdPolicy):
+        if budget < 0:
+            raise ValueError(f"budget must be zero or more, got {budget}")
+        self.budget = budget
+        self.trust = trust
+
+    def select(self, forecasts: Sequence[Forecast], best_speedup: float = 0.0) -> Selection:
+        would_be_best, unsure, trust, drop = [], [], [], []
+        for f in forecasts:
+            if not self.trust.trusted(f):
+                unsure.append(f)
+            elif f.expected_speedup > best_speedup:
+                would_be_best.append(f)
+            elif f.expected_speedup < best_speedup:
+                drop.append(f.candidate_id)
+            else:
+                trust.append(f.candidate_id)
+        queue = sorted(would_be_best, key=lambda f: -f.expected_speedup) + \
+            sorted(unsure, key=lambda f: -f.expected_speedup)
+        measure = [f.candidate_id for f in queue[: self.budget]]
+        leftover = queue[self.budget:]
+        trust += [f.candidate_id for f in leftover if self.trust.trusted(f)]
+        drop += [f.candidate_id for f in leftover if not self.trust.trusted(f)]
+        return Selection(measure=measure, trust=trust, drop=drop, threshold=self.trust.threshold)

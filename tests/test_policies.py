@@ -1,0 +1,69 @@
+"""Selective policies: budgets, never trusting unparsed forecasts, conformal risk control's guarantee."""
+
+import numpy as np
+import pytest
+
+from surrogate.forecast import Forecast
+from surrogate.policies import BudgetPolicy, ConformalRiskPolicy, ThresholdPolicy
+
+
+def forecast(cid, bin_, sure, parsed=True):
+    p = np.full(8, (1 - sure) / 7)
+    p[bin_ - 1] = sure
+    return Forecast(cid, "ref", "test", "1", tuple(p), parsed=parsed)
+
+
+def synthetic(n, rng):
+    """Forecasts whose confidence tracks how often their bin is right."""
+    true = rng.integers(1, 9, n)
+    sure = rng.uniform(0.2, 1.0, n)
+    right = rng.random(n) < sure
+    guess = np.where(right, true, (true + 3) % 8 + 1)  # wrong means three bins away
+    return [forecast(str(i), int(g), float(s)) for i, (g, s) in enumerate(zip(guess, sure))], true
+
+
+def test_conformal_policy_keeps_trusted_and_wrong_under_the_target_on_new_data():
+    # The guarantee is in expectation over calibration draws: average over many draws.
+    rng = np.random.default_rng(0)
+    test, test_bins = synthetic(20000, rng)
+    sure = np.array([f.max_probability for f in test])
+    wrong = np.array([abs(f.predicted_bin - b) > 1 for f, b in zip(test, test_bins)])
+    risks, coverages = [], []
+    for _ in range(200):
+        policy = ConformalRiskPolicy(target_risk=0.05).fit(*synthetic(500, rng))
+        trusted = sure >= policy.threshold
+        risks.append(np.mean(trusted & wrong))
+        coverages.append(np.mean(trusted))
+    standard_error = np.std(risks) / np.sqrt(len(risks))
+    assert np.mean(risks) <= 0.05 + 3 * standard_error
+    assert np.mean(coverages) > 0.1  # and it does trust a real share of candidates
+
+
+def test_conformal_policy_trusts_nothing_when_too_few_calibration_points_certify_the_target():
+    policy = ConformalRiskPolicy(target_risk=0.05).fit([forecast("a", 4, 0.99)] * 10, [4] * 10)
+    assert policy.threshold == float("inf") and not policy.trusted(forecast("b", 4, 0.999))
+
+
+def test_budget_policy_measures_at_most_the_budget_and_never_trusts_unparsed():
+    fs = [forecast(f"u{i}", 6, 0.99, parsed=False) for i in range(5)] + \
+         [forecast(f"s{i}", 2, 0.3) for i in range(5)] + [forecast(f"c{i}", 1, 0.99) for i in range(5)]
+    sel = BudgetPolicy(budget=4, trust=ThresholdPolicy(threshold=0.9)).select(fs, best_speedup=1.0)
+    assert len(sel.measure) == 4
+    assert not any(cid.startswith("u") for cid in sel.trust)
+    assert {f"c{i}" for i in range(5)} <= set(sel.drop)  # confident losers are dropped
+    assert sorted(sel.measure + sel.trust + sel.drop) == sorted(f.candidate_id for f in fs)
+
+
+def test_a_confident_new_best_is_measured_not_trusted():
+    sel = BudgetPolicy(budget=1, trust=ThresholdPolicy(threshold=0.9)).select(
+        [forecast("star", 8, 0.99), forecast("meh", 3, 0.4)], best_speedup=1.0)
+    assert sel.measure == ["star"] and "star" not in sel.trust
+
+
+def test_bad_policy_settings_are_clear_errors():
+    with pytest.raises(ValueError, match="unknown confidence score 'certainty'"):
+        ThresholdPolicy(score="certainty")
+    with pytest.raises(ValueError, match="target risk must lie in"):
+        ConformalRiskPolicy(target_risk=1.5)
+    with pytest.raises(ValueError, match="budget must be zero or more"):
+        BudgetPolicy(budget=-1, trust=ThresholdPolicy())
