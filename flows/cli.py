@@ -195,7 +195,8 @@ def cmd_evaluate(args) -> int:
     pairs = case_pairs(_data_root(args), gpu_type=args.gpu_type)
     if pairs.empty:
         raise UsageError(f"no measured pairs under {args.data}")
-    table = evaluate(factory, pairs, how=args.split, out_dir=args.out, name=args.surrogate)
+    table = evaluate(factory, pairs, how=args.split, out_dir=args.out, name=args.surrogate,
+                     tracking_uri=args.tracking_uri)
     with pd.option_context("display.width", 200, "display.max_columns", 50):
         print(table.round(3).to_string(index=False))
     print(f"table and plots written under {args.out}")
@@ -246,6 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--split", choices=["operation", "gpu", "random"], default="operation")
     sp.add_argument("--gpu-type", default=None, help="only this GPU type's measurements")
     sp.add_argument("--out", default="kernelcast-eval", help="folder for the CSV table and PNG plots")
+    sp.add_argument("--tracking-uri", default=None,
+                    help="MLflow tracking URI (e.g. sqlite:///mlflow.db); nothing is logged without it")
     data_args(sp)
     sp.set_defaults(func=cmd_evaluate)
 

@@ -71,9 +71,18 @@ def pairwise_accuracy(pred, truth, groups, max_pairs: int = 200_000, seed: int =
     return float(right / total) if total else float("nan")
 
 
-def selective_loss(probs, true_bins) -> np.ndarray:
-    """1 where trusting the forecast would be wrong by more than one bin."""
-    return (np.abs(probs.argmax(axis=1) + 1 - np.asarray(true_bins)) > 1).astype(float)
+LOSSES = ("bin_off_by_more_than_one", "bin_error")
+
+
+def selective_loss(probs, true_bins, loss: str = "bin_off_by_more_than_one") -> np.ndarray:
+    """Per forecast, 1 where trusting it would be wrong: its bin off by more than one
+    (the default), or simply not the true bin ('bin_error')."""
+    off = np.abs(np.asarray(probs).argmax(axis=1) + 1 - np.asarray(true_bins))
+    if loss == "bin_off_by_more_than_one":
+        return (off > 1).astype(float)
+    if loss == "bin_error":
+        return (off > 0).astype(float)
+    raise ValueError(f"unknown selective loss {loss!r}; known: {', '.join(LOSSES)}")
 
 
 def risk_coverage(scores, losses) -> tuple[np.ndarray, np.ndarray]:
@@ -90,6 +99,36 @@ def aurc(scores, losses) -> float:
     return float(np.mean(risk))
 
 
+def selective_risk_at(scores, losses, coverages=(0.25, 0.5, 0.75, 1.0)) -> dict[float, float]:
+    """Selective risk when trusting the most confident ``coverage`` fraction (at least one)."""
+    cov, risk = risk_coverage(scores, losses)
+    if len(risk) == 0:
+        return {c: float("nan") for c in coverages}
+    return {c: float(risk[max(0, int(np.ceil(c * len(risk))) - 1)]) for c in coverages}
+
+
+def reliability(probs, true_bins, n_bins: int = 15) -> pd.DataFrame:
+    """Reliability-diagram data: per equal-width confidence bin, its count, mean
+    max-probability and bin accuracy (empty bins are left out)."""
+    probs = np.asarray(probs)
+    conf = probs.max(axis=1)
+    correct = probs.argmax(axis=1) + 1 == np.asarray(true_bins)
+    edges = np.linspace(0, 1, n_bins + 1)
+    rows = []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        inside = (conf > lo) & (conf <= hi)
+        if inside.any():
+            rows.append({"lo": lo, "hi": hi, "count": int(inside.sum()),
+                         "confidence": float(conf[inside].mean()), "accuracy": float(correct[inside].mean())})
+    return pd.DataFrame(rows, columns=["lo", "hi", "count", "confidence", "accuracy"])
+
+
+def parse_rate(parsed) -> float:
+    """Fraction of forecasts whose answer parsed (an unparsed one is a forced deferral)."""
+    parsed = np.asarray(parsed, dtype=bool)
+    return float(parsed.mean()) if len(parsed) else float("nan")
+
+
 def topk_recovery(pred, truth, groups, k: float = 0.10) -> np.ndarray:
     """Per pool: best measured speedup among the top-k% by forecast, over the pool's best."""
     out = []
@@ -100,20 +139,27 @@ def topk_recovery(pred, truth, groups, k: float = 0.10) -> np.ndarray:
     return np.array(out)
 
 
-def summary(probs, true_bins, speedups, groups, parsed=None) -> dict:
-    """Every metric of a batch of forecasts, as one flat dict."""
+def summary(probs, true_bins, speedups, groups, parsed=None, coverages=(0.25, 0.5, 0.75, 1.0),
+            topk: float = 0.10, loss: str = "bin_off_by_more_than_one") -> dict:
+    """Every metric of a batch of forecasts, as one flat dict (keys are MLflow metric names).
+
+    Selective risk ranks by max-probability; an unparsed forecast ranks last (never trusted).
+    """
     probs, true_bins, speedups = np.asarray(probs), np.asarray(true_bins), np.asarray(speedups)
+    parsed = np.ones(len(probs), bool) if parsed is None else np.asarray(parsed, dtype=bool)
     pred = expected_speedups(probs)
-    rec = topk_recovery(pred, speedups, groups)
-    losses = selective_loss(probs, true_bins)
+    rec = topk_recovery(pred, speedups, groups, k=topk)
+    losses = selective_loss(probs, true_bins, loss)
+    scores = np.where(parsed, probs.max(axis=1), -np.inf)
+    k = f"top{round(100 * topk)}"
     return {
         "n": len(probs), "bin_accuracy": bin_accuracy(probs, true_bins),
         "pairwise_accuracy": pairwise_accuracy(pred, speedups, groups),
         "spearman": float(spearmanr(pred, speedups).statistic), "kendall": float(kendalltau(pred, speedups).statistic),
         "ece": ece(probs, true_bins), "brier": brier(probs, true_bins), "crps": ordinal_crps(probs, true_bins),
-        "nll": nll(probs, true_bins), "sharpness": sharpness(probs),
-        "parse_rate": 1.0 if parsed is None else float(np.mean(parsed)),
-        "aurc": aurc(probs.max(axis=1), losses), "risk_at_full_coverage": float(losses.mean()),
-        "top10_within_5pct": float(np.mean(rec >= 0.95)), "top10_within_20pct": float(np.mean(rec >= 0.80)),
+        "nll": nll(probs, true_bins), "sharpness": sharpness(probs), "parse_rate": parse_rate(parsed),
+        "aurc": aurc(scores, losses), "risk_at_full_coverage": float(losses.mean()),
+        **{f"risk_at_coverage_{round(100 * c)}": r for c, r in selective_risk_at(scores, losses, coverages).items()},
+        f"{k}_within_5pct": float(np.mean(rec >= 0.95)), f"{k}_within_20pct": float(np.mean(rec >= 0.80)),
         "pools": len(rec),
     }
