@@ -25,7 +25,6 @@ from surrogate.calibration import TemperatureCalibrator
 from surrogate.dataset import requests_from, split
 from surrogate.forecast import Forecast
 
-__all__ = ["evaluate", "TemperatureCalibrator"]  # the calibrator's old home: keep the import working
 
 
 def _forecast(forecaster, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

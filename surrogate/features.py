@@ -13,6 +13,7 @@ import re
 
 import numpy as np
 
+from kernels.hardware import peak_tflops as hardware_peak_tflops
 from kernels.ops import get_operation
 from surrogate.forecast import ForecastRequest
 
@@ -57,7 +58,7 @@ def request_features(req: ForecastRequest) -> np.ndarray:
     bytes_, flops = op.bytes_moved(case), op.flops(case)
     hw = req.hardware
     peak_gbps = hw.peak_bandwidth_gbps or math.nan
-    peak_tflops = {"h100": 989.4, "h200": 989.4}.get(hw.gpu_type, 500.0)
+    peak_tflops = hardware_peak_tflops(hw.gpu_type) or 500.0  # an unknown GPU: a mid-range guess
     roofline_us = max(bytes_ / (peak_gbps * 1e3) if peak_gbps == peak_gbps else 0.0, flops / (peak_tflops * 1e6))
     anchor_us = req.anchor_runtime_us[0] if req.anchor_runtime_us else math.nan
     src = req.candidate.source

@@ -5,7 +5,8 @@ import pandas as pd
 import pytest
 
 from surrogate import metrics
-from surrogate.evaluate import TemperatureCalibrator, evaluate
+from surrogate.calibration import TemperatureCalibrator
+from surrogate.evaluate import evaluate
 
 CERTAIN_RIGHT = np.eye(8)[[3]]  # all mass on bin 4
 
