@@ -11,14 +11,14 @@ import triton
 from kernels.records import HardwareSpec
 
 INTERPRETER = "interpreter"
-_KNOWN_TYPES = ("h200", "h100", "h20", "gh200", "b200", "b100", "a100", "a10g", "a10", "l40s", "l40",
+KNOWN_GPU_TYPES = ("h200", "h100", "h20", "gh200", "b200", "b100", "a100", "a10g", "a10", "l40s", "l40",
                 "l4", "v100", "t4", "rtx4090", "rtx3090", "mi300x", "mi250")
 
 
 def gpu_type_of(device_name: str) -> str:
     """Short routing name of a device: 'NVIDIA H100 80GB HBM3' -> 'h100'."""
     flat = re.sub(r"[^a-z0-9]", "", device_name.lower())
-    for known in _KNOWN_TYPES:
+    for known in KNOWN_GPU_TYPES:
         if known in flat:
             return "gh200" if known == "h200" and "gh200" in flat else known
     slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")

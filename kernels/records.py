@@ -122,3 +122,71 @@ class Measurement:
             raise ValueError(f"unknown status {self.status!r}; known: {', '.join(STATUSES)}")
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; known: {', '.join(MODES)}")
+
+
+# ---- the search's own records: one row per decision, per generation, per run ------------------
+
+DECISIONS = ("measure", "trust", "drop")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the policy did with one child in one generation of one search run."""
+
+    run_id: str
+    generation: int
+    candidate_id: str
+    op: str
+    gpu_type: str
+    decision: str  # measure | trust | drop
+    policy: str
+    parent_id: str | None = None
+    predicted_bin: int = 0  # 0 when no forecast was made (surrogate off)
+    expected_speedup: float | None = None
+    confidence: float | None = None
+    decided_at: datetime = field(default_factory=utc_now)
+
+    def __post_init__(self) -> None:
+        if self.decision not in DECISIONS:
+            raise ValueError(f"unknown decision {self.decision!r}; known: {', '.join(DECISIONS)}")
+
+
+@dataclass(frozen=True)
+class GenerationSummary:
+    """One finished generation: what was spent, what was decided, the best measured kernel so far."""
+
+    run_id: str
+    generation: int
+    op: str
+    gpu_type: str
+    surrogate: str
+    policy: str
+    generated: int
+    forecast: int
+    measured: int  # measurements this generation charged to the budget
+    reused: int  # of those, answered from measurements already stored (no GPU time spent again)
+    trusted: int
+    dropped: int
+    failed: int  # measured, but not ok
+    budget_used: int  # measurements charged so far, all generations
+    budget_left: int
+    gpu_seconds: float  # this generation's GPU seconds charged
+    gpu_seconds_total: float
+    best_candidate_id: str | None
+    best_speedup: float | None  # always a measured speedup, never a forecast
+    surrogate_bin_accuracy: float | None  # forecast bin == measured bin, over this generation's measured
+    surrogate_within_one: float | None
+    wall_seconds: float
+    overhead_seconds: float  # wall time less measuring and forecasting
+    finished_at: datetime = field(default_factory=utc_now)
+
+
+@dataclass(frozen=True)
+class SearchRun:
+    """A search run's identity: which operation and GPU type it searches, and its whole configuration."""
+
+    run_id: str
+    op: str
+    gpu_type: str
+    config: str  # canonical JSON of the search configuration
+    created_at: datetime = field(default_factory=utc_now)

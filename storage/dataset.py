@@ -32,7 +32,8 @@ import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
 from kernels.records import Candidate, Measurement
-from storage.schema import TableSpec, candidates_to_table, measurements_to_table, table_spec
+from storage.schema import (TableSpec, candidates_to_table, forecasts_to_table, measurements_to_table,
+                            records_to_table, table_spec)
 
 _PARTITION_VALUE = re.compile(r"[a-z0-9_.-]+")
 
@@ -230,3 +231,30 @@ class DataRoot:
         """Ids of candidates with a stored measurement (any status) on ``gpu_type``."""
         rows = self.read_table("measurements", columns=["candidate_id"], op=op, gpu_type=gpu_type)
         return set(rows["candidate_id"].to_pylist())
+
+    def write_records(self, records: list) -> int:
+        """Decisions, generation summaries or run records, each into its own table."""
+        return self.write(table_spec_of(records), records_to_table(records)) if records else 0
+
+    def write_forecasts(self, forecasts: list, run_id: str, generation: int, op: str, gpu_type: str) -> int:
+        if not forecasts:
+            return 0
+        return self.write("forecasts", forecasts_to_table(forecasts, run_id, generation, op, gpu_type))
+
+    def read_run_rows(self, table: str, run_id: str, op: str | None = None) -> pd.DataFrame:
+        """Rows of a journal table (forecasts, decisions, generations, runs) belonging to one run."""
+        frame = self.read(table, **({} if op is None else {"op": op}))
+        return frame[frame["run_id"] == run_id].reset_index(drop=True)
+
+    def probe(self) -> None:
+        """Fail now, with a StorageError naming the URI, if the data root cannot be listed or written."""
+        marker = posixpath.join(self.path, "_probe", uuid.uuid4().hex)
+        self._put(marker, b"")
+        with self._io("clean up a probe at", marker):
+            self.fs.rm(marker)
+
+
+def table_spec_of(records: list) -> str:
+    from storage.schema import RECORD_TABLES
+
+    return RECORD_TABLES[type(records[0])].name

@@ -15,7 +15,9 @@ from typing import Iterable
 import pandas as pd
 import pyarrow as pa
 
-from kernels.records import Candidate, HardwareSpec, Measurement, canonical_params
+from kernels.records import (Candidate, Decision, GenerationSummary, HardwareSpec, Measurement, SearchRun,
+                             canonical_params)
+from surrogate.forecast import Forecast
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 
@@ -106,7 +108,94 @@ MEASUREMENTS = TableSpec(
     partition_by=("op", "gpu_type"),
 )
 
-TABLES: dict[str, TableSpec] = {t.name: t for t in (CANDIDATES, MEASUREMENTS)}
+# The search's journal. Each row carries run_id; partitions by operation keep one op's runs together.
+FORECASTS = TableSpec(
+    name="forecasts",
+    schema=pa.schema([
+        ("run_id", pa.string()),
+        ("generation", pa.int32()),
+        ("op", pa.string()),
+        ("gpu_type", pa.string()),
+        ("candidate_id", pa.string()),
+        ("anchor_id", pa.string()),
+        ("surrogate", pa.string()),
+        ("surrogate_version", pa.string()),
+        ("probabilities", pa.list_(pa.float64())),  # the 8 speedup bins, renormalised
+        ("predicted_bin", pa.int32()),
+        ("expected_speedup", pa.float64()),
+        ("confidence", pa.float64()),  # max probability
+        ("parsed", pa.bool_()),
+        ("raw_sum", pa.float64()),
+        ("latency_s", pa.float64()),
+        ("raw_response", pa.string()),
+        ("extra", pa.string()),  # JSON of the forecaster's named numbers (e.g. the log-speedup mean and sigma)
+    ]),
+    key=("run_id", "generation", "candidate_id", "surrogate"),
+    partition_by=("op",),
+)
+
+DECISIONS = TableSpec(
+    name="decisions",
+    schema=pa.schema([
+        ("run_id", pa.string()),
+        ("generation", pa.int32()),
+        ("candidate_id", pa.string()),
+        ("op", pa.string()),
+        ("gpu_type", pa.string()),
+        ("decision", pa.string()),
+        ("policy", pa.string()),
+        ("parent_id", pa.string()),
+        ("predicted_bin", pa.int32()),
+        ("expected_speedup", pa.float64()),
+        ("confidence", pa.float64()),
+        ("decided_at", TIMESTAMP),
+    ]),
+    key=("run_id", "generation", "candidate_id"),
+    partition_by=("op",),
+)
+
+GENERATIONS = TableSpec(
+    name="generations",
+    schema=pa.schema([
+        ("run_id", pa.string()),
+        ("generation", pa.int32()),
+        ("op", pa.string()),
+        ("gpu_type", pa.string()),
+        ("surrogate", pa.string()),
+        ("policy", pa.string()),
+        *[(name, pa.int32()) for name in ("generated", "forecast", "measured", "reused", "trusted", "dropped",
+                                           "failed", "budget_used", "budget_left")],
+        ("gpu_seconds", pa.float64()),
+        ("gpu_seconds_total", pa.float64()),
+        ("best_candidate_id", pa.string()),
+        ("best_speedup", pa.float64()),
+        ("surrogate_bin_accuracy", pa.float64()),
+        ("surrogate_within_one", pa.float64()),
+        ("wall_seconds", pa.float64()),
+        ("overhead_seconds", pa.float64()),
+        ("finished_at", TIMESTAMP),
+    ]),
+    key=("run_id", "generation"),
+    partition_by=("op",),
+)
+
+RUNS = TableSpec(
+    name="runs",
+    schema=pa.schema([
+        ("run_id", pa.string()),
+        ("op", pa.string()),
+        ("gpu_type", pa.string()),
+        ("config", pa.string()),
+        ("created_at", TIMESTAMP),
+    ]),
+    key=("run_id",),
+    partition_by=("op",),
+)
+
+TABLES: dict[str, TableSpec] = {t.name: t for t in (CANDIDATES, MEASUREMENTS, FORECASTS, DECISIONS,
+                                                    GENERATIONS, RUNS)}
+# Flat records stored one field per column, under the table named here.
+RECORD_TABLES = {Decision: DECISIONS, GenerationSummary: GENERATIONS, SearchRun: RUNS}
 
 
 def table_spec(name: str) -> TableSpec:
@@ -185,3 +274,37 @@ def measurements_from_frame(df: pd.DataFrame) -> list[Measurement]:
             fields[name] = tuple(fields[name] or ())
         out.append(Measurement(**fields, hardware=hardware))
     return out
+
+
+def records_to_table(records: list) -> pa.Table:
+    """Flat records (``Decision``, ``GenerationSummary``, ``SearchRun``) as rows of their table."""
+    if not records:
+        raise ValueError("records_to_table needs at least one record")
+    spec = RECORD_TABLES[type(records[0])]
+    return pa.Table.from_pylist([dataclasses.asdict(r) for r in records], schema=spec.schema)
+
+
+def records_from_frame(record_type: type, df: pd.DataFrame) -> list:
+    """Rows of a flat record's table back to records."""
+    return [record_type(**row) for row in _rows(df, RECORD_TABLES[record_type])]
+
+
+def forecasts_to_table(forecasts: Iterable[Forecast], run_id: str, generation: int, op: str,
+                       gpu_type: str) -> pa.Table:
+    rows = [{
+        "run_id": run_id, "generation": generation, "op": op, "gpu_type": gpu_type,
+        "candidate_id": f.candidate_id, "anchor_id": f.anchor_id, "surrogate": f.surrogate,
+        "surrogate_version": f.surrogate_version, "probabilities": list(f.probabilities),
+        "predicted_bin": f.predicted_bin, "expected_speedup": f.expected_speedup,
+        "confidence": f.max_probability, "parsed": f.parsed, "raw_sum": f.raw_sum, "latency_s": f.latency_s,
+        "raw_response": f.raw_response, "extra": json.dumps(dict(f.extra), sort_keys=True),
+    } for f in forecasts]
+    return pa.Table.from_pylist(rows, schema=FORECASTS.schema)
+
+
+def forecasts_from_frame(df: pd.DataFrame) -> list[Forecast]:
+    return [Forecast(r["candidate_id"], r["anchor_id"], r["surrogate"], r["surrogate_version"],
+                     tuple(r["probabilities"]), parsed=r["parsed"], raw_sum=r["raw_sum"],
+                     latency_s=r["latency_s"], raw_response=r["raw_response"] or "",
+                     extra=json.loads(r["extra"] or "{}"))
+            for r in _rows(df, FORECASTS)]

@@ -1,0 +1,131 @@
+"""One search, described by one validated configuration: from CLI flags or a YAML file, checked once at the edge.
+
+Every check here runs before any GPU time is spent, and each error names the setting
+that is wrong and what would be accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+# The measured pool shipped with the project: the replay backend's answers and the learned prior's data.
+PACKAGED_POOL = str(Path(__file__).resolve().parents[1] / "data" / "pools")
+
+GENERATORS = ("template", "llm")
+POLICIES = ("budget", "conformal")
+BACKENDS = ("auto", "local", "replay", "ray")
+NO_SURROGATE = "none"  # the equal-budget baseline: every child is measured
+_RUN_ID = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+
+
+class ConfigError(ValueError):
+    """A search configuration that cannot run; the message names the setting."""
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    op: str
+    gpu_type: str = "auto"  # "auto": the local GPU's type, or h100 when replaying without a GPU
+    budget: int = 32  # measurements charged over the whole search
+    generations: int = 4
+    children: int = 64  # per generation; with surrogate "none", children = the generation's budget
+    generator: str = "template"
+    surrogate: str = "learned"  # learned | roofline | random | llm | none
+    policy: str = "budget"  # budget: trust a confidence threshold; conformal: a certified risk
+    trust_threshold: float = 0.9  # max-probability at which a forecast is trusted (policy budget)
+    target_risk: float = 0.05  # trusted-and-wrong-by-more-than-one-bin rate (policy conformal)
+    explore: float = 0.2  # fraction of children drawn fresh from the space rather than bred from parents
+    gpu_seconds_budget: float = 0.0  # stop after the generation that spends this much GPU time (0: no limit)
+    seed: int = 0
+    run_id: str = ""  # "" picks one from op, GPU type, surrogate and seed
+    data: str = "kernelcast-data"
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    backend: str = "auto"  # auto: the local GPU if there is one, else replay from replay_pool
+    replay_pool: str = PACKAGED_POOL
+    prior_data: str = PACKAGED_POOL  # measurements the learned surrogate is first fit on
+    prior_includes_op: bool = False  # False: the prior never sees the searched op (an honest forecast)
+    tracking_uri: str = ""  # "" : sqlite under a local data root, else ./kernelcast-mlflow.db
+    experiment: str = "kernelcast"
+    llm_url: str = ""  # OpenAI-compatible endpoint for surrogate/generator "llm"
+    llm_model: str = ""
+    ray_address: str = ""  # backend ray: "" starts a local Ray cluster
+
+    @property
+    def surrogate_on(self) -> bool:
+        return self.surrogate != NO_SURROGATE
+
+    def children_for(self, generation_budget: int) -> int:
+        return self.children if self.surrogate_on else generation_budget
+
+    def generation_budgets(self) -> list[int]:
+        """The budget split over generations, the remainder to the earliest ones."""
+        base, extra = divmod(self.budget, self.generations)
+        return [base + (1 if g < extra else 0) for g in range(self.generations)]
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, default=str)
+
+    def replace(self, **changes: Any) -> "SearchConfig":
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> "SearchConfig":
+        """A config from a YAML/JSON mapping; unknown keys are an error, not silently ignored."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown search settings {unknown}; known: {', '.join(sorted(known))}")
+        if "op" not in values:
+            raise ConfigError("a search needs an operation: set 'op'")
+        return cls(**dict(values))
+
+
+def default_run_id(config: SearchConfig) -> str:
+    return f"{config.op}-{config.gpu_type}-{config.surrogate}-b{config.budget}-s{config.seed}".replace("_", "-")
+
+
+def validate(config: SearchConfig) -> SearchConfig:
+    """The config with ``run_id`` filled in, or a ConfigError naming the first bad setting."""
+    from kernels.hardware import INTERPRETER, KNOWN_GPU_TYPES
+    from kernels.ops import get_operation
+    from surrogate.registry import FACTORIES
+
+    try:
+        get_operation(config.op)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if config.gpu_type != "auto" and config.gpu_type not in (*KNOWN_GPU_TYPES, INTERPRETER):
+        raise ConfigError(f"unknown GPU type {config.gpu_type!r}; known: auto, {', '.join(KNOWN_GPU_TYPES)}")
+    for name in ("budget", "generations", "children"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{name} must be a positive whole number, got {value!r}")
+    if config.budget < config.generations:
+        raise ConfigError(f"budget {config.budget} is less than one measurement per generation "
+                          f"({config.generations} generations)")
+    surrogates = (*FACTORIES, "llm", NO_SURROGATE)
+    if config.surrogate not in surrogates:
+        raise ConfigError(f"unknown surrogate {config.surrogate!r}; known: {', '.join(surrogates)}")
+    for name, allowed in (("generator", GENERATORS), ("policy", POLICIES), ("backend", BACKENDS)):
+        if getattr(config, name) not in allowed:
+            raise ConfigError(f"unknown {name} {getattr(config, name)!r}; known: {', '.join(allowed)}")
+    if "llm" in (config.surrogate, config.generator) and not (config.llm_url and config.llm_model):
+        raise ConfigError("surrogate or generator 'llm' needs llm_url (an OpenAI-compatible endpoint) and llm_model")
+    if not 0 < config.trust_threshold <= 1:
+        raise ConfigError(f"trust_threshold must lie in (0, 1], got {config.trust_threshold}")
+    if not 0 < config.target_risk < 1:
+        raise ConfigError(f"target_risk must lie in (0, 1), got {config.target_risk}")
+    if not 0 <= config.explore <= 1:
+        raise ConfigError(f"explore must lie in [0, 1], got {config.explore}")
+    if config.gpu_seconds_budget < 0:
+        raise ConfigError(f"gpu_seconds_budget must be zero (no limit) or positive, got {config.gpu_seconds_budget}")
+    if config.run_id and not _RUN_ID.fullmatch(config.run_id):
+        raise ConfigError(f"bad run id {config.run_id!r}: use up to 64 lowercase letters, digits, '_', '-', '.'")
+    if not config.run_id and config.gpu_type != "auto":
+        config = config.replace(run_id=default_run_id(config))
+    return config

@@ -1,0 +1,325 @@
+"""The search loop as plain Python: one ``Search`` per run, one method per step.
+
+generate -> forecast -> select -> measure -> update, once per generation. Prefect wraps
+each method as a task (``tasks/steps.py``); benchmarks and tests call them directly.
+
+Everything a run decides is journaled under the data root (candidates, forecasts,
+decisions, measurements, and a generation row written last, as the commit mark), and
+every step is deterministic given the journal: a generation's random draws come from
+(seed, generation), forecasts are read back from the journal, measurements already
+stored are reused rather than taken again. Rerunning a run id therefore replays the
+finished generations from the journal, without GPU time, and continues after the last
+one; a measured candidate is never measured twice and never lost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from kernels.ops import get_operation
+from kernels.records import Candidate, Decision, GenerationSummary, Measurement, SearchRun
+from kernels.spaces import get_space
+from storage.dataset import DataRoot
+from storage.schema import forecasts_from_frame, measurements_from_frame, records_from_frame
+from surrogate.bins import speedup_bin
+from surrogate.forecast import Forecast
+from surrogate.online import SearchSurrogate
+from surrogate.policies import BudgetPolicy, ConformalRiskPolicy, Selection, ThresholdPolicy
+from tasks.config import ConfigError, SearchConfig
+from tasks.state import Archive, breed
+
+_FLUSH_EVERY = 8  # measurements buffered before a write
+
+
+@dataclass
+class Generation:
+    """What one generation produced, in memory, step by step."""
+
+    index: int
+    budget: int
+    children: list[Candidate] = field(default_factory=list)
+    forecasts: list[Forecast] = field(default_factory=list)
+    selection: Selection = field(default_factory=Selection)
+    measurements: list[Measurement] = field(default_factory=list)
+    reused: int = 0
+    started: float = field(default_factory=time.perf_counter)
+    forecast_seconds: float = 0.0
+    measure_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    run_id: str
+    op: str
+    gpu_type: str
+    best_candidate_id: str | None
+    best_speedup: float | None  # measured, never a forecast
+    best_source: str
+    best_params: dict
+    budget_used: int
+    gpu_seconds: float
+    generations: tuple[GenerationSummary, ...]
+    replayed: bool  # measurements came from a measured pool, not a live GPU
+
+
+class Search:
+    """One search run over one operation on one GPU type."""
+
+    def __init__(self, config: SearchConfig, root: DataRoot, pool, forecaster=None, tracker=None):
+        if config.gpu_type == "auto" or not config.run_id:
+            raise ConfigError("resolve gpu_type and run_id (tasks.config.validate) before starting a search")
+        self.config = config
+        self.root = root
+        self.pool = pool
+        self.forecaster = forecaster
+        self.tracker = tracker
+        self.space = get_space(config.op)
+        self.archive = Archive()
+        self.candidates: dict[str, Candidate] = {}
+        self.decided: set[str] = set()
+        self.calibration: list[tuple[Forecast, int]] = []  # (forecast, measured bin) of this run
+        self.summaries: list[GenerationSummary] = []
+        self.budget_used = 0
+        self.gpu_seconds = 0.0
+        self.carry = 0  # budget a generation left unspent passes to the next
+        self.completed: set[int] = set()
+        self.surrogate: SearchSurrogate | None = None
+        self.mlflow_run: str | None = None
+        self.replayed = False
+
+    # ---- setup ---------------------------------------------------------------------------
+
+    def start(self) -> "Search":
+        """Register (or resume) the run, measure the op's reference, and open tracking."""
+        c = self.config
+        runs = self.root.read("runs")
+        mine = runs[runs["run_id"] == c.run_id] if not runs.empty else runs
+        if not mine.empty:
+            row = mine.iloc[0]
+            if (row["op"], row["gpu_type"]) != (c.op, c.gpu_type):
+                raise ConfigError(f"run id {c.run_id!r} belongs to a search of {row['op']} on {row['gpu_type']}, "
+                                  f"not {c.op} on {c.gpu_type}; choose another run id")
+        self.root.write_records([SearchRun(c.run_id, c.op, c.gpu_type, c.to_json())])
+        self.hardware = self.pool.prepare(c.op, c.gpu_type)
+        done = self.root.read_run_rows("generations", c.run_id, op=c.op)
+        self.completed = set(int(g) for g in done["generation"]) if not done.empty else set()
+        reference = get_operation(c.op).seed_candidates()[0]
+        self.root.write_candidates([reference])
+        ref = self._measure([reference])[0][0]
+        self.replayed = ref.replayed
+        if ref.status != "ok" and ref.mode != "interpreter":
+            raise RuntimeError(f"the {c.op} reference failed to measure on {c.gpu_type}: {ref.status}: {ref.error}")
+        if self.forecaster is not None:
+            self.surrogate = SearchSurrogate(self.forecaster, c.op, self.hardware, ref.runtime_us_median)
+        if self.tracker is not None:
+            params = {k: v for k, v in dataclasses.asdict(c).items() if k not in ("storage_options",)}
+            self.mlflow_run = self.tracker.start(c.run_id, params, tags={
+                "op": c.op, "gpu_type": c.gpu_type, "surrogate": c.surrogate, "policy": c.policy,
+                "generator": c.generator, "budget": str(c.budget), "seed": str(c.seed),
+                "baseline": str(not c.surrogate_on).lower(), "replayed": str(self.replayed).lower()})
+        return self
+
+    # ---- the five steps --------------------------------------------------------------------
+
+    def plan(self, g: int) -> Generation:
+        """Generation ``g`` with its budget (its share plus what earlier generations left)."""
+        return Generation(g, self.config.generation_budgets()[g] + self.carry)
+
+    def generate(self, gen: Generation) -> list[Candidate]:
+        c = self.config
+        rng = random.Random(f"{c.seed}:{gen.index}")
+        n = c.children_for(gen.budget)
+        gen.children = breed(self.space, self.archive, n, rng, c.explore if len(self.archive) else 1.0,
+                             exclude=self.decided)
+        for child in gen.children:
+            self.candidates.setdefault(child.candidate_id, child)
+        self.root.write_candidates(gen.children)
+        return gen.children
+
+    def forecast(self, gen: Generation) -> list[Forecast]:
+        if self.surrogate is None or not gen.children:
+            return []
+        t0 = time.perf_counter()
+        journal = self._journal_forecasts(gen.index)
+        if journal is not None and set(journal) >= {ch.candidate_id for ch in gen.children}:
+            gen.forecasts = [journal[ch.candidate_id] for ch in gen.children]
+        else:
+            gen.forecasts = self.surrogate.forecast(gen.children)
+            self.root.write_forecasts(gen.forecasts, self.config.run_id, gen.index, self.config.op,
+                                      self.config.gpu_type)
+        gen.forecast_seconds = time.perf_counter() - t0
+        return gen.forecasts
+
+    def select(self, gen: Generation) -> Selection:
+        if self.surrogate is None:
+            gen.selection = Selection(measure=[ch.candidate_id for ch in gen.children[: gen.budget]],
+                                      drop=[ch.candidate_id for ch in gen.children[gen.budget:]])
+        else:
+            _, best = self.archive.best()
+            gen.selection = BudgetPolicy(gen.budget, self._trust_policy()).select(gen.forecasts, best or 0.0)
+        return gen.selection
+
+    def measure(self, gen: Generation) -> list[Measurement]:
+        t0 = time.perf_counter()
+        wanted = [self.candidates[i] for i in gen.selection.measure]
+        gen.measurements, gen.reused = self._measure(wanted)
+        gen.measure_seconds = time.perf_counter() - t0
+        return gen.measurements
+
+    def update(self, gen: Generation) -> GenerationSummary:
+        c = self.config
+        for m in gen.measurements:
+            self.archive.add_measured(self.candidates[m.candidate_id], m)
+        by_id = {f.candidate_id: f for f in gen.forecasts}
+        for cid in gen.selection.trust:
+            self.archive.add_trusted(self.candidates[cid], by_id[cid])
+        self.decided.update(ch.candidate_id for ch in gen.children)
+        if self.surrogate is not None:
+            self.surrogate.update(gen.forecasts, gen.measurements)
+        measured_bins = {m.candidate_id: speedup_bin(m.speedup if m.status == "ok" else None)
+                         for m in gen.measurements}
+        forecast_hits = [(by_id[cid].predicted_bin, b) for cid, b in measured_bins.items() if cid in by_id]
+        self.calibration += [(by_id[cid], b) for cid, b in measured_bins.items() if cid in by_id]
+        charged = len(gen.measurements)
+        gen_gpu = sum(m.gpu_seconds for m in gen.measurements)
+        self.budget_used += charged
+        self.gpu_seconds += gen_gpu
+        self.carry = max(0, gen.budget - charged)
+        best_id, best = self.archive.best()
+        wall = time.perf_counter() - gen.started
+        summary = GenerationSummary(
+            run_id=c.run_id, generation=gen.index, op=c.op, gpu_type=c.gpu_type, surrogate=c.surrogate,
+            policy=c.policy if c.surrogate_on else "measure-all", generated=len(gen.children),
+            forecast=len(gen.forecasts), measured=charged, reused=gen.reused, trusted=len(gen.selection.trust),
+            dropped=len(gen.selection.drop), failed=sum(m.status != "ok" for m in gen.measurements),
+            budget_used=self.budget_used, budget_left=c.budget - self.budget_used, gpu_seconds=gen_gpu,
+            gpu_seconds_total=self.gpu_seconds, best_candidate_id=best_id, best_speedup=best,
+            surrogate_bin_accuracy=_mean([p == b for p, b in forecast_hits]),
+            surrogate_within_one=_mean([abs(p - b) <= 1 for p, b in forecast_hits]),
+            wall_seconds=wall, overhead_seconds=max(0.0, wall - gen.forecast_seconds - gen.measure_seconds))
+        if gen.index in self.completed:  # replayed from the journal: keep the stored summary
+            stored = self.root.read_run_rows("generations", c.run_id, op=c.op)
+            row = stored[stored["generation"] == gen.index]
+            summary = records_from_frame(GenerationSummary, row)[0] if not row.empty else summary
+        else:
+            self._write_decisions(gen)
+            self.root.write_records([summary])  # last: the generation's commit mark
+            if self.tracker is not None:
+                self.tracker.log_generation(self.mlflow_run, summary)
+        self.summaries.append(summary)
+        return summary
+
+    def run_generation(self, g: int) -> GenerationSummary:
+        gen = self.plan(g)
+        self.generate(gen)
+        self.forecast(gen)
+        self.select(gen)
+        self.measure(gen)
+        return self.update(gen)
+
+    def should_stop(self) -> str:
+        """Why the search ends early ('' if it goes on)."""
+        c = self.config
+        if self.budget_used >= c.budget:
+            return "budget spent"
+        if c.gpu_seconds_budget and self.gpu_seconds >= c.gpu_seconds_budget:
+            return f"GPU-seconds budget ({c.gpu_seconds_budget:g} s) spent"
+        if len(self.decided) >= len(self.space.variants()):
+            return "template space exhausted"
+        return ""
+
+    def run(self) -> SearchResult:
+        """Every generation in order (finished ones replayed from the journal), then the result."""
+        for g in range(self.config.generations):
+            if self.should_stop():
+                break
+            self.run_generation(g)
+        return self.finish()
+
+    def finish(self) -> SearchResult:
+        best_id, best = self.archive.best()
+        best_c = self.candidates.get(best_id) if best_id else None
+        result = SearchResult(self.config.run_id, self.config.op, self.config.gpu_type, best_id, best,
+                              best_c.source if best_c else "", dict(best_c.params) if best_c else {},
+                              self.budget_used, self.gpu_seconds, tuple(self.summaries), self.replayed)
+        if self.tracker is not None and self.mlflow_run:
+            from tasks.report import search_artifacts
+
+            self.tracker.log_files(self.mlflow_run, search_artifacts(result))
+            self.tracker.finish(self.mlflow_run, tags={"best_candidate_id": best_id or "",
+                                                       "best_speedup": f"{best:.4f}" if best else ""})
+        return result
+
+    # ---- helpers ---------------------------------------------------------------------------
+
+    def _trust_policy(self) -> ThresholdPolicy:
+        c = self.config
+        if c.policy == "budget":
+            return ThresholdPolicy("max_probability", c.trust_threshold)
+        policy = ConformalRiskPolicy(c.target_risk)
+        if self.calibration:  # until this run has measured forecasts, nothing is certified: trust nothing
+            forecasts, bins = zip(*self.calibration)
+            policy.fit(forecasts, bins)
+        return policy
+
+    def _journal_forecasts(self, g: int) -> dict[str, Forecast] | None:
+        if g not in self.completed:
+            return None
+        rows = self.root.read_run_rows("forecasts", self.config.run_id, op=self.config.op)
+        rows = rows[rows["generation"] == g]
+        return {f.candidate_id: f for f in forecasts_from_frame(rows)} if not rows.empty else None
+
+    def _measure(self, candidates: Sequence[Candidate]) -> tuple[list[Measurement], int]:
+        """Measurements of ``candidates`` in order: stored ones reused, the rest measured and written as they come."""
+        c = self.config
+        wanted = {ch.candidate_id for ch in candidates}
+        stored = {}
+        if wanted:
+            frame = self.root.read_measurements(op=c.op, gpu_type=c.gpu_type)
+            if not frame.empty:
+                frame = frame[frame["candidate_id"].isin(wanted)]
+                stored = {m.candidate_id: m for m in measurements_from_frame(frame)}
+        todo = [ch for ch in candidates if ch.candidate_id not in stored]
+        fresh: dict[str, Measurement] = {}
+        buffer: list[Measurement] = []
+        try:
+            for m in (self.pool.measure(todo, c.gpu_type) if todo else ()):
+                buffer.append(m)  # includes the reference the harness measures first on a live GPU
+                if m.candidate_id in wanted:
+                    fresh[m.candidate_id] = m
+                if len(buffer) >= _FLUSH_EVERY:
+                    self.root.write_measurements(buffer)
+                    buffer = []
+        finally:
+            if buffer:  # what was measured is kept even when the step fails part way
+                self.root.write_measurements(buffer)
+        missing = [ch.candidate_id for ch in todo if ch.candidate_id not in fresh]
+        if missing:
+            raise RuntimeError(f"the measurement backend returned no result for {len(missing)} candidates "
+                               f"(first {missing[0]}); rerun the search to continue")
+        return [stored.get(ch.candidate_id) or fresh[ch.candidate_id] for ch in candidates], len(stored)
+
+    def _write_decisions(self, gen: Generation) -> None:
+        c = self.config
+        by_id = {f.candidate_id: f for f in gen.forecasts}
+        policy = c.policy if c.surrogate_on else "measure-all"
+        rows = []
+        for kind, ids in (("measure", gen.selection.measure), ("trust", gen.selection.trust),
+                          ("drop", gen.selection.drop)):
+            for cid in ids:
+                f = by_id.get(cid)
+                rows.append(Decision(c.run_id, gen.index, cid, c.op, c.gpu_type, kind, policy,
+                                     parent_id=self.candidates[cid].parent_id,
+                                     predicted_bin=f.predicted_bin if f else 0,
+                                     expected_speedup=f.expected_speedup if f else None,
+                                     confidence=f.max_probability if f else None))
+        self.root.write_records(rows)
+
+
+def _mean(values: list) -> float | None:
+    return sum(values) / len(values) if values else None

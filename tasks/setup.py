@@ -1,0 +1,144 @@
+"""Build what a search runs on from its validated config: data root, measurement pool, surrogate, tracking.
+
+Every service is reached here, before the first generation, so an unreachable S3 endpoint
+or MLflow server, a GPU type nobody can measure, or a replay pool without the operation
+fails with a clear error before any GPU time is spent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import pickle
+import posixpath
+
+from storage.dataset import DataRoot
+from storage.schema import MEASUREMENTS
+from storage.tracking import Tracker, default_tracking_uri
+from tasks.config import NO_SURROGATE, ConfigError, SearchConfig, validate
+
+MODEL_FOLDER = "models"  # fitted surrogate priors under the data root, reused across runs
+
+
+def data_root(config: SearchConfig) -> DataRoot:
+    root = DataRoot(config.data, storage_options=dict(config.storage_options))
+    root.probe()
+    return root
+
+
+def resolve(config: SearchConfig) -> SearchConfig:
+    """Validate, then settle backend 'auto' and GPU type 'auto' against what this machine has."""
+    config = validate(config)
+    backend = config.backend
+    if backend == "auto":
+        import torch
+
+        backend = "local" if torch.cuda.is_available() else "replay"
+    gpu_type = config.gpu_type
+    if gpu_type == "auto":
+        if backend == "local":
+            from kernels.hardware import detect
+
+            gpu_type = detect().gpu_type
+        elif backend == "replay":
+            from infra.measure import ReplayMeasurer
+
+            available = ReplayMeasurer(config.replay_pool, "").available_gpu_types()
+            if not available:
+                raise ConfigError(f"the replay pool {config.replay_pool} holds no measurements")
+            gpu_type = "h100" if "h100" in available else available[0]
+        else:
+            raise ConfigError("backend ray needs an explicit gpu_type: the cluster may hold several")
+    return validate(config.replace(backend=backend, gpu_type=gpu_type))
+
+
+def measure_pool(config: SearchConfig):
+    """The pool that measures ``config.gpu_type``: this GPU, the replay pool, or a Ray cluster."""
+    from infra.measure import LocalMeasurePool, LocalMeasurer, ReplayMeasurer
+
+    if config.backend == "replay":
+        measurer = ReplayMeasurer(config.replay_pool, config.gpu_type)
+        if config.gpu_type not in measurer.available_gpu_types():
+            raise ConfigError(f"the replay pool {config.replay_pool} has no measurements on {config.gpu_type}; "
+                              f"it has: {', '.join(measurer.available_gpu_types()) or 'none'}")
+        return LocalMeasurePool([measurer])
+    if config.backend == "local":
+        measurer = LocalMeasurer()
+        if measurer.gpu_type != config.gpu_type:
+            measurer.close()
+            raise ConfigError(f"this machine's GPU is {measurer.gpu_type}, not {config.gpu_type}; measure "
+                              f"{config.gpu_type} on a Ray cluster that has it, or replay a measured pool")
+        return LocalMeasurePool([measurer])
+    from infra.ray_pools import RayMeasurePool
+
+    return RayMeasurePool.connect(config.ray_address or None, replay_pool=None)
+
+
+def _prior_key(config: SearchConfig, prior: DataRoot) -> str:
+    files = sorted(prior._files(MEASUREMENTS, {}))  # file names are hashes of their keys: a content fingerprint
+    h = hashlib.sha256()
+    for part in (config.surrogate, prior.uri, "" if config.prior_includes_op else config.op, *map(posixpath.basename, files)):
+        h.update(part.encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def fit_prior(config: SearchConfig, root: DataRoot):
+    """The learned surrogate fit on the prior data (without the searched op unless asked), cached under the root."""
+    from surrogate.dataset import case_pairs
+    from surrogate.registry import get_forecaster_factory
+
+    prior = DataRoot(config.prior_data)
+    path = posixpath.join(root.path, MODEL_FOLDER, f"{config.surrogate}-{_prior_key(config, prior)}.pkl")
+    if root.fs.exists(path):
+        with root._io("read the fitted surrogate", path):
+            return pickle.loads(root.fs.cat_file(path))
+    pairs = case_pairs(prior)
+    if not config.prior_includes_op and not pairs.empty:
+        pairs = pairs[pairs["op"] != config.op]
+    if pairs.empty:
+        raise ConfigError(f"no measured pairs under {config.prior_data} to fit the {config.surrogate} surrogate on")
+    forecaster = get_forecaster_factory(config.surrogate)().fit(pairs)
+    buffer = io.BytesIO()
+    pickle.dump(forecaster, buffer)
+    root._put(path, buffer.getvalue())
+    return forecaster
+
+
+def forecaster(config: SearchConfig, root: DataRoot):
+    """The surrogate a search forecasts with; None for the equal-budget baseline."""
+    if config.surrogate == NO_SURROGATE:
+        return None
+    if config.surrogate == "llm":
+        if config.backend == "ray":
+            from infra.ray_pools import ForecasterPool
+
+            return ForecasterPool.of_openai(config.llm_url, config.llm_model)
+        from surrogate.llm import OpenAIForecaster
+
+        return OpenAIForecaster(config.llm_url, config.llm_model)
+    if config.surrogate == "learned":
+        return fit_prior(config, root)
+    from surrogate.registry import get_forecaster_factory
+
+    return get_forecaster_factory(config.surrogate)().fit(None)
+
+
+def tracker(config: SearchConfig) -> Tracker:
+    t = Tracker(config.tracking_uri or default_tracking_uri(config.data), config.experiment)
+    t.probe()
+    return t
+
+
+def open_search(config: SearchConfig, track: bool = True):
+    """A started ``Search`` (run registered, reference measured, tracking open) for a raw config."""
+    from tasks.search import Search
+
+    config = resolve(config)
+    root = data_root(config)
+    t = tracker(config) if track else None
+    pool = measure_pool(config)
+    try:
+        return Search(config, root, pool, forecaster(config, root), t).start()
+    except BaseException:
+        pool.close()
+        raise
