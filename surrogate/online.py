@@ -7,25 +7,58 @@ averaged too, since errors on the cases of one kernel move together. Every other
 (LLM, roofline, random) gets one request per candidate naming all cases.
 
 As the search measures its own children, the prior (fit on other operations) is corrected
-on this operation: a shrunken mean residual shifts the forecast, and the spread is rescaled
-so that the residuals' z-scores have unit variance. Both are cheap, closed-form updates,
-so the correction runs every generation.
+on this operation, in closed form, every generation:
+
+- level: a shrunken mean residual shifts every forecast (the prior's level is often off
+  on an operation it has not seen);
+- neighbourhood: a kernel-weighted mean of the remaining residuals of measured
+  neighbours (same algorithm, launch parameters a few powers of two apart) corrects
+  candidates near what was measured, and narrows their spread, so the search learns the
+  shape of this operation's space, which the prior ranks only roughly;
+- spread: rescaled so that the residuals' z-scores have unit variance.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from typing import Sequence
+import zlib
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from kernels.ops import get_operation
 from kernels.records import Candidate, HardwareSpec, Measurement
 from surrogate.forecast import Forecast, ForecastRequest, normalise
+from scipy.stats import norm
+
 from surrogate.learned import bin_probabilities
 
-_SHRINK = 4.0  # pseudo-observations pulling the correction towards no correction
+_SHRINK = 4.0  # pseudo-observations pulling the level correction towards none
+_NEIGHBOUR_SHRINK = 1.0  # kernel weight of the prior in the neighbourhood correction
+_BANDWIDTH2 = 2.0  # squared distance at which a neighbour's weight falls to 1/e
+_OTHER_ALGORITHM = 4.0  # squared distance added between different algorithms
+
+
+def _coordinates(c: Candidate) -> tuple[str, dict[str, float]]:
+    """(algorithm, launch parameters on a log2 scale): the space a neighbourhood is measured in."""
+    coords = {}
+    for k, v in c.params.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            coords[k] = float(zlib.crc32(str(v).encode()) % 997)  # stable across processes
+        else:
+            coords[k] = math.log2(v) if v > 0 else -1.0
+    return c.template or c.op, coords
+
+
+def _distance2(a: tuple[str, dict[str, float]], b: tuple[str, dict[str, float]]) -> float:
+    d = 0.0 if a[0] == b[0] else _OTHER_ALGORITHM
+    for k in a[1].keys() | b[1].keys():
+        if k in a[1] and k in b[1]:
+            d += (a[1][k] - b[1][k]) ** 2
+        else:
+            d += 1.0
+    return d
 
 
 class SearchSurrogate:
@@ -42,6 +75,7 @@ class SearchSurrogate:
         self.bias_ = 0.0
         self.scale_ = 1.0
         self._residuals: list[tuple[float, float]] = []  # (log measured - prior mean, prior sigma)
+        self._coordinates: list[tuple[str, dict[str, float]]] = []  # of each residual's candidate
 
     @property
     def name(self) -> str:
@@ -75,7 +109,9 @@ class SearchSurrogate:
             return self.forecaster.forecast([self._request(c, everything) for c in candidates])
         t0 = time.perf_counter()
         prior_mu, prior_sigma = self.prior_log_speedup(candidates)
-        mu, sigma = prior_mu + self.bias_, prior_sigma * self.scale_
+        local, weight = self._neighbourhood(candidates)
+        mu = prior_mu + self.bias_ + local
+        sigma = prior_sigma * self.scale_ * np.sqrt(_NEIGHBOUR_SHRINK / (weight + _NEIGHBOUR_SHRINK))
         probs = bin_probabilities(mu, sigma)
         latency = (time.perf_counter() - t0) / len(candidates)
         out = []
@@ -87,7 +123,21 @@ class SearchSurrogate:
                                        "prior_log_speedup_mean": float(pm), "prior_log_speedup_sigma": float(ps)}))
         return out
 
-    def update(self, forecasts: Sequence[Forecast], measurements: Sequence[Measurement]) -> "SearchSurrogate":
+    def _neighbourhood(self, candidates: Sequence[Candidate]) -> tuple[np.ndarray, np.ndarray]:
+        """Per candidate: the kernel-weighted residual of measured neighbours (shrunk to 0) and their total weight."""
+        local, weight = np.zeros(len(candidates)), np.zeros(len(candidates))
+        if not self._residuals:
+            return local, weight
+        r = np.array([res for res, _ in self._residuals]) - self.bias_
+        for i, c in enumerate(candidates):
+            here = _coordinates(c)
+            w = np.array([math.exp(-_distance2(here, there) / _BANDWIDTH2) for there in self._coordinates])
+            weight[i] = w.sum()
+            local[i] = float(w @ r) / (weight[i] + _NEIGHBOUR_SHRINK)
+        return local, weight
+
+    def update(self, candidates: Mapping[str, Candidate], forecasts: Sequence[Forecast],
+               measurements: Sequence[Measurement]) -> "SearchSurrogate":
         """Correct the prior with the measured speedups of forecast candidates (failures carry no speedup)."""
         if not self.gaussian:
             return self
@@ -97,6 +147,7 @@ class SearchSurrogate:
             if f is not None and m.status == "ok" and m.speedup and m.speedup > 0:
                 self._residuals.append((math.log(m.speedup) - f.extra["prior_log_speedup_mean"],
                                         f.extra["prior_log_speedup_sigma"]))
+                self._coordinates.append(_coordinates(candidates[m.candidate_id]))
         if self._residuals:
             r, s = np.array(self._residuals).T
             n = len(r)
@@ -104,3 +155,21 @@ class SearchSurrogate:
             z2 = ((r - self.bias_) / s) ** 2
             self.scale_ = float(math.sqrt((z2.sum() + _SHRINK) / (n + _SHRINK)))
         return self
+
+
+def expected_improvement(forecast: Forecast, best_speedup: float) -> float:
+    """Expected gain in log speedup over ``best_speedup``: how worth measuring a child is.
+
+    From the forecast's Gaussian over log speedup where it has one, else from its
+    expected speedup alone. Uncertain children near the best outrank confident ones a
+    little below it: that is what a budget should be spent on.
+    """
+    mu = forecast.extra.get("log_speedup_mean", math.log(forecast.expected_speedup))
+    sigma = forecast.extra.get("log_speedup_sigma", 0.0)
+    if not best_speedup or best_speedup <= 0:
+        return mu
+    gap = mu - math.log(best_speedup)
+    if sigma <= 0:
+        return max(gap, 0.0) + 1e-6 * gap  # still ordered among those below the best
+    z = gap / sigma
+    return gap * norm.cdf(z) + sigma * norm.pdf(z)

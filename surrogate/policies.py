@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -82,15 +82,17 @@ class BudgetPolicy:
 
     Trusted forecasts predicting a loss against ``best_speedup`` are dropped; a trusted
     forecast predicting a new best is measured (it takes precedence in the budget);
-    untrusted children are measured by expected speedup until the budget is spent, and
+    untrusted children are measured in order of ``rank`` (default: expected speedup; a
+    search passes expected improvement over its best) until the budget is spent, and
     the rest are dropped for this generation.
     """
 
-    def __init__(self, budget: int, trust: ThresholdPolicy):
+    def __init__(self, budget: int, trust: ThresholdPolicy, rank: Callable[[Forecast], float] | None = None):
         if budget < 0:
             raise ValueError(f"budget must be zero or more, got {budget}")
         self.budget = budget
         self.trust = trust
+        self.rank = rank or (lambda f: f.expected_speedup)
 
     def select(self, forecasts: Sequence[Forecast], best_speedup: float = 0.0) -> Selection:
         would_be_best, unsure, trust, drop = [], [], [], []
@@ -104,7 +106,7 @@ class BudgetPolicy:
             else:
                 trust.append(f.candidate_id)
         queue = sorted(would_be_best, key=lambda f: -f.expected_speedup) + \
-            sorted(unsure, key=lambda f: -f.expected_speedup)
+            sorted(unsure, key=lambda f: -self.rank(f))
         measure = [f.candidate_id for f in queue[: self.budget]]
         leftover = queue[self.budget:]
         trust += [f.candidate_id for f in leftover if self.trust.trusted(f)]

@@ -28,7 +28,7 @@ from storage.dataset import DataRoot
 from storage.schema import forecasts_from_frame, measurements_from_frame, records_from_frame
 from surrogate.bins import speedup_bin
 from surrogate.forecast import Forecast
-from surrogate.online import SearchSurrogate
+from surrogate.online import SearchSurrogate, expected_improvement
 from surrogate.policies import BudgetPolicy, ConformalRiskPolicy, Selection, ThresholdPolicy
 from tasks.config import ConfigError, SearchConfig
 from tasks.state import Archive, breed
@@ -84,6 +84,7 @@ class Search:
         self.decided: set[str] = set()
         self.calibration: list[tuple[Forecast, int]] = []  # (forecast, measured bin) of this run
         self.summaries: list[GenerationSummary] = []
+        self.trajectory: list[float] = []  # measured speedups in the order they were charged (0: failed)
         self.budget_used = 0
         self.gpu_seconds = 0.0
         self.carry = 0  # budget a generation left unspent passes to the next
@@ -161,7 +162,9 @@ class Search:
                                       drop=[ch.candidate_id for ch in gen.children[gen.budget:]])
         else:
             _, best = self.archive.best()
-            gen.selection = BudgetPolicy(gen.budget, self._trust_policy()).select(gen.forecasts, best or 0.0)
+            policy = BudgetPolicy(gen.budget, self._trust_policy(),
+                                  rank=lambda f: expected_improvement(f, best or 0.0))
+            gen.selection = policy.select(gen.forecasts, best or 0.0)
         return gen.selection
 
     def measure(self, gen: Generation) -> list[Measurement]:
@@ -180,12 +183,13 @@ class Search:
             self.archive.add_trusted(self.candidates[cid], by_id[cid])
         self.decided.update(ch.candidate_id for ch in gen.children)
         if self.surrogate is not None:
-            self.surrogate.update(gen.forecasts, gen.measurements)
+            self.surrogate.update(self.candidates, gen.forecasts, gen.measurements)
         measured_bins = {m.candidate_id: speedup_bin(m.speedup if m.status == "ok" else None)
                          for m in gen.measurements}
         forecast_hits = [(by_id[cid].predicted_bin, b) for cid, b in measured_bins.items() if cid in by_id]
         self.calibration += [(by_id[cid], b) for cid, b in measured_bins.items() if cid in by_id]
         charged = len(gen.measurements)
+        self.trajectory += [m.speedup if m.status == "ok" and m.speedup else 0.0 for m in gen.measurements]
         gen_gpu = sum(m.gpu_seconds for m in gen.measurements)
         self.budget_used += charged
         self.gpu_seconds += gen_gpu
@@ -275,34 +279,9 @@ class Search:
         return {f.candidate_id: f for f in forecasts_from_frame(rows)} if not rows.empty else None
 
     def _measure(self, candidates: Sequence[Candidate]) -> tuple[list[Measurement], int]:
-        """Measurements of ``candidates`` in order: stored ones reused, the rest measured and written as they come."""
-        c = self.config
-        wanted = {ch.candidate_id for ch in candidates}
-        stored = {}
-        if wanted:
-            frame = self.root.read_measurements(op=c.op, gpu_type=c.gpu_type)
-            if not frame.empty:
-                frame = frame[frame["candidate_id"].isin(wanted)]
-                stored = {m.candidate_id: m for m in measurements_from_frame(frame)}
-        todo = [ch for ch in candidates if ch.candidate_id not in stored]
-        fresh: dict[str, Measurement] = {}
-        buffer: list[Measurement] = []
-        try:
-            for m in (self.pool.measure(todo, c.gpu_type) if todo else ()):
-                buffer.append(m)  # includes the reference the harness measures first on a live GPU
-                if m.candidate_id in wanted:
-                    fresh[m.candidate_id] = m
-                if len(buffer) >= _FLUSH_EVERY:
-                    self.root.write_measurements(buffer)
-                    buffer = []
-        finally:
-            if buffer:  # what was measured is kept even when the step fails part way
-                self.root.write_measurements(buffer)
-        missing = [ch.candidate_id for ch in todo if ch.candidate_id not in fresh]
-        if missing:
-            raise RuntimeError(f"the measurement backend returned no result for {len(missing)} candidates "
-                               f"(first {missing[0]}); rerun the search to continue")
-        return [stored.get(ch.candidate_id) or fresh[ch.candidate_id] for ch in candidates], len(stored)
+        """Measurements of ``candidates`` in order, and how many were reused from storage."""
+        found, reused = measure_and_store(self.root, self.pool, candidates, self.config.gpu_type)
+        return [found[ch.candidate_id] for ch in candidates], reused
 
     def _write_decisions(self, gen: Generation) -> None:
         c = self.config
@@ -323,3 +302,39 @@ class Search:
 
 def _mean(values: list) -> float | None:
     return sum(values) / len(values) if values else None
+
+
+def measure_and_store(root: DataRoot, pool, candidates: Sequence[Candidate], gpu_type: str,
+                      reuse: bool = True) -> tuple[dict[str, Measurement], int]:
+    """Each candidate's measurement on ``gpu_type``: stored ones reused, the rest measured and written as they come.
+
+    Results are written in small batches while measuring, and whatever was measured is
+    written even when the backend fails part way, so a rerun never pays for it again.
+    """
+    wanted = {ch.candidate_id for ch in candidates}
+    ops = sorted({ch.op for ch in candidates})
+    stored: dict[str, Measurement] = {}
+    for op in ops if reuse else ():
+        frame = root.read_measurements(op=op, gpu_type=gpu_type)
+        if not frame.empty:
+            frame = frame[frame["candidate_id"].isin(wanted)]
+            stored.update((m.candidate_id, m) for m in measurements_from_frame(frame))
+    todo = [ch for ch in candidates if ch.candidate_id not in stored]
+    fresh: dict[str, Measurement] = {}
+    buffer: list[Measurement] = []
+    try:
+        for m in (pool.measure(todo, gpu_type) if todo else ()):
+            buffer.append(m)  # includes the reference a live harness measures first
+            if m.candidate_id in wanted:
+                fresh[m.candidate_id] = m
+            if len(buffer) >= _FLUSH_EVERY:
+                root.write_measurements(buffer)
+                buffer = []
+    finally:
+        if buffer:
+            root.write_measurements(buffer)
+    missing = [ch.candidate_id for ch in todo if ch.candidate_id not in fresh]
+    if missing:
+        raise RuntimeError(f"the measurement backend returned no result for {len(missing)} candidates "
+                           f"(first {missing[0]}); rerun to continue")
+    return {**stored, **fresh}, len(stored)
