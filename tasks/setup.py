@@ -71,13 +71,15 @@ def measure_pool(config: SearchConfig):
         return LocalMeasurePool([measurer])
     from infra.ray_pools import RayMeasurePool
 
-    return RayMeasurePool.connect(config.ray_address or None, replay_pool=None)
+    # Nodes that declare GPUs measure for real; emulated types (no GPUs) answer from the replay pool.
+    return RayMeasurePool.connect(config.ray_address or None, replay_pool=config.replay_pool)
 
 
 def _prior_key(config: SearchConfig, prior: DataRoot) -> str:
     files = sorted(prior._files(MEASUREMENTS, {}))  # file names are hashes of their keys: a content fingerprint
     h = hashlib.sha256()
-    for part in (config.surrogate, prior.uri, "" if config.prior_includes_op else config.op, *map(posixpath.basename, files)):
+    for part in (config.surrogate, prior.uri, config.gpu_type, "" if config.prior_includes_op else config.op,
+                 *map(posixpath.basename, files)):
         h.update(part.encode() + b"\0")
     return h.hexdigest()[:16]
 
@@ -92,7 +94,11 @@ def fit_prior(config: SearchConfig, root: DataRoot):
     if root.fs.exists(path):
         with root._io("read the fitted surrogate", path):
             return pickle.loads(root.fs.cat_file(path))
-    pairs = case_pairs(prior)
+    # The searched GPU type's measurements when the prior has them (half the fitting time, no
+    # cross-GPU shift); every GPU type's otherwise.
+    pairs = case_pairs(prior, gpu_type=config.gpu_type)
+    if pairs.empty:
+        pairs = case_pairs(prior)
     if not config.prior_includes_op and not pairs.empty:
         pairs = pairs[pairs["op"] != config.op]
     if pairs.empty:

@@ -1,5 +1,7 @@
 import os
+import socket
 import sys
+import urllib.request
 
 import pytest
 
@@ -28,3 +30,45 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# ---- a real S3-compatible server (moto in server mode) on loopback -------------------------
+
+@pytest.fixture
+def aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def s3_root(aws_credentials: None):
+    """A DataRoot at s3://kernelcast/runs/test on a moto server listening on 127.0.0.1."""
+    port = free_port()
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from storage.dataset import DataRoot
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        # moto keeps its state per process, not per server: start every test from an empty store
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=30)
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="kernelcast")
+        root = DataRoot("s3://kernelcast/runs/test", storage_options={"client_kwargs": {"endpoint_url": endpoint}})
+        root.endpoint = endpoint
+        yield root
+    finally:
+        server.stop()
+
+

@@ -7,21 +7,18 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
-import boto3
 import pandas as pd
 import pyarrow.dataset as ds
 import pytest
-from moto.server import ThreadedMotoServer
 
 import storage.dataset
 from kernels.records import Candidate, HardwareSpec, Measurement
+from tests.conftest import free_port
 from storage.dataset import DataRoot, StorageError
 from storage.schema import CANDIDATES, MEASUREMENTS, candidates_from_frame, measurements_from_frame
 
@@ -63,37 +60,6 @@ def visible_files(folder: Path) -> list[Path]:
 @pytest.fixture
 def root(tmp_path: Path) -> DataRoot:
     return DataRoot(str(tmp_path / "data"))
-
-
-@pytest.fixture
-def aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(name, value)
-    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL"):
-        monkeypatch.delenv(name, raising=False)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def s3_root(aws_credentials: None):
-    """A DataRoot at s3://kernelcast/runs/test on a moto server listening on 127.0.0.1."""
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        # moto keeps its state per process, not per server: start every test from an empty store
-        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=30)
-        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="kernelcast")
-        yield DataRoot("s3://kernelcast/runs/test", storage_options={"client_kwargs": {"endpoint_url": endpoint}})
-    finally:
-        server.stop()
 
 
 # ---- schema --------------------------------------------------------------------------------

@@ -1,0 +1,135 @@
+"""Prefect flows: ``kernel_search``, ``backfill``, ``evaluate_surrogate``, ``train_surrogate``.
+
+Each flow is a short function that calls tasks; the work is in ``tasks/`` and the core
+packages. Flow runs are named for what they do ("search softmax on h100, learned, b32, seed 0"),
+so a night of runs reads clearly in the Prefect UI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from tasks import steps
+from tasks.config import SearchConfig
+from tasks.report import summary_lines
+
+
+@task(name="prepare", cache_policy=NO_CACHE)
+def prepare(config: SearchConfig):
+    """Validate, reach every service, fit or load the surrogate, register the run, measure the reference."""
+    from tasks.setup import open_search
+
+    return open_search(config)
+
+
+@task(name="finish", cache_policy=NO_CACHE)
+def finish(search):
+    return search.finish()
+
+
+def _search_name() -> str:
+    from prefect.runtime import flow_run
+
+    p = flow_run.parameters
+    return (f"search {p['op']} on {p.get('gpu_type', 'auto')}, {p.get('surrogate', 'learned')}, "
+            f"b{p.get('budget', 32)}, seed {p.get('seed', 0)}")
+
+
+@flow(name="kernel-search", flow_run_name=_search_name, log_prints=True)
+def kernel_search(op: str, gpu_type: str = "auto", budget: int = 32, generations: int = 4, children: int = 64,
+                  generator: str = "template", surrogate: str = "learned", policy: str = "budget", seed: int = 0,
+                  run_id: str = "", data: str = "kernelcast-data", backend: str = "auto", tracking_uri: str = "",
+                  options: dict[str, Any] | None = None) -> dict:
+    """One search run: generations of generate -> forecast -> select -> measure -> update.
+
+    ``options`` takes any other ``SearchConfig`` setting (trust_threshold, target_risk,
+    replay_pool, storage_options, llm_url, ...). Rerunning with the same ``run_id``
+    replays the finished generations from the journal and continues after them.
+    """
+    config = SearchConfig.from_mapping({
+        "op": op, "gpu_type": gpu_type, "budget": budget, "generations": generations, "children": children,
+        "generator": generator, "surrogate": surrogate, "policy": policy, "seed": seed, "run_id": run_id,
+        "data": data, "backend": backend, "tracking_uri": tracking_uri, **(options or {})})
+    logger = get_run_logger()
+    search = prepare(config)
+    try:
+        for g in range(search.config.generations):
+            stop = search.should_stop()
+            if stop:
+                logger.info("stopping before generation %d: %s", g, stop)
+                break
+            if g in search.completed:
+                steps.replay(search, g)
+                continue
+            gen = search.plan(g)
+            steps.generate(search, gen)
+            steps.forecast(search, gen)
+            steps.select(search, gen)
+            steps.measure(search, gen)
+            summary = steps.update(search, gen)
+            logger.info("generation %d: measured %d, trusted %d, dropped %d, best measured speedup %s",
+                        g, summary.measured, summary.trusted, summary.dropped, summary.best_speedup)
+        result = finish(search)
+    finally:
+        search.pool.close()
+    for line in summary_lines(result, search.config.data, search.tracker.uri if search.tracker else "", None):
+        logger.info(line)
+    out = dataclasses.asdict(result)
+    out["generations"] = [dataclasses.asdict(s) for s in result.generations]
+    out["tracking_uri"] = search.tracker.uri if search.tracker else ""
+    out["data"] = search.config.data
+    return out
+
+
+@flow(name="backfill", flow_run_name="backfill {op} from {source_gpu_type} to {target_gpu_type}", log_prints=True)
+def backfill(source_gpu_type: str, target_gpu_type: str, op: str = "all", data: str = "kernelcast-data",
+             backend: str = "replay", limit: int = 0, only_ok: bool = True,
+             options: dict[str, Any] | None = None) -> dict:
+    """Measure on ``target_gpu_type`` the candidates already measured on ``source_gpu_type``."""
+    from tasks.backfill import backfill_plan, run_backfill
+
+    plan = task(backfill_plan, name="plan backfill", cache_policy=NO_CACHE)(
+        source_gpu_type, target_gpu_type, op, data, limit, only_ok, options or {})
+    return task(run_backfill, name="measure backfill", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=10)(
+        plan, backend, options or {})
+
+
+@flow(name="evaluate-surrogate", flow_run_name="evaluate {surrogate} ({split} split)", log_prints=True)
+def evaluate_surrogate(surrogate: str = "learned", data: str = "data/pools", split: str = "operation",
+                       gpu_type: str | None = None, out: str = "kernelcast-eval", tracking_uri: str | None = None):
+    """Offline evaluation of a surrogate on held-out splits of a measured pool; table and plots under ``out``."""
+    from storage.dataset import DataRoot
+    from surrogate.dataset import case_pairs
+    from surrogate.evaluate import evaluate
+    from surrogate.registry import get_forecaster_factory
+
+    factory = get_forecaster_factory(surrogate)
+    pairs = task(case_pairs, name="load pairs", cache_policy=NO_CACHE)(DataRoot(data), gpu_type=gpu_type)
+    if pairs.empty:
+        raise ValueError(f"no measured pairs under {data}")
+    table = task(evaluate, name="evaluate", cache_policy=NO_CACHE)(
+        factory, pairs, how=split, out_dir=out, name=surrogate, tracking_uri=tracking_uri)
+    return table.to_dict("records")
+
+
+@flow(name="train-surrogate", flow_run_name="train {surrogate} from {prior_data}", log_prints=True)
+def train_surrogate(surrogate: str = "learned", prior_data: str = "", data: str = "kernelcast-data",
+                    ops: str = "all") -> list[str]:
+    """Refit the surrogate prior for each operation (held out of its own prior) and store it under ``data``,
+    where every later search of that operation picks it up instead of fitting again."""
+    from kernels.ops import OPERATIONS
+    from tasks.config import PACKAGED_POOL
+    from tasks.setup import data_root, fit_prior
+
+    names = list(OPERATIONS) if ops == "all" else [o.strip() for o in ops.split(",")]
+    fitted = []
+    for name in names:
+        config = SearchConfig(op=name, surrogate=surrogate, prior_data=prior_data or PACKAGED_POOL, data=data)
+        task(fit_prior, name="fit prior", task_run_name=f"fit {surrogate} without {name}",
+             cache_policy=NO_CACHE)(config, data_root(config))
+        fitted.append(name)
+    return fitted

@@ -1,0 +1,230 @@
+"""The search loop end to end on the replay backend: budgets, journal, resume, bad input, S3, MLflow."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from kernels.records import Candidate
+from storage.dataset import DataRoot, StorageError
+from storage.schema import measurements_from_frame
+from storage.tracking import TrackingError
+from tasks.config import PACKAGED_POOL, ConfigError, SearchConfig, validate
+from tasks.setup import open_search, resolve
+
+
+def config(tmp_path, **changes) -> SearchConfig:
+    base = dict(op="softmax", gpu_type="h100", budget=8, generations=2, children=16, surrogate="roofline",
+                seed=1, data=str(tmp_path / "data"), backend="replay")
+    return SearchConfig(**{**base, **changes})
+
+
+def run(cfg: SearchConfig, track: bool = False):
+    search = open_search(cfg, track=track)
+    try:
+        return search, search.run()
+    finally:
+        search.pool.close()
+
+
+class FailingPool:
+    """A real measurement pool that dies after ``allow`` measurements, as a lost GPU node would."""
+
+    def __init__(self, inner, allow: int):
+        self.inner, self.allow, self.asked = inner, allow, []
+
+    def prepare(self, op, gpu_type):
+        return self.inner.prepare(op, gpu_type)
+
+    def measure(self, candidates, gpu_type):
+        for m in self.inner.measure(candidates, gpu_type):
+            if self.allow <= 0:
+                raise RuntimeError("measurement node lost")
+            self.allow -= 1
+            self.asked.append(m.candidate_id)
+            yield m
+
+    def close(self):
+        self.inner.close()
+
+
+def test_surrogate_search_charges_exactly_its_budget_and_reports_a_measured_best(tmp_path):
+    search, result = run(config(tmp_path))
+    assert result.budget_used == 8
+    assert [g.measured for g in result.generations] == [4, 4]
+    assert all(g.generated == 16 and g.forecast == 16 for g in result.generations)
+    root = DataRoot(str(tmp_path / "data"))
+    measured = root.read_measurements(op="softmax", gpu_type="h100")
+    best = measured[measured["candidate_id"] == result.best_candidate_id]
+    assert len(best) == 1 and best["status"].iloc[0] == "ok" and bool(best["replayed"].iloc[0])
+    assert best["speedup"].iloc[0] == pytest.approx(result.best_speedup)
+    assert result.best_speedup == max(m.speedup for m in measurements_from_frame(measured)
+                                      if m.status == "ok" and m.candidate_id != search.surrogate.reference.candidate_id)
+
+
+def test_every_child_gets_one_decision_and_trusted_forecasts_are_flagged_not_measured(tmp_path):
+    _, result = run(config(tmp_path, trust_threshold=0.3))
+    root = DataRoot(str(tmp_path / "data"))
+    decisions = root.read_run_rows("decisions", result.run_id, op="softmax")
+    assert len(decisions) == sum(g.generated for g in result.generations)
+    assert set(decisions["decision"]) <= {"measure", "trust", "drop"}
+    measured_ids = set(root.read_measurements(op="softmax", gpu_type="h100")["candidate_id"])
+    trusted = decisions[decisions["decision"] == "trust"]
+    assert not set(trusted["candidate_id"]) & (measured_ids - set(decisions.loc[decisions["decision"] == "measure",
+                                                                               "candidate_id"]))
+    assert result.best_candidate_id not in set(trusted["candidate_id"]) - measured_ids
+
+
+def test_equal_budget_baseline_measures_every_child(tmp_path):
+    _, result = run(config(tmp_path, surrogate="none", budget=9, generations=3))
+    assert [(g.generated, g.measured, g.forecast, g.dropped) for g in result.generations] == [(3, 3, 0, 0)] * 3
+    assert result.budget_used == 9 and result.best_speedup > 0
+
+
+def test_same_seed_gives_the_same_search(tmp_path):
+    _, a = run(config(tmp_path, run_id="a"))
+    _, b = run(config(tmp_path, run_id="b", data=str(tmp_path / "other")))
+    assert [g.best_candidate_id for g in a.generations] == [g.best_candidate_id for g in b.generations]
+
+
+def test_rerun_after_a_crash_resumes_without_measuring_anything_twice(tmp_path):
+    from tasks.search import Search
+    from tasks.setup import data_root, forecaster, measure_pool
+
+    _, uninterrupted = run(config(tmp_path, run_id="clean", budget=12, generations=3, data=str(tmp_path / "clean")))
+
+    cfg = resolve(config(tmp_path, run_id="crashy", budget=12, generations=3))
+    root = data_root(cfg)
+    failing = FailingPool(measure_pool(cfg), allow=1 + 4 + 2)  # reference, generation 0, half of generation 1
+    with pytest.raises(RuntimeError, match="node lost"):
+        Search(cfg, root, failing, forecaster(cfg, root)).start().run()
+    assert len(root.read_run_rows("generations", "crashy", op="softmax")) == 1
+    kept = set(root.read_measurements(op="softmax", gpu_type="h100")["candidate_id"])
+    assert set(failing.asked) <= kept  # what was measured before the crash is stored
+
+    counting = FailingPool(measure_pool(cfg), allow=10**6)
+    result = Search(cfg, root, counting, forecaster(cfg, root)).start().run()
+    assert not set(counting.asked) & set(failing.asked)  # nothing measured twice
+    assert [g.best_candidate_id for g in result.generations] == [g.best_candidate_id for g in uninterrupted.generations]
+    assert result.budget_used == uninterrupted.budget_used == 12
+    rows = root.read_measurements(op="softmax", gpu_type="h100")
+    assert rows["candidate_id"].is_unique
+    assert len(root.read_run_rows("generations", "crashy", op="softmax")) == 3
+
+
+def test_a_finished_run_reruns_from_its_journal_without_measuring(tmp_path):
+    from tasks.search import Search
+    from tasks.setup import data_root, forecaster, measure_pool
+
+    _, first = run(config(tmp_path, run_id="done"))
+    cfg = resolve(config(tmp_path, run_id="done"))
+    root = data_root(cfg)
+    counting = FailingPool(measure_pool(cfg), allow=0)  # any measurement would fail the test
+    again = Search(cfg, root, counting, forecaster(cfg, root)).start().run()
+    assert again.generations == first.generations and counting.asked == []
+
+
+def test_a_run_id_of_another_operation_is_refused_before_measuring(tmp_path):
+    run(config(tmp_path, run_id="mine"))
+    with pytest.raises(ConfigError, match="belongs to a search of softmax on h100"):
+        open_search(config(tmp_path, run_id="mine", op="layernorm"), track=False)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"op": "sofmax"}, "unknown operation 'sofmax'"),
+    ({"gpu_type": "h999"}, "unknown GPU type 'h999'"),
+    ({"surrogate": "oracle"}, "unknown surrogate 'oracle'"),
+    ({"budget": 0}, "budget must be a positive whole number"),
+    ({"budget": -4}, "budget must be a positive whole number"),
+    ({"generations": 0}, "generations must be a positive whole number"),
+    ({"policy": "yolo"}, "unknown policy 'yolo'"),
+    ({"surrogate": "llm"}, "needs llm_url"),
+    ({"run_id": "Bad Id!"}, "bad run id"),
+])
+def test_bad_search_settings_fail_with_a_clear_error(tmp_path, changes, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(config(tmp_path, **changes))
+
+
+def test_unknown_setting_in_a_config_file_is_an_error():
+    with pytest.raises(ConfigError, match=r"unknown search settings \['budgett'\]"):
+        SearchConfig.from_mapping({"op": "softmax", "budgett": 3})
+
+
+def test_a_gpu_type_missing_from_the_replay_pool_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="has no measurements on a100"):
+        open_search(config(tmp_path, gpu_type="a100"), track=False)
+
+
+def test_unreachable_s3_endpoint_fails_before_any_measurement(tmp_path, aws_credentials):
+    from tests.conftest import free_port
+
+    cfg = config(tmp_path, data="s3://kernelcast/runs",
+                 storage_options={"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{free_port()}"},
+                                  "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2}})
+    t0 = time.monotonic()
+    with pytest.raises(StorageError, match="s3://kernelcast/runs"):
+        open_search(cfg, track=False)
+    assert time.monotonic() - t0 < 60
+
+
+def test_unreachable_mlflow_server_fails_before_any_measurement(tmp_path):
+    from tests.conftest import free_port
+
+    cfg = config(tmp_path, tracking_uri=f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(TrackingError, match="127.0.0.1"):
+        open_search(cfg, track=True)
+    assert not (tmp_path / "data" / "measurements").exists()
+
+
+def test_search_on_s3_through_a_real_s3_server(tmp_path, s3_root):
+    cfg = config(tmp_path, data="s3://kernelcast/search",
+                 storage_options={"client_kwargs": {"endpoint_url": s3_root.endpoint}})
+    _, result = run(cfg)
+    root = DataRoot("s3://kernelcast/search", storage_options={"client_kwargs": {"endpoint_url": s3_root.endpoint}})
+    assert len(root.read_run_rows("generations", result.run_id, op="softmax")) == 2
+    assert result.best_candidate_id in set(root.read_measurements(op="softmax")["candidate_id"])
+
+
+def test_mlflow_gets_one_run_per_search_with_per_generation_metrics_and_artifacts(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    _, surrogate = run(config(tmp_path, run_id="with-surrogate", tracking_uri=uri), track=True)
+    _, baseline = run(config(tmp_path, run_id="baseline", surrogate="none", tracking_uri=uri), track=True)
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("kernelcast")
+    runs = {r.data.tags["kernelcast.run_id"]: r for r in client.search_runs([exp.experiment_id])}
+    assert set(runs) == {"with-surrogate", "baseline"}
+    mine = runs["with-surrogate"]
+    assert mine.data.params["budget"] == "8" and mine.data.tags["surrogate"] == "roofline"
+    assert runs["baseline"].data.tags["baseline"] == "true" and mine.data.tags["baseline"] == "false"
+    history = client.get_metric_history(mine.info.run_id, "best_speedup")
+    assert [m.step for m in history] == [0, 1]
+    assert history[-1].value == pytest.approx(surrogate.best_speedup)
+    names = {a.path for a in client.list_artifacts(mine.info.run_id)}
+    assert {"best_kernel.py", "generations.csv", "search_curve.png"} <= names
+    assert mine.info.status == "FINISHED"
+
+
+def test_learned_prior_never_sees_the_searched_op_and_is_cached(tmp_path):
+    from surrogate.dataset import case_pairs
+    from tasks.setup import fit_prior
+
+    prior = DataRoot(str(tmp_path / "prior"))
+    pool = DataRoot(PACKAGED_POOL)
+    for op in ("softmax", "rmsnorm", "row_sum"):
+        prior.write_candidates(__import__("storage.schema", fromlist=["x"]).candidates_from_frame(pool.read_candidates(op)))
+        prior.write_measurements(measurements_from_frame(pool.read_measurements(op=op, gpu_type="h100")))
+    cfg = resolve(config(tmp_path, surrogate="learned", prior_data=prior.uri))
+    root = DataRoot(cfg.data)
+    t0 = time.monotonic()
+    model = fit_prior(cfg, root)
+    first = time.monotonic() - t0
+    assert model.n_train_ == len(case_pairs(prior).query("op != 'softmax' and speedup == speedup"))
+    t0 = time.monotonic()
+    again = fit_prior(cfg, root)
+    assert time.monotonic() - t0 < first / 3 and again.n_train_ == model.n_train_
+    _, result = run(cfg)
+    assert result.budget_used == 8 and result.best_speedup > 1.0
