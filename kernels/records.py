@@ -7,6 +7,7 @@ Each record maps one-to-one to a Parquet table whose pyarrow schema lives in
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -52,7 +53,7 @@ class Candidate:
             raise ValueError(f"unknown origin {self.origin!r}; known: {', '.join(ORIGINS)}")
         object.__setattr__(self, "params", dict(sorted(dict(self.params).items())))
 
-    @property
+    @functools.cached_property  # content never changes (frozen), so the hash is computed once
     def candidate_id(self) -> str:
         """Content hash of op, backend, source and launch parameters (16 hex digits)."""
         h = hashlib.sha256()

@@ -81,7 +81,6 @@ class Search:
         self.space = get_space(config.op)
         self.archive = Archive()
         self.candidates: dict[str, Candidate] = {}
-        self.decided: set[str] = set()
         self.calibration: list[tuple[Forecast, int]] = []  # (forecast, measured bin) of this run
         self.summaries: list[GenerationSummary] = []
         self.trajectory: list[float] = []  # measured speedups in the order they were charged (0: failed)
@@ -135,8 +134,9 @@ class Search:
         c = self.config
         rng = random.Random(f"{c.seed}:{gen.index}")
         n = c.children_for(gen.budget)
+        # Children dropped in an earlier generation may come back: the surrogate knows more now.
         gen.children = breed(self.space, self.archive, n, rng, c.explore if len(self.archive) else 1.0,
-                             exclude=self.decided)
+                             exclude=set())
         for child in gen.children:
             self.candidates.setdefault(child.candidate_id, child)
         self.root.write_candidates(gen.children)
@@ -181,7 +181,6 @@ class Search:
         by_id = {f.candidate_id: f for f in gen.forecasts}
         for cid in gen.selection.trust:
             self.archive.add_trusted(self.candidates[cid], by_id[cid])
-        self.decided.update(ch.candidate_id for ch in gen.children)
         if self.surrogate is not None:
             self.surrogate.update(self.candidates, gen.forecasts, gen.measurements)
         measured_bins = {m.candidate_id: speedup_bin(m.speedup if m.status == "ok" else None)
@@ -233,7 +232,7 @@ class Search:
             return "budget spent"
         if c.gpu_seconds_budget and self.gpu_seconds >= c.gpu_seconds_budget:
             return f"GPU-seconds budget ({c.gpu_seconds_budget:g} s) spent"
-        if len(self.decided) >= len(self.space.variants()):
+        if len(self.archive) >= len(self.space.variants()):
             return "template space exhausted"
         return ""
 

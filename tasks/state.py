@@ -93,16 +93,15 @@ def breed(space: TemplateSpace, archive: Archive, n: int, rng: random.Random, ex
     ``exclude`` holds ids already decided in this run; a child is never one of them nor a
     repeat. Fewer than ``n`` come back only when the space has run out of new variants.
     """
-    variants = space.variants()
     seen = set(exclude) | set(archive.entries)
     children: list[Candidate] = []
-    fresh = [v for v in variants if v.candidate_id not in seen]
+    fresh = {v.candidate_id: v for v in space.variants() if v.candidate_id not in seen}  # in space order
     for _ in range(20 * n):
         if len(children) >= n or not fresh:
             break
         parent = archive.select_parent(rng) if rng.random() >= explore else None
         if parent is None:
-            child = rng.choice(fresh)
+            child = rng.choice(list(fresh.values()))
         elif rng.random() < crossover and len(archive.parents()) >= 2:
             other = archive.select_parent(rng)
             child = space.crossover(parent.candidate, other.candidate, rng)
@@ -111,6 +110,6 @@ def breed(space: TemplateSpace, archive: Archive, n: int, rng: random.Random, ex
         if child.candidate_id in seen:
             continue
         seen.add(child.candidate_id)
-        fresh = [v for v in fresh if v.candidate_id != child.candidate_id]
+        fresh.pop(child.candidate_id, None)
         children.append(child)
     return children

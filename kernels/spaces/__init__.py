@@ -36,6 +36,7 @@ class TemplateSpace:
     algorithms: Sequence[Algorithm]
     valid: Callable[[str, Mapping[str, Any]], bool] = lambda algorithm, params: True
     _variants: list[Candidate] | None = field(default=None, repr=False)
+    _neighbours: dict = field(default_factory=dict, repr=False)  # candidate id -> its neighbours
 
     def algorithm(self, name: str) -> Algorithm:
         for algo in self.algorithms:
@@ -81,6 +82,9 @@ class TemplateSpace:
 
     def neighbours(self, candidate: Candidate) -> list[Candidate]:
         """Valid variants one step away along one axis, or the same params under another algorithm."""
+        known = self._neighbours.get(candidate.candidate_id)
+        if known is not None:
+            return list(known)
         algo_name = self.algorithm_of(candidate)
         algo = self.algorithm(algo_name)
         out = []
@@ -97,6 +101,7 @@ class TemplateSpace:
                 params = self._repair(other, candidate.params)
                 if params is not None:
                     out.append(self.candidate(other.name, params, candidate.candidate_id))
+        self._neighbours[candidate.candidate_id] = tuple(out)
         return out
 
     def mutate(self, candidate: Candidate, rng: random.Random) -> Candidate:
