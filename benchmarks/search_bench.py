@@ -15,6 +15,7 @@ every child it breeds. Prints, per budget:
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import statistics
@@ -43,6 +44,7 @@ def main(argv=None) -> int:
     p.add_argument("--generations", type=int, default=4)
     p.add_argument("--children", type=int, default=64)
     p.add_argument("--gpu-type", default="h100")
+    p.add_argument("--backend", default="replay", help="replay (the committed pool) or local (this machine's GPU)")
     p.add_argument("--data", default="/tmp/kernelcast-search-bench")
     p.add_argument("--json", default="", help="write every run's numbers here")
     args = p.parse_args(argv)
@@ -52,11 +54,11 @@ def main(argv=None) -> int:
         for budget in args.budgets:
             for seed in range(args.seeds):
                 base = dict(op=op, gpu_type=args.gpu_type, budget=budget, generations=args.generations,
-                            children=args.children, seed=seed, data=args.data, backend="replay")
+                            children=args.children, seed=seed, data=args.data, backend=args.backend)
                 sur, sur_traj, sur_s, sur_over = run_one(SearchConfig(**base, surrogate="learned"))
                 bl, _, bl_s, _ = run_one(SearchConfig(**base, surrogate="none"))
                 target = bl.best_speedup or 0.0
-                reached = next((i + 1 for i, s in enumerate(itertools_accumulate_max(sur_traj)) if s >= target), None)
+                reached = next((i + 1 for i, s in enumerate(itertools.accumulate(sur_traj, max)) if s >= target), None)
                 row = {"op": op, "budget": budget, "seed": seed, "surrogate_best": sur.best_speedup,
                        "baseline_best": bl.best_speedup, "ratio": (sur.best_speedup or 0) / target if target else None,
                        "measurements_to_baseline_best": reached, "surrogate_seconds": sur_s,
@@ -80,13 +82,6 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
     return 0
-
-
-def itertools_accumulate_max(values):
-    best = 0.0
-    for v in values:
-        best = max(best, v)
-        yield best
 
 
 if __name__ == "__main__":

@@ -243,7 +243,10 @@ class DataRoot:
 
     def read_run_rows(self, table: str, run_id: str, op: str | None = None) -> pd.DataFrame:
         """Rows of a journal table (forecasts, decisions, generations, runs) belonging to one run."""
-        frame = self.read(table, **({} if op is None else {"op": op}))
+        where = {} if op is None else {"op": op}
+        if "run_id" in table_spec(table).partition_by:
+            where["run_id"] = run_id
+        frame = self.read(table, **where)
         return frame[frame["run_id"] == run_id].reset_index(drop=True)
 
     def probe(self) -> None:

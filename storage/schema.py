@@ -108,7 +108,7 @@ MEASUREMENTS = TableSpec(
     partition_by=("op", "gpu_type"),
 )
 
-# The search's journal. Each row carries run_id; partitions by operation keep one op's runs together.
+# The search's journal, partitioned by operation and run: a run's writes and reads touch its own files only.
 FORECASTS = TableSpec(
     name="forecasts",
     schema=pa.schema([
@@ -131,7 +131,7 @@ FORECASTS = TableSpec(
         ("extra", pa.string()),  # JSON of the forecaster's named numbers (e.g. the log-speedup mean and sigma)
     ]),
     key=("run_id", "generation", "candidate_id", "surrogate"),
-    partition_by=("op",),
+    partition_by=("op", "run_id"),
 )
 
 DECISIONS = TableSpec(
@@ -151,7 +151,7 @@ DECISIONS = TableSpec(
         ("decided_at", TIMESTAMP),
     ]),
     key=("run_id", "generation", "candidate_id"),
-    partition_by=("op",),
+    partition_by=("op", "run_id"),
 )
 
 GENERATIONS = TableSpec(
@@ -176,7 +176,7 @@ GENERATIONS = TableSpec(
         ("finished_at", TIMESTAMP),
     ]),
     key=("run_id", "generation"),
-    partition_by=("op",),
+    partition_by=("op", "run_id"),
 )
 
 RUNS = TableSpec(
