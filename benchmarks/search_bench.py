@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64])
     p.add_argument("--generations", type=int, default=4)
-    p.add_argument("--children", type=int, default=64)
+    p.add_argument("--children", type=int, default=256)
     p.add_argument("--gpu-type", default="h100")
     p.add_argument("--backend", default="replay", help="replay (the committed pool) or local (this machine's GPU)")
     p.add_argument("--data", default="/tmp/kernelcast-search-bench")

@@ -216,7 +216,7 @@ _SEARCH_FLAGS = {
     "op": (str, "operation to search"), "gpu_type": (str, "GPU type to measure on (default: this GPU, or h100 "
                                                           "when replaying without one)"),
     "budget": (int, "measurements charged over the whole search (default 32)"),
-    "generations": (int, "generations (default 4)"), "children": (int, "children per generation (default 64)"),
+    "generations": (int, "generations (default 4)"), "children": (int, "children per generation (default 256)"),
     "generator": (str, "template or llm"), "surrogate": (str, "learned, roofline, random, llm, or none (the "
                                                              "equal-budget baseline: every child measured)"),
     "policy": (str, "budget (confidence threshold) or conformal (certified risk)"),

@@ -40,7 +40,7 @@ def _search_name() -> str:
 
 
 @flow(name="kernel-search", flow_run_name=_search_name, log_prints=True)
-def kernel_search(op: str, gpu_type: str = "auto", budget: int = 32, generations: int = 4, children: int = 64,
+def kernel_search(op: str, gpu_type: str = "auto", budget: int = 32, generations: int = 4, children: int = 256,
                   generator: str = "template", surrogate: str = "learned", policy: str = "budget", seed: int = 0,
                   run_id: str = "", data: str = "kernelcast-data", backend: str = "auto", tracking_uri: str = "",
                   options: dict[str, Any] | None = None) -> dict:

@@ -33,7 +33,7 @@ class SearchConfig:
     gpu_type: str = "auto"  # "auto": the local GPU's type, or h100 when replaying without a GPU
     budget: int = 32  # measurements charged over the whole search
     generations: int = 4
-    children: int = 64  # per generation; with surrogate "none", children = the generation's budget
+    children: int = 256  # per generation (forecasts are cheap); with surrogate "none", children = the budget
     generator: str = "template"
     surrogate: str = "learned"  # learned | roofline | random | llm | none
     policy: str = "budget"  # budget: trust a confidence threshold; conformal: a certified risk
