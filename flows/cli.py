@@ -217,7 +217,7 @@ _SEARCH_FLAGS = {
                                                           "when replaying without one)"),
     "budget": (int, "measurements charged over the whole search (default 32)"),
     "generations": (int, "generations (default 4)"), "children": (int, "children per generation (default 256)"),
-    "generator": (str, "template or llm"), "surrogate": (str, "learned, roofline, random, llm, or none (the "
+    "generator": (str, "template (the only generator so far)"), "surrogate": (str, "learned, roofline, random, llm, or none (the "
                                                              "equal-budget baseline: every child measured)"),
     "policy": (str, "budget (confidence threshold) or conformal (certified risk)"),
     "trust_threshold": (float, "max-probability at which a forecast is trusted (policy budget)"),
@@ -227,7 +227,7 @@ _SEARCH_FLAGS = {
     "backend": (str, "auto, local, replay or ray"), "replay_pool": (str, "measured pool the replay backend answers from"),
     "prior_data": (str, "measurements the learned surrogate's prior is fit on"),
     "tracking_uri": (str, "MLflow tracking URI (default: sqlite under a local data root)"),
-    "experiment": (str, "MLflow experiment"), "llm_url": (str, "OpenAI-compatible endpoint (surrogate/generator llm)"),
+    "experiment": (str, "MLflow experiment"), "llm_url": (str, "OpenAI-compatible endpoint (surrogate llm)"),
     "llm_model": (str, "model name at that endpoint"), "ray_address": (str, "Ray cluster address (backend ray)"),
 }
 

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 # The measured pool shipped with the project: the replay backend's answers and the learned prior's data.
 PACKAGED_POOL = str(Path(__file__).resolve().parents[1] / "data" / "pools")
 
-GENERATORS = ("template", "llm")
+GENERATORS = ("template",)  # LLM mutation is not built yet: refused here rather than silently ignored
 POLICIES = ("budget", "conformal")
 BACKENDS = ("auto", "local", "replay", "ray")
 NO_SURROGATE = "none"  # the equal-budget baseline: every child is measured
@@ -34,7 +34,7 @@ class SearchConfig:
     budget: int = 32  # measurements charged over the whole search
     generations: int = 4
     children: int = 256  # per generation (forecasts are cheap); with surrogate "none", children = the budget
-    generator: str = "template"
+    generator: str = "template"  # children from the op's template space (mutation, crossover, fresh draws)
     surrogate: str = "learned"  # learned | roofline | random | llm | none
     policy: str = "budget"  # budget: trust a confidence threshold; conformal: a certified risk
     trust_threshold: float = 0.9  # max-probability at which a forecast is trusted (policy budget)
@@ -51,7 +51,7 @@ class SearchConfig:
     prior_includes_op: bool = False  # False: the prior never sees the searched op (an honest forecast)
     tracking_uri: str = ""  # "" : sqlite under a local data root, else ./kernelcast-mlflow.db
     experiment: str = "kernelcast"
-    llm_url: str = ""  # OpenAI-compatible endpoint for surrogate/generator "llm"
+    llm_url: str = ""  # OpenAI-compatible endpoint for surrogate "llm"
     llm_model: str = ""
     ray_address: str = ""  # backend ray: "" starts a local Ray cluster
 
@@ -114,8 +114,8 @@ def validate(config: SearchConfig) -> SearchConfig:
     for name, allowed in (("generator", GENERATORS), ("policy", POLICIES), ("backend", BACKENDS)):
         if getattr(config, name) not in allowed:
             raise ConfigError(f"unknown {name} {getattr(config, name)!r}; known: {', '.join(allowed)}")
-    if "llm" in (config.surrogate, config.generator) and not (config.llm_url and config.llm_model):
-        raise ConfigError("surrogate or generator 'llm' needs llm_url (an OpenAI-compatible endpoint) and llm_model")
+    if config.surrogate == "llm" and not (config.llm_url and config.llm_model):
+        raise ConfigError("surrogate 'llm' needs llm_url (an OpenAI-compatible endpoint) and llm_model")
     if not 0 < config.trust_threshold <= 1:
         raise ConfigError(f"trust_threshold must lie in (0, 1], got {config.trust_threshold}")
     if not 0 < config.target_risk < 1:

@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from threadpoolctl import threadpool_limits
+
 from kernels.ops import get_operation
 from kernels.records import Candidate, Decision, GenerationSummary, Measurement, SearchRun
 from kernels.spaces import get_space
@@ -150,7 +152,8 @@ class Search:
         if journal is not None and set(journal) >= {ch.candidate_id for ch in gen.children}:
             gen.forecasts = [journal[ch.candidate_id] for ch in gen.children]
         else:
-            gen.forecasts = self.surrogate.forecast(gen.children)
+            with threadpool_limits(limits=1, user_api="openmp"):  # see tasks.setup.fit_prior
+                gen.forecasts = self.surrogate.forecast(gen.children)
             self.root.write_forecasts(gen.forecasts, self.config.run_id, gen.index, self.config.op,
                                       self.config.gpu_type)
         gen.forecast_seconds = time.perf_counter() - t0

@@ -12,6 +12,8 @@ import io
 import pickle
 import posixpath
 
+from threadpoolctl import threadpool_limits
+
 from storage.dataset import DataRoot
 from storage.schema import MEASUREMENTS
 from storage.tracking import Tracker, default_tracking_uri
@@ -103,7 +105,10 @@ def fit_prior(config: SearchConfig, root: DataRoot):
         pairs = pairs[pairs["op"] != config.op]
     if pairs.empty:
         raise ConfigError(f"no measured pairs under {config.prior_data} to fit the {config.surrogate} surrogate on")
-    forecaster = get_forecaster_factory(config.surrogate)().fit(pairs)
+    # One OpenMP thread: gradient boosting's thread pool spins for its share of cores, and on a
+    # busy machine (pytest, a Ray worker, a GPU harness compiling) that made fitting 20x slower.
+    with threadpool_limits(limits=1, user_api="openmp"):
+        forecaster = get_forecaster_factory(config.surrogate)().fit(pairs)
     buffer = io.BytesIO()
     pickle.dump(forecaster, buffer)
     root._put(path, buffer.getvalue())

@@ -140,6 +140,7 @@ def test_a_run_id_of_another_operation_is_refused_before_measuring(tmp_path):
     ({"generations": 0}, "generations must be a positive whole number"),
     ({"policy": "yolo"}, "unknown policy 'yolo'"),
     ({"surrogate": "llm"}, "needs llm_url"),
+    ({"generator": "llm"}, "unknown generator 'llm'; known: template"),
     ({"run_id": "Bad Id!"}, "bad run id"),
 ])
 def test_bad_search_settings_fail_with_a_clear_error(tmp_path, changes, message):
@@ -214,7 +215,7 @@ def test_learned_prior_never_sees_the_searched_op_and_is_cached(tmp_path):
 
     prior = DataRoot(str(tmp_path / "prior"))
     pool = DataRoot(PACKAGED_POOL)
-    for op in ("softmax", "rmsnorm", "row_sum"):
+    for op in ("softmax", "rmsnorm"):
         prior.write_candidates(__import__("storage.schema", fromlist=["x"]).candidates_from_frame(pool.read_candidates(op)))
         prior.write_measurements(measurements_from_frame(pool.read_measurements(op=op, gpu_type="h100")))
     cfg = resolve(config(tmp_path, surrogate="learned", prior_data=prior.uri))
