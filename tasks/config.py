@@ -42,7 +42,7 @@ class SearchConfig:
     explore: float = 0.2  # fraction of children drawn fresh from the space rather than bred from parents
     gpu_seconds_budget: float = 0.0  # stop after the generation that spends this much GPU time (0: no limit)
     seed: int = 0
-    run_id: str = ""  # "" picks one from op, GPU type, surrogate and seed
+    run_id: str = ""  # "": a new one from op, GPU type, surrogate, budget, seed and the time; rerun an id to resume
     data: str = "kernelcast-data"
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     backend: str = "auto"  # auto: the local GPU if there is one, else replay from replay_pool
@@ -86,7 +86,11 @@ class SearchConfig:
 
 
 def default_run_id(config: SearchConfig) -> str:
-    return f"{config.op}-{config.gpu_type}-{config.surrogate}-b{config.budget}-s{config.seed}".replace("_", "-")
+    """A new id per start (a nightly schedule must not resume last night's run); pass it back to resume."""
+    from datetime import datetime, timezone
+
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dt%H%M%S")
+    return f"{config.op}-{config.gpu_type}-{config.surrogate}-b{config.budget}-s{config.seed}-{stamp}".replace("_", "-")
 
 
 def validate(config: SearchConfig) -> SearchConfig:

@@ -54,7 +54,8 @@ def summary_lines(result, data_uri: str, tracking_uri: str, prefect_ui: str | No
         acc = f"{s.surrogate_bin_accuracy:.2f}" if s.surrogate_bin_accuracy is not None else "-"
         lines.append(f"  gen {s.generation}: generated {s.generated}, measured {s.measured} (reused {s.reused}), "
                      f"trusted {s.trusted}, dropped {s.dropped}, best {best}, surrogate bin accuracy {acc}")
-    lines += [f"data:   {data_uri}  (tables runs, candidates, forecasts, decisions, measurements, generations)",
+    lines += [f"resume or replay this run: kernelcast search --run-id {result.run_id} (with the same settings)",
+              f"data:   {data_uri}  (tables runs, candidates, forecasts, decisions, measurements, generations)",
               f"MLflow: {tracking_uri}  (mlflow ui --backend-store-uri {tracking_uri})"]
     if prefect_ui:
         lines.append(f"Prefect: {prefect_ui}")
