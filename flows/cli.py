@@ -262,8 +262,8 @@ def _prefect_where() -> str:
 
     api = PREFECT_API_URL.value()
     if api:
-        return f"Prefect UI at {api.removesuffix('/api')} (flow run 'kernel-search')"
-    return ("Prefect: runs are in Prefect's local database; `prefect server start`, then open "
+        return f"UI at {api.removesuffix('/api')} (flow 'kernel-search')"
+    return ("runs are in Prefect's local database; `prefect server start`, then open "
             "http://127.0.0.1:4200 to browse them")
 
 
@@ -276,11 +276,11 @@ def _prefect_defaults() -> None:
 def cmd_search(args) -> int:
     _prefect_defaults()
     from flows.search import kernel_search
-    from tasks.config import validate
     from tasks.report import summary_lines
     from tasks.search import SearchResult
+    from tasks.setup import resolve
 
-    config = validate(search_config(args))  # bad input fails here, before Prefect or any GPU
+    config = resolve(search_config(args))  # bad input fails here, before Prefect or any GPU
     fields = {f: getattr(config, f) for f in ("op", "gpu_type", "budget", "generations", "children", "generator",
                                               "surrogate", "policy", "seed", "run_id", "data", "backend",
                                               "tracking_uri")}
