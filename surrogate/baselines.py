@@ -89,8 +89,8 @@ class RooflineForecaster:
         probs = bin_probabilities(mu, np.full(len(mu), self.sigma))
         latency = (time.perf_counter() - t0) / max(1, len(requests))
         out = []
-        for req, pr in zip(requests, probs):
+        for req, pr, m in zip(requests, probs, mu):
             p, raw = normalise(pr)
             out.append(Forecast(req.candidate.candidate_id, req.anchor.candidate_id, self.name, self.version, p,
-                                raw_sum=raw, latency_s=latency))
+                                raw_sum=raw, latency_s=latency, expected_speedup=math.exp(m)))
         return out

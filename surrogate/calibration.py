@@ -63,33 +63,46 @@ class TemperatureCalibrator:
 class IsotonicCalibrator:
     """Confidence mapped by isotonic regression of bin correctness on max-probability.
 
-    The top bin gets the calibrated confidence; the other bins share the rest in their
-    original proportions, so the predicted bin and the ranking of the others are kept.
+    This fits what ECE measures, the accuracy of the top bin at each confidence, which
+    temperature scaling (fit to the NLL of all 8 bins) does not. The top bin gets the
+    calibrated confidence c; the other bins share 1 - c in their original proportions,
+    flattened toward uniform just enough that none exceeds c, so the predicted bin and
+    the order of the others are kept.
     """
 
     def fit(self, probs, true_bins) -> "IsotonicCalibrator":
         from sklearn.isotonic import IsotonicRegression
 
         probs, true_bins = _check(probs, true_bins)
+        probs = probs / probs.sum(axis=1, keepdims=True)
         correct = (probs.argmax(axis=1) + 1 == true_bins).astype(float)
-        # Never below uniform: a top bin under 1/8 would no longer be the top bin.
-        self.regressor_ = IsotonicRegression(y_min=1 / 8, y_max=1.0, out_of_bounds="clip")
+        # Never down to uniform: a top bin at 1/8 or below could not stay the top bin.
+        self.regressor_ = IsotonicRegression(y_min=1 / 8 + 1e-6, y_max=1.0, out_of_bounds="clip")
         self.regressor_.fit(probs.max(axis=1), correct)
         return self
 
     def transform(self, probs) -> np.ndarray:
         probs, _ = _check(probs)
         probs = probs / probs.sum(axis=1, keepdims=True)
-        top = probs.argmax(axis=1)
-        rows = np.arange(len(probs))
-        old = probs[rows, top]
-        new = self.regressor_.predict(old)
-        out = probs.copy()
-        rest = 1.0 - old
-        scale = np.divide(1.0 - new, rest, out=np.zeros_like(rest), where=rest > 0)
-        out *= scale[:, None]
-        # A forecast that was all on one bin has no proportions to keep: spread the rest evenly.
-        lone = rest <= 0
-        out[lone] = ((1.0 - new[lone]) / 7)[:, None]
-        out[rows, top] = new
+        rows, top = np.arange(len(probs)), probs.argmax(axis=1)
+        conf = self.regressor_.predict(probs[rows, top])
+        others = probs.copy()
+        others[rows, top] = 0.0
+        rest = others.sum(axis=1, keepdims=True)
+        # A forecast that was all on one bin has no proportions to keep: the rest is uniform.
+        share = np.where(rest > 0, others / np.where(rest > 0, rest, 1.0), 1 / 7)
+        share[rows, top] = 0.0
+        # Mix the others' shares with uniform (weight lam) until the largest, times 1 - c, is at
+        # most c; c > 1/8 makes that reachable. The margin keeps the top bin strictly on top.
+        cap = np.maximum(conf * (1 - 1e-9) / (1 - conf + 1e-12), 1 / 7)
+        biggest = share.max(axis=1)
+        lam = np.clip((biggest - cap) / np.maximum(biggest - 1 / 7, 1e-12), 0.0, 1.0)
+        uniform = np.full_like(share, 1 / 7)
+        uniform[rows, top] = 0.0
+        share = (1 - lam)[:, None] * share + lam[:, None] * uniform
+        out = share * (1 - conf)[:, None]
+        out[rows, top] = conf
         return out
+
+
+CALIBRATORS = {"temperature": TemperatureCalibrator, "isotonic": IsotonicCalibrator}

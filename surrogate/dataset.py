@@ -62,15 +62,26 @@ def hardware_of(row) -> HardwareSpec:
 
 
 def requests_from(pairs: pd.DataFrame, anchors: dict[str, Candidate] | None = None) -> list[ForecastRequest]:
-    """One ForecastRequest per pair row (anchor = the op's eager reference unless given)."""
+    """One ForecastRequest per pair row (anchor = the op's eager reference unless given).
+
+    The rows of one candidate (one per case) share one Candidate, and the rows of one op one
+    anchor, as in a search: a forecaster then hashes each kernel's source once.
+    """
     from kernels.ops import get_operation
 
-    anchors = anchors or {}
+    anchors = dict(anchors or {})
+    candidates: dict[tuple[str, str], Candidate] = {}
     out = []
     for r in pairs.to_dict("records"):
-        anchor = anchors.get(r["op"]) or get_operation(r["op"]).seed_candidates()[0]
-        cand = Candidate(op=r["op"], backend="triton", source=r["source"], params=r["params"],
-                         template=r["template"], origin="template")
+        anchor = anchors.get(r["op"])
+        if anchor is None:
+            anchor = anchors[r["op"]] = get_operation(r["op"]).seed_candidates()[0]
+        key = (r["candidate_id"], r["source"])
+        cand = candidates.get(key)
+        if cand is None:
+            cand = candidates[key] = Candidate(
+                op=r["op"], backend="triton", source=r["source"], params=r["params"], template=r["template"],
+                origin="template")
         out.append(ForecastRequest(anchor=anchor, candidate=cand, op=r["op"], hardware=hardware_of(r),
                                    case_names=(r["case_name"],), anchor_runtime_us=(r["anchor_runtime_us"],)))
     return out

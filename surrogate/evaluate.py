@@ -1,12 +1,21 @@
 """Offline evaluation of a surrogate on a measured pool, with held-out splits and recalibration.
 
 For each fold the surrogate is fit on the training operations (or GPU types, or a random
-80%). Its temperature, and the conformal trust threshold, are fit on out-of-fold forecasts
-of the training data, grouped the same way as the split (whole operations held out for
-leave-one-operation-out, whole candidates for a random split), so the calibration sees the
-kind of shift the test fold holds. Metrics are computed per test fold and over the pooled
-test forecasts, before and after scaling. MLflow is written to only when a tracking URI is
-given.
+80%) and forecasts the held-out pairs: the 'raw' rows score those forecasts on the whole fold.
+
+Recalibration is scored the way a search uses it. A search on a new operation measures some
+candidates first; the recalibration (isotonic on the confidence by default) and the conformal
+trust threshold are fit on their forecasts and measured bins, and applied to the rest. So in
+each fold a random ``measured_fraction`` of the held-out candidates (whole candidates, all
+their cases) counts as measured, and the 'calibrated' rows, with the conformal coverage and
+realised risk at each target, are scored on the other candidates only. Those are exchangeable
+with the measured ones, which is what conformal risk control's guarantee needs.
+
+``calibrate_on="training"`` instead fits both on out-of-fold forecasts of the training pairs,
+grouped like the split (whole operations for leave-one-operation-out): nothing of the held-out
+operation is seen, and neither the calibration nor the guarantee carries over to it as well.
+
+MLflow is written to only when a tracking URI is given.
 """
 
 from __future__ import annotations
@@ -21,121 +30,161 @@ import numpy as np
 import pandas as pd
 
 from surrogate import metrics
-from surrogate.calibration import TemperatureCalibrator
+from surrogate.calibration import CALIBRATORS
 from surrogate.dataset import requests_from, split
 from surrogate.forecast import Forecast
 
+CALIBRATE_ON = ("measured", "training")
 
 
-def _forecast(forecaster, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """(probabilities (n, 8), parsed flags (n,)) of a fitted forecaster on pair rows."""
+def _forecast(forecaster, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(probabilities (n, 8), parsed flags (n,), expected speedups (n,)) of a fitted forecaster on pair rows."""
     out = forecaster.forecast(requests_from(frame))
-    return np.array([f.probabilities for f in out], dtype=float), np.array([f.parsed for f in out], dtype=bool)
+    return (np.array([f.probabilities for f in out], dtype=float), np.array([f.parsed for f in out], dtype=bool),
+            np.array([f.expected_speedup for f in out], dtype=float))
 
 
-def _calibration_set(make_forecaster, train: pd.DataFrame, how: str, folds: int = 3):
-    """Out-of-fold forecasts over the training data, grouped like the split (by operation for
-    leave-one-operation-out), so the calibrator sees the same kind of shift the test fold has."""
+def _training_calibration_set(make_forecaster, train: pd.DataFrame, how: str, folds: int = 3):
+    """Out-of-fold (probs, parsed, frame) over the training pairs, grouped like the split."""
     groups = train["op"] if how == "operation" else train["gpu_type"] if how == "gpu" else train["candidate_id"]
     names = sorted(groups.unique())
     if len(names) < 2:
         raise ValueError(f"calibration needs the training data to span two or more groups; it has {names}")
-    probs, parsed, bins = [], [], []
+    probs, parsed, frames = [], [], []
     for k in range(min(folds, len(names))):
         inside = groups.isin(set(names[k::folds]))
-        forecaster = make_forecaster().fit(train[~inside])
-        p, ok = _forecast(forecaster, train[inside])
+        p, ok, _ = _forecast(make_forecaster().fit(train[~inside]), train[inside])
         probs.append(p)
         parsed.append(ok)
-        bins.append(train.loc[inside, "true_bin"].to_numpy())
-    return np.vstack(probs), np.concatenate(parsed), np.concatenate(bins)
+        frames.append(train[inside])
+    return np.vstack(probs), np.concatenate(parsed), pd.concat(frames)
 
 
-def _conformal_threshold(probs, parsed, true_bins, target_risk: float) -> float:
+def measured_candidates(test: pd.DataFrame, fraction: float, seed: int) -> np.ndarray:
+    """Row mask of a random ``fraction`` of the candidates of ``test`` (all cases of each)."""
+    ids = np.sort(test["candidate_id"].unique())
+    k = min(len(ids) - 1, max(1, int(round(fraction * len(ids)))))
+    chosen = np.random.default_rng(seed).choice(ids, size=k, replace=False)
+    return test["candidate_id"].isin(set(chosen)).to_numpy()
+
+
+def _conformal_threshold(probs, parsed, frame: pd.DataFrame, target_risk: float) -> float:
     from surrogate.policies import ConformalRiskPolicy
 
     forecasts = [Forecast(str(i), "", "calibration", "", tuple(p), parsed=bool(ok))
                  for i, (p, ok) in enumerate(zip(probs, parsed))]
-    return float(ConformalRiskPolicy(target_risk=target_risk).fit(forecasts, list(true_bins)).threshold)
+    # A candidate's cases are not exchangeable with each other, only candidates are.
+    policy = ConformalRiskPolicy(target_risk=target_risk).fit(
+        forecasts, list(frame["true_bin"]), units=list(frame["candidate_id"]))
+    return float(policy.threshold)
 
 
-def _trust_outcome(probs, parsed, true_bins, threshold: float) -> dict:
-    """What trusting at the conformal threshold does on the test fold: the share trusted and
+def _trust_outcome(probs, parsed, true_bins, threshold: float, key: str) -> dict:
+    """What trusting at the conformal threshold does on new candidates: the share trusted and
     the share trusted-and-off-by-more-than-one (the risk the guarantee bounds)."""
     trusted = parsed & (probs.max(axis=1) >= threshold)
     wrong = metrics.selective_loss(probs, true_bins) > 0
-    return {"conformal_threshold": threshold, "conformal_coverage": float(trusted.mean()),
-            "conformal_risk": float(np.mean(trusted & wrong))}
+    return {f"{key}_threshold": threshold, f"{key}_coverage": float(trusted.mean()),
+            f"{key}_risk": float(np.mean(trusted & wrong))}
+
+
+def _conformal_key(target_risk: float) -> str:
+    return f"conformal{round(100 * target_risk)}"
 
 
 def evaluate(make_forecaster: Callable[[], object], pairs: pd.DataFrame, how: str = "operation",
              calibrate: bool = True, out_dir: str | None = None, coverages=(0.25, 0.5, 0.75, 1.0),
              topk: float = 0.10, name: str = "surrogate", tracking_uri: str | None = None,
-             target_risk: float = 0.05, experiment: str = "surrogate-evaluation") -> pd.DataFrame:
+             target_risks=(0.05, 0.10), calibrator: str = "isotonic", calibrate_on: str = "measured",
+             measured_fraction: float = 0.2, seed: int = 0,
+             experiment: str = "surrogate-evaluation") -> pd.DataFrame:
     """One row per (fold, raw|calibrated) and overall rows (fold 'all') of every metric.
 
     ``make_forecaster()`` returns an object with ``fit(train_pairs) -> self`` and
-    ``forecast(requests)``. Writes ``{name}-{how}.csv`` and ``.png`` under ``out_dir``, and
-    logs params, the overall metrics and those files to MLflow when ``tracking_uri`` is set.
+    ``forecast(requests)``. ``calibrator`` names the recalibration
+    (``surrogate.calibration.CALIBRATORS``) and ``calibrate_on`` what it is fit on (see the
+    module docstring). For each target risk the calibrated rows hold the conformal threshold,
+    its coverage and its realised risk as ``conformal<percent>_{threshold,coverage,risk}``.
+    Writes ``{name}-{how}.csv`` and ``.png`` under ``out_dir``, and logs params, the overall
+    metrics and those files to MLflow when ``tracking_uri`` is set.
     """
+    if calibrator not in CALIBRATORS:
+        raise ValueError(f"unknown calibrator {calibrator!r}; known: {', '.join(CALIBRATORS)}")
+    if calibrate_on not in CALIBRATE_ON:
+        raise ValueError(f"unknown calibrate_on {calibrate_on!r}; known: {', '.join(CALIBRATE_ON)}")
     pairs = pairs[pairs["speedup"].notna() & (pairs["speedup"] > 0)]  # failures have no bin to forecast
     if pairs.empty:
         raise ValueError("no pairs with a measured speedup to evaluate on")
     labels = ("raw", "calibrated") if calibrate else ("raw",)
-    pooled: dict[str, list] = {label: [] for label in labels}
-    parsed_all, tests, rows, trust_all = [], [], [], []
-    for fold, train, test in split(pairs, how):
-        forecaster = make_forecaster().fit(train)
-        raw, parsed = _forecast(forecaster, test)
-        fold_probs = {"raw": raw}
+    scored: dict[str, list] = {label: [] for label in labels}  # per fold: (probs, parsed, expected, frame)
+    rows = []
+    for k, (fold, train, test) in enumerate(split(pairs, how, seed=seed)):
+        raw, parsed, expected = _forecast(make_forecaster().fit(train), test)
+        scored["raw"].append((raw, parsed, expected, test))
         extra = {"raw": {}}
         if calibrate:
-            cal_probs, cal_parsed, cal_bins = _calibration_set(make_forecaster, train, how)
-            calibrator = TemperatureCalibrator().fit(cal_probs, cal_bins)
-            threshold = _conformal_threshold(calibrator.transform(cal_probs), cal_parsed, cal_bins, target_risk)
-            fold_probs["calibrated"] = calibrator.transform(raw)
-            outcome = _trust_outcome(fold_probs["calibrated"], parsed, test["true_bin"].to_numpy(), threshold)
-            trust_all.append(outcome)
-            extra["calibrated"] = {"temperature": calibrator.temperature_, **outcome}
+            if calibrate_on == "measured":
+                measured = measured_candidates(test, measured_fraction, seed + k)
+                cal = (raw[measured], parsed[measured], test[measured])
+                rest = (raw[~measured], parsed[~measured], expected[~measured], test[~measured])
+            else:
+                cal = _training_calibration_set(make_forecaster, train, how)
+                rest = (raw, parsed, expected, test)
+            fitted = CALIBRATORS[calibrator]().fit(cal[0], cal[2]["true_bin"].to_numpy())
+            cal_probs, rest_probs = fitted.transform(cal[0]), fitted.transform(rest[0])
+            rest_frame = rest[3]
+            outcome = {"calibrator": calibrator, "calibrate_on": calibrate_on, "calibration_pairs": len(cal[2])}
+            for target in target_risks:
+                threshold = _conformal_threshold(cal_probs, cal[1], cal[2], target)
+                outcome.update(_trust_outcome(rest_probs, rest[1], rest_frame["true_bin"].to_numpy(), threshold,
+                                              _conformal_key(target)))
+            # Recalibration re-maps the bin probabilities; the ranking stays the forecaster's own.
+            scored["calibrated"].append((rest_probs, rest[1], rest[2], rest_frame))
+            extra["calibrated"] = outcome
         for label in labels:
-            pooled[label].append(fold_probs[label])
             rows.append({"surrogate": name, "split": how, "fold": fold, "forecasts": label, **extra[label],
-                         **_summary(fold_probs[label], parsed, test, coverages, topk)})
-        parsed_all.append(parsed)
-        tests.append(test)
+                         **_summary(*scored[label][-1], coverages, topk)})
 
-    test, parsed = pd.concat(tests), np.concatenate(parsed_all)
+    pooled = {}
     for label in labels:
-        probs = np.vstack(pooled[label])
+        probs = np.vstack([s[0] for s in scored[label]])
+        parsed = np.concatenate([s[1] for s in scored[label]])
+        expected = np.concatenate([s[2] for s in scored[label]])
+        frame = pd.concat([s[3] for s in scored[label]])
         extra = {}
         if label == "calibrated":
-            n = np.array([len(t) for t in tests], dtype=float)
-            extra = {k: float(np.average([o[k] for o in trust_all], weights=n))
-                     for k in ("conformal_coverage", "conformal_risk")}
+            folds = [r for r in rows if r["forecasts"] == "calibrated"]
+            n = np.array([len(s[3]) for s in scored[label]], dtype=float)
+            extra = {"calibrator": calibrator, "calibrate_on": calibrate_on}
+            for target in target_risks:
+                for key in (f"{_conformal_key(target)}_coverage", f"{_conformal_key(target)}_risk"):
+                    extra[key] = float(np.average([r[key] for r in folds], weights=n))
         rows.append({"surrogate": name, "split": how, "fold": "all", "forecasts": label, **extra,
-                     **_summary(probs, parsed, test, coverages, topk)})
-        pooled[label] = probs
+                     **_summary(probs, parsed, expected, frame, coverages, topk)})
+        pooled[label] = (probs, parsed, frame["true_bin"].to_numpy())
     table = pd.DataFrame(rows)
 
     files = []
     if out_dir or tracking_uri:
         where = out_dir or tempfile.mkdtemp(prefix="kernelcast-eval-")
-        files = _write(table, pooled, test["true_bin"].to_numpy(), parsed, os.path.join(where, f"{name}-{how}"))
+        files = _write(table, pooled, os.path.join(where, f"{name}-{how}"))
     if tracking_uri:
         _log_mlflow(tracking_uri, experiment, table, files,
-                    {"surrogate": name, "split": how, "calibrate": calibrate, "topk": topk,
-                     "coverages": ",".join(map(str, coverages)), "target_risk": target_risk,
-                     "pairs": len(pairs), "folds": len(tests)})
+                    {"surrogate": name, "split": how, "calibrate": calibrate, "calibrator": calibrator,
+                     "calibrate_on": calibrate_on, "measured_fraction": measured_fraction, "seed": seed,
+                     "topk": topk, "coverages": ",".join(map(str, coverages)),
+                     "target_risks": ",".join(map(str, target_risks)),
+                     "pairs": len(pairs), "folds": len(scored["raw"])})
     return table
 
 
-def _summary(probs, parsed, test: pd.DataFrame, coverages, topk) -> dict:
+def _summary(probs, parsed, expected, test: pd.DataFrame, coverages, topk) -> dict:
     groups = (test["op"] + "/" + test["case_name"] + "/" + test["gpu_type"]).to_numpy()
     return metrics.summary(probs, test["true_bin"].to_numpy(), test["speedup"].to_numpy(), groups,
-                           parsed=parsed, coverages=coverages, topk=topk)
+                           parsed=parsed, coverages=coverages, topk=topk, expected=expected)
 
 
-def _write(table, pooled: dict, true_bins, parsed, stem: str) -> list[str]:
+def _write(table, pooled: dict, stem: str) -> list[str]:
     """The table as CSV and the pooled risk–coverage curve and reliability diagram as one PNG."""
     import matplotlib
 
@@ -146,7 +195,7 @@ def _write(table, pooled: dict, true_bins, parsed, stem: str) -> list[str]:
     table.to_csv(stem + ".csv", index=False)
     fig, ax = plt.subplots(1, 2, figsize=(9.5, 3.8))
     ax[1].plot([0, 1], [0, 1], "--", color="grey", label="perfectly calibrated")
-    for label, probs in pooled.items():
+    for label, (probs, parsed, true_bins) in pooled.items():
         scores = np.where(parsed, probs.max(axis=1), -np.inf)
         coverage, risk = metrics.risk_coverage(scores, metrics.selective_loss(probs, true_bins))
         ax[0].plot(coverage, risk, label=label)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from functools import lru_cache
 
 import numpy as np
 
@@ -27,13 +28,20 @@ _PERSIST_KEYS = ("PERSISTENT", "PER_SM", "PROGRAMS_PER_SM")
 _ROW_KEYS = ("ROWS", "GROUPS_PER_PROG", "G")
 _ROW_LENGTH = ("N", "V", "K", "S")
 
-FEATURE_NAMES = (
+# Four groups, each a contiguous run of the feature vector: the candidate's launch parameters,
+# the op case on the GPU (shared by a whole pool), the anchor, and the candidate's code.
+PARAM_FEATURES = (
     "num_warps", "num_stages", "block_elems", "block_max", "block_m", "block_n", "block_k", "rows",
-    "persistent", "per_sm", "log_waves", "vec", "split_k", "group_m", "elems_per_thread", "row_coverage", "log_programs",
-    "log_bytes", "log_flops", "log_row_len", "log_rows", "dtype_bytes", "intensity", "memory_bound",
-    "sm_count", "peak_gbps", "l2_mib", "anchor_is_reference", "log_anchor_us", "anchor_fraction_of_roofline",
-    "log_roofline_us", "code_len", *_CODE_PATTERNS,
+    "persistent", "per_sm", "log_waves", "vec", "split_k", "group_m", "elems_per_thread", "row_coverage",
+    "log_programs",
 )
+CASE_FEATURES = (
+    "log_bytes", "log_flops", "log_row_len", "log_rows", "dtype_bytes", "intensity", "memory_bound",
+    "sm_count", "peak_gbps", "l2_mib", "log_roofline_us",
+)
+ANCHOR_FEATURES = ("anchor_is_reference", "log_anchor_us", "anchor_fraction_of_roofline")
+CODE_FEATURES = ("code_len", *_CODE_PATTERNS)
+FEATURE_NAMES = PARAM_FEATURES + CASE_FEATURES + ANCHOR_FEATURES + CODE_FEATURES
 
 
 def _first(params, keys, default=math.nan):
@@ -43,52 +51,87 @@ def _first(params, keys, default=math.nan):
     return default
 
 
-def request_features(req: ForecastRequest) -> np.ndarray:
-    """The feature vector of one request (aligned with FEATURE_NAMES)."""
-    op = get_operation(req.op)
-    p = req.candidate.params
-    case = next((c for c in op.cases if c.name in req.case_names), op.cases[0])
-    blocks = {k: float(v) for k, v in p.items() if k.startswith("BLOCK")}
-    block_elems = float(np.prod(list(blocks.values()))) if blocks else math.nan
-    warps = float(p.get("num_warps", 4))
-    row_len = next((case[d] for d in _ROW_LENGTH if d in dict(case.dims)), math.nan)
-    rows_total = case["M"] if "M" in dict(case.dims) else math.nan
-    rows = _first(p, _ROW_KEYS, 1.0)
-    persistent = 1.0 if any(float(p.get(k, 0) or 0) > 0 for k in _PERSIST_KEYS) else 0.0
+_CODE_REGEXES = tuple(re.compile(pattern) for pattern in _CODE_PATTERNS.values())
+
+
+# Forecasting is called on thousands of requests per generation that share a handful of
+# sources (one per template algorithm), op cases and GPUs; the costly parts (regex scans,
+# bytes/FLOPs models) are computed once per distinct value. A search forecasts candidates
+# on one op case and GPU at a time, so these caches stay small.
+@lru_cache(maxsize=8192)
+def _code_features(source: str) -> tuple[float, ...]:
+    """CODE_FEATURES of a kernel's source: its length and counts of telling constructs."""
+    return (float(len(source)), *(float(len(rx.findall(source))) for rx in _CODE_REGEXES))
+
+
+@lru_cache(maxsize=1024)
+def _case_features(op_name: str, case_names: tuple[str, ...], gpu_type: str, sm_count: int,
+                   peak_gbps: float, l2_mib: float) -> tuple[tuple[float, ...], float, float, float]:
+    """(CASE_FEATURES of this op case on this GPU, row length, rows, roofline us)."""
+    op = get_operation(op_name)
+    case = next((c for c in op.cases if c.name in case_names), op.cases[0])
+    dims = dict(case.dims)
+    row_len = next((case[d] for d in _ROW_LENGTH if d in dims), math.nan)
+    rows_total = case["M"] if "M" in dims else math.nan
     bytes_, flops = op.bytes_moved(case), op.flops(case)
-    hw = req.hardware
-    peak_gbps = hw.peak_bandwidth_gbps or math.nan
-    peak_tflops = hardware_peak_tflops(hw.gpu_type) or 500.0  # an unknown GPU: a mid-range guess
+    peak_gbps = peak_gbps or math.nan
+    peak_tflops = hardware_peak_tflops(gpu_type) or 500.0  # an unknown GPU: a mid-range guess
     roofline_us = max(bytes_ / (peak_gbps * 1e3) if peak_gbps == peak_gbps else 0.0, flops / (peak_tflops * 1e6))
-    anchor_us = req.anchor_runtime_us[0] if req.anchor_runtime_us else math.nan
-    src = req.candidate.source
-    programs = (rows_total / rows) if rows_total == rows_total else math.nan
     values = {
-        "num_warps": warps, "num_stages": _first(p, ("num_stages", "STAGES")),
-        "block_elems": block_elems, "block_max": max(blocks.values()) if blocks else math.nan,
-        "block_m": blocks.get("BLOCK_M", math.nan), "block_n": blocks.get("BLOCK_N", blocks.get("BLOCK_V", math.nan)),
-        "block_k": blocks.get("BLOCK_K", math.nan), "rows": rows, "persistent": persistent,
-        "per_sm": _first(p, ("PER_SM", "PROGRAMS_PER_SM"), 0.0),
-        "log_waves": (math.log(programs / hw.sm_count) if programs == programs and programs > 0 and hw.sm_count
-                      else math.nan),
-        "vec": _first(p, ("VEC", "ALIGN")), "split_k": _first(p, ("SPLIT_K",), 1.0), "group_m": _first(p, ("GROUP_M",)),
-        "elems_per_thread": block_elems * rows / (32 * warps) if block_elems == block_elems else math.nan,
-        "row_coverage": (blocks.get("BLOCK_N", blocks.get("BLOCK_V", math.nan)) / row_len) if row_len == row_len else math.nan,
-        "log_programs": math.log(programs) if programs == programs and programs > 0 else math.nan,
         "log_bytes": math.log(bytes_), "log_flops": math.log(flops + 1), "log_row_len": math.log(row_len),
         "log_rows": math.log(rows_total) if rows_total == rows_total else math.nan,
         "dtype_bytes": float(case.torch_dtype.itemsize), "intensity": flops / bytes_,
         "memory_bound": 1.0 if op.bound == "memory" else 0.0,
-        "sm_count": float(hw.sm_count or math.nan), "peak_gbps": peak_gbps, "l2_mib": float(hw.l2_mib or math.nan),
-        "anchor_is_reference": 1.0 if req.anchor.origin == "seed" else 0.0,
-        "log_anchor_us": math.log(anchor_us) if anchor_us == anchor_us and anchor_us > 0 else math.nan,
-        "anchor_fraction_of_roofline": roofline_us / anchor_us if anchor_us == anchor_us and anchor_us > 0 else math.nan,
+        "sm_count": float(sm_count or math.nan), "peak_gbps": peak_gbps, "l2_mib": float(l2_mib or math.nan),
         "log_roofline_us": math.log(roofline_us) if roofline_us > 0 else math.nan,
-        "code_len": float(len(src)),
-        **{k: float(len(re.findall(pat, src))) for k, pat in _CODE_PATTERNS.items()},
     }
-    return np.array([values[n] for n in FEATURE_NAMES], dtype=np.float64)
+    return tuple(values[n] for n in CASE_FEATURES), row_len, rows_total, roofline_us
+
+
+def clear_feature_caches() -> None:
+    """Forget cached code and case features (for benchmarks that time a cold start)."""
+    _code_features.cache_clear()
+    _case_features.cache_clear()
+
+
+def _param_features(p, row_len: float, rows_total: float, sm_count: int) -> tuple[float, ...]:
+    """PARAM_FEATURES of launch parameters ``p`` on a case with rows of ``row_len`` elements."""
+    blocks = [float(v) for k, v in p.items() if k.startswith("BLOCK")]
+    block_elems = math.prod(blocks) if blocks else math.nan
+    block_n = float(p.get("BLOCK_N", p.get("BLOCK_V", math.nan)))
+    warps = float(p.get("num_warps", 4))
+    rows = _first(p, _ROW_KEYS, 1.0)
+    programs = rows_total / rows  # NaN when the case has no rows
+    has_programs = programs == programs and programs > 0
+    return (
+        warps, _first(p, ("num_stages", "STAGES")), block_elems, max(blocks) if blocks else math.nan,
+        float(p.get("BLOCK_M", math.nan)), block_n, float(p.get("BLOCK_K", math.nan)), rows,
+        1.0 if any(float(p.get(k, 0) or 0) > 0 for k in _PERSIST_KEYS) else 0.0,
+        _first(p, ("PER_SM", "PROGRAMS_PER_SM"), 0.0),
+        math.log(programs / sm_count) if has_programs and sm_count else math.nan,
+        _first(p, ("VEC", "ALIGN")), _first(p, ("SPLIT_K",), 1.0), _first(p, ("GROUP_M",)),
+        block_elems * rows / (32 * warps),  # NaN without blocks
+        block_n / row_len,
+        math.log(programs) if has_programs else math.nan,
+    )
+
+
+def request_features(req: ForecastRequest) -> list[float]:
+    """The feature vector of one request (aligned with FEATURE_NAMES)."""
+    hw = req.hardware
+    case, row_len, rows_total, roofline_us = _case_features(
+        req.op, tuple(req.case_names), hw.gpu_type, hw.sm_count, hw.peak_bandwidth_gbps, hw.l2_mib)
+    anchor_us = req.anchor_runtime_us[0] if req.anchor_runtime_us else math.nan
+    anchor_known = anchor_us == anchor_us and anchor_us > 0
+    anchor = (1.0 if req.anchor.origin == "seed" else 0.0,
+              math.log(anchor_us) if anchor_known else math.nan,
+              roofline_us / anchor_us if anchor_known else math.nan)
+    return [*_param_features(req.candidate.params, row_len, rows_total, hw.sm_count), *case, *anchor,
+            *_code_features(req.candidate.source)]
 
 
 def feature_matrix(requests) -> np.ndarray:
-    return np.vstack([request_features(r) for r in requests]) if requests else np.empty((0, len(FEATURE_NAMES)))
+    """(n, len(FEATURE_NAMES)) features of ``requests``, one row each."""
+    if not requests:
+        return np.empty((0, len(FEATURE_NAMES)))
+    return np.array([request_features(r) for r in requests], dtype=np.float64)

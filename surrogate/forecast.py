@@ -15,7 +15,8 @@ from typing import Mapping, Protocol, Sequence
 import numpy as np
 
 from kernels.records import Candidate, HardwareSpec
-from surrogate.bins import N_BINS, expected_speedup
+from surrogate.bins import N_BINS
+from surrogate.bins import expected_speedup as speedup_of_bins
 
 
 @dataclass(frozen=True)
@@ -43,19 +44,21 @@ class Forecast:
     latency_s: float = 0.0
     raw_response: str = ""
     extra: Mapping[str, float] = field(default_factory=dict)
+    # The forecaster's point estimate of the speedup (geometric mean). Forecasters with a
+    # continuous prediction (learned, roofline) give it, since two candidates in the same bin
+    # are otherwise tied; the others get the one implied by the bins.
+    expected_speedup: float = math.nan
 
     def __post_init__(self) -> None:
         if len(self.probabilities) != N_BINS:
             raise ValueError(f"a forecast has {N_BINS} bin probabilities, got {len(self.probabilities)}")
+        if not self.expected_speedup > 0:  # NaN or unusable: the bins' own estimate
+            object.__setattr__(self, "expected_speedup", speedup_of_bins(self.probabilities))
 
     @property
     def predicted_bin(self) -> int:
         """Most probable bin, 1..8."""
         return int(np.argmax(self.probabilities)) + 1
-
-    @property
-    def expected_speedup(self) -> float:
-        return expected_speedup(self.probabilities)
 
     @property
     def max_probability(self) -> float:

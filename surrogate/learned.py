@@ -22,11 +22,17 @@ from sklearn.model_selection import GroupKFold
 
 from surrogate.bins import UPPER_EDGES
 from surrogate.dataset import requests_from
-from surrogate.features import feature_matrix
-from surrogate.forecast import Forecast, ForecastRequest, normalise
+from surrogate.features import FEATURE_NAMES, feature_matrix
+from surrogate.forecast import Forecast, ForecastRequest
 
 _LOG_EDGES = np.log(np.array(UPPER_EDGES[:-1]))
 _MIN_SIGMA = 0.03
+# What every candidate of one (op, case, GPU) pool shares: the pool-level model sees only
+# these, so it is evaluated once per distinct pool in a batch, not once per candidate.
+POOL_FEATURES = ("log_bytes", "log_flops", "log_row_len", "log_rows", "dtype_bytes", "intensity", "memory_bound",
+                 "sm_count", "peak_gbps", "l2_mib", "anchor_is_reference", "log_anchor_us",
+                 "anchor_fraction_of_roofline", "log_roofline_us")
+_POOL_COLUMNS = np.array([FEATURE_NAMES.index(n) for n in POOL_FEATURES])
 
 
 def bin_probabilities(mu: np.ndarray, sigma: np.ndarray) -> np.ndarray:
@@ -81,18 +87,21 @@ class LearnedForecaster:
         # model learns how wrong the mean is on operations it has not seen.
         by = ok["op"].to_numpy() if ok["op"].nunique() >= self.folds else ok["candidate_id"].to_numpy()
         oof = np.zeros_like(y)
+        P = X[:, _POOL_COLUMNS]
         for train, test in GroupKFold(n_splits=min(self.folds, len(set(by)))).split(X, y, by):
-            oof[test] = (self._model().fit(X[train], level[train]).predict(X[test])
+            oof[test] = (self._model().fit(P[train], level[train]).predict(P[test])
                          + self._model().fit(X[train], deviation[train]).predict(X[test]))
-        self.level_model_ = self._model().fit(X, level)
+        self.level_model_ = self._model().fit(P, level)
         self.deviation_model_ = self._model().fit(X, deviation)
         self.spread_model_ = self._model().fit(X, np.abs(y - oof) * math.sqrt(math.pi / 2))
         self.n_train_ = len(ok)
         return self
 
     def predict_log_speedup(self, requests: Sequence[ForecastRequest]) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, spread) of log speedup per request."""
         X = _encode(feature_matrix(list(requests)))
-        mu = self.level_model_.predict(X) + self.deviation_model_.predict(X)
+        pools, which = np.unique(X[:, _POOL_COLUMNS], axis=0, return_inverse=True)
+        mu = self.level_model_.predict(pools)[which.ravel()] + self.deviation_model_.predict(X)
         sigma = np.maximum(self.spread_model_.predict(X), _MIN_SIGMA)
         return mu, sigma
 
@@ -102,11 +111,25 @@ class LearnedForecaster:
         t0 = time.perf_counter()
         mu, sigma = self.predict_log_speedup(requests)
         probs = bin_probabilities(mu, sigma)
+        raw_sums = probs.sum(axis=1)  # 1 plus the few 1e-9 the clipped tails add
+        probs /= raw_sums[:, None]
         latency = (time.perf_counter() - t0) / max(1, len(requests))
-        out = []
-        for req, p, m, s in zip(requests, probs, mu, sigma):
-            pr, raw = normalise(p)
-            out.append(Forecast(req.candidate.candidate_id, req.anchor.candidate_id, self.name, self.version, pr,
-                                raw_sum=raw, latency_s=latency, extra={"log_speedup_mean": float(m),
-                                                                       "log_speedup_sigma": float(s)}))
-        return out
+        version, ids = self.version, _CandidateIds()
+        return [Forecast(ids(req.candidate), ids(req.anchor), self.name, version, tuple(p.tolist()),
+                         raw_sum=float(r), latency_s=latency, expected_speedup=math.exp(m),
+                         extra={"log_speedup_mean": float(m), "log_speedup_sigma": float(s)})
+                for req, p, r, m, s in zip(requests, probs, raw_sums, mu, sigma)]
+
+
+class _CandidateIds:
+    """candidate_id hashes the whole source; within one batch each distinct object is hashed once
+    (a batch shares its anchors, and a candidate may come with several cases)."""
+
+    def __init__(self):
+        self._seen: dict[int, tuple[object, str]] = {}
+
+    def __call__(self, candidate) -> str:
+        hit = self._seen.get(id(candidate))
+        if hit is None or hit[0] is not candidate:
+            hit = self._seen[id(candidate)] = (candidate, candidate.candidate_id)
+        return hit[1]

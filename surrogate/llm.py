@@ -105,7 +105,12 @@ def code_fence(*sources: str) -> str:
 
 
 def build_messages(request: ForecastRequest) -> list[dict[str, str]]:
-    """The chat messages (system, user) that ask for ``request``'s bin probabilities."""
+    """The chat messages (system, user) that ask for ``request``'s bin probabilities.
+
+    What varies least comes first (system prompt, task, anchor code, candidate code) and the
+    launch parameters, case and hardware last, so that a server with prefix caching (vLLM,
+    llama.cpp) reuses the encoded kernels across a template's variants, cases and GPUs.
+    """
     from kernels.ops import get_operation
 
     op = get_operation(request.op)

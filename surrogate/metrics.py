@@ -140,14 +140,16 @@ def topk_recovery(pred, truth, groups, k: float = 0.10) -> np.ndarray:
 
 
 def summary(probs, true_bins, speedups, groups, parsed=None, coverages=(0.25, 0.5, 0.75, 1.0),
-            topk: float = 0.10, loss: str = "bin_off_by_more_than_one") -> dict:
+            topk: float = 0.10, loss: str = "bin_off_by_more_than_one", expected=None) -> dict:
     """Every metric of a batch of forecasts, as one flat dict (keys are MLflow metric names).
 
-    Selective risk ranks by max-probability; an unparsed forecast ranks last (never trusted).
+    Rankings (Spearman, Kendall, pairwise, top-k) use ``expected``, the forecasts' expected
+    speedups, when given, else the speedups the bin probabilities imply. Selective risk ranks
+    by max-probability; an unparsed forecast ranks last (never trusted).
     """
     probs, true_bins, speedups = np.asarray(probs), np.asarray(true_bins), np.asarray(speedups)
     parsed = np.ones(len(probs), bool) if parsed is None else np.asarray(parsed, dtype=bool)
-    pred = expected_speedups(probs)
+    pred = expected_speedups(probs) if expected is None else np.asarray(expected, dtype=float)
     rec = topk_recovery(pred, speedups, groups, k=topk)
     losses = selective_loss(probs, true_bins, loss)
     scores = np.where(parsed, probs.max(axis=1), -np.inf)

@@ -59,19 +59,32 @@ class ConformalRiskPolicy(ThresholdPolicy):
         super().__init__(score, math.inf)
         self.target_risk = target_risk
 
-    def fit(self, forecasts: Sequence[Forecast], true_bins: Sequence[int]) -> "ConformalRiskPolicy":
+    def fit(self, forecasts: Sequence[Forecast], true_bins: Sequence[int],
+            units: Sequence[str] | None = None) -> "ConformalRiskPolicy":
+        """Set the threshold from measured calibration forecasts.
+
+        ``units`` names the exchangeable unit of each forecast when several forecasts belong
+        to one (the cases of one candidate: measured together, never apart). The loss is then
+        averaged within a unit and n counts units, as the guarantee requires.
+        """
         scores = np.array([confidence(f, self.score) if f.parsed else -np.inf for f in forecasts])
         wrong = np.array([abs(f.predicted_bin - b) > 1 for f, b in zip(forecasts, true_bins)], dtype=float)
-        n = len(scores)
-        if n == 0:
+        if len(scores) == 0:
             raise ValueError("conformal risk control needs calibration forecasts with measured bins")
+        unit_of = np.arange(len(scores)) if units is None else np.unique(np.asarray(units), return_inverse=True)[1]
+        unit_of = unit_of.ravel()
+        n = int(unit_of.max()) + 1
+        weight = 1.0 / np.bincount(unit_of, minlength=n)[unit_of]  # each unit's losses sum to at most 1
         best = math.inf  # trust nothing unless some threshold is certified
-        for t in np.unique(scores[np.isfinite(scores)])[::-1]:  # from strict to permissive
-            risk = float(np.sum(wrong * (scores >= t))) / n
-            if n / (n + 1) * risk + 1 / (n + 1) <= self.target_risk:
-                best = float(t)
-            else:
-                break  # the risk only grows as the threshold falls
+        thresholds = np.unique(scores[np.isfinite(scores)])[::-1]  # from strict to permissive
+        if len(thresholds):
+            order = np.argsort(-scores, kind="stable")
+            trusted = np.searchsorted(-scores[order], -thresholds, side="right")  # how many score >= t
+            risk = np.cumsum((wrong * weight)[order])[trusted - 1] / n
+            certified = n / (n + 1) * risk + 1 / (n + 1) <= self.target_risk
+            # The risk only grows as the threshold falls: stop at the first threshold that fails.
+            k = len(certified) if certified.all() else int(np.argmin(certified))
+            best = float(thresholds[k - 1]) if k > 0 else math.inf
         self.threshold = best
         self.threshold_ = best
         return self

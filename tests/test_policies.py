@@ -22,7 +22,8 @@ def synthetic(n, rng):
     return [forecast(str(i), int(g), float(s)) for i, (g, s) in enumerate(zip(guess, sure))], true
 
 
-def test_conformal_policy_keeps_trusted_and_wrong_under_the_target_on_new_data():
+@pytest.mark.parametrize("target", [0.05, 0.10])
+def test_conformal_policy_keeps_trusted_and_wrong_under_the_target_on_new_data(target):
     # The guarantee is in expectation over calibration draws: average over many draws.
     rng = np.random.default_rng(0)
     test, test_bins = synthetic(20000, rng)
@@ -30,13 +31,22 @@ def test_conformal_policy_keeps_trusted_and_wrong_under_the_target_on_new_data()
     wrong = np.array([abs(f.predicted_bin - b) > 1 for f, b in zip(test, test_bins)])
     risks, coverages = [], []
     for _ in range(200):
-        policy = ConformalRiskPolicy(target_risk=0.05).fit(*synthetic(500, rng))
+        policy = ConformalRiskPolicy(target_risk=target).fit(*synthetic(500, rng))
         trusted = sure >= policy.threshold
         risks.append(np.mean(trusted & wrong))
         coverages.append(np.mean(trusted))
     standard_error = np.std(risks) / np.sqrt(len(risks))
-    assert np.mean(risks) <= 0.05 + 3 * standard_error
+    assert np.mean(risks) <= target + 3 * standard_error
     assert np.mean(coverages) > 0.1  # and it does trust a real share of candidates
+
+
+def test_conformal_policy_counts_a_candidates_cases_as_one_exchangeable_unit():
+    # 60 candidates of 3 cases each: the finite-sample term is 1/(60+1), not 1/(180+1), so
+    # a 1% target that 180 independent forecasts could certify is out of reach.
+    fs = [forecast(f"{i}-{c}", 4, 0.9) for i in range(60) for c in range(3)]
+    units = [f.candidate_id.split("-")[0] for f in fs]
+    assert ConformalRiskPolicy(target_risk=0.01).fit(fs, [4] * len(fs)).threshold == pytest.approx(0.9)
+    assert ConformalRiskPolicy(target_risk=0.01).fit(fs, [4] * len(fs), units=units).threshold == float("inf")
 
 
 def test_conformal_policy_trusts_nothing_when_too_few_calibration_points_certify_the_target():

@@ -81,6 +81,15 @@ def test_isotonic_calibration_brings_confidence_to_accuracy_and_keeps_the_predic
     assert metrics.ece(out, true) < 0.05 < metrics.ece(probs, true)
 
 
+def test_isotonic_calibration_keeps_the_predicted_bin_when_it_lowers_a_close_top_bin():
+    rng = np.random.default_rng(0)
+    probs = rng.dirichlet(np.full(8, 0.5), 4000)  # often two bins close at the top
+    true = rng.integers(1, 9, 4000)  # right 1 time in 8: the calibrated confidence falls to ~1/8
+    out = IsotonicCalibrator().fit(probs, true).transform(probs)
+    assert (out.argmax(axis=1) == probs.argmax(axis=1)).all()
+    assert np.allclose(out.sum(axis=1), 1) and out.max(axis=1).mean() < 0.2
+
+
 def forecast(cid, bin_, sure, parsed=True):
     p = np.full(8, (1 - sure) / 7)
     p[bin_ - 1] = sure
@@ -152,6 +161,36 @@ def synthetic_pairs(seed=0, per_pool=30):
     return pd.DataFrame(rows)
 
 
+@pytest.mark.parametrize("how", ["random", "operation"])
+def test_evaluate_keeps_the_conformal_risk_within_one_point_of_each_target_per_fold(how):
+    from surrogate.evaluate import evaluate
+
+    table = evaluate(HintForecaster, synthetic_pairs(per_pool=300), how=how)
+    calibrated = table[table["forecasts"] == "calibrated"]
+    for target in (5, 10):
+        assert (calibrated[f"conformal{target}_risk"] <= target / 100 + 0.01).all()
+        assert (calibrated[f"conformal{target}_coverage"] > 0).all()
+
+
+def test_unknown_calibrator_is_a_clear_error():
+    from surrogate.evaluate import evaluate
+
+    with pytest.raises(ValueError, match="unknown calibrator 'platt'; known: temperature, isotonic"):
+        evaluate(HintForecaster, synthetic_pairs(), calibrator="platt")
+    with pytest.raises(ValueError, match="unknown calibrate_on 'test'; known: measured, training"):
+        evaluate(HintForecaster, synthetic_pairs(), calibrate_on="test")
+
+
+def test_calibrated_rows_score_only_the_candidates_not_used_to_calibrate():
+    from surrogate.evaluate import evaluate
+
+    pairs = synthetic_pairs(per_pool=50)  # 100 pairs of 50 candidates per operation
+    table = evaluate(HintForecaster, pairs, how="operation", measured_fraction=0.2)
+    fold = table[table["fold"] == "softmax"].set_index("forecasts")
+    assert fold.loc["raw", "n"] == 100
+    assert fold.loc["calibrated", "n"] == 80 and fold.loc["calibrated", "calibration_pairs"] == 20
+
+
 def test_evaluate_writes_table_and_plots_and_logs_to_a_real_mlflow_store(tmp_path):
     from mlflow.tracking import MlflowClient
 
@@ -163,7 +202,7 @@ def test_evaluate_writes_table_and_plots_and_logs_to_a_real_mlflow_store(tmp_pat
     assert set(table["fold"]) == {"softmax", "rmsnorm", "transpose", "row_sum", "all"}
     overall = table[table["fold"] == "all"].set_index("forecasts")
     assert overall.loc["raw", "bin_accuracy"] > 0.5 and overall.loc["raw", "n"] == 240
-    assert {"risk_at_coverage_50", "top10_within_5pct", "conformal_risk"} <= set(table.columns)
+    assert {"risk_at_coverage_50", "top10_within_5pct", "conformal5_risk", "conformal10_coverage"} <= set(table.columns)
     assert (tmp_path / "eval" / "hint-operation.csv").exists()
     assert (tmp_path / "eval" / "hint-operation.png").stat().st_size > 0
 

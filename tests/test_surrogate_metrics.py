@@ -67,7 +67,7 @@ class _Oracle:
         out = []
         for r in requests:
             p = np.full(8, 0.2 / 7)
-            p[_TRUTH[r.candidate.candidate_id, r.case_names[0]] - 1] = 0.8
+            p[_TRUTH[r.candidate.candidate_id, r.case_names[0], r.hardware.gpu_type] - 1] = 0.8
             out.append(Forecast(r.candidate.candidate_id, r.anchor.candidate_id, "oracle", "1", tuple(p)))
         return out
 
@@ -84,7 +84,8 @@ def test_evaluate_writes_its_table_and_plots(tmp_path):
     pool = Path(__file__).resolve().parent.parent / "data" / "pools"
     pairs = case_pairs(DataRoot(str(pool)))
     pairs = pairs[pairs["op"].isin(["softmax", "rmsnorm", "transpose"])]
-    _TRUTH.update({(c, n): b for c, n, b in zip(pairs["candidate_id"], pairs["case_name"], pairs["true_bin"])})
+    _TRUTH.update({(c, n, g): b for c, n, g, b in
+                   zip(pairs["candidate_id"], pairs["case_name"], pairs["gpu_type"], pairs["true_bin"])})
     table = evaluate(_Oracle, pairs, how="operation", out_dir=str(tmp_path), name="oracle")
     raw = table[table["forecasts"] == "raw"].iloc[0]
     assert raw["bin_accuracy"] == pytest.approx(1.0) and raw["top10_within_5pct"] == pytest.approx(1.0)
