@@ -7,6 +7,10 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+# Gradient boosting's OpenMP pool spins for every core; beside the servers and worker processes
+# the tests start, that made fits many times slower. One thread each is faster here.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def _has_gpu() -> bool:
     try:
