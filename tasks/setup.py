@@ -77,11 +77,20 @@ def measure_pool(config: SearchConfig):
     return RayMeasurePool.connect(config.ray_address or None, replay_pool=config.replay_pool)
 
 
+def _code_version() -> str:
+    """The surrogate's own code: a pickled model is only reused by the code that fitted it."""
+    import surrogate.features
+    import surrogate.learned
+
+    return hashlib.sha256(b"".join(open(m.__file__, "rb").read()
+                                   for m in (surrogate.learned, surrogate.features))).hexdigest()
+
+
 def _prior_key(config: SearchConfig, prior: DataRoot) -> str:
     files = sorted(prior._files(MEASUREMENTS, {}))  # file names are hashes of their keys: a content fingerprint
     h = hashlib.sha256()
-    for part in (config.surrogate, prior.uri, config.gpu_type, "" if config.prior_includes_op else config.op,
-                 *map(posixpath.basename, files)):
+    for part in (config.surrogate, _code_version(), prior.uri, config.gpu_type,
+                 "" if config.prior_includes_op else config.op, *map(posixpath.basename, files)):
         h.update(part.encode() + b"\0")
     return h.hexdigest()[:16]
 
