@@ -17,7 +17,7 @@ import tempfile
 import time
 
 from tasks.config import SearchConfig
-from tasks.setup import fit_prior, open_search, resolve, data_root
+from tasks.setup import data_root, fit_prior, open_search, resolve
 
 
 def main(argv=None) -> int:
@@ -40,12 +40,9 @@ def main(argv=None) -> int:
         model = fit_prior(model_root, data_root(model_root))  # fitted once, outside the timing
         import pickle
 
-        from tasks.setup import MODEL_FOLDER, _prior_key
-        from storage.dataset import DataRoot
+        from tasks.setup import model_path
 
-        root = DataRoot(data)
-        root._put(f"{root.path}/{MODEL_FOLDER}/{cfg.surrogate}-{_prior_key(cfg, DataRoot(cfg.prior_data))}.pkl",
-                  pickle.dumps(model))
+        data_root(cfg).put_object(model_path(cfg), pickle.dumps(model))
     search = open_search(cfg, track=False)
     print(f"{'gen':>3} {'children':>8} {'wall s':>7} {'measure s':>9} {'forecast s':>10} {'overhead s':>10}")
     overheads = []

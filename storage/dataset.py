@@ -249,6 +249,20 @@ class DataRoot:
         frame = self.read(table, **where)
         return frame[frame["run_id"] == run_id].reset_index(drop=True)
 
+    def fingerprint(self, table: str) -> list[str]:
+        """Names of a table's visible files: they are hashes of their keys, so they change when its content does."""
+        return [posixpath.basename(f) for f in self._files(table_spec(table), {})]
+
+    def put_object(self, relative: str, data: bytes) -> None:
+        """Store bytes (a fitted model, say) at ``relative`` under the root, visible whole or not at all."""
+        self._put(posixpath.join(self.path, relative), data)
+
+    def get_object(self, relative: str) -> bytes | None:
+        """The bytes at ``relative`` under the root, or None when there is nothing there."""
+        path = posixpath.join(self.path, relative)
+        with self._io("read", path):
+            return self.fs.cat_file(path) if self.fs.exists(path) else None
+
     def probe(self) -> None:
         """Fail now, with a StorageError naming the URI, if the data root cannot be listed or written."""
         marker = posixpath.join(self.path, "_probe", uuid.uuid4().hex)

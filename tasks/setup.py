@@ -15,7 +15,6 @@ import posixpath
 from threadpoolctl import threadpool_limits
 
 from storage.dataset import DataRoot
-from storage.schema import MEASUREMENTS
 from storage.tracking import Tracker, default_tracking_uri
 from tasks.config import NO_SURROGATE, ConfigError, SearchConfig, validate
 
@@ -87,12 +86,16 @@ def _code_version() -> str:
 
 
 def _prior_key(config: SearchConfig, prior: DataRoot) -> str:
-    files = sorted(prior._files(MEASUREMENTS, {}))  # file names are hashes of their keys: a content fingerprint
     h = hashlib.sha256()
     for part in (config.surrogate, _code_version(), prior.uri, config.gpu_type,
-                 "" if config.prior_includes_op else config.op, *map(posixpath.basename, files)):
+                 "" if config.prior_includes_op else config.op, *sorted(prior.fingerprint("measurements"))):
         h.update(part.encode() + b"\0")
     return h.hexdigest()[:16]
+
+
+def model_path(config: SearchConfig) -> str:
+    """Where, under a data root, the fitted prior of this config is kept."""
+    return posixpath.join(MODEL_FOLDER, f"{config.surrogate}-{_prior_key(config, DataRoot(config.prior_data))}.pkl")
 
 
 def fit_prior(config: SearchConfig, root: DataRoot):
@@ -101,10 +104,10 @@ def fit_prior(config: SearchConfig, root: DataRoot):
     from surrogate.registry import get_forecaster_factory
 
     prior = DataRoot(config.prior_data)
-    path = posixpath.join(root.path, MODEL_FOLDER, f"{config.surrogate}-{_prior_key(config, prior)}.pkl")
-    if root.fs.exists(path):
-        with root._io("read the fitted surrogate", path):
-            return pickle.loads(root.fs.cat_file(path))
+    path = model_path(config)
+    stored = root.get_object(path)
+    if stored is not None:
+        return pickle.loads(stored)
     # The searched GPU type's measurements when the prior has them (half the fitting time, no
     # cross-GPU shift); every GPU type's otherwise.
     pairs = case_pairs(prior, gpu_type=config.gpu_type)
@@ -120,7 +123,7 @@ def fit_prior(config: SearchConfig, root: DataRoot):
         forecaster = get_forecaster_factory(config.surrogate)().fit(pairs)
     buffer = io.BytesIO()
     pickle.dump(forecaster, buffer)
-    root._put(path, buffer.getvalue())
+    root.put_object(path, buffer.getvalue())
     return forecaster
 
 
