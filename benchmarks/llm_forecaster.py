@@ -73,8 +73,8 @@ def start_server(model: Path, n_ctx: int, threads: int, log_path: Path) -> tuple
 
 
 def timed_forecasts(llm: OpenAIForecaster, requests, cache_dir: Path | None):
-    """(forecasts, seconds of server time); with a cache, answers that were cached keep the
-    seconds their first run measured, written beside them."""
+    """(forecasts, seconds of server time per forecast); with a cache, answers that were cached
+    keep the seconds their first run measured, written beside them."""
     timing = cache_dir / "seconds.json" if cache_dir else None
     spent = json.loads(timing.read_text()) if timing and timing.exists() else {}
     out = []
@@ -92,7 +92,7 @@ def timed_forecasts(llm: OpenAIForecaster, requests, cache_dir: Path | None):
     if timing:
         timing.write_text(json.dumps(spent))
     keys = [llm.cache_key(build_messages(r)) for r in requests]
-    return out, float(sum(spent.get(k, 0.0) for k in keys))
+    return out, np.array([spent.get(k, 0.0) for k in keys])
 
 
 def sample_pairs(pairs: pd.DataFrame, per_pool: int, seed: int) -> pd.DataFrame:
@@ -162,7 +162,8 @@ def main() -> int:
         llm.forecast(requests[:1])  # warm-up: loads the weights, fills the first prefix (not timed)
         llm = OpenAIForecaster(base_url, model.stem, schema_style="json_object", concurrency=1,
                                max_tokens=args.max_tokens, timeout_s=900, retries=1, cache_dir=args.cache_dir)
-        out, llm_seconds = timed_forecasts(llm, requests, args.cache_dir)
+        out, per_forecast_s = timed_forecasts(llm, requests, args.cache_dir)
+        llm_seconds = float(per_forecast_s.sum())
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -183,6 +184,8 @@ def main() -> int:
     print(f"\nLLM: {len(out)} forecasts in {llm_seconds:.1f} s = {len(out) / llm_seconds:.2f} forecasts/s "
           f"({args.threads} CPU thread(s), one request at a time); parse rate {llm_parsed.mean():.3f}; "
           f"{llm.calls_} HTTP calls")
+    print(f"LLM seconds per forecast: median {np.median(per_forecast_s):.1f}, min {per_forecast_s.min():.1f} "
+          f"(prompt prefix cached), max {per_forecast_s.max():.1f}")
     if len(raw_sums):
         print(f"LLM raw probability sums (before renormalising): median {np.median(raw_sums):.3f}, "
               f"min {raw_sums.min():.3f}, max {raw_sums.max():.3f}")
@@ -195,6 +198,9 @@ def main() -> int:
         with open(args.json, "w") as f:
             json.dump({"pairs": len(sample), "per_pool": args.per_pool, "model": model.name,
                        "llm_seconds": llm_seconds, "llm_forecasts_per_s": len(out) / llm_seconds,
+                       "llm_seconds_per_forecast": {"median": float(np.median(per_forecast_s)),
+                                                    "min": float(per_forecast_s.min()),
+                                                    "max": float(per_forecast_s.max())},
                        "threads": args.threads, "max_tokens": args.max_tokens,
                        "metrics": {k: {c: float(v[c]) for c in COLUMNS} for k, v in rows.items()},
                        "llm_raw_sum_median": float(np.median(raw_sums)) if len(raw_sums) else None,
