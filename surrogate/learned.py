@@ -1,11 +1,13 @@
 """The learned forecaster (the embedded default, no LLM): gradient-boosted log-speedup regression
 with a predictive distribution.
 
-The mean of log(speedup) comes from one gradient-boosted model; its spread from a second
-one fit on out-of-fold absolute residuals, so the forecaster is less sure where it has
-been wrong before (other operations, extreme configurations). The Gaussian in log space
-is integrated over the 8 bin edges to give the bin distribution. Refitting on a few
-thousand rows takes seconds, so it refits as measurements arrive.
+The mean of log(speedup) is a pool level (one gradient-boosted model of what an op case on
+a GPU shares) plus a configuration's deviation from it (a second model); its spread comes
+from a third, fit on out-of-fold absolute residuals, so the forecaster is less sure where
+it has been wrong before (other operations, extreme configurations). The Gaussian in log
+space is integrated over the 8 bin edges to give the bin distribution, and its median is
+the forecast's expected speedup. Refitting on a few thousand rows takes seconds, so it
+refits as measurements arrive.
 """
 
 from __future__ import annotations
@@ -99,6 +101,8 @@ class LearnedForecaster:
 
     def predict_log_speedup(self, requests: Sequence[ForecastRequest]) -> tuple[np.ndarray, np.ndarray]:
         """(mean, spread) of log speedup per request."""
+        if not requests:
+            return np.empty(0), np.empty(0)
         X = _encode(feature_matrix(list(requests)))
         pools, which = np.unique(X[:, _POOL_COLUMNS], axis=0, return_inverse=True)
         mu = self.level_model_.predict(pools)[which.ravel()] + self.deviation_model_.predict(X)
@@ -108,6 +112,8 @@ class LearnedForecaster:
     def forecast(self, requests: Sequence[ForecastRequest]) -> list[Forecast]:
         if not hasattr(self, "level_model_"):
             raise RuntimeError("LearnedForecaster.forecast called before fit")
+        if not requests:
+            return []
         t0 = time.perf_counter()
         mu, sigma = self.predict_log_speedup(requests)
         probs = bin_probabilities(mu, sigma)

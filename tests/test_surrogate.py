@@ -50,8 +50,13 @@ def random_split(pairs):
     return train, test.sample(n=600, random_state=0)
 
 
-def _spearman(name, train, test):
-    forecaster = get_forecaster_factory(name)().fit(train)
+@pytest.fixture(scope="module")
+def learned(random_split):
+    return get_forecaster_factory("learned")().fit(random_split[0])
+
+
+def _spearman(name, train, test, forecaster=None):
+    forecaster = forecaster or get_forecaster_factory(name)().fit(train)
     forecasts = forecaster.forecast(requests_from(test))
     assert len(forecasts) == len(test)
     for f in forecasts[:20]:
@@ -59,10 +64,28 @@ def _spearman(name, train, test):
     return spearmanr([f.expected_speedup for f in forecasts], test["speedup"]).statistic
 
 
-def test_learned_forecaster_ranks_held_out_candidates_far_better_than_random(random_split):
+def test_learned_forecaster_ranks_held_out_candidates_far_better_than_random(random_split, learned):
     train, test = random_split
-    learned, random = _spearman("learned", train, test), _spearman("random", train, test)
+    learned, random = _spearman("learned", train, test, learned), _spearman("random", train, test)
     assert learned > 0.8 and abs(random) < 0.2
+
+
+def test_learned_expected_speedup_is_its_median_and_separates_candidates_within_a_bin(random_split, learned):
+    forecasts = learned.forecast(requests_from(random_split[1]))
+    mu = np.array([f.extra["log_speedup_mean"] for f in forecasts])
+    assert np.allclose([math.log(f.expected_speedup) for f in forecasts], mu)
+    same_bin = [f for f in forecasts if f.predicted_bin == forecasts[0].predicted_bin]
+    assert len({round(f.expected_speedup, 6) for f in same_bin}) > 0.9 * len(same_bin)
+
+
+def test_requests_of_one_candidate_share_one_candidate_and_anchor(pairs):
+    requests = requests_from(pairs[pairs["op"] == "softmax"].head(9))  # three candidates, three cases each
+    assert len({id(r.candidate) for r in requests}) == len({r.candidate.candidate_id for r in requests}) == 3
+    assert len({id(r.anchor) for r in requests}) == 1
+
+
+def test_learned_forecast_of_an_empty_batch_is_empty(learned):
+    assert learned.forecast([]) == []
 
 
 def test_roofline_forecaster_needs_no_training_and_ranks_better_than_random(random_split):
