@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
+import re
 import tempfile
+import time
 from typing import Mapping
 
 from kernels.records import GenerationSummary
@@ -100,6 +103,21 @@ class Tracker:
                 with open(path, "wb") as f:
                     f.write(content.encode() if isinstance(content, str) else content)
                 self._call(f"log the artifact {name}", self.client.log_artifact, mlflow_run, path)
+
+    def log_metrics(self, mlflow_run: str, metrics: Mapping[str, float], step: int = 0) -> None:
+        """Finite numbers under MLflow-safe names (anything else in a name becomes '_'); the rest is skipped."""
+        from mlflow.entities import Metric
+
+        stamp = int(time.time() * 1000)
+        batch = [Metric(re.sub(r"[^A-Za-z0-9_./ -]", "_", key), float(value), stamp, step)
+                 for key, value in metrics.items()
+                 if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)]
+        if batch:
+            self._call("log metrics", self.client.log_batch, mlflow_run, metrics=batch)
+
+    def log_folder(self, mlflow_run: str, folder: str, artifact_path: str | None = None) -> None:
+        """A folder's files as artifacts (a model checkpoint), under ``artifact_path``."""
+        self._call(f"log the folder {folder}", self.client.log_artifacts, mlflow_run, folder, artifact_path)
 
     def finish(self, mlflow_run: str, status: str = "FINISHED", tags: Mapping[str, str] | None = None) -> None:
         for key, value in (tags or {}).items():
