@@ -226,6 +226,7 @@ _SEARCH_FLAGS = {
     "seed": (int, "random seed"), "run_id": (str, "run id; rerun the same id to resume"),
     "backend": (str, "auto, local, replay or ray"), "replay_pool": (str, "measured pool the replay backend answers from"),
     "prior_data": (str, "measurements the learned surrogate's prior is fit on"),
+    "storage_retry_s": (float, "seconds a storage outage is retried before the search fails (default 120)"),
     "tracking_uri": (str, "MLflow tracking URI (default: sqlite under a local data root)"),
     "experiment": (str, "MLflow experiment"), "llm_url": (str, "OpenAI-compatible endpoint (surrogate llm)"),
     "llm_model": (str, "model name at that endpoint"), "ray_address": (str, "Ray cluster address (backend ray)"),

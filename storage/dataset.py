@@ -10,18 +10,28 @@ idempotent and atomic:
 - a file becomes visible whole or not at all: locally it is written to a
   dot-prefixed temp file and renamed; on S3 an object appears only once its PUT
   completes. Readers skip names starting with '.' or '_', and drop duplicate keys
-  as a last defence.
+  as a last defence (two writers racing with overlapping batches both write the
+  keys neither saw stored; compaction then keeps one row per key).
+
+Every filesystem call is idempotent, so a transient failure (an S3 endpoint that
+restarts, a dropped connection, a throttled request) is retried with exponential
+backoff within a time budget (``RetryPolicy``) before it becomes a ``StorageError``;
+an overnight search rides out an outage shorter than the budget and loses nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
+import logging
 import os
 import posixpath
 import re
+import time
 import uuid
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 import fsspec
 import pandas as pd
@@ -36,10 +46,75 @@ from storage.schema import (TableSpec, candidates_to_table, forecasts_to_table, 
                             records_to_table, table_spec)
 
 _PARTITION_VALUE = re.compile(r"[a-z0-9_.-]+")
+_log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class StorageError(OSError):
     """An I/O failure at the data root, naming the URI that failed."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long a data root keeps retrying a transient failure: waits of ``backoff_s``, doubling up
+    to ``max_backoff_s``, until ``budget_s`` seconds have passed since the first failure."""
+
+    budget_s: float = 120.0
+    backoff_s: float = 0.5
+    max_backoff_s: float = 8.0
+
+    def __post_init__(self) -> None:
+        for name in ("budget_s", "backoff_s", "max_backoff_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"retry {name} must be zero or more seconds, got {value!r}")
+        if self.backoff_s == 0 and self.budget_s > 0:
+            raise ValueError("retry backoff_s must be positive when there is a retry budget")
+
+    def delay(self, attempt: int) -> float:
+        """The wait after failed attempt number ``attempt`` (0 for the first)."""
+        return min(self.max_backoff_s, self.backoff_s * 2 ** min(attempt, 60))
+
+
+NO_RETRY = RetryPolicy(budget_s=0.0)
+
+# Failures that say "the service is not answering right now", by class name so that a local-only
+# install (no botocore, aiohttp) classifies the same way. Anything else (a missing file, denied
+# access, a corrupt Parquet file) is not retried: waiting would not change the answer.
+_TRANSIENT_NAMES = frozenset({
+    "EndpointConnectionError", "ConnectionClosedError", "ConnectTimeoutError", "ReadTimeoutError",
+    "ProxyConnectionError", "ClientConnectorError", "ClientConnectionError", "ServerDisconnectedError",
+    "ClientOSError", "ServerTimeoutError", "ClientPayloadError", "FSTimeoutError", "IncompleteRead",
+    "ResponseStreamingError", "RemoteDisconnected"})
+_TRANSIENT_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
+                              "ServiceUnavailable", "InternalError", "503", "500"})
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc``, or any error that caused it, is a connection failure, timeout, 5xx or throttle."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (FileNotFoundError, PermissionError)):
+            return False
+        if isinstance(exc, (ConnectionError, TimeoutError)) or type(exc).__name__ in _TRANSIENT_NAMES:
+            return True
+        response = getattr(exc, "response", None)
+        if isinstance(response, dict):  # botocore's ClientError
+            code = str(response.get("Error", {}).get("Code", ""))
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+            if code in _TRANSIENT_CODES or status >= 500:
+                return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _caused_by_missing_file(exc: BaseException) -> bool:
+    while exc is not None:
+        if isinstance(exc, FileNotFoundError):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def check_partition_value(column: str, value: object) -> str:
@@ -68,25 +143,46 @@ def _first_of_each_key(table: pa.Table, key: tuple[str, ...]) -> pa.Table:
 
 
 class DataRoot:
-    """All tables under one URI; ``storage_options`` go to fsspec (e.g. an S3 ``endpoint_url``)."""
+    """All tables under one URI; ``storage_options`` go to fsspec (e.g. an S3 ``endpoint_url``).
 
-    def __init__(self, uri: str, storage_options: dict | None = None) -> None:
+    ``retried`` and ``retry_wait_s`` count the transient failures ridden out so far.
+    """
+
+    def __init__(self, uri: str, storage_options: dict | None = None, retry: RetryPolicy | None = None) -> None:
         self.uri = str(uri)
         self.fs, self.path = fsspec.core.url_to_fs(self.uri, **(storage_options or {}))
         self.path = self.path.rstrip("/")
         self.is_local = isinstance(self.fs, LocalFileSystem)
+        self.retry = retry if retry is not None else RetryPolicy()
+        self.retried = 0
+        self.retry_wait_s = 0.0
 
     def __repr__(self) -> str:
         return f"DataRoot({self.uri!r})"
 
-    @contextlib.contextmanager
-    def _io(self, action: str, path: str) -> Iterator[None]:
-        """Turn any filesystem failure into one error naming the URI and what was being done."""
-        try:
-            yield
-        except Exception as exc:
-            where = self.uri.rstrip("/") + path[len(self.path):]
-            raise StorageError(f"cannot {action} {where}: {type(exc).__name__}: {exc}") from exc
+    def _call(self, action: str, path: str, fn: Callable[[], T], retry: bool = True) -> T:
+        """``fn()``, retried through transient failures within the retry budget; any failure that
+        remains becomes one StorageError naming the URI, what was being done, and the retries spent."""
+        first_failure = None
+        for attempt in itertools.count():
+            try:
+                return fn()
+            except Exception as exc:
+                first_failure = first_failure if first_failure is not None else time.monotonic()
+                spent = time.monotonic() - first_failure
+                left = self.retry.budget_s - spent
+                where = self.uri.rstrip("/") + path[len(self.path):]
+                if not (retry and left > 0 and is_transient(exc)):
+                    tried = (f" (still failing after {attempt + 1} attempts over {spent:.1f} s; retry budget "
+                             f"{self.retry.budget_s:g} s)") if retry and attempt else ""
+                    raise StorageError(f"cannot {action} {where}: {type(exc).__name__}: {exc}{tried}") from exc
+                wait = min(self.retry.delay(attempt), left)
+                _log.warning("cannot %s %s (%s); retrying in %.1f s, %.1f s of the %g s retry budget left",
+                             action, where, type(exc).__name__, wait, left, self.retry.budget_s)
+                self.retried += 1
+                self.retry_wait_s += wait
+                time.sleep(wait)
+        raise AssertionError("unreachable")
 
     # ---- generic layer: any TableSpec ------------------------------------------------------
 
@@ -96,9 +192,12 @@ class DataRoot:
     def _files(self, spec: TableSpec, where: dict[str, str]) -> list[str]:
         """Visible data files of ``spec`` whose partition matches ``where``, in a stable order."""
         base = self._table_path(spec)
-        with self._io("list", base):
+
+        def find() -> list[str]:
             self.fs.invalidate_cache(base)  # other writers may have added files since we last looked
-            found = self.fs.find(base)
+            return self.fs.find(base)
+
+        found = self._call("list", base, find)
         files = []
         for path in sorted(found):
             parts = path[len(base):].strip("/").split("/")
@@ -113,31 +212,38 @@ class DataRoot:
         schema = spec.schema if columns is None else pa.schema([spec.schema.field(c) for c in columns])
         if not files:
             return schema.empty_table()
-        with self._io("read", self._table_path(spec)):
+
+        def read() -> pa.Table:
             dataset = ds.dataset(files, schema=spec.schema, format="parquet", filesystem=self.fs,
                                  partitioning=ds.partitioning(spec.partition_schema, flavor="hive"),
                                  partition_base_dir=self._table_path(spec))
             return dataset.to_table(columns=list(schema.names))
 
-    def _put(self, path: str, data: bytes) -> None:
+        return self._call("read", self._table_path(spec), read)
+
+    def _put(self, path: str, data: bytes, retry: bool = True) -> None:
         """Make ``path`` hold ``data``, visible whole or not at all."""
-        with self._io("write", path):
-            if not self.is_local:
-                self.fs.pipe_file(path, data)  # an S3 object is visible only once its upload completes
-                return
-            folder, name = posixpath.split(path)
-            os.makedirs(folder, exist_ok=True)
-            temp = posixpath.join(folder, f".{name}.{uuid.uuid4().hex}.tmp")
-            try:
-                with open(temp, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(temp, path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.remove(temp)
-                raise
+        if not self.is_local:  # an S3 object is visible only once its upload completes
+            self._call("write", path, lambda: self.fs.pipe_file(path, data), retry=retry)
+        else:
+            self._call("write", path, lambda: self._put_local(path, data), retry=retry)
+
+    @staticmethod
+    def _put_local(path: str, data: bytes) -> None:
+        """Write a dot-prefixed temp file (which readers skip), then rename it into place."""
+        folder, name = posixpath.split(path)
+        os.makedirs(folder, exist_ok=True)
+        temp = posixpath.join(folder, f".{name}.{uuid.uuid4().hex}.tmp")
+        try:
+            with open(temp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(temp)
+            raise
 
     def _write_partition(self, spec: TableSpec, partition: dict[str, str], rows: pa.Table) -> str:
         keys = list(zip(*(rows[c].to_pylist() for c in spec.key)))
@@ -192,25 +298,38 @@ class DataRoot:
 
         The merged file is written (atomically) before any old file is removed, so a
         crash in between leaves duplicates that readers drop, never a lost row. Files
-        added by other writers meanwhile are not touched.
+        added by other writers meanwhile are not touched; a file that another compaction
+        removed first is simply gone from the list (its rows are in that one's merged file).
         """
         spec = table_spec(table)
-        by_partition: dict[tuple, list[str]] = {}
         base = self._table_path(spec)
-        for path in self._files(spec, {}):
-            by_partition.setdefault(tuple(path[len(base):].strip("/").split("/")[:-1]), []).append(path)
-        merged = 0
-        for segments, files in sorted(by_partition.items()):
+        segments_of = lambda path: tuple(path[len(base):].strip("/").split("/")[:-1])  # noqa: E731
+        partitions = sorted({segments_of(path) for path in self._files(spec, {})})
+        return sum(self._compact_partition(spec, dict(s.split("=", 1) for s in segments))
+                   for segments in partitions)
+
+    def _compact_partition(self, spec: TableSpec, partition: dict[str, str], attempts: int = 5) -> bool:
+        for _ in range(attempts):
+            files = self._files(spec, partition)
             if len(files) < 2:
-                continue
-            partition = dict(s.split("=", 1) for s in segments)
-            rows = _first_of_each_key(self._read_files(spec, files), spec.key)
+                return False
+            try:
+                rows = _first_of_each_key(self._read_files(spec, files), spec.key)
+            except StorageError as exc:
+                if _caused_by_missing_file(exc):  # a concurrent compaction merged it meanwhile: look again
+                    continue
+                raise
             new_path = self._write_partition(spec, partition, rows)
-            stale = [f for f in files if f != new_path]
-            with self._io("remove old files in", posixpath.dirname(new_path)):
-                self.fs.rm(stale)
-            merged += 1
-        return merged
+            for stale in files:
+                if stale != new_path:
+                    self._call("remove", stale, lambda: self._remove_if_present(stale))
+            return True
+        raise StorageError(f"cannot compact {self.uri}/{spec.name} {partition}: its files kept vanishing "
+                           f"while being read ({attempts} attempts); is another compaction looping?")
+
+    def _remove_if_present(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(path)
 
     # ---- typed tables ----------------------------------------------------------------------
 
@@ -260,15 +379,24 @@ class DataRoot:
     def get_object(self, relative: str) -> bytes | None:
         """The bytes at ``relative`` under the root, or None when there is nothing there."""
         path = posixpath.join(self.path, relative)
-        with self._io("read", path):
-            return self.fs.cat_file(path) if self.fs.exists(path) else None
+
+        def get() -> bytes | None:
+            try:
+                return self.fs.cat_file(path)
+            except FileNotFoundError:
+                return None
+
+        return self._call("read", path, get)
 
     def probe(self) -> None:
-        """Fail now, with a StorageError naming the URI, if the data root cannot be listed or written."""
+        """Fail now, with a StorageError naming the URI, if the data root cannot be written.
+
+        Not retried: at the start of a search an unreachable endpoint is a wrong setting far
+        more often than an outage, and it should fail before any GPU time is spent.
+        """
         marker = posixpath.join(self.path, "_probe", uuid.uuid4().hex)
-        self._put(marker, b"")
-        with self._io("clean up a probe at", marker):
-            self.fs.rm(marker)
+        self._put(marker, b"", retry=False)
+        self._call("clean up a probe at", marker, lambda: self.fs.rm(marker), retry=False)
 
 
 def table_spec_of(records: list) -> str:

@@ -45,6 +45,7 @@ class SearchConfig:
     run_id: str = ""  # "": a new one from op, GPU type, surrogate, budget, seed and the time; rerun an id to resume
     data: str = "kernelcast-data"
     storage_options: Mapping[str, Any] = field(default_factory=dict)
+    storage_retry_s: float = 120.0  # how long a storage outage (S3 restarting) is retried before the search fails
     backend: str = "auto"  # auto: the local GPU if there is one, else replay from replay_pool
     replay_pool: str = PACKAGED_POOL
     prior_data: str = PACKAGED_POOL  # measurements the learned surrogate is first fit on
@@ -126,6 +127,8 @@ def validate(config: SearchConfig) -> SearchConfig:
         raise ConfigError(f"target_risk must lie in (0, 1), got {config.target_risk}")
     if not 0 <= config.explore <= 1:
         raise ConfigError(f"explore must lie in [0, 1], got {config.explore}")
+    if not (isinstance(config.storage_retry_s, (int, float)) and config.storage_retry_s >= 0):
+        raise ConfigError(f"storage_retry_s must be zero (no retries) or more seconds, got {config.storage_retry_s!r}")
     if config.gpu_seconds_budget < 0:
         raise ConfigError(f"gpu_seconds_budget must be zero (no limit) or positive, got {config.gpu_seconds_budget}")
     if config.run_id and not _RUN_ID.fullmatch(config.run_id):

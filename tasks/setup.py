@@ -14,7 +14,7 @@ import posixpath
 
 from threadpoolctl import threadpool_limits
 
-from storage.dataset import DataRoot
+from storage.dataset import DataRoot, RetryPolicy
 from storage.tracking import Tracker, default_tracking_uri
 from tasks.config import NO_SURROGATE, ConfigError, SearchConfig, validate
 
@@ -22,7 +22,8 @@ MODEL_FOLDER = "models"  # fitted surrogate priors under the data root, reused a
 
 
 def data_root(config: SearchConfig) -> DataRoot:
-    root = DataRoot(config.data, storage_options=dict(config.storage_options))
+    root = DataRoot(config.data, storage_options=dict(config.storage_options),
+                    retry=RetryPolicy(budget_s=config.storage_retry_s))
     root.probe()
     return root
 

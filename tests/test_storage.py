@@ -19,7 +19,7 @@ import pytest
 import storage.dataset
 from kernels.records import Candidate, HardwareSpec, Measurement
 from tests.conftest import free_port
-from storage.dataset import DataRoot, StorageError
+from storage.dataset import DataRoot, RetryPolicy, StorageError
 from storage.schema import CANDIDATES, MEASUREMENTS, candidates_from_frame, measurements_from_frame
 
 REPO = Path(__file__).resolve().parents[1]
@@ -274,8 +274,10 @@ def test_s3_compaction_keeps_every_row_once(s3_root: DataRoot):
 
 
 def test_unreachable_s3_endpoint_error_names_the_uri(aws_credentials: None):
-    options = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{free_port()}"}, "retries": 1,
+    options = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{free_port()}"},
                "config_kwargs": {"retries": {"max_attempts": 1}}}
-    root = DataRoot("s3://kernelcast/unreachable", storage_options=options)
-    with pytest.raises(StorageError, match="s3://kernelcast/unreachable/candidates"):
+    root = DataRoot("s3://kernelcast/unreachable", storage_options=options,
+                    retry=RetryPolicy(budget_s=1.0, backoff_s=0.1))
+    with pytest.raises(StorageError, match=r"s3://kernelcast/unreachable/candidates.*retry budget 1 s"):
         root.read_candidates()
+    assert root.retried >= 2
