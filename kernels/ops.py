@@ -486,8 +486,14 @@ OPERATIONS: dict[str, Operation] = {
 
 
 def get_operation(name: str) -> Operation:
-    """The operation called ``name``, or an error that lists the known ones."""
-    try:
-        return OPERATIONS[name]
-    except KeyError:
-        raise ValueError(f"unknown operation {name!r}; known: {', '.join(OPERATIONS)}") from None
+    """The operation called ``name`` (built in, or an imported task: ``kb.*``, ``gpumode.*``), or an error
+    that lists the known ones."""
+    op = OPERATIONS.get(name)
+    if op is not None:
+        return op
+    from kernels.formats import is_imported_name, load_operation
+
+    if is_imported_name(name):
+        return load_operation(name)
+    raise ValueError(f"unknown operation {name!r}; known: {', '.join(OPERATIONS)}, or an imported task "
+                     "(kb.NAME, gpumode.NAME)")

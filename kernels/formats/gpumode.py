@@ -1,0 +1,251 @@
+"""GPU MODE reference kernels as kernelcast operations.
+
+A GPU MODE task is a reference module with ``generate_input(**spec)`` (one input ``data``
+object per test spec: a tensor or a tuple/list/dict of tensors and constants),
+``ref_kernel(data)`` and ``check_implementation(data, output)`` (the task's own judge),
+helper modules it imports (``task.py``, ``utils.py``), and test specs (``task.yml``'s
+``tests`` and ``benchmarks``). A submission defines ``custom_kernel(data)``.
+
+The harness passes inputs as a flat tuple of tensors, so ``data`` is flattened into its
+tensors plus a structure that rebuilds it (constants kept in the structure). A spec's
+``seed`` is replaced by one drawn from the harness's seeded generator, so each
+correctness seed sees fresh inputs. Benchmarks are the GPU cases, tests the interpreter's.
+As GPU MODE's own evaluation does, the reference runs on an untouched copy of ``data``:
+a submission that writes into its inputs cannot change what it is compared with.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from kernels.formats import (MANIFEST, TaskFormatError, default_task_name, load_module, op_name, read_source,
+                             require)
+from kernels.formats.operation import ImportedOperation, first_float_dtype, seed_from, signature, tensor_bytes
+
+REFERENCE_NEEDS = {"ref_kernel": "function", "generate_input": "function", "check_implementation": "function"}
+CANDIDATE_NEEDS = {"custom_kernel": "function"}
+
+
+def flatten(data) -> tuple[list[torch.Tensor], Any]:
+    """(the tensors in ``data``, in order; a structure that ``unflatten`` rebuilds ``data`` from)."""
+    tensors: list[torch.Tensor] = []
+
+    def walk(x):
+        if isinstance(x, torch.Tensor):
+            tensors.append(x)
+            return ("tensor", len(tensors) - 1)
+        if isinstance(x, (tuple, list)):
+            return (type(x).__name__, [walk(v) for v in x])
+        if isinstance(x, dict):
+            return ("dict", [(k, walk(v)) for k, v in x.items()])
+        return ("const", x)
+
+    return tensors, walk(data)
+
+
+def unflatten(structure, tensors: Sequence[torch.Tensor]):
+    kind, body = structure
+    if kind == "tensor":
+        return tensors[body]
+    if kind == "tuple":
+        return tuple(unflatten(s, tensors) for s in body)
+    if kind == "list":
+        return [unflatten(s, tensors) for s in body]
+    if kind == "dict":
+        return {k: unflatten(s, tensors) for k, s in body}
+    return body
+
+
+def verdict(result) -> str | None:
+    """None when ``check_implementation``'s answer means correct, else its message.
+
+    GPU MODE tasks answer ``(ok, message)``, or a message that is empty when correct, or
+    a list of reasons that is empty when correct, or a bool.
+    """
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], bool):
+        return None if result[0] else (str(result[1]) or "check_implementation rejected the output")
+    if isinstance(result, bool):
+        return None if result else "check_implementation returned False"
+    if isinstance(result, str):
+        return result or None
+    if isinstance(result, (list, tuple)):
+        return "; ".join(map(str, result)) or None
+    if result is None:
+        return None
+    return f"check_implementation answered {result!r}, which is neither (ok, message) nor a message"
+
+
+class GpuModeOperation(ImportedOperation):
+    format = "gpumode"
+    entry = "custom_kernel"
+    reference_entry = "ref_kernel"
+    binder = "bind_kernel"
+
+    def __init__(self, folder: Path, manifest):
+        super().__init__(folder, manifest)
+        self.module = load_module(self.folder / manifest["reference"], f"kernelcast_task_{self.name.replace('.', '_')}")
+        self._structure: dict = {}  # input signature -> structure of data
+        self._pristine: dict = {}  # input signature -> (ids of the inputs made last, untouched copies)
+
+    def make_inputs(self, case, gen, device):
+        spec = dict(self.info(case)["spec"])
+        seed = seed_from(gen)
+        if "seed" in spec:
+            spec["seed"] = seed
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            data = self.module.generate_input(**spec)
+        tensors, structure = flatten(data)
+        tensors = tuple(t.to(device) for t in tensors)
+        sig = signature(tensors)
+        self._structure[sig] = structure
+        self._pristine[sig] = (tuple(map(id, tensors)), tuple(t.clone() for t in tensors))
+        return self.remember(case, tensors)
+
+    def data_of(self, tensors):
+        """The task's ``data`` object around these input tensors (no copy)."""
+        sig = signature(tensors)
+        if sig not in self._structure:
+            self.case_of(tensors)  # raises, naming the shapes
+        return unflatten(self._structure[sig], tensors)
+
+    def _untouched(self, tensors):
+        ids, copies = self._pristine.get(signature(tensors), ((), ()))
+        source = copies if ids == tuple(map(id, tensors)) else tensors
+        return self.data_of(tuple(t.clone() for t in source))
+
+    def reference(self, *inputs):
+        return tuple(flatten(self.module.ref_kernel(self._untouched(inputs)))[0])
+
+    def check(self, case, inputs, got) -> str | None:
+        """The task's own judge: ``check_implementation(data, output)`` on untouched inputs."""
+        data = self._untouched(inputs)
+        _, structure = flatten(self.module.ref_kernel(self._untouched(inputs)))
+        try:
+            output = unflatten(structure, tuple(got))
+        except (IndexError, TypeError):
+            return f"returned {len(got)} tensors; the reference returns a different structure"
+        problem = verdict(self.module.check_implementation(data, output))
+        return f"case {case.name}: {problem}" if problem else None
+
+
+def bind_kernel(op: str, fn):
+    """``launch(*tensors)`` for a GPU MODE kernel function: rebuild ``data``, call it, flatten its output."""
+    state: dict = {}
+
+    def launch(*tensors):
+        operation = state.get("op")
+        if operation is None:
+            from kernels.ops import get_operation
+
+            operation = state["op"] = get_operation(op)
+        return tuple(flatten(fn(operation.data_of(tensors)))[0])
+
+    return launch
+
+
+def operation_from_manifest(folder: Path, manifest) -> GpuModeOperation:
+    return GpuModeOperation(folder, manifest)
+
+
+# ---- import -------------------------------------------------------------------------------------
+
+def _imported_modules(source: str) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _read_specs(path: Path) -> tuple[list[dict], list[dict], str]:
+    """(tests, benchmarks, description) from a task.yml (or a JSON file of the same keys)."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise TaskFormatError(f"cannot read the GPU MODE specs {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise TaskFormatError(f"GPU MODE specs {path} is not YAML: {exc}") from None
+    tests = doc.get("tests") if isinstance(doc, dict) else None
+    if not tests or not isinstance(tests, list) or not all(isinstance(t, dict) for t in tests):
+        raise TaskFormatError(f"GPU MODE specs {path} has no 'tests' list of spec mappings "
+                              "(e.g. tests: [{size: 127, seed: 4242}])")
+    benchmarks = doc.get("benchmarks") or []
+    if not isinstance(benchmarks, list) or not all(isinstance(b, dict) for b in benchmarks):
+        raise TaskFormatError(f"GPU MODE specs {path}: 'benchmarks' must be a list of spec mappings")
+    return tests, benchmarks, str(doc.get("description") or "").strip()
+
+
+def _profile(module, spec: dict, where: str) -> dict:
+    """One manifest case: the spec, its integer entries as dims, input dtype, bytes of inputs plus outputs."""
+    dims = {k: v for k, v in spec.items() if isinstance(v, int) and not isinstance(v, bool)}
+    row = {"spec": spec, "dims": dims, "dtype": "float32", "bytes": None}
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            data = module.generate_input(**spec)
+    except TypeError as exc:
+        raise TaskFormatError(f"{where}: generate_input(**{spec}) does not take this spec: {exc}") from None
+    except Exception:  # noqa: BLE001 - e.g. a task that makes its inputs on CUDA, on a machine without
+        return row
+    tensors, structure = flatten(data)
+    if not tensors:
+        raise TaskFormatError(f"{where}: generate_input(**{spec}) returned no tensors")
+    out_bytes = None
+    try:
+        out_bytes = tensor_bytes(flatten(module.ref_kernel(unflatten(structure, [t.to("meta") for t in tensors])))[0])
+    except Exception:  # noqa: BLE001 - outputs assumed input-sized when meta tensors cannot run the reference
+        pass
+    in_bytes = tensor_bytes(tensors)
+    row.update(dtype=first_float_dtype(tensors), bytes=in_bytes + (out_bytes if out_bytes is not None else in_bytes))
+    return row
+
+
+def _distinct(rows: list[dict]) -> list[dict]:
+    """Cases named by their integer dims; where two would share a name, each is numbered as well."""
+    keys = [(tuple(r["dims"].items()), r["dtype"]) for r in rows]
+    if len(set(keys)) < len(keys) or any(not r["dims"] for r in rows):
+        rows = [{**r, "dims": {**r["dims"], "spec": i}} for i, r in enumerate(rows)]
+    return rows
+
+
+def import_task(reference: str, candidates: Sequence[str] = (), name: str | None = None, specs: str | None = None,
+                tolerance: dict | None = None) -> tuple[str, dict[str, bytes]]:
+    """(op name, the task's files with its manifest) from a reference module, submissions and test specs."""
+    ref_path = Path(reference).resolve()
+    source = read_source(ref_path, "GPU MODE reference")
+    require(source, f"GPU MODE reference {reference}", REFERENCE_NEEDS)
+    subs = []
+    for path in candidates:
+        text = read_source(path, "GPU MODE submission")
+        require(text, f"GPU MODE submission {path}", CANDIDATE_NEEDS)
+        subs.append(text)
+    spec_path = Path(specs) if specs else ref_path.parent / "task.yml"
+    if not spec_path.is_file():
+        raise TaskFormatError(f"GPU MODE task {reference} needs its test specs: no {spec_path}; pass --specs "
+                              "task.yml (a 'tests' list, optionally 'benchmarks')")
+    tests, benchmarks, description = _read_specs(spec_path)
+    name = op_name("gpumode", name or default_task_name(ref_path))
+    wanted = set().union(_imported_modules(source), *(_imported_modules(s) for s in subs))
+    helpers = {p.name: p.read_bytes() for p in sorted(ref_path.parent.glob("*.py"))
+               if p.stem in wanted and p != ref_path}
+    module = load_module(ref_path, f"kernelcast_import_{name.replace('.', '_')}")
+    interpret = _distinct([_profile(module, s, reference) for s in tests])
+    cases = _distinct([_profile(module, s, reference) for s in benchmarks]) if benchmarks else interpret
+    summary = f"GPU MODE task {name.split('.', 1)[1]}" + (f": {description.splitlines()[0]}" if description else "")
+    files = {ref_path.name: source.encode(), **helpers}
+    files.update({f"submission_{i}.py": text.encode() for i, text in enumerate(subs)})
+    manifest = {"format": "gpumode", "name": name, "summary": summary, "reference": ref_path.name,
+                "files": sorted(files), "candidates": [f"submission_{i}.py" for i in range(len(subs))],
+                "cases": cases, "interpret_cases": interpret, "tolerance": tolerance}
+    files[MANIFEST] = json.dumps(manifest, indent=1, sort_keys=True).encode()
+    return name, files

@@ -1,0 +1,198 @@
+"""KernelBench problems as kernelcast operations.
+
+A KernelBench problem file defines ``class Model(nn.Module)`` whose ``forward`` is the
+reference, a module-level ``get_inputs()`` (the forward's arguments, drawn from torch's
+global generator) and ``get_init_inputs()`` (the constructor's arguments); its sizes are
+module-level integers (``batch_size = 16``) that both functions read when called. A
+candidate file defines ``class ModelNew`` with the same constructor and forward.
+
+Here a case is one setting of those integers: the file's own values are the GPU case,
+and smaller settings (``--interpret-case batch_size=2,dim=64``) can be given for Triton's
+CPU interpreter. Models are built once per case and device, each right after seeding
+torch with ``INIT_SEED``, so ``Model`` and ``ModelNew`` get the same weights whenever
+they create the same parameters in the same order (as KernelBench's own eval assumes).
+Correctness is KernelBench's: every output within rtol = atol = 1e-2.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from kernels.formats import (MANIFEST, TaskFormatError, default_task_name, load_module, op_name, read_source,
+                             require)
+from kernels.formats.operation import ImportedOperation, first_float_dtype, seed_from, tensor_bytes
+
+INIT_SEED = 42
+TOLERANCE = {"rtol": 1e-2, "atol": 1e-2}  # KernelBench's eval compares with atol = rtol = 1e-2
+REFERENCE_NEEDS = {"Model": "class", "get_inputs": "function", "get_init_inputs": "function"}
+CANDIDATE_NEEDS = {"ModelNew": "class"}
+
+
+def as_outputs(out) -> tuple:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+class KernelBenchOperation(ImportedOperation):
+    format = "kernelbench"
+    entry = "ModelNew"
+    reference_entry = "Model"
+    binder = "bind_model"
+
+    def __init__(self, folder: Path, manifest):
+        super().__init__(folder, manifest)
+        self.module = load_module(self.folder / manifest["reference"], f"kernelcast_task_{self.name.replace('.', '_')}")
+        self._models: dict = {}
+
+    @contextmanager
+    def sized(self, case):
+        """The task module with its size integers set to ``case``'s values (restored after)."""
+        saved = {k: getattr(self.module, k) for k, _ in case.dims}
+        for k, v in case.dims:
+            setattr(self.module, k, v)
+        try:
+            yield self.module
+        finally:
+            for k, v in saved.items():
+                setattr(self.module, k, v)
+
+    def make_inputs(self, case, gen, device):
+        seed = seed_from(gen)
+        with self.sized(case) as m, torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            values = list(m.get_inputs())
+        return self.remember(case, (v.to(device) for v in _tensors(values, self.name)))
+
+    def model(self, cls, case, device) -> torch.nn.Module:
+        """``cls`` built with the case's init inputs after seeding ``INIT_SEED``, on ``device``, cached."""
+        key = (cls, case, str(device))
+        built = self._models.get(key)
+        if built is None:
+            with self.sized(case) as m, torch.random.fork_rng(devices=[]):
+                init = list(m.get_init_inputs())
+                torch.manual_seed(INIT_SEED)
+                built = cls(*init)
+            built = built.to(device).eval()
+            self._models[key] = built
+        return built
+
+    def reference(self, *inputs):
+        model = self.model(self.module.Model, self.case_of(inputs), inputs[0].device)
+        with torch.no_grad():
+            return as_outputs(model(*inputs))
+
+
+def bind_model(op: str, cls):
+    """``launch(*inputs)`` for a KernelBench model class: build it for the inputs' case, call forward."""
+    state: dict = {}
+
+    def launch(*inputs):
+        operation = state.get("op")
+        if operation is None:  # resolved on first call: the op is loaded by then in the harness child
+            from kernels.ops import get_operation
+
+            operation = state["op"] = get_operation(op)
+        model = operation.model(cls, operation.case_of(inputs), inputs[0].device)
+        with torch.no_grad():
+            return as_outputs(model(*inputs))
+
+    return launch
+
+
+def _tensors(values, where: str) -> list[torch.Tensor]:
+    for i, v in enumerate(values):
+        if not isinstance(v, torch.Tensor):
+            raise TaskFormatError(f"{where}: get_inputs() returned a {type(v).__name__} at position {i}; "
+                                  "kernelcast passes a model's inputs as tensors (move constants into "
+                                  "get_init_inputs)")
+    return list(values)
+
+
+def operation_from_manifest(folder: Path, manifest) -> KernelBenchOperation:
+    return KernelBenchOperation(folder, manifest)
+
+
+# ---- import -------------------------------------------------------------------------------------
+
+def _size_names(module) -> dict[str, int]:
+    """The module-level integers of a problem file: its sizes."""
+    return {k: v for k, v in vars(module).items()
+            if not k.startswith("_") and isinstance(v, int) and not isinstance(v, bool)}
+
+
+def _parse_sizes(text: str, known: dict[str, int], where: str) -> dict[str, int]:
+    sizes = dict(known)
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or key.strip() not in known:
+            raise TaskFormatError(f"{where}: bad size {item!r}; give NAME=INT for module integers of the "
+                                  f"problem: {', '.join(known) or 'it has none'}")
+        try:
+            sizes[key.strip()] = int(value)
+        except ValueError:
+            raise TaskFormatError(f"{where}: size {key.strip()} must be an integer, got {value!r}") from None
+    return sizes
+
+
+def _profile(module, sizes: dict[str, int], where: str) -> dict:
+    """One manifest case: sizes, the input dtype, and the bytes of inputs plus outputs."""
+    saved = {k: getattr(module, k) for k in sizes}
+    for k, v in sizes.items():
+        setattr(module, k, v)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            inputs = _tensors(list(module.get_inputs()), where)
+            init = list(module.get_init_inputs())
+        out_bytes = None
+        try:  # output shapes on the meta device: no memory, no compute
+            with torch.device("meta"):
+                model = module.Model(*init)
+                out_bytes = tensor_bytes(as_outputs(model(*[t.to("meta") for t in inputs])))
+        except Exception:  # noqa: BLE001 - an op meta tensors cannot run; outputs assumed input-sized
+            pass
+    except TaskFormatError:
+        raise
+    except Exception as exc:
+        raise TaskFormatError(f"{where}: get_inputs()/get_init_inputs() failed for sizes {sizes}: "
+                              f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        for k, v in saved.items():
+            setattr(module, k, v)
+    in_bytes = tensor_bytes(inputs)
+    dims = sizes or {"inputs": len(inputs)}
+    return {"dims": dims, "dtype": first_float_dtype(inputs),
+            "bytes": in_bytes + (out_bytes if out_bytes is not None else in_bytes)}
+
+
+def import_task(reference: str, candidates: Sequence[str] = (), name: str | None = None,
+                interpret_sizes: Sequence[str] = (), tolerance: dict | None = None) -> tuple[str, dict[str, bytes]]:
+    """(op name, the task's files with its manifest) from a problem file and candidate files."""
+    source = read_source(reference, "KernelBench problem file")
+    require(source, f"KernelBench problem file {reference}", REFERENCE_NEEDS)
+    subs = []
+    for path in candidates:
+        text = read_source(path, "KernelBench candidate file")
+        require(text, f"KernelBench candidate file {path}", CANDIDATE_NEEDS)
+        subs.append(text)
+    name = op_name("kernelbench", name or default_task_name(reference))
+    module = load_module(Path(reference).resolve(), f"kernelcast_import_{name.replace('.', '_')}")
+    if not (isinstance(module.Model, type) and issubclass(module.Model, torch.nn.Module)):
+        raise TaskFormatError(f"KernelBench problem file {reference}: Model is not a torch.nn.Module subclass")
+    sizes = _size_names(module)
+    cases = [_profile(module, sizes, reference)]
+    interpret = [_profile(module, _parse_sizes(s, sizes, reference), reference) for s in interpret_sizes] or cases
+    doc = (module.Model.__doc__ or "").strip().splitlines()
+    summary = f"KernelBench problem {Path(reference).name}" + (f": {doc[0].strip()}" if doc and doc[0].strip() else "")
+    files = {"reference.py": source.encode()}
+    files.update({f"candidate_{i}.py": text.encode() for i, text in enumerate(subs)})
+    manifest = {"format": "kernelbench", "name": name, "summary": summary, "reference": "reference.py",
+                "files": sorted(files), "candidates": [f"candidate_{i}.py" for i in range(len(subs))],
+                "cases": cases, "interpret_cases": interpret, "tolerance": tolerance or TOLERANCE,
+                "source_file": Path(reference).name}
+    files[MANIFEST] = json.dumps(manifest, indent=1, sort_keys=True).encode()
+    return name, files

@@ -1,0 +1,158 @@
+"""What every imported operation shares: cases from its manifest, inputs matched back to their case, wrapping.
+
+The harness calls a candidate as ``launch(*inputs)`` and keeps what it returns (an imported
+op asks for no harness-allocated outputs). A task's own calling convention (a ``Model``
+built with init inputs, a ``data`` object) sometimes depends on the case, which ``launch``
+is not told; so ``make_inputs`` remembers which case produced inputs of each shape
+signature, and the wrapper looks the case up from the inputs it receives. The harness
+always makes inputs in the process that then calls the candidate, so the lookup holds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from kernels.formats import WRAPPER_MARK, backend_of, submission_of
+from kernels.ops import DEFAULT_TOLERANCES, Case, Operation
+from kernels.records import Candidate
+
+Signature = tuple[tuple[tuple[int, ...], str], ...]
+
+
+def signature(inputs) -> Signature:
+    return tuple((tuple(t.shape), str(t.dtype)) for t in inputs)
+
+
+def seed_from(gen: torch.Generator) -> int:
+    """A seed for a task's own input generator, drawn from the harness's seeded generator."""
+    return int(torch.randint(0, 2**31 - 1, (1,), generator=gen, device=gen.device).item())
+
+
+def tensor_bytes(values) -> int:
+    return sum(t.numel() * t.element_size() for t in values if isinstance(t, torch.Tensor))
+
+
+def first_float_dtype(tensors, default: str = "float32") -> str:
+    from kernels.ops import DTYPES
+
+    names = {v: k for k, v in DTYPES.items()}
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.dtype.is_floating_point and t.dtype in names:
+            return names[t.dtype]
+    return default
+
+
+class ImportedOperation(Operation):
+    """An operation read from an imported task's folder and manifest (see ``kernels.formats``)."""
+
+    bound = "memory"  # nothing in a task file says otherwise; the bytes model is inputs plus outputs
+    format = ""
+    entry = ""  # the name a submission must define: ModelNew, custom_kernel
+    binder = ""  # the function in this format's module that turns ``entry`` into ``launch``
+
+    def __init__(self, folder: Path, manifest: Mapping[str, Any]):
+        self.folder = Path(folder)
+        self.manifest = dict(manifest)
+        self.name = manifest["name"]
+        self.summary = manifest["summary"]
+        self._case_info: dict[Case, dict] = {}
+        self.cases = self._cases(manifest["cases"])
+        self.interpret_cases = self._cases(manifest["interpret_cases"])
+        self._last_case: dict[Signature, Case] = {}
+        tol = manifest.get("tolerance")
+        self.tolerance_overrides = {}
+        self._tolerance = (float(tol["rtol"]), float(tol["atol"])) if tol else None
+        self.reference_source = (self.folder / manifest["reference"]).read_text()
+        self.eager_source = self.wrap(self.reference_source, self.reference_entry)
+
+    reference_entry = ""  # the reference's own callable that the eager baseline wraps: Model, ref_kernel
+
+    def _cases(self, rows) -> tuple[Case, ...]:
+        out = []
+        for row in rows:
+            c = Case(tuple((k, int(v)) for k, v in row["dims"].items()), row["dtype"])
+            self._case_info[c] = row
+            out.append(c)
+        return tuple(out)
+
+    def info(self, case: Case) -> dict:
+        try:
+            return self._case_info[case]
+        except KeyError:
+            raise ValueError(f"{self.name} has no case {case.name}; its cases: "
+                             f"{', '.join(c.name for c in (*self.cases, *self.interpret_cases))}") from None
+
+    # ---- the harness's contract --------------------------------------------------------------
+
+    def output_specs(self, case):
+        return ()  # the candidate returns its outputs, as both task formats expect
+
+    def input_names(self):
+        return ()
+
+    def remember(self, case: Case, inputs) -> tuple[torch.Tensor, ...]:
+        inputs = tuple(inputs)
+        self._last_case[signature(inputs)] = case
+        return inputs
+
+    def case_of(self, inputs) -> Case:
+        """The case that last produced inputs of this shape signature in this process."""
+        sig = signature(inputs)
+        try:
+            return self._last_case[sig]
+        except KeyError:
+            raise ValueError(f"{self.name}: inputs of shapes {[s for s, _ in sig]} were not made by this "
+                             "operation's make_inputs in this process, so their case is unknown") from None
+
+    def bytes_moved(self, case):
+        # Unknown (a task whose inputs cannot be made on this machine): one byte, so the roofline
+        # features stay finite; the forecasters see the op as one they know nothing about.
+        return max(1, int(self.info(case).get("bytes") or 0))
+
+    def flops(self, case):
+        return 0  # a task file carries no FLOP count
+
+    def tolerance(self, dtype):
+        if self._tolerance is not None:
+            return self._tolerance
+        return DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0))
+
+    def check(self, case: Case, inputs, got) -> str | None:
+        """None when ``got`` (the candidate's outputs on ``inputs``) is correct, else what is wrong.
+
+        The harness today compares with ``reference`` within ``tolerance``; a task format
+        with its own judge (GPU MODE's ``check_implementation``) overrides this.
+        """
+        from kernels.harness.correctness import mismatch
+
+        return mismatch(self, case, tuple(got), self.reference(*inputs))
+
+    # ---- candidates --------------------------------------------------------------------------
+
+    def wrap(self, submission: str, entry: str | None = None) -> str:
+        """Candidate source: the submission verbatim, then ``launch`` bound to its entry point."""
+        entry = entry or self.entry
+        module = type(self).__module__
+        return (submission.rstrip() + "\n\n\n" + WRAPPER_MARK + "\n"
+                f"from {module} import {self.binder} as _kernelcast_bind\n\n"
+                f"launch = _kernelcast_bind({self.name!r}, {entry})\n")
+
+    def seed_candidates(self) -> list[Candidate]:
+        """The task's reference itself, as the timed baseline (origin ``seed``)."""
+        return [Candidate(op=self.name, backend="torch", source=self.eager_source,
+                          template=f"{self.name}/reference", origin="seed")]
+
+    def candidate(self, submission: str, origin: str = "import", parent_id: str | None = None) -> Candidate:
+        return Candidate(op=self.name, backend=backend_of(submission), source=self.wrap(submission),
+                         parent_id=parent_id, origin=origin)
+
+    def imported_candidates(self) -> list[Candidate]:
+        """The submissions imported with the task (origin ``import``)."""
+        return [self.candidate((self.folder / rel).read_text()) for rel in self.manifest.get("candidates", ())]
+
+    @staticmethod
+    def submission_of(source: str) -> str:
+        return submission_of(source)
