@@ -81,6 +81,8 @@ class Operation:
     interpret_cases: tuple[Case, ...]
     eager_source: str
     tolerance_overrides: dict = {}
+    # Torch functions a non-torch candidate may not call: the routes to the answer it should compute.
+    forbidden_calls: tuple[str, ...] = ()
 
     def make_inputs(self, case: Case, gen: torch.Generator, device) -> tuple[torch.Tensor, ...]:
         raise NotImplementedError
@@ -147,6 +149,7 @@ class _RowOp(Operation):
 
 class Softmax(_RowOp):
     name = "softmax"
+    forbidden_calls = ("softmax", "log_softmax", "_softmax", "softmin")
     summary = "row softmax over the last dimension of an (M, N) matrix"
     cases = (case("float32", M=8192, N=4096), case("bfloat16", M=32768, N=1000),
              case("bfloat16", M=4096, N=8192))
@@ -167,6 +170,8 @@ class Softmax(_RowOp):
 
 class LayerNorm(_RowOp):
     name = "layernorm"
+    forbidden_calls = ("layer_norm", "native_layer_norm", "group_norm", "batch_norm", "instance_norm", "var",
+                       "var_mean", "std", "std_mean")
     summary = "layer normalisation of each row with weight and bias (eps 1e-5)"
     cases = (case("bfloat16", M=8192, N=4096), case("float16", M=16384, N=3000),
              case("float32", M=4096, N=8192))
@@ -201,6 +206,7 @@ class LayerNorm(_RowOp):
 
 class RMSNorm(_RowOp):
     name = "rmsnorm"
+    forbidden_calls = ("rms_norm", "norm", "vector_norm", "rsqrt", "mean")
     summary = "RMS normalisation of each row with a weight (eps 1e-6)"
     cases = (case("bfloat16", M=8192, N=4096), case("bfloat16", M=16384, N=5000),
              case("float32", M=4096, N=8192))
@@ -235,6 +241,8 @@ class RMSNorm(_RowOp):
 
 class CrossEntropy(_RowOp):
     name = "cross_entropy"
+    forbidden_calls = ("cross_entropy", "cross_entropy_loss", "nll_loss", "log_softmax", "softmax",
+                       "logsumexp")
     summary = "per-row cross-entropy loss from (M, V) logits and (M,) int64 targets, fp32 out"
     cases = (case("bfloat16", M=4096, V=32000), case("float32", M=8192, V=8192),
              case("bfloat16", M=2048, V=50257))
@@ -274,6 +282,7 @@ class CrossEntropy(_RowOp):
 
 class FP8Quant(_RowOp):
     name = "fp8_quant"
+    forbidden_calls = ("amax", "aminmax", "max", "abs", "_scaled_mm")
     summary = "per-group (128 along a row) FP8 e4m3 quantisation: values and fp32 group scales"
     group = 128
     cases = (case("bfloat16", M=8192, N=4096), case("bfloat16", M=4096, N=14336),
@@ -314,6 +323,7 @@ class FP8Quant(_RowOp):
 
 class BiasGelu(_RowOp):
     name = "bias_gelu"
+    forbidden_calls = ("gelu", "erf", "erfc")
     summary = "fused bias add and exact (erf) GELU over an (M, N) matrix"
     cases = (case("bfloat16", M=8192, N=4096), case("float16", M=16384, N=3000),
              case("float32", M=4096, N=8192))
@@ -346,6 +356,8 @@ class BiasGelu(_RowOp):
 
 class RowSum(_RowOp):
     name = "row_sum"
+    forbidden_calls = ("sum", "nansum", "cumsum", "mean", "matmul", "mm", "bmm", "addmm", "baddbmm", "einsum",
+                       "linear", "tensordot", "mv", "dot")
     summary = "sum of each row of an (M, N) matrix, accumulated and returned in fp32"
     cases = (case("bfloat16", M=8192, N=8192), case("float32", M=32768, N=1000),
              case("float16", M=2048, N=32768))
@@ -376,6 +388,8 @@ class RowSum(_RowOp):
 
 class Transpose(_RowOp):
     name = "transpose"
+    forbidden_calls = ("t", "T", "mT", "transpose", "permute", "swapaxes", "swapdims", "movedim",
+                       "as_strided")
     summary = "2-D transpose of an (M, N) matrix into a contiguous (N, M) one"
     cases = (case("bfloat16", M=8192, N=8192), case("float32", M=4096, N=3000),
              case("float16", M=16384, N=2048))
@@ -403,6 +417,8 @@ class Transpose(_RowOp):
 
 class Matmul(Operation):
     name = "matmul"
+    forbidden_calls = ("matmul", "mm", "bmm", "addmm", "baddbmm", "einsum", "linear", "tensordot", "mv",
+                       "dot", "__matmul__")
     summary = "bf16 matrix product C = A @ B, (M, K) x (K, N), fp32 accumulation"
     bound = "compute"
     cases = (case("bfloat16", M=4096, N=4096, K=4096), case("bfloat16", M=1024, N=1024, K=16384),
@@ -441,6 +457,8 @@ class Matmul(Operation):
 
 class Attention(Operation):
     name = "attention"
+    forbidden_calls = ("scaled_dot_product_attention", "softmax", "matmul", "mm", "bmm", "addmm", "baddbmm",
+                       "einsum", "linear", "tensordot", "mv", "dot", "__matmul__")
     summary = "non-causal scaled dot-product attention forward, (B, H, S, D) bf16, D 64 or 128"
     bound = "compute"
     cases = (case("bfloat16", B=4, H=16, S=2048, D=64), case("bfloat16", B=2, H=16, S=2048, D=128),
