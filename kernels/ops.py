@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels.formats import is_imported_name, load_operation
 from kernels.records import Candidate
 
 DTYPES = {
@@ -509,8 +510,6 @@ def get_operation(name: str) -> Operation:
     op = OPERATIONS.get(name)
     if op is not None:
         return op
-    from kernels.formats import is_imported_name, load_operation
-
     if is_imported_name(name):
         return load_operation(name)
     raise ValueError(f"unknown operation {name!r}; known: {', '.join(OPERATIONS)}, or an imported task "

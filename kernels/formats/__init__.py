@@ -46,13 +46,16 @@ class TaskFormatError(ValueError):
     """A task or submission file that does not follow its format; the message names what is missing."""
 
 
+# Fixed when this module is first imported (by ``kernels.ops``, which the harness's fork server
+# preloads): a sandboxed child points HOME at its scratch directory, and must still find the tasks.
+_DEFAULT_TASKS_DIR = Path(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+                          "kernelcast", "tasks")
+
+
 def tasks_dir() -> Path:
     """Where this machine keeps imported tasks (see the module docstring for why it is on disk)."""
     configured = os.environ.get(TASKS_ENV)
-    if configured:
-        return Path(configured)
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "kernelcast" / "tasks"
+    return Path(configured) if configured else _DEFAULT_TASKS_DIR
 
 
 def is_imported_name(name: str) -> bool:

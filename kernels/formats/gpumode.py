@@ -25,7 +25,8 @@ import torch
 
 from kernels.formats import (MANIFEST, TaskFormatError, default_task_name, load_module, op_name, read_source,
                              require)
-from kernels.formats.operation import ImportedOperation, first_float_dtype, seed_from, signature, tensor_bytes
+from kernels.formats.operation import (ImportedOperation, first_float_dtype, is_literal, seed_from, signature,
+                                       tensor_bytes)
 
 REFERENCE_NEEDS = {"ref_kernel": "function", "generate_input": "function", "check_implementation": "function"}
 CANDIDATE_NEEDS = {"custom_kernel": "function"}
@@ -84,7 +85,43 @@ class GpuModeOperation(ImportedOperation):
     format = "gpumode"
     entry = "custom_kernel"
     reference_entry = "ref_kernel"
-    binder = "bind_kernel"
+    TABLE_FIELD = "structure"
+    WRAPPER = """import torch as _kc_torch
+
+_KC_DATA = {table}  # input shapes and dtypes -> how the task's data object is built from the tensors
+
+
+def _kc_build(structure, tensors):
+    kind, body = structure
+    if kind == "tensor":
+        return tensors[body]
+    if kind == "tuple":
+        return tuple(_kc_build(s, tensors) for s in body)
+    if kind == "list":
+        return [_kc_build(s, tensors) for s in body]
+    if kind == "dict":
+        return {{k: _kc_build(s, tensors) for k, s in body}}
+    return body
+
+
+def _kc_tensors(out):
+    if isinstance(out, _kc_torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, (tuple, list)):
+        return [t for v in out for t in _kc_tensors(v)]
+    return []
+
+
+def launch(*inputs):
+    structure = _KC_DATA.get(tuple((tuple(t.shape), str(t.dtype)) for t in inputs))
+    if structure is None:  # a case whose inputs could not be made at import: GPU MODE's usual tuple
+        data = inputs[0] if len(inputs) == 1 else inputs
+    else:
+        data = _kc_build(structure, inputs)
+    return tuple(_kc_tensors({entry}(data)))
+"""
 
     def __init__(self, folder: Path, manifest):
         super().__init__(folder, manifest)
@@ -134,21 +171,6 @@ class GpuModeOperation(ImportedOperation):
         return f"case {case.name}: {problem}" if problem else None
 
 
-def bind_kernel(op: str, fn):
-    """``launch(*tensors)`` for a GPU MODE kernel function: rebuild ``data``, call it, flatten its output."""
-    state: dict = {}
-
-    def launch(*tensors):
-        operation = state.get("op")
-        if operation is None:
-            from kernels.ops import get_operation
-
-            operation = state["op"] = get_operation(op)
-        return tuple(flatten(fn(operation.data_of(tensors)))[0])
-
-    return launch
-
-
 def operation_from_manifest(folder: Path, manifest) -> GpuModeOperation:
     return GpuModeOperation(folder, manifest)
 
@@ -187,7 +209,8 @@ def _read_specs(path: Path) -> tuple[list[dict], list[dict], str]:
 
 def _profile(module, spec: dict, where: str) -> dict:
     """One manifest case: the spec, its integer entries as dims, input dtype, bytes of inputs plus outputs."""
-    dims = {k: v for k, v in spec.items() if isinstance(v, int) and not isinstance(v, bool)}
+    # Sizes name a case; the seed does not (each correctness run draws its own).
+    dims = {k: v for k, v in spec.items() if isinstance(v, int) and not isinstance(v, bool) and k != "seed"}
     row = {"spec": spec, "dims": dims, "dtype": "float32", "bytes": None}
     try:
         with torch.random.fork_rng(devices=[]):
@@ -206,7 +229,12 @@ def _profile(module, spec: dict, where: str) -> dict:
     except Exception:  # noqa: BLE001 - outputs assumed input-sized when meta tensors cannot run the reference
         pass
     in_bytes = tensor_bytes(tensors)
-    row.update(dtype=first_float_dtype(tensors), bytes=in_bytes + (out_bytes if out_bytes is not None else in_bytes))
+    structure_repr = repr(structure)
+    if not is_literal(structure_repr, structure):
+        raise TaskFormatError(f"{where}: generate_input(**{spec}) returned data holding values other than tensors "
+                              "and plain constants (numbers, strings, lists, dicts), which a candidate cannot be given")
+    row.update(dtype=first_float_dtype(tensors), bytes=in_bytes + (out_bytes if out_bytes is not None else in_bytes),
+               signature=[[list(t.shape), str(t.dtype)] for t in tensors], structure=structure_repr)
     return row
 
 

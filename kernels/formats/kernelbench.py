@@ -25,7 +25,7 @@ import torch
 
 from kernels.formats import (MANIFEST, TaskFormatError, default_task_name, load_module, op_name, read_source,
                              require)
-from kernels.formats.operation import ImportedOperation, first_float_dtype, seed_from, tensor_bytes
+from kernels.formats.operation import ImportedOperation, first_float_dtype, is_literal, seed_from, tensor_bytes
 
 INIT_SEED = 42
 TOLERANCE = {"rtol": 1e-2, "atol": 1e-2}  # KernelBench's eval compares with atol = rtol = 1e-2
@@ -41,7 +41,25 @@ class KernelBenchOperation(ImportedOperation):
     format = "kernelbench"
     entry = "ModelNew"
     reference_entry = "Model"
-    binder = "bind_model"
+    TABLE_FIELD = "init"
+    WRAPPER = """import torch as _kc_torch
+
+_KC_INIT = {table}  # input shapes and dtypes -> the case's init inputs
+_KC_MODELS = {{}}
+
+
+def launch(*inputs):
+    key = tuple((tuple(t.shape), str(t.dtype)) for t in inputs)
+    model = _KC_MODELS.get((key, inputs[0].device))
+    if model is None:  # built once per case, after the seed the reference model is built after
+        with _kc_torch.random.fork_rng(devices=[]):
+            _kc_torch.manual_seed({seed})
+            model = {entry}(*_KC_INIT[key])
+        model = _KC_MODELS[(key, inputs[0].device)] = model.to(inputs[0].device).eval()
+    with _kc_torch.no_grad():
+        out = model(*inputs)
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+""".replace("{seed}", str(INIT_SEED))
 
     def __init__(self, folder: Path, manifest):
         super().__init__(folder, manifest)
@@ -84,23 +102,6 @@ class KernelBenchOperation(ImportedOperation):
         model = self.model(self.module.Model, self.case_of(inputs), inputs[0].device)
         with torch.no_grad():
             return as_outputs(model(*inputs))
-
-
-def bind_model(op: str, cls):
-    """``launch(*inputs)`` for a KernelBench model class: build it for the inputs' case, call forward."""
-    state: dict = {}
-
-    def launch(*inputs):
-        operation = state.get("op")
-        if operation is None:  # resolved on first call: the op is loaded by then in the harness child
-            from kernels.ops import get_operation
-
-            operation = state["op"] = get_operation(op)
-        model = operation.model(cls, operation.case_of(inputs), inputs[0].device)
-        with torch.no_grad():
-            return as_outputs(model(*inputs))
-
-    return launch
 
 
 def _tensors(values, where: str) -> list[torch.Tensor]:
@@ -164,9 +165,13 @@ def _profile(module, sizes: dict[str, int], where: str) -> dict:
         for k, v in saved.items():
             setattr(module, k, v)
     in_bytes = tensor_bytes(inputs)
-    dims = sizes or {"inputs": len(inputs)}
-    return {"dims": dims, "dtype": first_float_dtype(inputs),
-            "bytes": in_bytes + (out_bytes if out_bytes is not None else in_bytes)}
+    init_repr = repr(init)
+    if not is_literal(init_repr, init):
+        raise TaskFormatError(f"{where}: get_init_inputs() returned {init!r}, which cannot be written into a "
+                              "candidate as a literal (use numbers, strings, lists)") from None
+    return {"dims": sizes or {"inputs": len(inputs)}, "dtype": first_float_dtype(inputs),
+            "bytes": in_bytes + (out_bytes if out_bytes is not None else in_bytes),
+            "signature": [[list(t.shape), str(t.dtype)] for t in inputs], "init": init_repr}
 
 
 def import_task(reference: str, candidates: Sequence[str] = (), name: str | None = None,

@@ -35,6 +35,16 @@ def tensor_bytes(values) -> int:
     return sum(t.numel() * t.element_size() for t in values if isinstance(t, torch.Tensor))
 
 
+def is_literal(text: str, value) -> bool:
+    """Whether ``text`` is a plain Python literal that reads back as ``value`` (so it can be written into a wrapper)."""
+    import ast
+
+    try:
+        return ast.literal_eval(text) == value
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return False
+
+
 def first_float_dtype(tensors, default: str = "float32") -> str:
     from kernels.ops import DTYPES
 
@@ -51,7 +61,6 @@ class ImportedOperation(Operation):
     bound = "memory"  # nothing in a task file says otherwise; the bytes model is inputs plus outputs
     format = ""
     entry = ""  # the name a submission must define: ModelNew, custom_kernel
-    binder = ""  # the function in this format's module that turns ``entry`` into ``launch``
 
     def __init__(self, folder: Path, manifest: Mapping[str, Any]):
         self.folder = Path(folder)
@@ -133,12 +142,28 @@ class ImportedOperation(Operation):
     # ---- candidates --------------------------------------------------------------------------
 
     def wrap(self, submission: str, entry: str | None = None) -> str:
-        """Candidate source: the submission verbatim, then ``launch`` bound to its entry point."""
-        entry = entry or self.entry
-        module = type(self).__module__
-        return (submission.rstrip() + "\n\n\n" + WRAPPER_MARK + "\n"
-                f"from {module} import {self.binder} as _kernelcast_bind\n\n"
-                f"launch = _kernelcast_bind({self.name!r}, {entry})\n")
+        """Candidate source: the submission verbatim, then a ``launch`` around its entry point.
+
+        The wrapper is self-contained (no import of this project: the harness refuses
+        candidates that reach into it); what it needs per case is written into it as a
+        table keyed by the inputs' shapes and dtypes.
+        """
+        body = self.WRAPPER.format(entry=entry or self.entry, table=self.wrapper_table())
+        return submission.rstrip() + "\n\n\n" + WRAPPER_MARK + "\n" + body
+
+    WRAPPER = ""  # the format's launch, with {entry} and {table} to fill in
+
+    def wrapper_table(self) -> str:
+        """A Python literal: input signature -> what the wrapper needs for that case (a repr per row)."""
+        rows = {}
+        for case in (*self.cases, *self.interpret_cases):
+            info = self.info(case)
+            if info.get("signature") is not None and info.get(self.TABLE_FIELD) is not None:
+                key = tuple((tuple(shape), dtype) for shape, dtype in info["signature"])
+                rows[key] = info[self.TABLE_FIELD]
+        return "{" + ", ".join(f"{k!r}: {v}" for k, v in rows.items()) + "}"
+
+    TABLE_FIELD = ""  # the manifest field (a repr) the wrapper table holds per case
 
     def seed_candidates(self) -> list[Candidate]:
         """The task's reference itself, as the timed baseline (origin ``seed``)."""
