@@ -3,43 +3,47 @@
 Stages, each with its own failure status (after KernelBench's eval):
   load     — source parses and defines ``launch``               -> compile_error
   compile  — first call per case (Triton JIT-compiles here)     -> compile_error / runtime_error
+  scan     — static anti-cheat scan of the source                 -> rejected
   correct  — fresh seeded inputs, harness-allocated NaN-poisoned
-             outputs, compared with the fp32 reference           -> incorrect / runtime_error
+             outputs, compared with the fp32 reference; inputs
+             checked unchanged and unaliased, forbidden calls
+             refused (see anticheat)                             -> incorrect / rejected / runtime_error
   time     — CUDA events, L2 flushed, adaptive repetitions       -> ok
+  recheck  — fresh inputs and outputs once more, after timing:
+             a kernel that stops computing is caught here        -> rejected / incorrect
 Load and compile run concurrently with other children on the CPU cores; correctness
 and timing hold the GPU lock (an flock, released by the kernel if the child dies), so
 exactly one candidate uses the GPU at a time and its timing is not disturbed.
 
-The child reports to its parent over a pipe: ("gpu_stage", t) when it takes the lock,
-then ("result", dict). If it crashes or hangs, the parent classifies it from outside.
+The child enters its sandbox (kernels.harness.sandbox) before loading any candidate code,
+and reports to its parent over a pipe: ("sandbox", summary) once confined, ("gpu_stage", t)
+when it takes the lock, then ("result", dict). If it crashes or hangs, the parent classifies it from outside.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
-import re
-import resource
 import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-import triton  # noqa: F401  (imported here so the fork server preloads it)
+import triton  # imported here so the fork server preloads it
+import triton.language as tl
 
-from kernels.harness.correctness import (CandidateLoadError, call_candidate, check_once, load_launch,
-                                          poisoned_outputs)
+from kernels.harness import sandbox
+from kernels.harness.anticheat import Checker, Rejected, install_stream_guard, scan_source
+from kernels.harness.correctness import CandidateLoadError, load_launch, poisoned_outputs
 from kernels.harness.timing import l2_flush_buffer, time_call
 from kernels.ops import get_operation
 from kernels.records import Candidate
 
-# Variables whose names look like credentials never reach candidate code.
-_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|SESSION)", re.I)
-_SECRET_PREFIXES = ("AWS_", "MLFLOW_", "PREFECT_", "HF_", "HUGGING", "OPENAI", "AZURE_", "GOOGLE_", "GCP_",
-                    "S3_", "RAY_")
 # Device memory a timing run may spend on rotated input sets.
 _ROTATION_BYTES = 1 << 30
+# Seeds of the inputs: compile call 0, correctness 1..seeds, timing sets from 1000, recheck 9000.
+_TIMING_SEED, _RECHECK_SEED = 1000, 9000
 
 
 @dataclass(frozen=True)
@@ -51,31 +55,40 @@ class Job:
     triton_cache_dir: str
     seeds: int = 3
     max_seconds_per_case: float = 1.0
+    network: str = "namespace"  # strongest network protection to try (sandbox.NETWORK_CHOICES)
+    filesystem: str = "landlock"
+    cpu_seconds: int = 600
+    address_space_bytes: int | None = 8 << 30  # interpreter mode only
+    file_size_bytes: int = 512 << 20
+
+    def policy(self) -> sandbox.SandboxPolicy:
+        return sandbox.SandboxPolicy(scratch_dir=self.scratch_dir, triton_cache_dir=self.triton_cache_dir,
+                                     gpu=self.mode == "gpu", network=self.network, filesystem=self.filesystem,
+                                     cpu_seconds=self.cpu_seconds, address_space_bytes=self.address_space_bytes,
+                                     file_size_bytes=self.file_size_bytes)
 
 
 def scrub_environment() -> None:
-    for name in list(os.environ):
-        if _SECRET_NAME.search(name) or name.upper().startswith(_SECRET_PREFIXES):
-            del os.environ[name]
+    """Remove credential-looking variables from this process's environment."""
+    sandbox.scrub_environment()
 
 
-def enter_sandbox(job: Job) -> None:
-    """Isolate the child: its own scratch directory and log, no secrets, no core dumps."""
-    scrub_environment()
-    os.chdir(job.scratch_dir)
-    os.environ["TMPDIR"] = job.scratch_dir
-    os.environ["TRITON_CACHE_DIR"] = job.triton_cache_dir
+def enter_sandbox(job: Job) -> sandbox.SandboxReport:
+    """Confine the child (see kernels.harness.sandbox), then send its output to a log in the scratch dir."""
+    report = sandbox.enter(job.policy())
     if job.mode == "interpreter":
         os.environ["TRITON_INTERPRET"] = "1"
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     log = os.open(os.path.join(job.scratch_dir, "child.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(log, 1)
     os.dup2(log, 2)
+    os.close(log)
+    return report
 
 
 @contextmanager
 def gpu_lock(path: str):
-    with open(path, "a") as f:
+    # Opened read-only: flock needs no write access, and the sandbox allows none outside the scratch dir.
+    with open(path, "r") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
@@ -111,18 +124,21 @@ def evaluate(job: Job, notify=lambda *msg: None) -> dict:
         result.update(status=status, error=message)
         return result
 
+    refused = scan_source(cand, op)
+    if refused:
+        return fail("rejected", refused)
     try:
         launch = load_launch(cand.source, job.scratch_dir)
     except CandidateLoadError as exc:
         return fail("compile_error", str(exc))
+    except Rejected as exc:  # a stream made at import time
+        return fail("rejected", str(exc))
+    checker = Checker(op, cand, launch, device)
     for case in cases:  # compile stage: first call per case, outside the GPU lock
         try:
-            gen = torch.Generator(device=device)
-            gen.manual_seed(0)
-            inputs = op.make_inputs(case, gen, device)
-            call_candidate(launch, inputs, poisoned_outputs(op, case, device), cand.params)
-            if gpu:
-                torch.cuda.synchronize()
+            checker.first_call(case)
+        except Rejected as exc:
+            return fail("rejected", f"case {case.name}: {exc}")
         except Exception as exc:
             status = "compile_error" if _is_compile_failure(exc) else "runtime_error"
             return fail(status, f"case {case.name}: {_describe(exc)}")
@@ -134,11 +150,19 @@ def evaluate(job: Job, notify=lambda *msg: None) -> dict:
         try:
             for case in cases:
                 for seed in range(1, job.seeds + 1):
-                    problem = check_once(op, case, launch, cand.params, seed, device)
+                    problem = checker.check(case, seed)
                     if problem:
                         return fail("incorrect", f"seed {seed}: {problem}")
             if gpu:
-                _time_cases(job, op, cases, launch, result)
+                _time_cases(job, op, cases, launch, checker, result)
+            # Once more on fresh inputs and outputs, after all the calls above: a kernel that
+            # computes only on its first calls, or replays a cached answer, fails here.
+            for case in cases:
+                problem = checker.check(case, _RECHECK_SEED)
+                if problem:
+                    return fail("incorrect", f"after {checker.calls} calls, on fresh inputs: {problem}")
+        except Rejected as exc:
+            return fail("rejected", str(exc))
         except Exception as exc:
             return fail("runtime_error", _describe(exc))
         finally:
@@ -146,15 +170,14 @@ def evaluate(job: Job, notify=lambda *msg: None) -> dict:
     return result
 
 
-def _time_cases(job: Job, op, cases, launch, result: dict) -> None:
+def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict) -> None:
     flush = l2_flush_buffer()
+    stream = torch.cuda.current_stream()
     for case in cases:
-        gen = torch.Generator(device="cuda")
-        gen.manual_seed(1000)
-        first = op.make_inputs(case, gen, "cuda")
+        first = checker.inputs(case, _TIMING_SEED)
         set_bytes = sum(t.numel() * t.element_size() for t in first) or 1
         n_sets = max(2, min(8, _ROTATION_BYTES // set_bytes))
-        sets = [first] + [op.make_inputs(case, gen, "cuda") for _ in range(n_sets - 1)]
+        sets = [first] + [checker.inputs(case, _TIMING_SEED + k) for k in range(1, n_sets)]
         outs = [poisoned_outputs(op, case, "cuda") for _ in range(n_sets)]
         params = job.candidate.params
 
@@ -163,6 +186,11 @@ def _time_cases(job: Job, op, cases, launch, result: dict) -> None:
             launch(*sets[k], *outs[k], **params)
 
         timing = time_call(call, flush, max_seconds=job.max_seconds_per_case)
+        if torch.cuda.current_stream() != stream:
+            raise Rejected(f"case {case.name}: left another CUDA stream current; kernels must run on the "
+                           f"harness's stream, where they are timed")
+        for k in range(n_sets):
+            checker.note(case, _TIMING_SEED + k)
         result["runtime_us_median"].append(timing.runtime_us_median)
         result["runtime_us_iqr"].append(timing.runtime_us_iqr)
         result["repetitions"].append(timing.repetitions)
@@ -173,8 +201,10 @@ def _time_cases(job: Job, op, cases, launch, result: dict) -> None:
 
 def child_main(job: Job, conn) -> None:
     """Entry point of the isolated child process."""
-    enter_sandbox(job)
     try:
+        report = enter_sandbox(job)
+        conn.send(("sandbox", report.summary()))
+        install_stream_guard()
         result = evaluate(job, notify=lambda *msg: conn.send(msg))
     except BaseException as exc:  # a harness bug must still come back as a classified result
         result = {"status": "runtime_error", "error": _describe(exc)}
@@ -183,3 +213,27 @@ def child_main(job: Job, conn) -> None:
     # Leave at once: CUDA teardown after an illegal access can hang, and nothing is left to do.
     os._exit(0)
 
+
+@triton.jit
+def _probe_add_one(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
+
+
+def probe_main(job: Job, conn) -> None:
+    """Check that CUDA and a Triton kernel still work inside the sandbox ``job`` describes.
+
+    A user namespace or Landlock can break the CUDA driver or Triton's launcher build on
+    some platforms; the worker runs this once and steps down to weaker protections if needed.
+    """
+    try:
+        report = enter_sandbox(job)
+        device = "cuda" if job.mode == "gpu" else "cpu"
+        x = torch.zeros(100, device=device)
+        _probe_add_one[(1,)](x, 100, BLOCK=128)
+        ok = bool((x == 1).all())
+        conn.send(("probe", {"ok": ok, "sandbox": report.summary(), "error": "" if ok else "wrong result"}))
+    except BaseException as exc:
+        conn.send(("probe", {"ok": False, "sandbox": "", "error": _describe(exc)}))
+    conn.close()
+    os._exit(0)

@@ -6,7 +6,14 @@ load and compile at once on the CPU cores while one of them holds the GPU lock f
 correctness and timing. The worker watches every child from outside: a crash
 (segfault, illegal address that kills the process) becomes ``crashed``, a child past
 its time limit (overall, or once it holds the GPU) is killed and becomes ``timeout``.
-Either way only that candidate is lost; the worker goes on with the next.
+A child whose resident memory passes ``host_memory_gib`` is killed too (the GPU-mode
+guard against host OOM, where no address-space limit can be set), as is whatever it
+forked (its process group). Either way only that candidate is lost; the worker goes on
+with the next.
+
+Every child enters the sandbox (kernels.harness.sandbox) and reports which protections
+took effect; in GPU mode the worker first probes, once, which protections leave CUDA
+and Triton working and uses the strongest such set.
 """
 
 from __future__ import annotations
@@ -18,12 +25,12 @@ import shutil
 import signal
 import tempfile
 import time
-from collections import deque
-from dataclasses import dataclass
+from collections import Counter, deque
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import wait
 from typing import Iterable, Iterator
 
-from kernels.harness.runner import Job, child_main
+from kernels.harness.runner import Job, child_main, probe_main
 from kernels.hardware import INTERPRETER
 from kernels.ops import get_operation
 from kernels.records import Candidate, HardwareSpec, Measurement
@@ -37,6 +44,23 @@ class WorkerConfig:
     gpu_timeout_s: float = 60.0  # from taking the GPU lock to its result
     seeds: int = 3  # seeded correctness inputs per case
     max_seconds_per_case: float = 1.0  # timing budget per case
+    network: str = "namespace"  # strongest network protection to try: namespace, seccomp, off
+    filesystem: str = "landlock"  # landlock or off
+    address_space_gib: float | None = 8.0  # RLIMIT_AS, interpreter mode only (CUDA reserves huge ranges)
+    host_memory_gib: float = 32.0  # resident memory past which the worker kills a child
+    file_size_mib: int = 512  # largest file a child may write
+    # CPU seconds a child may use; the wall-clock limits normally fire first, this catches the rest.
+    cpu_seconds: int | None = None  # None: twice timeout_s
+
+
+@dataclass
+class WorkerStats:
+    """What the worker's children did: the reliability report's restart and protection counts."""
+
+    children: int = 0
+    crashed: int = 0  # died before reporting
+    killed: int = 0  # killed by the worker: time or memory limit
+    sandboxes: Counter = field(default_factory=Counter)  # sandbox summary -> children that entered it
 
 
 @dataclass
@@ -48,6 +72,7 @@ class _Running:
     started: float
     gpu_started: float | None = None
     result: dict | None = None
+    peak_rss_bytes: int = 0
 
 
 def _context():
@@ -70,6 +95,24 @@ def _log_tail(scratch: str, limit: int = 1500) -> str:
     except OSError:
         return ""
     return text[-limit:].strip()
+
+
+def _rss_bytes(pid: int) -> int:
+    """Resident memory of a process (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _kill_group(pid: int | None) -> None:
+    """Kill the child's process group: whatever the candidate forked goes with it."""
+    if pid:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def geometric_mean(values: Iterable[float]) -> float | None:
@@ -98,8 +141,12 @@ class MeasureWorker:
         self._ctx = _context()
         self._root = tempfile.mkdtemp(prefix="kernelcast-worker-")
         self._lock_path = os.path.join(self._root, "gpu.lock")
+        open(self._lock_path, "a").close()  # children open it read-only: they may not create files here
         self._cache = os.path.join(self._root, "triton-cache")
         os.makedirs(self._cache, exist_ok=True)
+        self.stats = WorkerStats()
+        self._protection = (config.network, config.filesystem)  # in GPU mode, settled by a probe
+        self._probed = config.mode != "gpu"
         self.reference_us: dict[str, tuple[float, ...]] = {}  # op -> eager runtime per case
         self.busy_gpu_seconds = 0.0
 
@@ -115,6 +162,8 @@ class MeasureWorker:
     def measure(self, candidates: Iterable[Candidate]) -> Iterator[Measurement]:
         """Measure each candidate (the op's eager reference first, once), yielding results as they finish."""
         candidates = list(candidates)
+        if not self._probed:
+            self.probe_sandbox()
         for op_name in dict.fromkeys(c.op for c in candidates):
             get_operation(op_name)  # fail on an unknown op before any child starts
             if self.config.mode == "gpu" and op_name not in self.reference_us:
@@ -132,21 +181,61 @@ class MeasureWorker:
         ref = self.reference_us.get(m.op)
         if m.status != "ok" or not ref or not m.runtime_us_median:
             return m
-        from dataclasses import replace
-
         speedup = geometric_mean(r / t for r, t in zip(ref, m.runtime_us_median))
         return replace(m, reference_us_median=tuple(ref), speedup=speedup)
 
+    def _job(self, cand: Candidate, scratch: str, network: str, filesystem: str) -> Job:
+        cfg = self.config
+        return Job(candidate=cand, mode=cfg.mode, scratch_dir=scratch, lock_path=self._lock_path,
+                   triton_cache_dir=self._cache, seeds=cfg.seeds, max_seconds_per_case=cfg.max_seconds_per_case,
+                   network=network, filesystem=filesystem,
+                   cpu_seconds=int(cfg.cpu_seconds or max(10, 2 * cfg.timeout_s)),
+                   address_space_bytes=int(cfg.address_space_gib * 2**30) if cfg.address_space_gib else None,
+                   file_size_bytes=cfg.file_size_mib << 20)
+
+    def probe_sandbox(self) -> str:
+        """Find the strongest protections under which CUDA and a Triton kernel still work; returns them.
+
+        Tried in order: namespace + Landlock, seccomp + Landlock, seccomp alone, none. The
+        outcome of each try is kept in ``probe_log`` for the reliability report.
+        """
+        ladder = [(self.config.network, self.config.filesystem), ("seccomp", self.config.filesystem),
+                  ("seccomp", "off"), ("off", "off")]
+        self.probe_log: list[str] = []
+        probe = get_operation("softmax").seed_candidates()[0]
+        for network, filesystem in dict.fromkeys(ladder):
+            scratch = tempfile.mkdtemp(prefix="probe-", dir=self._root)
+            parent_conn, child_conn = self._ctx.Pipe(duplex=False)
+            proc = self._ctx.Process(target=probe_main, args=(self._job(probe, scratch, network, filesystem),
+                                                              child_conn), daemon=True, name="kernelcast-probe")
+            proc.start()
+            child_conn.close()
+            answer = {"ok": False, "error": "no answer within 300 s"}
+            if parent_conn.poll(300):
+                try:
+                    answer = parent_conn.recv()[1]
+                except (EOFError, OSError):
+                    answer = {"ok": False, "error": f"probe died ({proc.exitcode})"}
+            proc.kill()
+            proc.join(10)
+            shutil.rmtree(scratch, ignore_errors=True)
+            self.probe_log.append(f"network={network} filesystem={filesystem}: "
+                                  + ("works: " + answer.get("sandbox", "") if answer["ok"] else answer["error"]))
+            if answer["ok"]:
+                self._protection = (network, filesystem)
+                break
+        self._probed = True
+        return self.probe_log[-1]
+
     def _start(self, cand: Candidate) -> _Running:
         scratch = tempfile.mkdtemp(prefix="cand-", dir=self._root)
-        job = Job(candidate=cand, mode=self.config.mode, scratch_dir=scratch, lock_path=self._lock_path,
-                  triton_cache_dir=self._cache, seeds=self.config.seeds,
-                  max_seconds_per_case=self.config.max_seconds_per_case)
+        job = self._job(cand, scratch, *self._protection)
         parent_conn, child_conn = self._ctx.Pipe(duplex=False)
         proc = self._ctx.Process(target=child_main, args=(job, child_conn), daemon=True,
                                  name=f"kernelcast-{cand.candidate_id}")
         proc.start()
         child_conn.close()
+        self.stats.children += 1
         return _Running(cand, proc, parent_conn, scratch, time.monotonic())
 
     def _run(self, candidates: list[Candidate]) -> Iterator[Measurement]:
@@ -169,6 +258,7 @@ class MeasureWorker:
             for r in running:  # the caller stopped early: leave no child behind
                 r.process.kill()
                 r.process.join(5)
+                _kill_group(r.process.pid)
                 shutil.rmtree(r.scratch, ignore_errors=True)
 
     def _poll(self, r: _Running) -> Measurement | None:
@@ -178,6 +268,8 @@ class MeasureWorker:
                 kind, payload = r.conn.recv()
                 if kind == "gpu_stage":
                     r.gpu_started = time.monotonic()
+                elif kind == "sandbox":
+                    self.stats.sandboxes[payload] += 1
                 elif kind == "result":
                     r.result = payload
         except (EOFError, OSError):
@@ -191,10 +283,24 @@ class MeasureWorker:
         if not r.process.is_alive():
             r.process.join()
             code = r.process.exitcode
+            if code == -signal.SIGXCPU:
+                limit = self._job(r.candidate, r.scratch, *self._protection).cpu_seconds
+                return self._finish(r, status="timeout", error=f"candidate used its CPU-time limit of {limit} s; "
+                                    f"killed by {_signal_name(code)}", gpu_seconds=self._gpu_held(r, now))
             how = f"killed by {_signal_name(code)}" if code and code < 0 else f"exited with code {code}"
             tail = _log_tail(r.scratch)
             message = f"child process {how} before reporting a result" + (f"; its output ended: {tail}" if tail else "")
+            self.stats.crashed += 1
             return self._finish(r, status="crashed", error=message, gpu_seconds=self._gpu_held(r, now))
+        rss = _rss_bytes(r.process.pid)
+        r.peak_rss_bytes = max(r.peak_rss_bytes, rss)
+        if rss > self.config.host_memory_gib * 2**30:
+            r.process.kill()
+            r.process.join(10)
+            self.stats.killed += 1
+            return self._finish(r, status="runtime_error", gpu_seconds=self._gpu_held(r, now),
+                                error=f"candidate used {rss / 2**30:.1f} GiB of host memory, over its limit of "
+                                      f"{self.config.host_memory_gib:g} GiB; killed")
         if now - r.started > self.config.timeout_s:
             return self._kill(r, f"exceeded its time limit of {self.config.timeout_s:.0f} s", now)
         if r.gpu_started is not None and now - r.gpu_started > self.config.gpu_timeout_s:
@@ -207,6 +313,7 @@ class MeasureWorker:
     def _kill(self, r: _Running, why: str, now: float) -> Measurement:
         r.process.kill()
         r.process.join(10)
+        self.stats.killed += 1
         return self._finish(r, status="timeout", error=f"candidate {why}; killed", gpu_seconds=self._gpu_held(r, now))
 
     @staticmethod
@@ -220,6 +327,7 @@ class MeasureWorker:
                 "gpu_seconds": float(res.get("gpu_seconds", 0.0))}
 
     def _finish(self, r: _Running, **fields) -> Measurement:
+        _kill_group(r.process.pid)
         shutil.rmtree(r.scratch, ignore_errors=True)
         try:
             r.conn.close()

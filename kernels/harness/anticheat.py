@@ -1,0 +1,321 @@
+"""Anti-cheat checks: a candidate must compute the operation itself, on every call, into fresh outputs.
+
+A kernel can pass a plain correctness check while not being a kernel at all: it calls
+the torch operation it should replace (or the harness's reference), returns a cached
+result, writes its answer into its inputs or returns a view of them, moves its work to
+another CUDA stream so the timer misses it, or computes only on its first calls. Each
+of these gets status ``rejected`` with the reason, from these checks:
+
+  scan_source   — a static scan before the source is imported: imports of the
+                  project's own packages, frame/module introspection, and calls of
+                  the op's forbidden torch functions outside ``@triton.jit`` code.
+  CallGuard     — a TorchFunctionMode active around every checked call that records
+                  forbidden torch functions however they were reached, plus a hook on
+                  the op's reference.
+  stream guard  — patches on torch.cuda's stream constructors and setters: the harness
+                  never makes a stream in the child, so any stream is the candidate's.
+  Checker       — every checked call gets fresh seeded inputs and fresh NaN-poisoned
+                  outputs; inputs are compared with a copy afterwards, returned tensors
+                  may not share storage with inputs, and a failing call is compared
+                  with the results for the inputs it saw before (a cached answer) and
+                  with what it wrote before (work skipped after the first calls).
+
+The eager baseline (backend ``torch``) is exempt from the forbidden-call lists, which
+name the torch functions it legitimately calls; every other check applies to it too.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Callable
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from kernels.harness.correctness import call_candidate, mismatch, poisoned_outputs, stray_writes
+from kernels.ops import Case, Operation
+from kernels.records import Candidate
+
+PROJECT_PACKAGES = ("kernels", "storage", "surrogate", "tasks", "flows", "infra")
+# Attributes that reach into the calling harness's frames or module table.
+_INTROSPECTION = {"_getframe": "sys._getframe", "f_back": "frame.f_back", "f_locals": "frame.f_locals",
+                  "f_globals": "frame.f_globals", "get_referrers": "gc.get_referrers",
+                  "get_objects": "gc.get_objects"}
+_JIT_DECORATORS = {"jit", "autotune", "heuristics"}
+
+
+class Rejected(Exception):
+    """The candidate cheats; the message says how."""
+
+
+def forbidden_calls(op: Operation, candidate: Candidate) -> frozenset[str]:
+    """Names of torch functions this candidate may not call: the op's list, none for the eager baseline."""
+    if candidate.backend == "torch":
+        return frozenset()
+    return frozenset(getattr(op, "forbidden_calls", ()))
+
+
+# ---- static scan ---------------------------------------------------------------------------------
+
+def _triton_aliases(tree: ast.AST) -> set[str]:
+    names = {"triton", "tl"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.asname or a.name.split(".")[0] for a in node.names if a.name.startswith("triton")}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("triton"):
+            names |= {a.asname or a.name for a in node.names}
+    return names
+
+
+def _is_device_code(fn: ast.AST) -> bool:
+    """Functions decorated with triton.jit (or autotune/heuristics) are device code: tl.* only."""
+    for dec in getattr(fn, "decorator_list", ()):
+        target = dec.func if isinstance(dec, ast.Call) else dec
+        name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+        if name in _JIT_DECORATORS:
+            return True
+    return False
+
+
+def _host_nodes(tree: ast.AST):
+    """Every node outside device-code functions."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _is_device_code(node):
+            continue
+        yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def scan_source(candidate: Candidate, op: Operation) -> str | None:
+    """Why the source is refused before it runs, or None. Unparsable sources are left to the load stage."""
+    try:
+        tree = ast.parse(candidate.source)
+    except SyntaxError:
+        return None
+    forbidden = forbidden_calls(op, candidate)
+    triton_names = _triton_aliases(tree)
+    torch_names = _torch_imports(tree)
+    for node in _host_nodes(tree):
+        modules = []
+        if isinstance(node, ast.Import):
+            modules = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            modules = [node.module or ""]
+        elif isinstance(node, ast.ImportFrom):
+            return f"line {node.lineno}: relative import; a candidate is a single module"
+        for m in modules:
+            if m.split(".")[0] in PROJECT_PACKAGES:
+                return (f"line {node.lineno}: imports {m}, the project's own code; a candidate may not use "
+                        f"the harness or the reference")
+        if isinstance(node, ast.Attribute) and node.attr in _INTROSPECTION:
+            return f"line {node.lineno}: uses {_INTROSPECTION[node.attr]}, which reaches into the harness"
+        if isinstance(node, ast.Attribute) and node.attr == "modules" and getattr(node.value, "id", "") == "sys":
+            return f"line {node.lineno}: uses sys.modules, which reaches into the harness"
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult) and "matmul" in forbidden:
+            return f"line {node.lineno}: computes with torch's '@' (matmul), the operation it should replace"
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute) and func.attr in forbidden:
+                base = func.value
+                while isinstance(base, ast.Attribute):
+                    base = base.value
+                if getattr(base, "id", None) not in triton_names:
+                    return (f"line {node.lineno}: calls {ast.unparse(func)}, a route to the {op.name} it "
+                            f"should compute itself")
+            if isinstance(func, ast.Name) and torch_names.get(func.id) in forbidden:
+                return (f"line {node.lineno}: calls {func.id} (torch's {torch_names[func.id]}), a route to the "
+                        f"{op.name} it should compute itself")
+    return None
+
+
+def _torch_imports(tree: ast.AST) -> dict[str, str]:
+    """Bare names bound by ``from torch... import x [as y]``: y -> x. Builtins such as max stay unflagged."""
+    names = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
+            names.update({a.asname or a.name: a.name for a in node.names})
+    return names
+
+
+# ---- runtime guards ------------------------------------------------------------------------------
+
+def _func_name(func) -> str:
+    name = getattr(func, "__name__", "")
+    if name in ("__get__", "__set__"):  # a property such as Tensor.T reaches the mode as its getter
+        name = getattr(getattr(func, "__self__", None), "__name__", name)
+    return name
+
+
+class CallGuard(TorchFunctionMode):
+    """Records (and refuses) calls of forbidden torch functions, and of the op's reference, while active."""
+
+    def __init__(self, op: Operation, candidate: Candidate):
+        super().__init__()
+        self.op = op
+        self.forbidden = forbidden_calls(op, candidate)
+        self.violations: list[str] = []
+        self._reference = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = _func_name(func)
+        if name in self.forbidden:
+            self._violate(f"called torch's {name} while it runs, the operation it should replace")
+        return func(*args, **(kwargs or {}))
+
+    def _violate(self, what: str) -> None:
+        self.violations.append(what)
+        raise Rejected(what)
+
+    def __enter__(self):
+        # The reference is an attribute of the op's class; replace it on the instance while active.
+        original = type(self.op).reference
+
+        def refused(*args, **kwargs):
+            self._violate("called the harness's reference implementation")
+            return original(self.op, *args, **kwargs)
+
+        self.op.reference = refused
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        self.op.__dict__.pop("reference", None)
+        return super().__exit__(*exc)
+
+    def reason(self) -> str | None:
+        return self.violations[0] if self.violations else None
+
+
+STREAM_EVENTS: list[str] = []  # what the candidate did with CUDA streams in this child
+
+
+def install_stream_guard() -> None:
+    """Refuse stream creation and switching in this process: the timer measures the current stream only.
+
+    Installed once in the child before the candidate's source is imported, so names the
+    source binds (``from torch.cuda import Stream``) are the guarded ones.
+    """
+    cuda = torch.cuda
+
+    def refuse(what: str):
+        def refused(*args, **kwargs):
+            STREAM_EVENTS.append(what)
+            raise Rejected(f"{what}: kernels must run on the harness's stream, where they are timed")
+        return refused
+
+    for cls in (cuda.Stream, cuda.ExternalStream):
+        cls.__new__ = staticmethod(refuse(f"created a CUDA stream ({cls.__name__})"))
+    cuda.set_stream = refuse("switched the current CUDA stream (set_stream)")
+    cuda.StreamContext.__enter__ = refuse("switched the current CUDA stream (torch.cuda.stream)")
+    if hasattr(torch._C, "_cuda_setStream"):
+        torch._C._cuda_setStream = refuse("switched the current CUDA stream (_cuda_setStream)")
+
+
+# ---- checked calls -------------------------------------------------------------------------------
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_contiguous() and b.is_contiguous() and a.numel():
+        return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    return torch.equal(a, b)
+
+
+def _untouched(t: torch.Tensor) -> bool:
+    if t.dtype.is_floating_point:
+        return bool(torch.isnan(t.float()).all())
+    return bool((t == torch.iinfo(t.dtype).max).all())
+
+
+class Checker:
+    """Calls one candidate on fresh inputs, case by case, remembering enough to recognise cheats.
+
+    Inputs come from ``op.make_inputs`` with a seed per call, so any earlier call's inputs
+    (and their reference result) can be rebuilt on demand instead of kept in memory.
+    """
+
+    def __init__(self, op: Operation, candidate: Candidate, launch: Callable, device: str):
+        self.op, self.candidate, self.launch, self.device = op, candidate, launch, device
+        self.seeds: dict[str, list[int]] = {}  # case -> seeds of the inputs it was called with, in order
+        self.wrote: dict[str, bool] = {}  # case -> some earlier call wrote into the harness outputs
+        self.calls = 0
+
+    def inputs(self, case: Case, seed: int) -> tuple[torch.Tensor, ...]:
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(seed)
+        return self.op.make_inputs(case, gen, self.device)
+
+    def note(self, case: Case, seed: int, wrote: bool = True) -> None:
+        """Record an unchecked call (compile stage, timing) made with the inputs of ``seed``."""
+        self.seeds.setdefault(case.name, []).append(seed)
+        self.wrote[case.name] = self.wrote.get(case.name, False) or wrote
+        self.calls += 1
+
+    def first_call(self, case: Case, seed: int = 0) -> None:
+        """The compile-stage call: guarded, but only recorded (its reference is not computed here)."""
+        inputs = self.inputs(case, seed)
+        outputs = poisoned_outputs(self.op, case, self.device)
+        got = self._guarded(inputs, outputs)
+        self._sync()
+        self.note(case, seed, wrote=any(not _untouched(o) for o in outputs))
+        self._aliasing(inputs, got)
+
+    def check(self, case: Case, seed: int) -> str | None:
+        """One checked call: None when correct, a problem (``incorrect``) as text, or ``Rejected``."""
+        inputs = self.inputs(case, seed)
+        before = tuple(t.clone() for t in inputs)
+        outputs = poisoned_outputs(self.op, case, self.device)
+        got = self._guarded(inputs, outputs)
+        self._sync()
+        for i, (now, then) in enumerate(zip(inputs, before)):
+            if not _same_bytes(now, then):
+                names = self.op.input_names()
+                raise Rejected(f"case {case.name}: changed its input {names[i] if i < len(names) else i}; "
+                               f"inputs are read-only")
+        self._aliasing(inputs, got)
+        earlier = list(self.seeds.get(case.name, ()))
+        wrote_now = any(not _untouched(o) for o in outputs)
+        self.note(case, seed, wrote=wrote_now)
+        stray = stray_writes(outputs)
+        if stray:
+            return f"case {case.name}: {stray}"
+        problem = mismatch(self.op, case, got, self.op.reference(*inputs))
+        if problem is None:
+            return None
+        returned_harness_outputs = all(g is o for g, o in zip(got, outputs)) and len(got) == len(outputs)
+        if returned_harness_outputs and not wrote_now and self.wrote.get(case.name) and earlier:
+            raise Rejected(f"case {case.name}: wrote its outputs on earlier calls but nothing on call "
+                           f"{self.calls}: it computes only on its first calls")
+        for old in list(dict.fromkeys(reversed(earlier)))[:4]:
+            if old != seed and mismatch(self.op, case, got, self.op.reference(*self.inputs(case, old))) is None:
+                raise Rejected(f"case {case.name}: returned the result for earlier inputs (seed {old}), not for "
+                               f"the ones it was given: it caches its output across calls")
+        return problem
+
+    def _guarded(self, inputs, outputs):
+        guard = CallGuard(self.op, self.candidate)
+        try:
+            with guard:
+                got = call_candidate(self.launch, inputs, outputs, self.candidate.params)
+        except Exception:
+            if guard.reason():
+                raise Rejected(guard.reason()) from None
+            raise
+        if guard.reason():  # refused, but the candidate caught our exception and carried on
+            raise Rejected(guard.reason())
+        if STREAM_EVENTS:
+            raise Rejected(f"{STREAM_EVENTS[0]}: kernels must run on the harness's stream, where they are timed")
+        return got
+
+    @staticmethod
+    def _aliasing(inputs, got) -> None:
+        storages = {t.untyped_storage().data_ptr(): i for i, t in enumerate(inputs) if t.numel()}
+        for j, g in enumerate(got):
+            if isinstance(g, torch.Tensor) and g.numel() and g.untyped_storage().data_ptr() in storages:
+                raise Rejected(f"output {j} shares memory with input {storages[g.untyped_storage().data_ptr()]}: "
+                               f"it returns a view of its input instead of computing a new tensor")
+
+    def _sync(self) -> None:
+        if self.device != "cpu":
+            torch.cuda.synchronize()
