@@ -189,7 +189,68 @@ class _RetryableError(Exception):
     pass
 
 
-class OpenAIForecaster:
+class OpenAIChat:
+    """A client of an OpenAI-compatible chat completions server: the base URL checked, retries, a call count.
+
+    Connection errors, timeouts, 429 and 5xx are retried with exponential backoff. The
+    forecaster below and the LLM mutation generator (``tasks/llm_generator.py``) share it.
+    """
+
+    def __init__(self, base_url: str, model: str, *, timeout_s: float = 60.0, retries: int = 3,
+                 backoff_s: float = 0.5):
+        parts = urlparse(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"malformed base_url {base_url!r}; expected http(s)://host[:port]/v1")
+        try:
+            parts.port
+        except ValueError:
+            raise ValueError(f"malformed base_url {base_url!r}; the port is not a number") from None
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.calls_ = 0  # HTTP requests sent, retries included
+        self._lock = threading.Lock()
+
+    def probe(self, timeout_s: float = 10.0) -> None:
+        """Fail now, naming the URL, if the server does not answer ``GET /models``."""
+        import httpx
+
+        try:
+            response = httpx.get(f"{self.base_url}/models", timeout=timeout_s)
+            response.raise_for_status()
+        except httpx.HTTPError as exc:
+            raise ConnectionError(f"the LLM server at {self.base_url} is unreachable: {type(exc).__name__}: "
+                                  f"{exc}") from None
+
+    def chat(self, client, messages: list[dict[str, str]], **fields) -> str:
+        """The assistant's text for ``messages`` (``fields``: temperature, max_tokens, response_format, ...),
+        retrying transient failures with exponential backoff."""
+        import httpx
+
+        body = {"model": self.model, "messages": messages, **fields}
+        for attempt in range(self.retries + 1):
+            try:
+                with self._lock:
+                    self.calls_ += 1
+                try:
+                    response = client.post(f"{self.base_url}/chat/completions", json=body)
+                except httpx.TransportError as e:  # refused, reset, timed out
+                    raise _RetryableError(f"{type(e).__name__}: {e}") from e
+                if response.status_code == 429 or response.status_code >= 500:
+                    raise _RetryableError(f"HTTP {response.status_code}: {response.text[:200]}")
+                response.raise_for_status()
+                content = response.json()["choices"][0]["message"]["content"]
+                return content if isinstance(content, str) else ""
+            except _RetryableError:
+                if attempt == self.retries:
+                    raise
+                time.sleep(self.backoff_s * 2 ** attempt)
+        raise AssertionError("unreachable")
+
+
+class OpenAIForecaster(OpenAIChat):
     """Forecasts from an OpenAI-compatible chat completions server (vLLM, llama.cpp, ...).
 
     Requests go out ``concurrency`` at a time; connection errors, timeouts, 429 and 5xx are
@@ -202,30 +263,17 @@ class OpenAIForecaster:
     def __init__(self, base_url: str, model: str, *, concurrency: int = 8, timeout_s: float = 60.0,
                  retries: int = 3, backoff_s: float = 0.5, cache_dir: str | os.PathLike | None = None,
                  temperature: float = 0.0, max_tokens: int = 256, schema_style: str = "json_schema"):
-        parts = urlparse(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"malformed base_url {base_url!r}; expected http(s)://host[:port]/v1")
-        try:
-            parts.port
-        except ValueError:
-            raise ValueError(f"malformed base_url {base_url!r}; the port is not a number") from None
+        super().__init__(base_url, model, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s)
         if schema_style not in SCHEMA_STYLES:
             raise ValueError(f"unknown schema_style {schema_style!r}; known: {', '.join(SCHEMA_STYLES)}")
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
-        self.base_url = base_url.rstrip("/")
-        self.model = model
         self.concurrency = concurrency
-        self.timeout_s = timeout_s
-        self.retries = retries
-        self.backoff_s = backoff_s
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.temperature = temperature
         self.max_tokens = max_tokens
         self.schema_style = schema_style
-        self.calls_ = 0  # HTTP requests sent, retries included
         self._cache: dict[str, str] = {}
-        self._lock = threading.Lock()
 
     @property
     def version(self) -> str:
@@ -267,34 +315,8 @@ class OpenAIForecaster:
         return forecast
 
     def _complete(self, client, messages: list[dict[str, str]]) -> str:
-        """The assistant's text for ``messages``, retrying transient failures with exponential backoff."""
-        import httpx
-
-        body = {
-            "model": self.model,
-            "messages": messages,
-            "temperature": self.temperature,
-            "max_tokens": self.max_tokens,
-            "response_format": SCHEMA_STYLES[self.schema_style],
-        }
-        for attempt in range(self.retries + 1):
-            try:
-                with self._lock:
-                    self.calls_ += 1
-                try:
-                    response = client.post(f"{self.base_url}/chat/completions", json=body)
-                except httpx.TransportError as e:  # refused, reset, timed out
-                    raise _RetryableError(f"{type(e).__name__}: {e}") from e
-                if response.status_code == 429 or response.status_code >= 500:
-                    raise _RetryableError(f"HTTP {response.status_code}: {response.text[:200]}")
-                response.raise_for_status()
-                content = response.json()["choices"][0]["message"]["content"]
-                return content if isinstance(content, str) else ""
-            except _RetryableError:
-                if attempt == self.retries:
-                    raise
-                time.sleep(self.backoff_s * 2 ** attempt)
-        raise AssertionError("unreachable")
+        return self.chat(client, messages, temperature=self.temperature, max_tokens=self.max_tokens,
+                         response_format=SCHEMA_STYLES[self.schema_style])
 
     def _cached(self, key: str) -> str | None:
         with self._lock:
