@@ -12,11 +12,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
+from urllib.parse import urlparse
 
 # The measured pool shipped with the project: the replay backend's answers and the learned prior's data.
 PACKAGED_POOL = str(Path(__file__).resolve().parents[1] / "data" / "pools")
 
-GENERATORS = ("template",)  # LLM mutation is not built yet: refused here rather than silently ignored
+GENERATORS = ("template", "llm")  # llm: a model proposes children (tasks/llm_generator.py), template ones fill up
 POLICIES = ("budget", "conformal")
 BACKENDS = ("auto", "local", "replay", "ray")
 NO_SURROGATE = "none"  # the equal-budget baseline: every child is measured
@@ -35,6 +36,9 @@ class SearchConfig:
     generations: int = 4
     children: int = 256  # per generation (forecasts are cheap); with surrogate "none", children = the budget
     generator: str = "template"  # children from the op's template space (mutation, crossover, fresh draws)
+    generator_url: str = ""  # generator "llm": an OpenAI-compatible endpoint
+    generator_model: str = ""
+    generator_children: int = 16  # generator "llm": children asked of the model per generation
     surrogate: str = "learned"  # learned | roofline | random | llm | none
     policy: str = "budget"  # budget: trust a confidence threshold; conformal: a certified risk
     trust_threshold: float = 0.9  # max-probability at which a forecast is trusted (policy budget)
@@ -94,16 +98,30 @@ def default_run_id(config: SearchConfig) -> str:
     return f"{config.op}-{config.gpu_type}-{config.surrogate}-b{config.budget}-s{config.seed}-{stamp}".replace("_", "-")
 
 
+def _install_imported(config: SearchConfig) -> bool:
+    """Install an imported task stored under the config's data root into this machine's tasks directory."""
+    from kernels.formats import install_from_root
+    from storage.dataset import DataRoot
+
+    try:
+        return install_from_root(DataRoot(config.data, storage_options=dict(config.storage_options)), config.op)
+    except OSError:
+        return False
+
+
 def validate(config: SearchConfig) -> SearchConfig:
     """The config with ``run_id`` filled in, or a ConfigError naming the first bad setting."""
     from kernels.hardware import INTERPRETER, KNOWN_GPU_TYPES
     from kernels.ops import get_operation
     from surrogate.registry import FACTORIES
 
+    from kernels.formats import is_imported_name
+
     try:
         get_operation(config.op)
     except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+        if not (is_imported_name(config.op) and _install_imported(config)):
+            raise ConfigError(str(exc)) from None
     if config.gpu_type != "auto" and config.gpu_type not in (*KNOWN_GPU_TYPES, INTERPRETER):
         raise ConfigError(f"unknown GPU type {config.gpu_type!r}; known: auto, {', '.join(KNOWN_GPU_TYPES)}")
     for name in ("budget", "generations", "children"):
@@ -119,6 +137,16 @@ def validate(config: SearchConfig) -> SearchConfig:
     for name, allowed in (("generator", GENERATORS), ("policy", POLICIES), ("backend", BACKENDS)):
         if getattr(config, name) not in allowed:
             raise ConfigError(f"unknown {name} {getattr(config, name)!r}; known: {', '.join(allowed)}")
+    if config.generator == "template" and is_imported_name(config.op):
+        raise ConfigError(f"operation {config.op} is an imported task with no template space; search it with "
+                          "generator 'llm' (generator_url, generator_model)")
+    if config.generator == "llm":
+        if not (config.generator_url and config.generator_model):
+            raise ConfigError("generator 'llm' needs generator_url (an OpenAI-compatible endpoint) and generator_model")
+        if urlparse(config.generator_url).scheme not in ("http", "https"):
+            raise ConfigError(f"malformed generator_url {config.generator_url!r}; expected http(s)://host[:port]/v1")
+        if not isinstance(config.generator_children, int) or config.generator_children < 1:
+            raise ConfigError(f"generator_children must be a positive whole number, got {config.generator_children!r}")
     if config.surrogate == "llm" and not (config.llm_url and config.llm_model):
         raise ConfigError("surrogate 'llm' needs llm_url (an OpenAI-compatible endpoint) and llm_model")
     if not 0 < config.trust_threshold <= 1:

@@ -23,6 +23,7 @@ from typing import Sequence
 
 from threadpoolctl import threadpool_limits
 
+from kernels.formats import is_imported_name
 from kernels.ops import get_operation
 from kernels.records import Candidate, Decision, GenerationSummary, Measurement, SearchRun
 from kernels.spaces import get_space
@@ -80,7 +81,14 @@ class Search:
         self.pool = pool
         self.forecaster = forecaster
         self.tracker = tracker
-        self.space = get_space(config.op)
+        # An imported task has no template space: its children come from the LLM generator alone.
+        self.space = None if is_imported_name(config.op) else get_space(config.op)
+        self.generator = None
+        if config.generator == "llm":
+            from tasks.llm_generator import LLMGenerator
+
+            self.generator = LLMGenerator(config.generator_url, config.generator_model)
+            self.generator.probe()  # an unreachable endpoint fails here, before any GPU time
         self.archive = Archive()
         self.candidates: dict[str, Candidate] = {}
         self.calibration: list[tuple[Forecast, int]] = []  # (forecast, measured bin) of this run
@@ -137,8 +145,14 @@ class Search:
         rng = random.Random(f"{c.seed}:{gen.index}")
         n = c.children_for(gen.budget)
         # Children dropped in an earlier generation may come back: the surrogate knows more now.
-        gen.children = breed(self.space, self.archive, n, rng, c.explore if len(self.archive) else 1.0,
-                             exclude=set())
+        explore = c.explore if len(self.archive) else 1.0
+        if self.generator is None:
+            gen.children = breed(self.space, self.archive, n, rng, explore, exclude=set())
+        else:
+            from tasks.llm_generator import mixed_children
+
+            gen.children = mixed_children(self.generator, c.op, self.space, self.archive, n,
+                                          min(n, c.generator_children), rng, explore, seed=c.seed * 1000 + gen.index)
         for child in gen.children:
             self.candidates.setdefault(child.candidate_id, child)
         self.root.write_candidates(gen.children)
@@ -235,7 +249,7 @@ class Search:
             return "budget spent"
         if c.gpu_seconds_budget and self.gpu_seconds >= c.gpu_seconds_budget:
             return f"GPU-seconds budget ({c.gpu_seconds_budget:g} s) spent"
-        if len(self.archive) >= len(self.space.variants()):
+        if self.space is not None and len(self.archive) >= len(self.space.variants()):
             return "template space exhausted"
         return ""
 
