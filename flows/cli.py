@@ -211,13 +211,50 @@ def cmd_compact(args) -> int:
     return 0
 
 
+def cmd_import(args) -> int:
+    from kernels.formats import TaskFormatError, import_task
+
+    options: dict = {}
+    if args.rtol is not None or args.atol is not None:
+        if args.rtol is None or args.atol is None:
+            raise UsageError("give both --rtol and --atol, or neither")
+        options["tolerance"] = {"rtol": args.rtol, "atol": args.atol}
+    if args.format == "kernelbench":
+        if args.specs:
+            raise UsageError("--specs is for GPU MODE tasks; a KernelBench problem's sizes are in its file")
+        options["interpret_sizes"] = args.interpret_case or []
+    else:
+        if args.interpret_case:
+            raise UsageError("--interpret-case is for KernelBench problems; a GPU MODE task's tests are its "
+                             "interpreter cases")
+        options["specs"] = args.specs
+    root = _data_root(args)
+    try:
+        op, candidates = import_task(args.format, args.reference, args.candidate or [], name=args.name,
+                                     root=root, **options)
+    except TaskFormatError as exc:
+        raise UsageError(str(exc)) from None
+    root.write_candidates(op.seed_candidates() + candidates)
+    print(f"imported {op.name}: {op.summary}")
+    print(f"  cases: {', '.join(c.name for c in op.cases)}; interpreter cases: "
+          f"{', '.join(c.name for c in op.interpret_cases)}")
+    for c in op.seed_candidates() + candidates:
+        print(f"  candidate {c.candidate_id} ({c.origin}, {c.backend})")
+    print(f"stored under {args.data}/tasks/{op.name}; search it with: kernelcast search --op {op.name} "
+          f"--generator llm --generator-url URL --generator-model MODEL --data {args.data}")
+    return 0
+
+
 # Search flags -> SearchConfig fields; a flag left out keeps the YAML file's value or the default.
 _SEARCH_FLAGS = {
     "op": (str, "operation to search"), "gpu_type": (str, "GPU type to measure on (default: this GPU, or h100 "
                                                           "when replaying without one)"),
     "budget": (int, "measurements charged over the whole search (default 32)"),
     "generations": (int, "generations (default 4)"), "children": (int, "children per generation (default 256)"),
-    "generator": (str, "template (the only generator so far)"), "surrogate": (str, "learned, roofline, random, llm, or none (the "
+    "generator": (str, "template, or llm (a model proposes children; template ones fill up)"),
+    "generator_url": (str, "OpenAI-compatible endpoint (generator llm)"),
+    "generator_model": (str, "model name at that endpoint (generator llm)"),
+    "generator_children": (int, "children asked of the model per generation (generator llm, default 16)"), "surrogate": (str, "learned, roofline, random, llm, or none (the "
                                                              "equal-budget baseline: every child measured)"),
     "policy": (str, "budget (confidence threshold) or conformal (certified risk)"),
     "trust_threshold": (float, "max-probability at which a forecast is trusted (policy budget)"),
@@ -399,6 +436,22 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--cron", default="0 2 * * *", help="nightly search schedule (default: %(default)s)")
     data_args(sp)
     sp.set_defaults(func=cmd_serve)
+
+    sp = sub.add_parser("import", help="import a KernelBench problem or GPU MODE task as an operation")
+    sp.add_argument("--format", required=True, choices=["kernelbench", "gpumode"])
+    sp.add_argument("--reference", required=True, help="the problem file (Model, get_inputs, get_init_inputs) "
+                                                      "or GPU MODE reference (ref_kernel, generate_input, "
+                                                      "check_implementation)")
+    sp.add_argument("--candidate", action="append", help="a candidate file (ModelNew or custom_kernel); repeatable")
+    sp.add_argument("--name", default=None, help="task name (default: from the file name); the op is "
+                                                 "kb.NAME or gpumode.NAME")
+    sp.add_argument("--specs", default=None, help="GPU MODE test specs (task.yml; default: beside the reference)")
+    sp.add_argument("--interpret-case", action="append", metavar="NAME=INT,...",
+                    help="KernelBench sizes for Triton's CPU interpreter, e.g. batch_size=2,dim=64; repeatable")
+    sp.add_argument("--rtol", type=float, default=None, help="relative tolerance (default: the format's)")
+    sp.add_argument("--atol", type=float, default=None, help="absolute tolerance (default: the format's)")
+    data_args(sp)
+    sp.set_defaults(func=cmd_import)
 
     sp = sub.add_parser("compact", help="merge each partition's Parquet files into one")
     data_args(sp)
