@@ -126,9 +126,18 @@ def _where(events: list[str], new_temp_files: bool) -> str:
     return f"{phase}, between writes"
 
 
-def run_child(config: dict, trace: Path, kill_after: float | None = None, kill_on: str | None = None,
+def _seen_in_order(events: list[str], wanted: tuple[str, ...]) -> bool:
+    i = 0
+    for e in events:
+        if i < len(wanted) and e.startswith(wanted[i]):
+            i += 1
+    return i == len(wanted)
+
+
+def run_child(config: dict, trace: Path, kill_after: float | None = None, kill_on: tuple[str, ...] = (),
               timeout_s: float = 300.0) -> Attempt:
-    """One run of the search; killed ``kill_after`` seconds after it is ready, or when ``kill_on`` is traced."""
+    """One run of the search; killed ``kill_after`` seconds after it is ready, or once the events
+    ``kill_on`` have been traced in that order (e.g. a generation's start, then a write in it)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     trace.unlink(missing_ok=True)
     temps_before = _temp_files(Path(config["data"]))
@@ -141,11 +150,11 @@ def run_child(config: dict, trace: Path, kill_after: float | None = None, kill_o
         if ready_at is None and any(e == "ready" for _, e in events):
             ready_at = time.monotonic()
         due = (kill_after is not None and ready_at is not None and time.monotonic() - ready_at >= kill_after) or \
-              (kill_on is not None and any(e.startswith(kill_on) for _, e in events))
+              (bool(kill_on) and _seen_in_order([e for _, e in events], kill_on))
         if due:
             os.kill(process.pid, signal.SIGKILL)
             break
-        time.sleep(0.002)
+        time.sleep(0.005)
     if process.poll() is None and time.monotonic() >= deadline:
         process.kill()
     out, err = process.communicate()
@@ -181,13 +190,8 @@ def physical_rows(data: Path, table: str):
     return (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()), broken
 
 
-def compare(reference: Path, drilled: Path, config: dict) -> tuple[list[str], dict]:
-    """Differences between a drilled data root and the reference's (empty: the same archive), and counts."""
-    from storage.dataset import DataRoot
-
-    op, gpu_type, run_id = config["op"], config["gpu_type"], config["run_id"]
-    ref, got = DataRoot(str(reference)), DataRoot(str(drilled))
-    problems: list[str] = []
+def _compare_tables(ref, got, op: str, gpu_type: str, run_id: str, problems: list[str]) -> set[str]:
+    """Append to ``problems`` how the drilled tables differ from the reference's; returns the measurements missing."""
 
     def generations(root):
         frame = root.read_run_rows("generations", run_id, op=op).sort_values("generation")
@@ -196,7 +200,7 @@ def compare(reference: Path, drilled: Path, config: dict) -> tuple[list[str], di
     a, b = generations(ref), generations(got)
     if len(a) != len(b) or not a.equals(b):
         problems.append(f"generations table differs: reference {len(a)} rows, drilled {len(b)} rows")
-    elif a["best_candidate_id"].iloc[-1] != b["best_candidate_id"].iloc[-1]:
+    elif len(a) and a["best_candidate_id"].iloc[-1] != b["best_candidate_id"].iloc[-1]:
         problems.append("best candidate differs")
 
     def measured(root):
@@ -209,23 +213,40 @@ def compare(reference: Path, drilled: Path, config: dict) -> tuple[list[str], di
         problems.append(f"measured candidates differ: {len(missing)} missing, {len(extra)} extra")
     elif ma != mb:
         problems.append("a measured candidate's status or speedup differs")
+    for table, key in (("decisions", ["generation", "candidate_id", "decision"]),
+                       ("forecasts", ["generation", "candidate_id"]), ("candidates", ["candidate_id"])):
+        rows_of = (lambda root: root.read_candidates(op)) if table == "candidates" else \
+            (lambda root: root.read_run_rows(table, run_id, op=op))
+        ka = set(map(tuple, rows_of(ref)[key].values.tolist()))
+        kb = set(map(tuple, rows_of(got)[key].values.tolist()))
+        if ka != kb:
+            problems.append(f"{table} differ: {len(ka - kb)} missing, {len(kb - ka)} extra")
+    return missing
+
+
+def compare(reference: Path, drilled: Path, config: dict) -> tuple[list[str], dict]:
+    """Differences between a drilled data root and the reference's (empty: the same archive), and counts."""
+    from storage.dataset import DataRoot, StorageError
+
+    problems: list[str] = []
+    try:
+        missing = _compare_tables(DataRoot(str(reference)), DataRoot(str(drilled)), config["op"],
+                                  config["gpu_type"], config["run_id"], problems)
+    except StorageError as exc:  # a visible file that does not read breaks the readers too
+        problems.append(f"the drilled data root does not read: {exc}")
+        missing = set()
     rows, broken = physical_rows(drilled, "measurements")
     duplicated = int(rows.duplicated(["candidate_id", "gpu_type"]).sum()) if len(rows) else 0
     if duplicated:
         problems.append(f"{duplicated} measurement rows duplicated in the files")
-    for table, key in (("decisions", ["generation", "candidate_id", "decision"]),
-                       ("forecasts", ["generation", "candidate_id"])):
-        ka = set(map(tuple, ref.read_run_rows(table, run_id, op=op)[key].values.tolist()))
-        kb = set(map(tuple, got.read_run_rows(table, run_id, op=op)[key].values.tolist()))
-        if ka != kb:
-            problems.append(f"{table} differ: {len(ka - kb)} missing, {len(kb - ka)} extra")
     for table in ("candidates", "forecasts", "decisions", "generations", "runs"):
         broken += physical_rows(drilled, table)[1]
     problems += [f"visible file does not read whole: {b}" for b in broken]
     visible = sum(1 for p in drilled.rglob("*.parquet") if not p.name.startswith("."))
-    temps = sum(1 for p in drilled.rglob("*.tmp") if p.name.startswith("."))
-    return problems, {"measurements": len(mb), "duplicated": duplicated, "missing": len(missing),
-                      "visible_files": visible, "broken_files": len(broken), "hidden_temp_files": temps}
+    temps = sum(1 for p in drilled.rglob(".*.tmp"))
+    return problems, {"measurements": int(rows["candidate_id"].nunique()) if len(rows) else 0,
+                      "duplicated": duplicated, "missing": len(missing), "visible_files": visible,
+                      "broken_files": len(broken), "hidden_temp_files": temps}
 
 
 @dataclass
@@ -249,21 +270,21 @@ def reference_run(workdir: Path, config: dict) -> tuple[Path, float, dict]:
 
 
 def drill(index: int, workdir: Path, config: dict, reference: Path, reference_s: float, rng: random.Random,
-          max_kills: int = 3, kill_on: str | None = None) -> DrillResult:
-    """Kill the search up to ``max_kills`` times (random delays, or when ``kill_on`` is traced), rerun to the end."""
+          max_kills: int = 3, kill_on: tuple[str, ...] = ()) -> DrillResult:
+    """Kill the search up to ``max_kills`` times (random delays, or first when ``kill_on`` is traced), rerun to the end."""
     data = workdir / f"drill-{index}"
     cfg = {**config, "data": str(data)}
     kills, runs = [], 0
     for k in range(max_kills + 1):
         last = k == max_kills
-        delay = None if last or kill_on else rng.uniform(0.0, reference_s)
+        delay = None if last or kill_on else rng.uniform(0.0, 0.8 * reference_s)  # the first run is then killed
         attempt = run_child(cfg, workdir / f"drill-{index}-{k}.trace", kill_after=delay,
-                            kill_on=None if last else kill_on)
+                            kill_on=() if last else kill_on)
         runs += 1
         if attempt.finished:
             break
         kills.append(attempt.killed_at)
-        kill_on = None  # a trigger fires once; later reruns go to the end or take random kills
+        kill_on = ()  # a trigger fires once; later reruns go to the end or take random kills
     problems, counts = compare(reference, data, config)
     if not kills:
         problems.append("no kill landed: every run finished before its delay")
