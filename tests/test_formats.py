@@ -1,0 +1,276 @@
+"""KernelBench and GPU MODE tasks imported as operations: resolved by name, measured, forecast; bad files refused."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.formats_for_tests import (GPUMODE_REFERENCE, GPUMODE_SUBMISSION, GPUMODE_WRONG, KB_ROW_SUM,
+                                     KB_ROW_SUM_NEW, KB_ROW_SUM_WRONG, write_gpumode, write_kernelbench)
+
+from kernels.formats import TaskFormatError, import_task, submission_of, tasks_dir
+from kernels.hardware import INTERPRETER
+from kernels.harness.worker import MeasureWorker, WorkerConfig
+from kernels.ops import get_operation
+from kernels.records import HardwareSpec
+from storage.dataset import DataRoot
+
+H100 = HardwareSpec(gpu_type="h100", device_name="NVIDIA H100 80GB HBM3", compute_capability="9.0", sm_count=132,
+                    sm_clock_mhz=1980, mem_clock_mhz=2619, bus_width_bits=5120, memory_gib=79.1, l2_mib=50.0,
+                    threads_per_sm=2048)
+
+
+@pytest.fixture(scope="module")
+def kb(tmp_path_factory):
+    """kb.row_sum with a correct Triton ModelNew and a wrong one, sized down for the interpreter."""
+    folder = tmp_path_factory.mktemp("kernelbench")
+    ref, cands = write_kernelbench(folder, new=KB_ROW_SUM_NEW, wrong=KB_ROW_SUM_WRONG)
+    return import_task("kernelbench", str(ref), [str(c) for c in cands],
+                       interpret_sizes=["batch_size=3,dim=300", "batch_size=5,dim=64"])
+
+
+@pytest.fixture(scope="module")
+def gm(tmp_path_factory):
+    """gpumode.vadd with a correct Triton submission and a wrong one."""
+    folder = tmp_path_factory.mktemp("vadd")
+    ref, subs = write_gpumode(folder, good=GPUMODE_SUBMISSION, wrong=GPUMODE_WRONG)
+    return import_task("gpumode", str(ref), [str(s) for s in subs], name="vadd")
+
+
+def _measure(candidates):
+    with MeasureWorker(HardwareSpec(gpu_type=INTERPRETER, device_name="Triton CPU interpreter"),
+                       WorkerConfig(mode="interpreter", concurrency=2, seeds=2)) as worker:
+        return {m.candidate_id: m for m in worker.measure(candidates)}
+
+
+# ---------------------------------------------------------------- KernelBench
+
+
+def test_a_kernelbench_problem_becomes_an_operation_with_its_sizes_as_cases(kb):
+    op, candidates = kb
+    assert op.name == "kb.row_sum" and get_operation("kb.row_sum") is op
+    assert "Sum over the last dimension" in op.summary
+    assert [c.name for c in op.cases] == ["64x4096-fp32"]
+    assert [c.name for c in op.interpret_cases] == ["3x300-fp32", "5x64-fp32"]
+    assert op.bytes_moved(op.cases[0]) == 64 * 4096 * 4 + 64 * 4  # input and the (64,) output
+    assert [(c.origin, c.backend) for c in candidates] == [("import", "triton")] * 2
+    assert submission_of(candidates[0].source) == KB_ROW_SUM_NEW
+    assert "import kernels" not in candidates[0].source and "from kernels" not in candidates[0].source
+
+
+def test_the_kernelbench_reference_builds_model_with_its_init_inputs(kb):
+    op, _ = kb
+    gen = torch.Generator().manual_seed(3)
+    (x,) = op.make_inputs(op.interpret_cases[0], gen, "cpu")
+    assert x.shape == (3, 300)
+    (y,) = op.reference(x)
+    assert torch.allclose(y, x.sum(-1) * 0.5)
+
+
+def test_kernelbench_candidates_are_measured_by_the_real_harness(kb):
+    op, (good, wrong) = kb
+    reference = op.seed_candidates()[0]
+    found = _measure([reference, good, wrong])
+    assert found[reference.candidate_id].status == "ok", found[reference.candidate_id].error
+    assert found[good.candidate_id].status == "ok", found[good.candidate_id].error
+    assert found[good.candidate_id].case_names == ("3x300-fp32", "5x64-fp32")
+    assert found[wrong.candidate_id].status == "incorrect"
+    assert "out of tolerance" in found[wrong.candidate_id].error
+
+
+# ---------------------------------------------------------------- GPU MODE
+
+
+def test_a_gpumode_task_becomes_an_operation_with_benchmarks_and_tests_as_cases(gm):
+    op, candidates = gm
+    assert op.name == "gpumode.vadd" and get_operation("gpumode.vadd") is op
+    assert op.summary == "GPU MODE task vadd: Element-wise addition of two fp16 vectors."
+    assert [c.name for c in op.cases] == ["4194304-fp16"]
+    assert [c.name for c in op.interpret_cases] == ["127-fp16", "1000-fp16"]
+    assert sorted(json.loads((tasks_dir() / op.name / "manifest.json").read_text())["files"]) == \
+        ["reference.py", "submission_0.py", "submission_1.py", "task.py"]
+    assert [c.origin for c in candidates] == ["import", "import"]
+
+
+def test_gpumode_submissions_are_measured_by_the_real_harness(gm):
+    op, (good, wrong) = gm
+    reference = op.seed_candidates()[0]
+    found = _measure([reference, good, wrong])
+    assert found[reference.candidate_id].status == "ok", found[reference.candidate_id].error
+    assert found[good.candidate_id].status == "ok", found[good.candidate_id].error
+    assert found[wrong.candidate_id].status == "incorrect"
+
+
+def test_gpumode_correctness_is_the_tasks_own_check_implementation(gm):
+    op, _ = gm
+    case = op.interpret_cases[0]
+    a, b = op.make_inputs(case, torch.Generator().manual_seed(1), "cpu")
+    assert op.check(case, (a, b), (a + b,)) is None
+    assert op.check(case, (a, b), (a - b,)) == "case 127-fp16: custom_kernel's sum differs from a + b"
+    assert "shape (126,)" in op.check(case, (a, b), ((a + b)[:-1],))
+
+
+def test_each_correctness_seed_gets_fresh_gpumode_inputs(gm):
+    op, _ = gm
+    case = op.interpret_cases[0]
+    first = op.make_inputs(case, torch.Generator().manual_seed(1), "cpu")
+    second = op.make_inputs(case, torch.Generator().manual_seed(2), "cpu")
+    again = op.make_inputs(case, torch.Generator().manual_seed(1), "cpu")
+    assert not torch.equal(first[0], second[0]) and torch.equal(first[0], again[0])
+
+
+def test_the_gpumode_reference_runs_on_inputs_a_submission_cannot_have_changed(gm):
+    op, _ = gm
+    case = op.interpret_cases[1]
+    a, b = op.make_inputs(case, torch.Generator().manual_seed(5), "cpu")
+    expected = (a + b).clone()
+    a.zero_()  # as a submission writing into its inputs would
+    (got,) = op.reference(a, b)
+    assert torch.equal(got, expected)
+
+
+# ---------------------------------------------------------------- resolving by name
+
+
+def test_an_imported_operation_resolves_in_a_fresh_process(kb):
+    code = ("from kernels.ops import get_operation; op = get_operation('kb.row_sum'); "
+            "print(op.interpret_cases[0].name)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "3x300-fp32"
+
+
+def test_an_unknown_imported_name_says_where_it_looked():
+    with pytest.raises(ValueError, match=r"unknown operation 'kb\.nope'.*kernelcast import"):
+        get_operation("kb.nope")
+    with pytest.raises(ValueError, match="unknown operation 'sofmax'; known: softmax"):
+        get_operation("sofmax")
+
+
+def test_a_search_config_installs_an_imported_task_from_the_data_root(tmp_path):
+    from tasks.config import SearchConfig, validate
+
+    ref, _ = write_kernelbench(tmp_path / "src")
+    root = DataRoot(str(tmp_path / "data"))
+    op, _ = import_task("kernelbench", str(ref), name="row_sum_elsewhere", root=root)
+    shutil.rmtree(tasks_dir() / op.name)  # another machine: only the data root has it
+    config = validate(SearchConfig(op=op.name, gpu_type="interpreter", generator="llm",
+                                   generator_url="http://127.0.0.1:9/v1", generator_model="m",
+                                   data=str(tmp_path / "data")))
+    assert config.op == "kb.row_sum_elsewhere" and (tasks_dir() / op.name / "manifest.json").is_file()
+
+
+def test_a_template_search_of_an_imported_task_is_refused(kb):
+    from tasks.config import ConfigError, SearchConfig, validate
+
+    with pytest.raises(ConfigError, match="no template space; search it with generator 'llm'"):
+        validate(SearchConfig(op="kb.row_sum", gpu_type="interpreter"))
+
+
+def test_the_import_command_stores_the_task_and_writes_its_candidates(tmp_path, capsys):
+    from flows.cli import main
+
+    ref, subs = write_gpumode(tmp_path / "vadd_cli", good=GPUMODE_SUBMISSION)
+    data = str(tmp_path / "data")
+    assert main(["import", "--format", "gpumode", "--reference", str(ref), "--candidate", str(subs[0]),
+                 "--data", data]) == 0
+    assert "imported gpumode.vadd_cli" in capsys.readouterr().out
+    table = DataRoot(data).read_candidates(op="gpumode.vadd_cli")
+    assert sorted(table["origin"]) == ["import", "seed"]
+    assert DataRoot(data).get_object("tasks/gpumode.vadd_cli/manifest.json") is not None
+
+
+# ---------------------------------------------------------------- forecasts
+
+
+def _requests(op, candidates):
+    from surrogate.forecast import ForecastRequest
+
+    anchor = op.seed_candidates()[0]
+    return [ForecastRequest(anchor, c, op.name, H100, case_names=tuple(x.name for x in op.cases)) for c in candidates]
+
+
+def test_roofline_and_learned_forecasters_forecast_imported_candidates(kb, gm):
+    from storage.dataset import DataRoot as Root
+    from surrogate.baselines import RooflineForecaster
+    from surrogate.dataset import case_pairs
+    from surrogate.learned import LearnedForecaster
+    from tasks.config import PACKAGED_POOL
+
+    pairs = case_pairs(Root(PACKAGED_POOL), gpu_type="h100")
+    learned = LearnedForecaster().fit(pairs.sample(n=min(len(pairs), 1500), random_state=0))
+    for op, candidates in (kb, gm):
+        for forecaster in (RooflineForecaster().fit(), learned):
+            forecasts = forecaster.forecast(_requests(op, candidates))
+            assert len(forecasts) == len(candidates)
+            for f in forecasts:
+                assert len(f.probabilities) == 8 and math.isclose(sum(f.probabilities), 1.0)
+                assert f.expected_speedup > 0
+
+
+def test_the_llm_prompt_of_an_imported_candidate_shows_the_task_and_the_submission(kb):
+    from surrogate.llm import build_messages
+
+    op, (good, _) = kb
+    _, user = build_messages(_requests(op, [good])[0])
+    for text in ("kb.row_sum", "Sum over the last dimension", "class ModelNew", "class Model(nn.Module)",
+                 "64x4096-fp32"):
+        assert text in user["content"], text
+
+
+# ---------------------------------------------------------------- bad files
+
+
+@pytest.mark.parametrize("drop, missing", [
+    ("def get_inputs", "no function 'get_inputs'"),
+    ("def get_init_inputs", "no function 'get_init_inputs'"),
+    ("class Model(", "no class 'Model'"),
+])
+def test_a_kernelbench_problem_missing_a_definition_is_refused_by_name(tmp_path, drop, missing):
+    broken = KB_ROW_SUM.replace(drop, drop.replace(" ", " _renamed_") if drop.startswith("def") else "class Other(")
+    ref, _ = write_kernelbench(tmp_path, reference=broken)
+    with pytest.raises(TaskFormatError, match=missing):
+        import_task("kernelbench", str(ref))
+
+
+def test_a_kernelbench_candidate_without_modelnew_is_refused_by_name(tmp_path):
+    ref, cands = write_kernelbench(tmp_path, new=KB_ROW_SUM_NEW.replace("class ModelNew", "class Faster"))
+    with pytest.raises(TaskFormatError, match=r"candidate file .*new\.py defines no class 'ModelNew'.*Faster"):
+        import_task("kernelbench", str(ref), [str(c) for c in cands])
+
+
+def test_an_interpreter_size_the_problem_does_not_have_is_refused(tmp_path):
+    ref, _ = write_kernelbench(tmp_path)
+    with pytest.raises(TaskFormatError, match="bad size 'rows=3'.*batch_size, dim"):
+        import_task("kernelbench", str(ref), interpret_sizes=["rows=3"])
+
+
+@pytest.mark.parametrize("name", ["ref_kernel", "generate_input", "check_implementation"])
+def test_a_gpumode_reference_missing_a_function_is_refused_by_name(tmp_path, name):
+    ref, _ = write_gpumode(tmp_path, reference=GPUMODE_REFERENCE.replace(f"def {name}", f"def other_{name}"))
+    with pytest.raises(TaskFormatError, match=f"no function '{name}'"):
+        import_task("gpumode", str(ref))
+
+
+def test_a_gpumode_submission_without_custom_kernel_is_refused_by_name(tmp_path):
+    ref, subs = write_gpumode(tmp_path, sub=GPUMODE_SUBMISSION.replace("def custom_kernel", "def kernel"))
+    with pytest.raises(TaskFormatError, match="defines no function 'custom_kernel'"):
+        import_task("gpumode", str(ref), [str(s) for s in subs])
+
+
+def test_a_gpumode_task_without_test_specs_is_refused(tmp_path):
+    ref, _ = write_gpumode(tmp_path, specs=None)
+    with pytest.raises(TaskFormatError, match="needs its test specs.*--specs"):
+        import_task("gpumode", str(ref))
+
+
+def test_a_file_that_does_not_parse_is_refused_with_its_line(tmp_path):
+    ref, _ = write_kernelbench(tmp_path, reference=KB_ROW_SUM + "\ndef broken(:\n")
+    with pytest.raises(TaskFormatError, match="does not parse: line"):
+        import_task("kernelbench", str(ref))
