@@ -348,12 +348,65 @@ def cmd_backfill(args) -> int:
     return 0
 
 
+# ``kernelcast train --surrogate llm-grpo`` flags -> surrogate.grpo.GRPOSettings fields.
+_GRPO_FLAGS = {
+    "model": (str, "local model folder or .gguf file (llm-grpo; nothing is downloaded)"),
+    "reward": (str, "correctness, brier (correctness + 1 - Brier) or crps (correctness + 1 - CRPS)"),
+    "steps": (int, "GRPO steps"), "num_generations": (int, "answers per pair (the GRPO group)"),
+    "batch_size": (int, "pairs per step per device"), "learning_rate": (float, "LoRA learning rate"),
+    "lora_rank": (int, "LoRA rank"), "max_completion_tokens": (int, "tokens an answer may take"),
+    "eval_pairs": (int, "held-out pairs scored before and after (0: all)"),
+    "out": (str, "folder for the adapter, metrics.jsonl and evaluation.json"),
+    "tracking_uri": (str, "MLflow tracking URI for metrics and the adapter"),
+}
+
+
+def _grpo_options(args) -> dict:
+    options = {name: getattr(args, name) for name in _GRPO_FLAGS if getattr(args, name) is not None}
+    if "out" in options:
+        options["out_dir"] = options.pop("out")
+    if "model" not in options:
+        raise UsageError("--surrogate llm-grpo needs --model: a local model folder or .gguf file")
+    return options
+
+
 def cmd_train(args) -> int:
     _prefect_defaults()
     from flows.search import train_surrogate
 
+    if args.surrogate == "llm-grpo":
+        run = train_surrogate(surrogate="llm-grpo", prior_data=args.prior_data or "", data=args.data,
+                              pairs=args.pairs or "", gpu_type=args.gpu_type, grpo=_grpo_options(args))
+        keys = ("bin_accuracy", "spearman", "kendall", "ece", "brier", "crps", "parse_rate")
+        print(f"{'held-out':<10}" + "".join(f"{k:>13}" for k in keys))
+        for label in ("before", "after"):
+            print(f"{label:<10}" + "".join(f"{run[label][k]:>13.3f}" for k in keys))
+        print(f"trained on {run['train_pairs']} pairs in {run['train_seconds']:.1f} s "
+              f"({run['pairs_per_second']:.2f} pairs/s); adapter in {run['adapter_dir']}"
+              + (f"; MLflow run {run['mlflow_run_id']}" if run["mlflow_run_id"] else ""))
+        return 0
+    given = [f"--{n.replace('_', '-')}" for n in ("pairs", "gpu_type", *_GRPO_FLAGS) if getattr(args, n) is not None]
+    if given:
+        raise UsageError(f"{', '.join(given)} only apply to --surrogate llm-grpo")
     fitted = train_surrogate(surrogate=args.surrogate, prior_data=args.prior_data or "", data=args.data, ops=args.op)
     print(f"fitted the {args.surrogate} prior without each of: {', '.join(fitted)}; stored under {args.data}/models")
+    return 0
+
+
+def cmd_pairs(args) -> int:
+    import pandas as pd
+
+    from surrogate.pairs import PairSettings, build_pairs, write_pairs
+
+    eval_ops = tuple(o.strip() for o in args.eval_ops.split(",") if o.strip()) if args.eval_ops else ()
+    settings = PairSettings(per_op=args.per_op, parent_fraction=args.parent_fraction, eval_ops=eval_ops,
+                            n_eval_ops=args.n_eval_ops, gpu_type=args.gpu_type, seed=args.seed)
+    pairs = build_pairs(_data_root(args), settings)
+    write_pairs(pairs, args.out)
+    with pd.option_context("display.width", 200):
+        print(pairs.groupby(["split", "anchor_kind", "true_bin"]).size().unstack(fill_value=0).to_string())
+    held = sorted(pairs.loc[pairs["split"] == "eval", "op"].unique())
+    print(f"{len(pairs)} pairs written to {args.out}; held out for evaluation: {', '.join(held)}")
     return 0
 
 
@@ -425,12 +478,30 @@ def build_parser() -> argparse.ArgumentParser:
     data_args(sp)
     sp.set_defaults(func=cmd_backfill)
 
-    sp = sub.add_parser("train", help="refit the learned surrogate's priors and store them under the data root")
-    sp.add_argument("--surrogate", default="learned")
+    sp = sub.add_parser("train", help="refit the learned surrogate's priors and store them under the data root, "
+                                      "or train an LLM surrogate with GRPO (--surrogate llm-grpo)")
+    sp.add_argument("--surrogate", default="learned", help="learned (default), or llm-grpo: an LLM trained with GRPO")
     sp.add_argument("--prior-data", default=None, help="measurements to fit on (default: the committed pool)")
     sp.add_argument("--op", default="all")
+    sp.add_argument("--pairs", default=None, help="llm-grpo: pairs file from `kernelcast pairs` (default: "
+                                                  "drawn from --prior-data)")
+    sp.add_argument("--gpu-type", default=None, help="llm-grpo: draw pairs from this GPU type's measurements")
+    for name, (kind, text) in _GRPO_FLAGS.items():
+        sp.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=None, help=text)
     data_args(sp)
     sp.set_defaults(func=cmd_train)
+
+    sp = sub.add_parser("pairs", help="draw (anchor, candidate, true bin) pairs from measurements, as Parquet")
+    sp.add_argument("--out", required=True, help="Parquet file to write (local path or URL)")
+    sp.add_argument("--gpu-type", default=None, help="only this GPU type's measurements (default: all)")
+    sp.add_argument("--per-op", type=int, default=256, help="pairs per operation (default: %(default)s)")
+    sp.add_argument("--parent-fraction", type=float, default=0.5,
+                    help="share of pairs anchored at a measured parent, not the reference (default: %(default)s)")
+    sp.add_argument("--eval-ops", default=None, help="comma-separated operations held out for evaluation")
+    sp.add_argument("--n-eval-ops", type=int, default=2, help="without --eval-ops, hold out this many at random")
+    sp.add_argument("--seed", type=int, default=0)
+    data_args(sp)
+    sp.set_defaults(func=cmd_pairs)
 
     sp = sub.add_parser("serve", help="serve the deployments (nightly search, backfill, evaluate, train)")
     sp.add_argument("--cron", default="0 2 * * *", help="nightly search schedule (default: %(default)s)")

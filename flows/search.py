@@ -118,11 +118,33 @@ def evaluate_surrogate(surrogate: str = "learned", data: str = "data/pools", spl
 
 @flow(name="train-surrogate", flow_run_name="train {surrogate} from {prior_data}", log_prints=True)
 def train_surrogate(surrogate: str = "learned", prior_data: str = "", data: str = "kernelcast-data",
-                    ops: str = "all") -> list[str]:
+                    ops: str = "all", pairs: str = "", gpu_type: str | None = None,
+                    grpo: dict[str, Any] | None = None) -> list[str] | dict:
     """Refit the surrogate prior for each operation (held out of its own prior) and store it under ``data``,
-    where every later search of that operation picks it up instead of fitting again."""
-    from kernels.ops import OPERATIONS
+    where every later search of that operation picks it up instead of fitting again.
+
+    ``surrogate='llm-grpo'`` instead trains an LLM surrogate with GRPO (``grpo`` holds
+    ``surrogate.grpo.GRPOSettings``' fields) on the pairs file ``pairs``, or on pairs drawn from the
+    ``gpu_type`` measurements of ``prior_data``, and returns its run: adapter, before/after metrics."""
     from tasks.config import PACKAGED_POOL
+
+    if surrogate == "llm-grpo":
+        from surrogate.grpo import GRPOSettings, train_grpo
+        from surrogate.pairs import PairSettings, build_pairs, read_pairs
+
+        settings = GRPOSettings(**(grpo or {}))  # bad settings fail before any pair or model is loaded
+        if pairs:
+            frame = task(read_pairs, name="read pairs", cache_policy=NO_CACHE)(pairs)
+        else:
+            from storage.dataset import DataRoot
+
+            frame = task(build_pairs, name="draw pairs", cache_policy=NO_CACHE)(
+                DataRoot(prior_data or PACKAGED_POOL), PairSettings(gpu_type=gpu_type, seed=settings.seed))
+        result = task(train_grpo, name="train with GRPO", task_run_name=f"GRPO, reward {settings.reward}",
+                      cache_policy=NO_CACHE)(frame, settings)
+        return dataclasses.asdict(result)
+
+    from kernels.ops import OPERATIONS
     from tasks.setup import data_root, fit_prior
 
     names = list(OPERATIONS) if ops == "all" else [o.strip() for o in ops.split(",")]

@@ -1,0 +1,355 @@
+"""GRPO training of an LLM surrogate with calibration-shaped rewards (TRL's GRPOTrainer, LoRA via peft).
+
+The model answers the forecaster's own prompt (``surrogate.llm.build_messages``) for each
+training pair, ``num_generations`` times; each answer is parsed by the forecaster's own
+parser and scored against the pair's true bin:
+
+- ``correctness``: 1 when the most probable bin is the true bin, else 0;
+- ``brier``: correctness + (1 - Brier score of the 8 bin probabilities);
+- ``crps``: correctness + (1 - ordinal CRPS of the 8 bin probabilities).
+
+Brier and CRPS are ``surrogate.metrics``'s definitions, so training optimises what
+``kernelcast evaluate`` reports. An answer that does not parse scores 0 on every term.
+Correctness alone rewards a confident guess as much as a calibrated one; the calibration
+terms pay for probability mass near the truth.
+
+Before and after training, the model forecasts held-out operations greedily (as a search
+would) and is scored with ``surrogate.metrics.summary``. The LoRA adapter is written under
+``out_dir``; metrics go to ``out_dir/metrics.jsonl`` and, with a tracking URI, to MLflow
+through ``storage.tracking.Tracker``, together with the adapter. transformers, trl, peft and
+datasets are imported only here (the ``train`` extra): the core runs without them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from surrogate import metrics
+from surrogate.forecast import Forecast, ForecastRequest
+from surrogate.llm import AnswerError, build_messages, forecast_from_answer, parse_probabilities, prompt_version
+from surrogate.pairs import request_of, requests_of
+
+ADAPTER_FOLDER = "adapter"
+
+
+def _text(completion) -> str:
+    """A completion's text: TRL passes chat completions as a list of messages, plain ones as text."""
+    if isinstance(completion, list):
+        return completion[-1]["content"] if completion else ""
+    return completion
+
+
+def _scored(completion, true_bin: int) -> np.ndarray | None:
+    """The (1, 8) parsed probabilities of an answer, or None when it does not parse."""
+    try:
+        probabilities, _ = parse_probabilities(_text(completion))
+    except AnswerError:
+        return None
+    return np.array([probabilities], dtype=float)
+
+
+def correctness(completions, true_bin, **_) -> list[float]:
+    """1.0 where the answer's most probable bin is the true bin; 0.0 otherwise or unparsed."""
+    out = []
+    for completion, b in zip(completions, true_bin):
+        p = _scored(completion, b)
+        out.append(0.0 if p is None else metrics.bin_accuracy(p, [int(b)]))
+    return out
+
+
+def one_minus_brier(completions, true_bin, **_) -> list[float]:
+    """1 - Brier score of the parsed answer (in [-1, 1]); 0.0 when unparsed."""
+    out = []
+    for completion, b in zip(completions, true_bin):
+        p = _scored(completion, b)
+        out.append(0.0 if p is None else 1.0 - metrics.brier(p, [int(b)]))
+    return out
+
+
+def one_minus_crps(completions, true_bin, **_) -> list[float]:
+    """1 - ordinal CRPS of the parsed answer (in [0, 1]); 0.0 when unparsed."""
+    out = []
+    for completion, b in zip(completions, true_bin):
+        p = _scored(completion, b)
+        out.append(0.0 if p is None else 1.0 - metrics.ordinal_crps(p, [int(b)]))
+    return out
+
+
+# Each reward is a sum of terms; TRL logs each term as rewards/<term>/mean and their sum as reward.
+REWARDS = {"correctness": (correctness,), "brier": (correctness, one_minus_brier),
+           "crps": (correctness, one_minus_crps)}
+
+
+def reward(name: str, completions, true_bin) -> list[float]:
+    """The summed reward ``name`` of each completion."""
+    if name not in REWARDS:
+        raise ValueError(f"unknown reward {name!r}; known: {', '.join(REWARDS)}")
+    terms = [fn(completions, true_bin) for fn in REWARDS[name]]
+    return [float(sum(t)) for t in zip(*terms)]
+
+
+@dataclass(frozen=True)
+class GRPOSettings:
+    """One GRPO run. ``batch_size`` counts pairs per step per device; each gets ``num_generations`` answers."""
+
+    model: str  # a local model folder, or a .gguf file (transformers dequantizes it)
+    reward: str = "brier"
+    num_generations: int = 8
+    learning_rate: float = 1e-5
+    lora_rank: int = 16
+    max_completion_tokens: int = 96
+    steps: int = 100
+    batch_size: int = 4
+    temperature: float = 1.0
+    eval_pairs: int = 256  # held-out pairs scored before and after; 0: all of them
+    eval_batch_size: int = 16
+    # Recomputes activations in the backward pass: long prompts times num_generations fit in memory.
+    gradient_checkpointing: bool = True
+    seed: int = 0
+    out_dir: str = "kernelcast-grpo"
+    tracking_uri: str | None = None
+    experiment: str = "surrogate-grpo"
+
+    def __post_init__(self) -> None:
+        if self.reward not in REWARDS:
+            raise ValueError(f"unknown reward {self.reward!r}; known: {', '.join(REWARDS)}")
+        for name in ("num_generations", "lora_rank", "max_completion_tokens", "steps", "batch_size",
+                     "eval_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.num_generations < 2:
+            raise ValueError("num_generations must be at least 2: GRPO compares answers within a group")
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning_rate must be positive, got {self.learning_rate}")
+        if not os.path.exists(self.model):
+            raise ValueError(f"model {self.model!r} does not exist; give a local model folder or .gguf file")
+
+
+@dataclass(frozen=True)
+class GRPOResult:
+    out_dir: str
+    adapter_dir: str
+    mlflow_run_id: str
+    before: Mapping[str, float]
+    after: Mapping[str, float]
+    train_pairs: int
+    eval_pairs: int
+    train_seconds: float
+    pairs_per_second: float  # training pairs (prompts) consumed per second
+    completions_per_second: float
+
+
+def load_model(path: str):
+    """(model, tokenizer) from a local folder or a .gguf file, never from the hub."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, gguf = (os.path.dirname(path) or ".", os.path.basename(path)) if path.endswith(".gguf") else (path, None)
+    extra = {"gguf_file": gguf} if gguf else {}
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **extra)
+    dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=dtype, **extra)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if not tokenizer.chat_template:
+        raise ValueError(f"the tokenizer of {path} has no chat template; the forecaster's prompt is a chat")
+    return model, tokenizer
+
+
+def load_adapter(base: str, adapter_dir: str):
+    """(model with the trained LoRA adapter, tokenizer): a checkpoint written by ``train_grpo``."""
+    from peft import PeftModel
+
+    model, tokenizer = load_model(base)
+    return PeftModel.from_pretrained(model, adapter_dir), tokenizer
+
+
+class TransformersForecaster:
+    """Forecasts from a transformers model in this process: greedy, batched, the forecaster's prompt and parser."""
+
+    name = "llm-transformers"
+
+    def __init__(self, model, tokenizer, *, version: str = "", max_new_tokens: int = 96, batch_size: int = 16):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.version = version or prompt_version()
+        self.max_new_tokens = max_new_tokens
+        self.batch_size = batch_size
+
+    def answers(self, messages: Sequence[list[dict]]) -> list[str]:
+        """The greedy answer to each chat, left-padded in batches so every answer starts at one column."""
+        import torch
+
+        side, self.tokenizer.padding_side = self.tokenizer.padding_side, "left"
+        device = next(self.model.parameters()).device
+        out: list[str] = []
+        try:
+            for i in range(0, len(messages), self.batch_size):
+                batch = self.tokenizer.apply_chat_template(
+                    list(messages[i:i + self.batch_size]), add_generation_prompt=True, tokenize=True, padding=True,
+                    return_tensors="pt", return_dict=True).to(device)
+                with torch.inference_mode():
+                    ids = self.model.generate(**batch, max_new_tokens=self.max_new_tokens, do_sample=False,
+                                              temperature=None, top_p=None, top_k=None,
+                                              pad_token_id=self.tokenizer.pad_token_id)
+                width = batch["input_ids"].shape[1]
+                out += self.tokenizer.batch_decode(ids[:, width:], skip_special_tokens=True)
+        finally:
+            self.tokenizer.padding_side = side
+        return out
+
+    def forecast(self, requests: Sequence[ForecastRequest]) -> list[Forecast]:
+        if not requests:
+            return []
+        start = time.perf_counter()
+        answers = self.answers([build_messages(r) for r in requests])
+        latency_s = (time.perf_counter() - start) / len(requests)
+        return [forecast_from_answer(r, a, self.name, self.version, latency_s=latency_s)
+                for r, a in zip(requests, answers)]
+
+
+def evaluate_pairs(forecaster, pairs: pd.DataFrame) -> dict[str, float]:
+    """``kernelcast evaluate``'s metrics of ``forecaster`` on pair rows; rankings are within one
+    (op, case, GPU type, anchor), where the measured speedups share a denominator."""
+    if pairs.empty:
+        raise ValueError("no pairs to evaluate on")
+    start = time.perf_counter()
+    forecasts = forecaster.forecast(requests_of(pairs))
+    seconds = time.perf_counter() - start
+    groups = (pairs["op"] + "/" + pairs["case_name"] + "/" + pairs["gpu_type"] + "/" + pairs["anchor_id"]).to_numpy()
+    out = metrics.summary(np.array([f.probabilities for f in forecasts]), pairs["true_bin"].to_numpy(),
+                          pairs["speedup"].to_numpy(), groups, parsed=[f.parsed for f in forecasts],
+                          expected=[f.expected_speedup for f in forecasts])
+    return {**out, "forecasts_per_second": len(forecasts) / seconds if seconds > 0 else math.nan}
+
+
+def prompt_dataset(pairs: pd.DataFrame):
+    """A datasets.Dataset of chat prompts (exactly the forecaster's) and true bins, for TRL."""
+    from datasets import Dataset
+
+    rows = pairs.to_dict("records")
+    return Dataset.from_dict({"prompt": [build_messages(request_of(r)) for r in rows],
+                              "true_bin": [int(r["true_bin"]) for r in rows]})
+
+
+class RunLog:
+    """Where a run's metrics go: ``metrics.jsonl`` under the run folder, and MLflow when a URI is given."""
+
+    def __init__(self, out_dir: str, tracking_uri: str | None, experiment: str, params: Mapping[str, object],
+                 enabled: bool = True):
+        self.path = Path(out_dir) / "metrics.jsonl"
+        self.enabled = enabled  # only the main process logs in a multi-GPU run
+        self.tracker, self.run_id = None, ""
+        if enabled and tracking_uri:
+            from storage.tracking import Tracker
+
+            self.tracker = Tracker(tracking_uri, experiment)
+            name = f"grpo-{params['reward']}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+            self.run_id = self.tracker.start(name, params, {"kernelcast.surrogate": "llm-grpo"})
+
+    def log(self, values: Mapping[str, float], step: int) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"step": step, **{k: float(v) for k, v in values.items()
+                                                 if isinstance(v, (int, float, np.number))}}) + "\n")
+        if self.tracker:
+            self.tracker.log_metrics(self.run_id, values, step)
+
+    def log_folder(self, folder: str, name: str) -> None:
+        if self.enabled and self.tracker:
+            self.tracker.log_folder(self.run_id, folder, name)
+
+    def finish(self, status: str = "FINISHED") -> None:
+        if self.enabled and self.tracker:
+            self.tracker.finish(self.run_id, status)
+
+
+def _callback(log: RunLog):
+    from transformers import TrainerCallback
+
+    class LogMetrics(TrainerCallback):
+        """Every trainer log (loss, reward, rewards/<term>/mean, ...) into the run log, at its step."""
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            log.log({f"train.{k}": v for k, v in (logs or {}).items()}, state.global_step)
+
+    return LogMetrics()
+
+
+def train_grpo(pairs: pd.DataFrame, settings: GRPOSettings) -> GRPOResult:
+    """Train a LoRA adapter with GRPO on the 'train' pairs; score before and after on the 'eval' pairs."""
+    import torch
+    from peft import LoraConfig
+    from transformers import set_seed
+    from trl import GRPOConfig, GRPOTrainer
+
+    train = pairs[pairs["split"] == "train"]
+    held_out = pairs[pairs["split"] == "eval"]
+    if train.empty or held_out.empty:
+        raise ValueError(f"GRPO needs 'train' and 'eval' pairs; got {len(train)} and {len(held_out)}")
+    if settings.eval_pairs and len(held_out) > settings.eval_pairs:
+        held_out = held_out.sample(settings.eval_pairs, random_state=settings.seed)
+    set_seed(settings.seed)
+    out = Path(settings.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model, tokenizer = load_model(settings.model)
+    on_gpu = torch.cuda.is_available()
+    config = GRPOConfig(
+        output_dir=str(out / "trainer"), max_steps=settings.steps, learning_rate=settings.learning_rate,
+        per_device_train_batch_size=settings.batch_size * settings.num_generations,
+        num_generations=settings.num_generations, max_completion_length=settings.max_completion_tokens,
+        temperature=settings.temperature, logging_steps=1, save_strategy="no", report_to="none",
+        gradient_checkpointing=settings.gradient_checkpointing, seed=settings.seed, bf16=on_gpu,
+        use_cpu=not on_gpu, dataloader_num_workers=0, disable_tqdm=True)
+    lora = LoraConfig(r=settings.lora_rank, lora_alpha=2 * settings.lora_rank, lora_dropout=0.0,
+                      target_modules="all-linear", task_type="CAUSAL_LM")
+    trainer = GRPOTrainer(model=model, reward_funcs=list(REWARDS[settings.reward]), args=config,
+                          train_dataset=prompt_dataset(train), processing_class=tokenizer, peft_config=lora)
+    main = trainer.accelerator.is_main_process
+    params = {**{k: v for k, v in dataclasses.asdict(settings).items() if k != "tracking_uri"},
+              "train_pairs": len(train), "eval_pairs": len(held_out), "prompt_version": prompt_version(),
+              "eval_ops": ",".join(sorted(held_out["op"].unique()))}
+    log = RunLog(str(out), settings.tracking_uri, settings.experiment, params, enabled=main)
+    trainer.add_callback(_callback(log))
+    try:
+        def score(label: str) -> dict[str, float]:
+            # LoRA's B matrices start at zero, so before training this is exactly the base model.
+            forecaster = TransformersForecaster(trainer.model, tokenizer, max_new_tokens=settings.max_completion_tokens,
+                                                batch_size=settings.eval_batch_size)
+            values = evaluate_pairs(forecaster, held_out) if main else {}
+            log.log({f"{label}.{k}": v for k, v in values.items()}, trainer.state.global_step)
+            return values
+
+        before = score("before")
+        start = time.perf_counter()
+        trainer.train()
+        seconds = time.perf_counter() - start
+        completions = settings.steps * config.per_device_train_batch_size * trainer.accelerator.num_processes
+        after = score("after")
+        adapter = out / ADAPTER_FOLDER
+        trainer.save_model(str(adapter))
+        throughput = {"train.seconds": seconds, "train.completions_per_second": completions / seconds,
+                      "train.pairs_per_second": completions / settings.num_generations / seconds}
+        log.log(throughput, trainer.state.global_step)
+        log.log_folder(str(adapter), ADAPTER_FOLDER)
+        result = GRPOResult(str(out), str(adapter), log.run_id, before, after, len(train), len(held_out), seconds,
+                            throughput["train.pairs_per_second"], throughput["train.completions_per_second"])
+        if main:
+            (out / "evaluation.json").write_text(json.dumps(dataclasses.asdict(result), indent=1, default=float))
+    except BaseException:
+        log.finish("FAILED")
+        raise
+    log.finish()
+    return result

@@ -1,0 +1,269 @@
+"""Training pairs and GRPO training of an LLM surrogate, with a tiny model built here (no downloads).
+
+The tiny model is a 2-layer Llama with a byte-level BPE tokenizer trained on the prompts it
+will read. Eight extra tokens each spell one whole answer (most probability on one bin), and
+its output layer gives every other token a zero logit: a random model then answers in parseable
+JSON most of the time, with answers that differ between prompts and samples, so the rewards
+vary within a GRPO group and the adapter really trains. One run goes through
+``kernelcast pairs`` and ``kernelcast train --surrogate llm-grpo`` (a Prefect flow on a
+temporary server) into a real SQLite MLflow store; the tests read what it left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from storage.dataset import DataRoot
+from surrogate.bins import speedup_bin
+from surrogate.dataset import case_pairs, requests_from
+from surrogate.grpo import REWARDS, GRPOSettings, correctness, one_minus_brier, one_minus_crps, reward
+from surrogate.llm import build_messages
+from surrogate.pairs import PairSettings, balanced, build_pairs, read_pairs, request_of, requests_of, write_pairs
+
+pytest.importorskip("trl")
+POOL = Path(__file__).resolve().parents[1] / "data" / "pools"
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def _answer(b: int) -> str:
+    probabilities = [0.05] * 8
+    probabilities[b - 1] = 0.65
+    return json.dumps({"probabilities": probabilities})
+
+
+# ---------------------------------------------------------------- rewards
+
+CORRECT = '{"probabilities": [0, 0, 0, 0.5, 0.5, 0, 0, 0]}'  # ties go to the lower bin, as argmax does
+CONFIDENT_WRONG = '{"probabilities": [0, 0, 0, 0, 0, 0, 0, 1]}'
+UNNORMALISED = 'Memory-bound. {"probabilities": [2, 2, 0, 0, 0, 0, 0, 0]}'
+
+
+@pytest.mark.parametrize("answer, true_bin, expected", [
+    # Brier: (0.5 - 1)^2 + 0.5^2 = 0.5. CRPS: the CDF misses the step at bin 4 by 0.5 -> 0.25 / 7.
+    (CORRECT, 4, {"correctness": 1.0, "brier": 1.0 + 0.5, "crps": 1.0 + 1 - 0.25 / 7}),
+    # Brier: 1^2 + 1^2 = 2. CRPS: the CDF is 0 at bins 2..7 where the truth is 1 -> 6 / 7.
+    (CONFIDENT_WRONG, 2, {"correctness": 0.0, "brier": 0.0 + 1 - 2.0, "crps": 0.0 + 1 - 6 / 7}),
+    # Renormalised to [0.5, 0.5, 0, ...]: Brier 0.25 + 0.25; CRPS 0.5^2 at bin 1 -> 0.25 / 7.
+    (UNNORMALISED, 1, {"correctness": 1.0, "brier": 1.0 + 0.5, "crps": 1.0 + 1 - 0.25 / 7}),
+])
+def test_rewards_match_hand_computed_values(answer, true_bin, expected):
+    for name, value in expected.items():
+        assert reward(name, [answer], [true_bin]) == [pytest.approx(value)], name
+
+
+@pytest.mark.parametrize("answer", ["bin 4, I think", '{"probabilities": [0.1, 0.2', "",
+                                    '{"probabilities": [0.5, 0.5]}', '{"probabilities": [-1, 2, 0, 0, 0, 0, 0, 0]}'])
+def test_an_answer_that_does_not_parse_scores_zero_on_every_term(answer):
+    for fn in (correctness, one_minus_brier, one_minus_crps):
+        assert fn([answer], [3]) == [0.0]
+    assert all(reward(name, [answer], [3]) == [0.0] for name in REWARDS)
+
+
+def test_rewards_read_chat_completions_as_trl_passes_them():
+    chat = [[{"role": "assistant", "content": CORRECT}], [{"role": "assistant", "content": "no idea"}]]
+    assert reward("brier", chat, [4, 4]) == [pytest.approx(1.5), 0.0]
+
+
+def test_unknown_reward_and_missing_model_are_refused_by_name(tmp_path):
+    with pytest.raises(ValueError, match="unknown reward 'ece'; known: correctness, brier, crps"):
+        GRPOSettings(model=str(tmp_path), reward="ece")
+    with pytest.raises(ValueError, match="no-such-model.gguf"):
+        GRPOSettings(model=str(tmp_path / "no-such-model.gguf"))
+    with pytest.raises(ValueError, match="num_generations must be at least 2"):
+        GRPOSettings(model=str(tmp_path), num_generations=1)
+
+
+# ---------------------------------------------------------------- pairs
+
+
+@pytest.fixture(scope="module")
+def pool_pairs() -> pd.DataFrame:
+    return build_pairs(DataRoot(str(POOL)), PairSettings(per_op=64, gpu_type="h100", eval_ops=("rmsnorm", "row_sum")))
+
+
+def test_balanced_sampling_takes_bins_in_turn_and_keeps_rare_bins_whole():
+    frame = pd.DataFrame({"true_bin": [1] * 100 + [2] * 10 + [3] * 2})
+    taken = balanced(frame, 12, np.random.default_rng(0))
+    assert taken["true_bin"].value_counts().to_dict() == {1: 5, 2: 5, 3: 2}
+
+
+def test_pairs_hold_out_whole_operations(pool_pairs):
+    held = set(pool_pairs.loc[pool_pairs["split"] == "eval", "op"])
+    trained = set(pool_pairs.loc[pool_pairs["split"] == "train", "op"])
+    assert held == {"rmsnorm", "row_sum"} and not held & trained and len(trained) == 8
+
+
+def test_pairs_split_each_operations_quota_between_reference_and_parent_anchors(pool_pairs):
+    counts = pool_pairs.groupby(["op", "anchor_kind"]).size()
+    assert (counts == 32).all() and len(counts) == 2 * pool_pairs["op"].nunique()
+    parents = pool_pairs[pool_pairs["anchor_kind"] == "parent"]
+    assert (parents["anchor_id"] != parents["candidate_id"]).all()
+    assert (parents["anchor_origin"] != "seed").all()
+    assert (pool_pairs.loc[pool_pairs["anchor_kind"] == "reference", "anchor_origin"] == "seed").all()
+
+
+def test_pairs_are_flatter_over_bins_than_the_measured_pool(pool_pairs):
+    natural = case_pairs(DataRoot(str(POOL)), gpu_type="h100")["true_bin"].value_counts(normalize=True)
+    drawn = pool_pairs.loc[pool_pairs["anchor_kind"] == "reference", "true_bin"].value_counts(normalize=True)
+    assert drawn.max() < natural.max()
+
+
+def test_pair_true_bin_is_the_bin_of_anchor_over_candidate_runtime(pool_pairs):
+    m = DataRoot(str(POOL)).read_measurements(gpu_type="h100").set_index("candidate_id")
+    for row in pool_pairs.sample(20, random_state=1).to_dict("records"):
+        anchor = m.loc[row["anchor_id"], "runtime_us_median"][row["case_index"]]
+        candidate = m.loc[row["candidate_id"], "runtime_us_median"][row["case_index"]]
+        assert m.loc[row["candidate_id"], "case_names"][row["case_index"]] == row["case_name"]
+        assert row["speedup"] == pytest.approx(anchor / candidate)
+        assert row["true_bin"] == speedup_bin(anchor / candidate)
+
+
+def test_a_reference_pair_asks_exactly_the_forecasters_prompt(pool_pairs):
+    row = pool_pairs[pool_pairs["anchor_kind"] == "reference"].iloc[0]
+    cases = case_pairs(DataRoot(str(POOL)), gpu_type="h100", op=row["op"])
+    same = cases[(cases["candidate_id"] == row["candidate_id"]) & (cases["case_name"] == row["case_name"])]
+    assert build_messages(request_of(row)) == build_messages(requests_from(same)[0])
+
+
+def test_pairs_round_trip_through_parquet_and_other_files_are_refused(pool_pairs, tmp_path):
+    write_pairs(pool_pairs, str(tmp_path / "pairs.parquet"))
+    back = read_pairs(str(tmp_path / "pairs.parquet"))
+    pd.testing.assert_frame_equal(back, pool_pairs, check_dtype=False)
+    assert [r.candidate.candidate_id for r in requests_of(back.head(5))] == list(back["candidate_id"].head(5))
+    pool_pairs.drop(columns=["true_bin"]).to_parquet(tmp_path / "other.parquet")
+    with pytest.raises(ValueError, match="lacks the column.* true_bin"):
+        read_pairs(str(tmp_path / "other.parquet"))
+
+
+# ---------------------------------------------------------------- GRPO on a tiny model
+
+
+def _tiny_model(folder: Path, pairs: pd.DataFrame) -> None:
+    """A 2-layer Llama and a byte-level BPE tokenizer trained on the pairs' prompts, saved to ``folder``."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    texts = [m["content"] for r in requests_of(pairs) for m in build_messages(r)]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=2048, special_tokens=["<pad>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                        pad_token="<pad>", chat_template=CHAT_TEMPLATE)
+    tokenizer.add_tokens([_answer(b) for b in range(1, 9)])
+    answers = tokenizer.convert_tokens_to_ids([_answer(b) for b in range(1, 9)])
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=8192, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id))
+    with torch.no_grad():
+        head = torch.zeros_like(model.lm_head.weight)
+        head[answers] = torch.randn(len(answers), head.shape[1])
+        model.lm_head.weight.copy_(head)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """``kernelcast pairs`` then ``kernelcast train --surrogate llm-grpo`` on the tiny model, through Prefect."""
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.cli import main
+
+    where = tmp_path_factory.mktemp("grpo")
+    pairs_file, out, model = where / "pairs.parquet", where / "run", where / "tiny"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["pairs", "--data", str(POOL), "--out", str(pairs_file), "--gpu-type", "h100", "--per-op", "4",
+                     "--eval-ops", "rmsnorm"]) == 0
+    pairs = read_pairs(str(pairs_file))
+    _tiny_model(model, pairs)
+    tracking = f"sqlite:///{where / 'mlflow.db'}"
+    with prefect_test_harness(server_startup_timeout=180), contextlib.redirect_stdout(printed):
+        code = main(["train", "--surrogate", "llm-grpo", "--model", str(model), "--pairs", str(pairs_file),
+                     "--reward", "crps", "--steps", "2", "--num-generations", "2", "--batch-size", "2",
+                     "--max-completion-tokens", "4", "--lora-rank", "4", "--learning-rate", "1e-2",
+                     "--eval-pairs", "0", "--out", str(out), "--tracking-uri", tracking])
+    assert code == 0, printed.getvalue()[-3000:]
+    return {"pairs": pairs, "out": out, "model": model, "tracking": tracking, "printed": printed.getvalue()}
+
+
+def _run(trained):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=trained["tracking"])
+    experiment = client.get_experiment_by_name("surrogate-grpo")
+    (run,) = client.search_runs([experiment.experiment_id])
+    return client, run
+
+
+def test_train_command_prints_the_before_and_after_table(trained):
+    text = trained["printed"]
+    assert "held out for evaluation: rmsnorm" in text
+    assert "before" in text and "after" in text and "spearman" in text and "pairs/s" in text
+
+
+def test_grpo_logs_reward_loss_and_evaluation_metrics_to_mlflow(trained):
+    client, run = _run(trained)
+    logged = run.data.metrics
+    for key in ("train.loss", "train.reward", "train.rewards/correctness/mean", "train.rewards/one_minus_crps/mean",
+                "train.grad_norm", "train.pairs_per_second", "train.completions_per_second"):
+        assert key in logged, key
+    for label in ("before", "after"):
+        # Spearman and Kendall are left out: undefined (NaN, not logged) when every answer is the same bin.
+        for metric in ("bin_accuracy", "ece", "brier", "crps", "nll", "parse_rate", "aurc"):
+            assert f"{label}.{metric}" in logged, f"{label}.{metric}"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train.loss")] == [1, 2]
+    # The tiny model answers in JSON: its answers parse and earn the CRPS term.
+    assert logged["before.parse_rate"] > 0.5
+    assert max(m.value for m in client.get_metric_history(run.info.run_id, "train.rewards/one_minus_crps/mean")) > 0
+    assert run.data.params["reward"] == "crps" and run.data.params["eval_ops"] == "rmsnorm"
+    assert run.info.status == "FINISHED"
+    assert "adapter/adapter_model.safetensors" in [a.path for a in client.list_artifacts(run.info.run_id, "adapter")]
+
+
+def test_grpo_writes_metrics_and_the_evaluation_to_its_folder(trained):
+    steps = [json.loads(line) for line in (trained["out"] / "metrics.jsonl").read_text().splitlines()]
+    assert any("train.loss" in s for s in steps) and any("after.ece" in s for s in steps)
+    evaluation = json.loads((trained["out"] / "evaluation.json").read_text())
+    assert evaluation["eval_pairs"] == (trained["pairs"]["split"] == "eval").sum()
+    assert evaluation["train_pairs"] == (trained["pairs"]["split"] == "train").sum()
+    assert evaluation["pairs_per_second"] > 0
+    for label in ("before", "after"):
+        assert {"bin_accuracy", "spearman", "kendall", "ece", "brier", "crps", "parse_rate"} <= set(evaluation[label])
+
+
+def test_the_adapter_trained_and_its_checkpoint_reproduces_the_after_evaluation(trained):
+    from surrogate.grpo import TransformersForecaster, evaluate_pairs, load_adapter
+
+    model, tokenizer = load_adapter(str(trained["model"]), str(trained["out"] / "adapter"))
+    lora_b = [p for name, p in model.named_parameters() if "lora_B" in name]
+    assert lora_b and any(float(p.abs().sum()) > 0 for p in lora_b)  # LoRA B starts at zero: training moved it
+    held_out = trained["pairs"][trained["pairs"]["split"] == "eval"]
+    again = evaluate_pairs(TransformersForecaster(model, tokenizer, max_new_tokens=4), held_out)
+    after = json.loads((trained["out"] / "evaluation.json").read_text())["after"]
+    for metric in ("bin_accuracy", "brier", "crps", "ece", "parse_rate"):
+        assert math.isclose(again[metric], after[metric], abs_tol=1e-9), metric
+
+
+def test_train_command_asks_for_a_model_before_starting_anything(capsys):
+    from flows.cli import main
+
+    assert main(["train", "--surrogate", "llm-grpo"]) == 2
+    assert "--surrogate llm-grpo needs --model" in capsys.readouterr().err
