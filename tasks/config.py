@@ -39,6 +39,7 @@ class SearchConfig:
     generator_url: str = ""  # generator "llm": an OpenAI-compatible endpoint
     generator_model: str = ""
     generator_children: int = 16  # generator "llm": children asked of the model per generation
+    generator_schema_style: str = "json_schema"  # json_object: llama-cpp-python's server takes the schema there
     surrogate: str = "learned"  # learned | roofline | random | llm | none
     policy: str = "budget"  # budget: trust a confidence threshold; conformal: a certified risk
     trust_threshold: float = 0.9  # max-probability at which a forecast is trusted (policy budget)
@@ -145,6 +146,9 @@ def validate(config: SearchConfig) -> SearchConfig:
             raise ConfigError("generator 'llm' needs generator_url (an OpenAI-compatible endpoint) and generator_model")
         if urlparse(config.generator_url).scheme not in ("http", "https"):
             raise ConfigError(f"malformed generator_url {config.generator_url!r}; expected http(s)://host[:port]/v1")
+        if config.generator_schema_style not in ("json_schema", "json_object"):
+            raise ConfigError(f"unknown generator_schema_style {config.generator_schema_style!r}; known: "
+                              "json_schema, json_object")
         if not isinstance(config.generator_children, int) or config.generator_children < 1:
             raise ConfigError(f"generator_children must be a positive whole number, got {config.generator_children!r}")
     if config.surrogate == "llm" and not (config.llm_url and config.llm_model):

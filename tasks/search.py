@@ -87,7 +87,8 @@ class Search:
         if config.generator == "llm":
             from tasks.llm_generator import LLMGenerator
 
-            self.generator = LLMGenerator(config.generator_url, config.generator_model)
+            self.generator = LLMGenerator(config.generator_url, config.generator_model,
+                                          schema_style=config.generator_schema_style)
             self.generator.probe()  # an unreachable endpoint fails here, before any GPU time
         self.archive = Archive()
         self.candidates: dict[str, Candidate] = {}
