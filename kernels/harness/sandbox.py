@@ -94,9 +94,14 @@ class SandboxReport:
         return text + (f" ({'; '.join(self.notes)})" if self.notes else "")
 
 
+def is_secret_name(name: str) -> bool:
+    """Whether an environment variable's name looks like it holds a credential."""
+    return bool(_SECRET_NAME.search(name)) or name.upper().startswith(_SECRET_PREFIXES)
+
+
 def scrub_environment() -> tuple[str, ...]:
     """Delete credential-looking variables from this process's environment; returns their names."""
-    removed = tuple(n for n in os.environ if _SECRET_NAME.search(n) or n.upper().startswith(_SECRET_PREFIXES))
+    removed = tuple(n for n in os.environ if is_secret_name(n))
     for name in removed:
         del os.environ[name]
     return removed

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
+import multiprocessing.forkserver as forkserver
 import os
 import shutil
 import signal
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from multiprocessing.connection import wait
 from typing import Iterable, Iterator
 
+from kernels.harness import sandbox
 from kernels.harness.runner import Job, child_main, probe_main
 from kernels.hardware import INTERPRETER
 from kernels.ops import get_operation
@@ -78,7 +80,34 @@ class _Running:
 def _context():
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["kernels.harness.runner"])
+    _start_scrubbed_forkserver()
     return ctx
+
+
+def _start_scrubbed_forkserver() -> None:
+    """Run the fork server with no credentials in its environment.
+
+    Deleting variables in a child leaves them in /proc/self/environ, which shows the
+    environment the process was exec'd with, i.e. the fork server's; so the fork server
+    itself must start without them. One started earlier with secrets is restarted.
+    """
+    server = forkserver._forkserver
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                names = [item.split(b"=", 1)[0].decode(errors="replace") for item in f.read().split(b"\0") if item]
+        except OSError:
+            names = []
+        if any(sandbox.is_secret_name(n) for n in names):
+            server._stop()
+    saved = dict(os.environ)
+    try:
+        sandbox.scrub_environment()
+        server.ensure_running()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def _signal_name(exitcode: int) -> str:

@@ -1,0 +1,182 @@
+"""The sandbox, checked through the real worker and child: each candidate probes what it can reach and reports it.
+
+A probing candidate never computes its output; it raises an error whose text lists what it
+could do, and the test reads that text from the measurement (status ``runtime_error``).
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from kernels.harness import sandbox
+from kernels.harness.worker import MeasureWorker, WorkerConfig
+from kernels.hardware import INTERPRETER
+from kernels.records import Candidate, HardwareSpec
+
+CPU = HardwareSpec(gpu_type=INTERPRETER, device_name="Triton CPU interpreter")
+SECRET = "planted-secret-7f3a9c"
+
+SECRET_PROBE = '''
+import os
+
+
+def launch(x, out):
+    found = [name for name, value in os.environ.items() if "{secret}" in value]
+    for path in ("/proc/self/environ", "/proc/%d/environ" % os.getppid(), "/proc/{worker_pid}/environ"):
+        try:
+            with open(path, "rb") as f:
+                if b"{secret}" in f.read():
+                    found.append(path)
+        except OSError:
+            pass
+    raise RuntimeError("PROBE " + ("leaked " + ", ".join(found) if found else "no secret visible"))
+'''
+
+CONNECT_PROBE = '''
+import socket
+
+
+def launch(x, out):
+    try:
+        with socket.create_connection(("127.0.0.1", {port}), timeout=3) as s:
+            s.sendall(b"escaped")
+        outcome = "connected"
+    except OSError as exc:
+        outcome = "refused: " + type(exc).__name__ + " " + str(exc)
+    raise RuntimeError("PROBE " + outcome)
+'''
+
+WRITE_PROBE = '''
+import os
+
+
+def launch(x, out):
+    results = []
+    for path in ({outside!r}, {sibling!r}, os.path.join(os.getcwd(), "mine.txt")):
+        try:
+            with open(path, "w") as f:
+                f.write("escaped")
+            results.append("wrote " + path)
+        except OSError as exc:
+            results.append("refused " + path + " (" + type(exc).__name__ + ")")
+    raise RuntimeError("PROBE " + "; ".join(results))
+'''
+
+
+def probe(source: str, **config) -> tuple[str, MeasureWorker]:
+    cand = Candidate(op="softmax", backend="triton", source=source, origin="llm")
+    cfg = WorkerConfig(mode="interpreter", concurrency=1, timeout_s=30, seeds=1, **config)
+    with MeasureWorker(CPU, cfg) as worker:
+        (m,) = worker.measure([cand])
+        assert m.status == "runtime_error" and "PROBE" in m.error, m.error
+        return m.error.split("PROBE ", 1)[1], worker
+
+
+@pytest.fixture
+def loopback_server():
+    """A TCP server on 127.0.0.1 that counts the connections it accepts."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(0.2)
+    accepted = []
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+                accepted.append(conn.recv(64))
+                conn.close()
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1], accepted
+    stop.set()
+    thread.join(2)
+    server.close()
+
+
+def test_the_test_server_accepts_connections_from_outside_the_sandbox(loopback_server):
+    port, accepted = loopback_server
+    with socket.create_connection(("127.0.0.1", port), timeout=3) as s:
+        s.sendall(b"hello")
+    for _ in range(50):
+        if accepted:
+            break
+        threading.Event().wait(0.05)
+    assert accepted == [b"hello"]
+
+
+def test_candidate_cannot_read_a_planted_secret():
+    """The worker runs in a fresh process with the secret in the environment it was started with,
+    as credentials usually arrive: then /proc/<pid>/environ of the worker and of the fork server
+    hold it too, not only os.environ."""
+    script = (f"from tests.test_sandbox import probe, SECRET_PROBE, SECRET\n"
+              f"if __name__ == '__main__':\n"
+              f"    report, worker = probe(SECRET_PROBE.format(secret=SECRET, worker_pid=os.getpid()))\n"
+              f"    print(report)\n"
+              f"    print(*worker.stats.sandboxes)\n")
+    env = {**os.environ, "AWS_SECRET_ACCESS_KEY": SECRET, "KERNELCAST_SERVICE_TOKEN": SECRET}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", "import os\n" + script], env=env, cwd=root, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report, summary = done.stdout.strip().splitlines()[-2:]
+    assert "network=namespace" in summary  # the user namespace is what hides the worker's /proc entry
+    assert report == "no secret visible"
+
+
+def test_candidate_cannot_open_a_tcp_connection_to_a_loopback_server(loopback_server):
+    port, accepted = loopback_server
+    report, worker = probe(CONNECT_PROBE.format(port=port))
+    assert report.startswith("refused") and accepted == []
+    (summary,) = worker.stats.sandboxes
+    assert "network=namespace" in summary
+
+
+@pytest.mark.parametrize("network,filesystem", [("namespace", "off"), ("seccomp", "off")])
+def test_each_network_layer_alone_refuses_the_connection(loopback_server, network, filesystem):
+    port, accepted = loopback_server
+    report, worker = probe(CONNECT_PROBE.format(port=port), network=network, filesystem=filesystem)
+    assert report.startswith("refused") and accepted == []
+    (summary,) = worker.stats.sandboxes
+    assert f"network={network} filesystem=off" in summary
+
+
+def test_candidate_cannot_write_outside_its_scratch_directory(tmp_path):
+    outside = tmp_path / "escaped.txt"
+    sibling = os.path.join(os.path.dirname(os.path.abspath(__file__)), "escaped_from_sandbox.txt")
+    report, worker = probe(WRITE_PROBE.format(outside=str(outside), sibling=sibling))
+    assert f"refused {outside} (PermissionError)" in report
+    assert f"refused {sibling} (PermissionError)" in report
+    assert "wrote " in report and "mine.txt" in report  # its own scratch directory stays writable
+    assert not outside.exists() and not os.path.exists(sibling)
+    (summary,) = worker.stats.sandboxes
+    assert "filesystem=landlock" in summary
+
+
+def test_scratch_directories_are_removed_after_each_candidate():
+    _, worker = probe(WRITE_PROBE.format(outside="/nonexistent/x", sibling="/nonexistent/y"))
+    assert not os.path.exists(worker._root)
+
+
+def test_scrubbing_removes_credentials_and_keeps_ordinary_variables(monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "x")
+    monkeypatch.setenv("HF_HOME", "/models")
+    monkeypatch.setenv("MY_API_TOKEN", "x")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    removed = sandbox.scrub_environment()
+    assert {"MLFLOW_TRACKING_PASSWORD", "HF_HOME", "MY_API_TOKEN"} <= set(removed)
+    assert os.environ["OMP_NUM_THREADS"] == "1"
+
+
+def test_unknown_protection_names_are_refused():
+    with pytest.raises(ValueError, match="unknown network protection 'netns'; known: namespace, seccomp, off"):
+        sandbox.SandboxPolicy(scratch_dir="/tmp", triton_cache_dir="/tmp", gpu=False, network="netns")
