@@ -188,15 +188,23 @@ def _imported_modules(source: str) -> set[str]:
 
 
 def _read_specs(path: Path) -> tuple[list[dict], list[dict], str]:
-    """(tests, benchmarks, description) from a task.yml (or a JSON file of the same keys)."""
-    import yaml
-
+    """(tests, benchmarks, description) from a task.yml (or a .json file of the same keys, read without PyYAML)."""
     try:
-        doc = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text()
     except OSError as exc:
         raise TaskFormatError(f"cannot read the GPU MODE specs {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise TaskFormatError(f"GPU MODE specs {path} is not YAML: {exc}") from None
+    if path.suffix == ".json":
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            raise TaskFormatError(f"GPU MODE specs {path} is not JSON: {exc}") from None
+    else:
+        import yaml
+
+        try:
+            doc = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise TaskFormatError(f"GPU MODE specs {path} is not YAML: {exc}") from None
     tests = doc.get("tests") if isinstance(doc, dict) else None
     if not tests or not isinstance(tests, list) or not all(isinstance(t, dict) for t in tests):
         raise TaskFormatError(f"GPU MODE specs {path} has no 'tests' list of spec mappings "
