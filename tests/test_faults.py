@@ -128,3 +128,14 @@ def launch(x, out):
                          source="from torch.nn.functional import softmax as sm\n\ndef launch(x, out):\n"
                                 "    return (sm(x, -1),)\n")
     assert "sm (torch's softmax)" in scan_source(imported, get_operation("softmax"))
+
+
+def test_reliability_report_counts_faults_restarts_and_lost_records():
+    from benchmarks.reliability import run
+
+    cfg = WorkerConfig(mode="interpreter", concurrency=2, timeout_s=15, seeds=1, address_space_gib=1.5)
+    report = run("interpreter", 1, ["segfault", "cheat_caches_output"], cfg)
+    s = report["summary"]
+    assert (s["fault_kinds"], s["classified_correctly"], s["records_lost"], s["duplicates"]) == (2, 2, 0, 0)
+    assert s["good_ok"] == s["good_total"] == 4 and report["worker"]["crashed"] == 1
+    assert s["good_per_min_before"] > 0 and s["good_per_min_after"] > 0
