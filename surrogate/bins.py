@@ -1,6 +1,7 @@
 """The paper's speedup bins: speedup S = reference runtime / candidate runtime.
 
-Bin 0 is failure (does not compile, or is incorrect); bins 1-8 have upper edges
+Bin 0 is failure (any status but ok: does not compile, is incorrect, crashes, times out or is
+rejected as a cheat); bins 1-8 have upper edges
 0.25, 0.5, 0.71, 1.0, 1.41, 2.0, 4.0 and infinity.
 """
 
