@@ -1,13 +1,25 @@
 """The learned forecaster (the embedded default, no LLM): gradient-boosted log-speedup regression
 with a predictive distribution.
 
-The mean of log(speedup) is a pool level (one gradient-boosted model of what an op case on
-a GPU shares) plus a configuration's deviation from it (a second model); its spread comes
-from a third, fit on out-of-fold absolute residuals, so the forecaster is less sure where
-it has been wrong before (other operations, extreme configurations). The Gaussian in log
-space is integrated over the 8 bin edges to give the bin distribution, and its median is
-the forecast's expected speedup. Refitting on a few thousand rows takes seconds, so it
-refits as measurements arrive.
+The mean of log(speedup) is built from what transfers across operations:
+
+- a pool level: the median log speedup of the candidate's (op, case, GPU) pool, from what
+  the pool shares (bytes, FLOPs, how close the anchor is to the roofline);
+- a pool scale: the spread (interquartile range) of log speedups in that pool, likewise;
+- a configuration's rank: where in its pool the candidate falls, as a percentile (0 the
+  slowest, 1 the fastest), from its launch parameters and code;
+- a pool shape: the average quantile function of (log speedup - median) / scale over the
+  training pools, which turns a rank into a deviation.
+
+mean = level + scale * shape(rank). Ranking by percentile rather than by log-speedup
+deviation is what carries to an operation never seen: operations differ far more in how
+widely their variants spread than in which kinds of configuration sit near the top, and a
+regression on raw deviations spends itself on the wide-spread operations. The spread of
+the forecast comes from a fourth model, fit on out-of-fold absolute residuals, so the
+forecaster is less sure where it has been wrong before. The Gaussian in log space is
+integrated over the 8 bin edges to give the bin distribution, and its median is the
+forecast's expected speedup. Refitting on a few thousand rows takes seconds, so it refits
+as measurements arrive.
 """
 
 from __future__ import annotations
@@ -29,6 +41,8 @@ from surrogate.forecast import Forecast, ForecastRequest
 
 _LOG_EDGES = np.log(np.array(UPPER_EDGES[:-1]))
 _MIN_SIGMA = 0.03
+_MIN_SCALE = 0.01  # a pool whose variants all run alike still has a measurable spread
+_SHAPE_GRID = np.linspace(0.0, 1.0, 101)
 # What every candidate of one (op, case, GPU) pool shares: the pool-level model sees only
 # these, so it is evaluated once per distinct pool in a batch, not once per candidate.
 POOL_FEATURES = ("log_bytes", "log_flops", "log_row_len", "log_rows", "dtype_bytes", "intensity", "memory_bound",
@@ -63,41 +77,43 @@ class LearnedForecaster:
 
     @property
     def version(self) -> str:
-        return f"hgb-{self.max_iter}-{self.learning_rate}-{getattr(self, 'n_train_', 0)}"
+        return f"hgb-rank-{self.max_iter}-{self.learning_rate}-{getattr(self, 'n_train_', 0)}"
 
     def _model(self):
         return HistGradientBoostingRegressor(max_iter=self.max_iter, learning_rate=self.learning_rate,
                                              max_leaf_nodes=self.max_leaf_nodes, random_state=self.random_state)
 
     def fit(self, pairs: pd.DataFrame) -> "LearnedForecaster":
-        """Fit on measured pairs (``surrogate.dataset.case_pairs``); failed candidates are skipped.
-
-        log speedup = pool level + deviation: one model predicts the median log speedup of the
-        candidate's (op, case, GPU) pool from what the pool shares (bytes, FLOPs, how close the
-        anchor is to the roofline), the other how far a configuration sits from its pool's
-        median. The second is what ranks candidates, and it transfers across operations far
-        better than a model of absolute speedups.
-        """
+        """Fit on measured pairs (``surrogate.dataset.case_pairs``); failed candidates are skipped."""
         ok = pairs[pairs["speedup"].notna() & (pairs["speedup"] > 0)]
         if len(ok) < 20:
             raise ValueError(f"the learned forecaster needs at least 20 measured pairs, got {len(ok)}")
         X = _encode(feature_matrix(requests_from(ok)))
         y = np.log(ok["speedup"].to_numpy())
-        pool = ok.groupby(["op", "case_name", "gpu_type"])["speedup"].transform(lambda s: np.median(np.log(s)))
-        level, deviation = pool.to_numpy(), y - pool.to_numpy()
+        pool = pd.Series(y, index=ok.index).groupby([ok["op"], ok["case_name"], ok["gpu_type"]])
+        level = pool.transform("median").to_numpy()
+        scale = np.maximum(pool.transform(lambda v: v.quantile(0.75) - v.quantile(0.25)).to_numpy(), _MIN_SCALE)
+        rank = pool.rank(pct=True).to_numpy()
+        self.shape_ = _mean_shape(pd.Series((y - level) / scale, index=ok.index).groupby(
+            [ok["op"], ok["case_name"], ok["gpu_type"]]))
         # Out-of-fold residuals, grouped by operation where there are several, so the spread
         # model learns how wrong the mean is on operations it has not seen.
         by = ok["op"].to_numpy() if ok["op"].nunique() >= self.folds else ok["candidate_id"].to_numpy()
         oof = np.zeros_like(y)
         P = X[:, _POOL_COLUMNS]
         for train, test in GroupKFold(n_splits=min(self.folds, len(set(by)))).split(X, y, by):
-            oof[test] = (self._model().fit(P[train], level[train]).predict(P[test])
-                         + self._model().fit(X[train], deviation[train]).predict(X[test]))
+            oof[test] = self._mean(self._model().fit(P[train], level[train]).predict(P[test]),
+                                   self._model().fit(P[train], np.log(scale[train])).predict(P[test]),
+                                   self._model().fit(X[train], rank[train]).predict(X[test]))
         self.level_model_ = self._model().fit(P, level)
-        self.deviation_model_ = self._model().fit(X, deviation)
+        self.scale_model_ = self._model().fit(P, np.log(scale))
+        self.rank_model_ = self._model().fit(X, rank)
         self.spread_model_ = self._model().fit(X, np.abs(y - oof) * math.sqrt(math.pi / 2))
         self.n_train_ = len(ok)
         return self
+
+    def _mean(self, level: np.ndarray, log_scale: np.ndarray, rank: np.ndarray) -> np.ndarray:
+        return level + np.exp(log_scale) * np.interp(np.clip(rank, 0.0, 1.0), _SHAPE_GRID, self.shape_)
 
     def predict_log_speedup(self, requests: Sequence[ForecastRequest]) -> tuple[np.ndarray, np.ndarray]:
         """(mean, spread) of log speedup per request."""
@@ -105,7 +121,9 @@ class LearnedForecaster:
             return np.empty(0), np.empty(0)
         X = _encode(feature_matrix(list(requests)))
         pools, which = np.unique(X[:, _POOL_COLUMNS], axis=0, return_inverse=True)
-        mu = self.level_model_.predict(pools)[which.ravel()] + self.deviation_model_.predict(X)
+        which = which.ravel()
+        mu = self._mean(self.level_model_.predict(pools)[which], self.scale_model_.predict(pools)[which],
+                        self.rank_model_.predict(X))
         sigma = np.maximum(self.spread_model_.predict(X), _MIN_SIGMA)
         return mu, sigma
 
@@ -125,6 +143,12 @@ class LearnedForecaster:
                          raw_sum=float(r), latency_s=latency, expected_speedup=math.exp(m),
                          extra={"log_speedup_mean": float(m), "log_speedup_sigma": float(s)})
                 for req, p, r, m, s in zip(requests, probs, raw_sums, mu, sigma)]
+
+
+def _mean_shape(standardised) -> np.ndarray:
+    """The training pools' average quantile function of standardised deviation, on _SHAPE_GRID."""
+    curves = [np.quantile(v.to_numpy(), _SHAPE_GRID) for _, v in standardised if len(v) >= 2]
+    return np.mean(curves, axis=0) if curves else np.zeros_like(_SHAPE_GRID)
 
 
 class _CandidateIds:
