@@ -140,7 +140,8 @@ def test_a_run_id_of_another_operation_is_refused_before_measuring(tmp_path):
     ({"generations": 0}, "generations must be a positive whole number"),
     ({"policy": "yolo"}, "unknown policy 'yolo'"),
     ({"surrogate": "llm"}, "needs llm_url"),
-    ({"generator": "llm"}, "unknown generator 'llm'; known: template"),
+    ({"generator": "evolve"}, "unknown generator 'evolve'; known: template, llm"),
+    ({"generator": "llm"}, "generator 'llm' needs generator_url"),
     ({"run_id": "Bad Id!"}, "bad run id"),
 ])
 def test_bad_search_settings_fail_with_a_clear_error(tmp_path, changes, message):
