@@ -194,7 +194,10 @@ class DataRoot:
         base = self._table_path(spec)
 
         def find() -> list[str]:
-            self.fs.invalidate_cache(base)  # other writers may have added files since we last looked
+            # Other writers may have added files since we last looked. The whole cache, not just
+            # ``base``: s3fs drops only a path and its parents, and a stale listing of a partition
+            # left below would make a file another client wrote since look missing when read.
+            self.fs.invalidate_cache()
             return self.fs.find(base)
 
         found = self._call("list", base, find)
@@ -220,6 +223,18 @@ class DataRoot:
             return dataset.to_table(columns=list(schema.names))
 
         return self._call("read", self._table_path(spec), read)
+
+    def _read_where(self, spec: TableSpec, where: dict[str, str], columns: list[str] | None = None,
+                    attempts: int = 5) -> pa.Table:
+        """List, then read, the files of ``spec`` matching ``where``, listing again if one vanished in between:
+        a compaction removes files only after writing their rows into a merged file, which a new listing finds."""
+        for attempt in range(attempts):
+            try:
+                return self._read_files(spec, self._files(spec, where), columns)
+            except StorageError as exc:
+                if attempt == attempts - 1 or not _caused_by_missing_file(exc):
+                    raise
+        raise AssertionError("unreachable")
 
     def _put(self, path: str, data: bytes, retry: bool = True) -> None:
         """Make ``path`` hold ``data``, visible whole or not at all."""
@@ -270,7 +285,7 @@ class DataRoot:
             mask = [v == values for v in partition_values]
             batch = _first_of_each_key(rows.filter(pa.array(mask)), spec.key)
             partition = dict(zip(spec.partition_by, values))
-            stored = self._read_files(spec, self._files(spec, partition), list(spec.key))
+            stored = self._read_where(spec, partition, list(spec.key))
             stored_keys = set(zip(*(stored[c].to_pylist() for c in spec.key)))
             batch_keys = list(zip(*(batch[c].to_pylist() for c in spec.key)))
             new = batch.filter(pa.array([k not in stored_keys for k in batch_keys]))
@@ -287,7 +302,7 @@ class DataRoot:
                 raise ValueError(f"{table} is partitioned by {', '.join(spec.partition_by)}, not {column!r}")
             check_partition_value(column, value)
         wanted = None if columns is None else list(dict.fromkeys([*spec.key, *columns]))
-        rows = _first_of_each_key(self._read_files(spec, self._files(spec, where), wanted), spec.key)
+        rows = _first_of_each_key(self._read_where(spec, where, wanted), spec.key)
         return rows if columns is None else rows.select(columns)
 
     def read(self, table: str, **where: str) -> pd.DataFrame:
