@@ -375,8 +375,23 @@ def cmd_train(args) -> int:
     from flows.search import train_surrogate
 
     if args.surrogate == "llm-grpo":
-        run = train_surrogate(surrogate="llm-grpo", prior_data=args.prior_data or "", data=args.data,
-                              pairs=args.pairs or "", gpu_type=args.gpu_type, grpo=_grpo_options(args))
+        options = _grpo_options(args)
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            # One process per GPU (accelerate launch, torchrun): the ranks train together, so no rank
+            # may run a flow of its own; they call the same core the flow's tasks call.
+            import dataclasses
+
+            from surrogate.grpo import GRPOSettings, train_grpo
+            from tasks.setup import grpo_pairs
+
+            settings = GRPOSettings(**options)
+            run = dataclasses.asdict(train_grpo(grpo_pairs(args.prior_data or "", args.pairs or "", args.gpu_type,
+                                                           settings.seed), settings))
+            if not run["before"]:  # not the main process: the main one evaluates and prints
+                return 0
+        else:
+            run = train_surrogate(surrogate="llm-grpo", prior_data=args.prior_data or "", data=args.data,
+                                  pairs=args.pairs or "", gpu_type=args.gpu_type, grpo=options)
         keys = ("bin_accuracy", "spearman", "kendall", "ece", "brier", "crps", "parse_rate")
         print(f"{'held-out':<10}" + "".join(f"{k:>13}" for k in keys))
         for label in ("before", "after"):

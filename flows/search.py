@@ -126,25 +126,18 @@ def train_surrogate(surrogate: str = "learned", prior_data: str = "", data: str 
     ``surrogate='llm-grpo'`` instead trains an LLM surrogate with GRPO (``grpo`` holds
     ``surrogate.grpo.GRPOSettings``' fields) on the pairs file ``pairs``, or on pairs drawn from the
     ``gpu_type`` measurements of ``prior_data``, and returns its run: adapter, before/after metrics."""
-    from tasks.config import PACKAGED_POOL
-
     if surrogate == "llm-grpo":
         from surrogate.grpo import GRPOSettings, train_grpo
-        from surrogate.pairs import PairSettings, build_pairs, read_pairs
+        from tasks.setup import grpo_pairs
 
         settings = GRPOSettings(**(grpo or {}))  # bad settings fail before any pair or model is loaded
-        if pairs:
-            frame = task(read_pairs, name="read pairs", cache_policy=NO_CACHE)(pairs)
-        else:
-            from storage.dataset import DataRoot
-
-            frame = task(build_pairs, name="draw pairs", cache_policy=NO_CACHE)(
-                DataRoot(prior_data or PACKAGED_POOL), PairSettings(gpu_type=gpu_type, seed=settings.seed))
+        frame = task(grpo_pairs, name="load pairs", cache_policy=NO_CACHE)(prior_data, pairs, gpu_type, settings.seed)
         result = task(train_grpo, name="train with GRPO", task_run_name=f"GRPO, reward {settings.reward}",
                       cache_policy=NO_CACHE)(frame, settings)
         return dataclasses.asdict(result)
 
     from kernels.ops import OPERATIONS
+    from tasks.config import PACKAGED_POOL
     from tasks.setup import data_root, fit_prior
 
     names = list(OPERATIONS) if ops == "all" else [o.strip() for o in ops.split(",")]

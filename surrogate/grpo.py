@@ -105,7 +105,7 @@ class GRPOSettings:
     model: str  # a local model folder, or a .gguf file (transformers dequantizes it)
     reward: str = "brier"
     num_generations: int = 8
-    learning_rate: float = 1e-5
+    learning_rate: float = 5e-5  # LoRA trains few weights and takes a larger step than full fine-tuning
     lora_rank: int = 16
     max_completion_tokens: int = 96
     steps: int = 100

@@ -128,6 +128,17 @@ def fit_prior(config: SearchConfig, root: DataRoot):
     return forecaster
 
 
+def grpo_pairs(prior_data: str, pairs_file: str = "", gpu_type: str | None = None, seed: int = 0):
+    """The pairs an LLM surrogate trains on: a ``kernelcast pairs`` file, or pairs drawn from the
+    ``gpu_type`` measurements under ``prior_data`` (the committed pool when empty)."""
+    from surrogate.pairs import PairSettings, build_pairs, read_pairs
+    from tasks.config import PACKAGED_POOL
+
+    if pairs_file:
+        return read_pairs(pairs_file)
+    return build_pairs(DataRoot(prior_data or PACKAGED_POOL), PairSettings(gpu_type=gpu_type, seed=seed))
+
+
 def forecaster(config: SearchConfig, root: DataRoot):
     """The surrogate a search forecasts with; None for the equal-budget baseline."""
     if config.surrogate == NO_SURROGATE:
