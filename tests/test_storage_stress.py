@@ -57,7 +57,8 @@ root = DataRoot(root_uri)
 while not os.path.exists(go):
     time.sleep(0.001)
 merged = passes = 0
-while not os.path.exists(stop):
+deadline = time.monotonic() + 300  # never outlive a test that forgot to stop it
+while not os.path.exists(stop) and time.monotonic() < deadline:
     merged += root.compact("measurements")
     passes += 1
 print(json.dumps({"merged": merged, "passes": passes}))
@@ -86,11 +87,18 @@ def test_four_writers_and_a_compactor_racing_on_one_partition_lose_and_duplicate
     go, stop = tmp_path / "go", tmp_path / "stop"
     writers = [_python(WRITER, root.uri, str(w), str(go)) for w in range(WRITERS)]
     compactor = _python(COMPACTOR, root.uri, str(go), str(stop))
-    time.sleep(3.0)  # every process imported and waiting: the writes start together
-    go.touch()
-    written = [_finish(p)["written"] for p in writers]
-    stop.touch()
-    compaction = _finish(compactor)
+    try:
+        time.sleep(3.0)  # every process imported and waiting: the writes start together
+        go.touch()
+        written = [_finish(p)["written"] for p in writers]
+        stop.touch()
+        compaction = _finish(compactor)
+    finally:  # a failed writer must not leave the compactor looping
+        stop.touch()
+        for process in (*writers, compactor):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
 
     expected = {f"cand{k:04d}": 1 + k / 1000 for k in range(KEYS)}
     back = root.read_measurements(op="softmax", gpu_type="h100")
