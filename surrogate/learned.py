@@ -41,6 +41,7 @@ from surrogate.forecast import Forecast, ForecastRequest
 
 _LOG_EDGES = np.log(np.array(UPPER_EDGES[:-1]))
 _MIN_SIGMA = 0.03
+_NOVEL_SIGMA = 1.0  # log-speedup spread for kernels unlike any seen: no bin above ~0.15 probability
 _MIN_SCALE = 0.01  # a pool whose variants all run alike still has a measurable spread
 _SHAPE_GRID = np.linspace(0.0, 1.0, 101)
 # What every candidate of one (op, case, GPU) pool shares: the pool-level model sees only
@@ -125,7 +126,12 @@ class LearnedForecaster:
         mu = self._mean(self.level_model_.predict(pools)[which], self.scale_model_.predict(pools)[which],
                         self.rank_model_.predict(X))
         sigma = np.maximum(self.spread_model_.predict(X), _MIN_SIGMA)
-        return mu, sigma
+        # A kernel that is no template variant (an imported submission, free-form source) has
+        # launch-parameter and code features unlike any the models were fit on. What is known
+        # of it a priori: nothing beyond the anchor's speed. So: as fast as the anchor, and
+        # unsure enough that no bin is likely, which makes every policy measure it.
+        novel = np.array([not r.candidate.template for r in requests])
+        return np.where(novel, 0.0, mu), np.where(novel, np.maximum(sigma, _NOVEL_SIGMA), sigma)
 
     def forecast(self, requests: Sequence[ForecastRequest]) -> list[Forecast]:
         if not hasattr(self, "level_model_"):

@@ -111,3 +111,15 @@ def test_gaussian_over_log_speedup_puts_its_mass_in_the_right_bins():
     assert probs[0].argmax() + 1 == speedup_bin(1.2) and probs[0].max() > 0.99
     assert probs[1].argmax() + 1 == speedup_bin(3.0)
     assert probs[2].max() < 0.5  # a wide spread is unsure
+
+
+def test_learned_forecast_of_a_kernel_unlike_any_template_variant_is_unsure(random_split, learned):
+    import dataclasses
+
+    requests = requests_from(random_split[1].head(30))
+    known = learned.forecast(requests)
+    foreign = [dataclasses.replace(r, candidate=dataclasses.replace(r.candidate, template=None, origin="import"))
+               for r in requests]
+    novel = learned.forecast(foreign)
+    assert all(f.extra["log_speedup_sigma"] >= 1.0 and f.max_probability < 0.35 for f in novel)
+    assert np.mean([f.max_probability for f in known]) > np.mean([f.max_probability for f in novel])
