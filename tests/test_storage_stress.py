@@ -298,3 +298,27 @@ def test_a_file_another_client_wrote_is_read_despite_an_older_cached_listing(s3_
     assert len(reader.read_candidates(op="softmax")) == 1  # the reader now holds a listing of the partition
     writer.write_candidates([Candidate(op="softmax", backend="triton", source="second")])
     assert len(reader.read_candidates(op="softmax")) == 2
+
+
+def test_only_failures_that_waiting_can_cure_are_transient():
+    from botocore.exceptions import ClientError
+
+    from storage.retry import is_transient
+
+    def wrapped(cause: BaseException) -> OSError:
+        try:
+            raise cause
+        except BaseException as inner:
+            try:
+                raise OSError("wrapped by a filesystem layer") from inner
+            except OSError as outer:
+                return outer
+
+    def s3_error(code: str, status: int) -> ClientError:
+        return ClientError({"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject")
+
+    assert is_transient(ConnectionRefusedError()) and is_transient(wrapped(ConnectionResetError()))
+    assert is_transient(wrapped(TimeoutError())) and is_transient(s3_error("SlowDown", 503))
+    assert is_transient(s3_error("InternalError", 500))
+    assert not is_transient(FileNotFoundError("gone")) and not is_transient(wrapped(PermissionError()))
+    assert not is_transient(s3_error("AccessDenied", 403)) and not is_transient(ValueError("corrupt footer"))
