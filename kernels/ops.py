@@ -104,6 +104,16 @@ class Operation:
     def tolerance(self, dtype: torch.dtype) -> tuple[float, float]:
         return self.tolerance_overrides.get(dtype, DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0)))
 
+    def check(self, case: Case, inputs, got) -> str | None:
+        """None when ``got`` (a candidate's outputs on ``inputs``) is correct, else what is wrong.
+
+        The reference within tolerance; an operation with its own judge (an imported GPU MODE
+        task's ``check_implementation``) overrides this.
+        """
+        from kernels.harness.correctness import mismatch  # the harness imports this module
+
+        return mismatch(self, case, tuple(got), self.reference(*inputs))
+
     def input_names(self) -> tuple[str, ...]:
         raise NotImplementedError
 

@@ -105,6 +105,8 @@ def test_gpumode_submissions_are_measured_by_the_real_harness(gm):
     assert found[reference.candidate_id].status == "ok", found[reference.candidate_id].error
     assert found[good.candidate_id].status == "ok", found[good.candidate_id].error
     assert found[wrong.candidate_id].status == "incorrect"
+    # the harness judged with the task's own check_implementation: its words are in the error
+    assert "custom_kernel's sum differs from a + b" in found[wrong.candidate_id].error
 
 
 def test_gpumode_correctness_is_the_tasks_own_check_implementation(gm):

@@ -129,16 +129,6 @@ class ImportedOperation(Operation):
             return self._tolerance
         return DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0))
 
-    def check(self, case: Case, inputs, got) -> str | None:
-        """None when ``got`` (the candidate's outputs on ``inputs``) is correct, else what is wrong.
-
-        The harness today compares with ``reference`` within ``tolerance``; a task format
-        with its own judge (GPU MODE's ``check_implementation``) overrides this.
-        """
-        from kernels.harness.correctness import mismatch
-
-        return mismatch(self, case, tuple(got), self.reference(*inputs))
-
     # ---- candidates --------------------------------------------------------------------------
 
     def wrap(self, submission: str, entry: str | None = None) -> str:
