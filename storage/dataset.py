@@ -253,16 +253,20 @@ class DataRoot:
     def read(self, table: str, **where: str) -> pd.DataFrame:
         return self.read_table(table, **where).to_pandas()
 
-    def compact(self, table: str) -> int:
+    def compact(self, table: str, stale_temp_s: float = 3600.0) -> int:
         """Merge each partition's files into one; returns the number of partitions merged.
 
         The merged file is written (atomically) before any old file is removed, so a
         crash in between leaves duplicates that readers drop, never a lost row. Files
         added by other writers meanwhile are not touched; a file that another compaction
         removed first is simply gone from the list (its rows are in that one's merged file).
+        Hidden temp files that a killed local writer left, older than ``stale_temp_s``
+        (no live write takes that long), are removed too.
         """
         spec = table_spec(table)
         base = self._table_path(spec)
+        if self.is_local and os.path.isdir(base):
+            self._sweep_temp_files(base, stale_temp_s)
         segments_of = lambda path: tuple(path[len(base):].strip("/").split("/")[:-1])  # noqa: E731
         partitions = sorted({segments_of(path) for path in self._files(spec, {})})
         return sum(self._compact_partition(spec, dict(s.split("=", 1) for s in segments))
@@ -286,6 +290,19 @@ class DataRoot:
             return True
         raise StorageError(f"cannot compact {self.uri}/{spec.name} {partition}: its files kept vanishing "
                            f"while being read ({attempts} attempts); is another compaction looping?")
+
+    @staticmethod
+    def _sweep_temp_files(base: str, older_than_s: float) -> int:
+        removed, now = 0, time.time()
+        for folder, _, names in os.walk(base):
+            for name in names:
+                path = os.path.join(folder, name)
+                if name.startswith(".") and name.endswith(".tmp"):
+                    with contextlib.suppress(FileNotFoundError):
+                        if now - os.path.getmtime(path) > older_than_s:
+                            os.remove(path)
+                            removed += 1
+        return removed
 
     def _remove_if_present(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -322,3 +322,18 @@ def test_only_failures_that_waiting_can_cure_are_transient():
     assert is_transient(s3_error("InternalError", 500))
     assert not is_transient(FileNotFoundError("gone")) and not is_transient(wrapped(PermissionError()))
     assert not is_transient(s3_error("AccessDenied", 403)) and not is_transient(ValueError("corrupt footer"))
+
+
+def test_compaction_sweeps_temp_files_a_killed_writer_left_once_they_are_stale(tmp_path):
+    from kernels.records import Candidate
+
+    root = DataRoot(str(tmp_path / "data"))
+    root.write_candidates([Candidate(op="softmax", backend="triton", source="kept")])
+    partition = tmp_path / "data" / "candidates" / "op=softmax"
+    stale, fresh = partition / ".part-a.parquet.1.tmp", partition / ".part-b.parquet.2.tmp"
+    stale.write_bytes(b"half a file")
+    fresh.write_bytes(b"a write in progress")
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    root.compact("candidates")
+    assert not stale.exists() and fresh.exists()
+    assert len(root.read_candidates(op="softmax")) == 1
