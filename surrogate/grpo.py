@@ -203,6 +203,8 @@ class TransformersForecaster:
         import torch
 
         side, self.tokenizer.padding_side = self.tokenizer.padding_side, "left"
+        training = self.model.training
+        self.model.eval()  # a model straight out of the trainer is in training mode
         device = next(self.model.parameters()).device
         out: list[str] = []
         try:
@@ -218,6 +220,7 @@ class TransformersForecaster:
                 out += self.tokenizer.batch_decode(ids[:, width:], skip_special_tokens=True)
         finally:
             self.tokenizer.padding_side = side
+            self.model.train(training)
         return out
 
     def forecast(self, requests: Sequence[ForecastRequest]) -> list[Forecast]:
@@ -347,7 +350,8 @@ def train_grpo(pairs: pd.DataFrame, settings: GRPOSettings) -> GRPOResult:
         start = time.perf_counter()
         trainer.train()
         seconds = time.perf_counter() - start
-        completions = settings.steps * config.per_device_train_batch_size * trainer.accelerator.num_processes
+        steps = trainer.state.global_step
+        completions = steps * config.per_device_train_batch_size * trainer.accelerator.num_processes
         after = score("after")
         adapter = out / ADAPTER_FOLDER
         trainer.save_model(str(adapter))
