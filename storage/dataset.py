@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
 from kernels.records import Candidate, Measurement
-from storage.retry import NO_RETRY, RetryPolicy, is_transient  # noqa: F401 - part of this module's interface
+from storage.retry import RetryPolicy, is_transient
 from storage.schema import (TableSpec, candidates_to_table, forecasts_to_table, measurements_to_table,
                             records_to_table, table_spec)
 

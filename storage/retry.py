@@ -32,8 +32,6 @@ class RetryPolicy:
         return min(self.max_backoff_s, self.backoff_s * 2 ** min(attempt, 60))
 
 
-NO_RETRY = RetryPolicy(budget_s=0.0)
-
 # Failures that say "the service is not answering right now", by class name so that a local-only
 # install (no botocore, aiohttp) classifies the same way. Anything else (a missing file, denied
 # access, a corrupt Parquet file) is not retried: waiting would not change the answer.

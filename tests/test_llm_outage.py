@@ -18,8 +18,6 @@ import sys
 import threading
 import time
 
-import pytest
-
 from storage.schema import forecasts_from_frame
 from surrogate.llm import OpenAIForecaster
 from surrogate.policies import ThresholdPolicy

@@ -280,4 +280,4 @@ def test_unreachable_s3_endpoint_error_names_the_uri(aws_credentials: None):
                     retry=RetryPolicy(budget_s=1.0, backoff_s=0.1))
     with pytest.raises(StorageError, match=r"s3://kernelcast/unreachable/candidates.*retry budget 1 s"):
         root.read_candidates()
-    assert root.retried >= 2
+    assert root.retried >= 1  # how many fit in the budget depends on how long each refused attempt takes
