@@ -277,7 +277,7 @@ def drill(index: int, workdir: Path, config: dict, reference: Path, reference_s:
     kills, runs = [], 0
     for k in range(max_kills + 1):
         last = k == max_kills
-        delay = None if last or kill_on else rng.uniform(0.0, 0.8 * reference_s)  # the first run is then killed
+        delay = None if last or kill_on else rng.uniform(0.0, 0.6 * reference_s)  # the first run is then surely killed
         attempt = run_child(cfg, workdir / f"drill-{index}-{k}.trace", kill_after=delay,
                             kill_on=() if last else kill_on)
         runs += 1
