@@ -140,32 +140,40 @@ def run_child(config: dict, trace: Path, kill_after: float | None = None, kill_o
     ``kill_on`` have been traced in that order (e.g. a generation's start, then a write in it)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     trace.unlink(missing_ok=True)
-    temps_before = _temp_files(Path(config["data"]))
-    process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "child", json.dumps(config),
-                                str(trace)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
-    deadline = time.monotonic() + timeout_s
-    ready_at = None
-    while process.poll() is None and time.monotonic() < deadline:
-        events = _events(trace)
-        if ready_at is None and any(e == "ready" for _, e in events):
-            ready_at = time.monotonic()
-        due = (kill_after is not None and ready_at is not None and time.monotonic() - ready_at >= kill_after) or \
-              (bool(kill_on) and _seen_in_order([e for _, e in events], kill_on))
-        if due:
-            os.kill(process.pid, signal.SIGKILL)
-            break
-        time.sleep(0.005)
-    if process.poll() is None and time.monotonic() >= deadline:
-        process.kill()
-    out, err = process.communicate()
+    data = Path(config["data"])
+    temps_before = _temp_files(data)
+    with open(trace.with_suffix(".stderr"), "w+") as errors:  # a file, not a pipe nobody reads while polling
+        process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "child", json.dumps(config),
+                                    str(trace)], stdout=subprocess.PIPE, stderr=errors, env=env, text=True)
+        deadline = time.monotonic() + timeout_s
+        ready_at, killed = None, False
+        while process.poll() is None and time.monotonic() < deadline:
+            events = [e for _, e in _events(trace)]
+            if ready_at is None and "ready" in events:
+                ready_at = time.monotonic()
+            due = (kill_after is not None and ready_at is not None and time.monotonic() - ready_at >= kill_after) \
+                or (bool(kill_on) and _seen_in_order(events, kill_on))
+            if due:
+                os.kill(process.pid, signal.SIGKILL)
+                killed = True
+                break
+            time.sleep(0.005)
+        if process.poll() is None and not killed:
+            process.kill()
+            process.wait()
+            raise RuntimeError(f"the search child did not finish within {timeout_s:.0f} s")
+        out, _ = process.communicate()
+        errors.seek(0)
+        err = errors.read()
     events = _events(trace)
     ready = next((t for t, e in events if e == "ready"), None)
     seconds = (events[-1][0] - ready) if ready is not None and events else 0.0
     if process.returncode == 0:
         return Attempt(True, result=json.loads(out.strip().splitlines()[-1]), seconds=seconds)
-    if process.returncode != -signal.SIGKILL:
+    if not (killed and process.returncode == -signal.SIGKILL):
         raise RuntimeError(f"the search child failed with status {process.returncode}:\n{err[-3000:]}")
-    return Attempt(False, killed_at=_where([e for _, e in events], bool(_temp_files(Path(config["data"])) - temps_before)), seconds=seconds)
+    where = _where([e for _, e in events], new_temp_files=bool(_temp_files(data) - temps_before))
+    return Attempt(False, killed_at=where, seconds=seconds)
 
 
 def physical_rows(data: Path, table: str):
@@ -271,7 +279,8 @@ def reference_run(workdir: Path, config: dict) -> tuple[Path, float, dict]:
 
 def drill(index: int, workdir: Path, config: dict, reference: Path, reference_s: float, rng: random.Random,
           max_kills: int = 3, kill_on: tuple[str, ...] = ()) -> DrillResult:
-    """Kill the search up to ``max_kills`` times (random delays, or first when ``kill_on`` is traced), rerun to the end."""
+    """Kill the search up to ``max_kills`` times (after random delays, or first once ``kill_on`` is traced),
+    then rerun it to the end, and compare it with the reference."""
     data = workdir / f"drill-{index}"
     cfg = {**config, "data": str(data)}
     kills, runs = [], 0
