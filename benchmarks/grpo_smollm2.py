@@ -29,7 +29,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local model file only: never the hub
 
 from storage.dataset import DataRoot  # noqa: E402
-from surrogate.grpo import REWARDS, GRPOSettings, train_grpo  # noqa: E402
+from surrogate.grpo import ANSWER_OPENING, REWARDS, GRPOSettings, train_grpo  # noqa: E402
 from surrogate.pairs import PairSettings, build_pairs, write_pairs  # noqa: E402
 
 COLUMNS = ("bin_accuracy", "spearman", "kendall", "ece", "brier", "crps", "parse_rate")
@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lora-rank", type=int, default=16)
     p.add_argument("--max-completion-tokens", type=int, default=96)
     p.add_argument("--eval-batch-size", type=int, default=32)
+    p.add_argument("--answer-prefix", default=ANSWER_OPENING,
+                   help="text each answer starts with (default: %(default)r; '' for none)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: local files only)")
     args = p.parse_args(argv)
@@ -96,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
             model=str(model_file), reward=name, num_generations=args.num_generations,
             learning_rate=args.learning_rate, lora_rank=args.lora_rank, max_completion_tokens=args.max_completion_tokens,
             steps=args.steps, batch_size=args.batch_size, eval_pairs=args.eval_pairs,
-            eval_batch_size=args.eval_batch_size, seed=args.seed, out_dir=str(out / name),
+            eval_batch_size=args.eval_batch_size, answer_prefix=args.answer_prefix, seed=args.seed,
+            out_dir=str(out / name),
             tracking_uri=args.tracking_uri)
         start = time.perf_counter()
         result = train_grpo(pairs, settings)

@@ -356,6 +356,8 @@ _GRPO_FLAGS = {
     "batch_size": (int, "pairs per step per device"), "learning_rate": (float, "LoRA learning rate"),
     "lora_rank": (int, "LoRA rank"), "max_completion_tokens": (int, "tokens an answer may take"),
     "eval_pairs": (int, "held-out pairs scored before and after (0: all)"),
+    "answer_prefix": (str, "text each answer starts with, as schema-constrained decoding forces it "
+                           "(default '{\"probabilities\": [' ; '' for none)"),
     "out": (str, "folder for the adapter, metrics.jsonl and evaluation.json"),
     "tracking_uri": (str, "MLflow tracking URI for metrics and the adapter"),
 }

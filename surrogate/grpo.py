@@ -10,6 +10,9 @@ parser and scored against the pair's true bin:
 
 Brier and CRPS are ``surrogate.metrics``'s definitions, so training optimises what
 ``kernelcast evaluate`` reports. An answer that does not parse scores 0 on every term.
+Answers open with ``{"probabilities": [`` already in place (``answer_prefix``), as a server
+decoding under the forecaster's JSON schema forces them: a small model then learns the
+numbers, not the format, and reads in training what it reads when served.
 Correctness alone rewards a confident guess as much as a calibrated one; the calibration
 terms pay for probability mass near the truth.
 
@@ -42,6 +45,11 @@ from surrogate.pairs import request_of, requests_of
 ADAPTER_FOLDER = "adapter"
 
 
+# How a schema-constrained answer opens. A server that decodes under ANSWER_SCHEMA (vLLM, llama.cpp)
+# forces these tokens, so a model trained and evaluated after them reads what it reads when served.
+ANSWER_OPENING = '{"probabilities": ['
+
+
 def _text(completion) -> str:
     """A completion's text: TRL passes chat completions as a list of messages, plain ones as text."""
     if isinstance(completion, list):
@@ -49,40 +57,33 @@ def _text(completion) -> str:
     return completion
 
 
-def _scored(completion, true_bin: int) -> np.ndarray | None:
-    """The (1, 8) parsed probabilities of an answer, or None when it does not parse."""
-    try:
-        probabilities, _ = parse_probabilities(_text(completion))
-    except AnswerError:
-        return None
-    return np.array([probabilities], dtype=float)
+def _parsed(completions, prefixes) -> list[np.ndarray | None]:
+    """The (1, 8) probabilities of each answer (its prefix, then the completion), or None where it does not parse."""
+    out = []
+    for completion, prefix in zip(completions, prefixes or [""] * len(completions)):
+        try:
+            out.append(np.array([parse_probabilities((prefix or "") + _text(completion))[0]], dtype=float))
+        except AnswerError:
+            out.append(None)
+    return out
 
 
-def correctness(completions, true_bin, **_) -> list[float]:
+def correctness(completions, true_bin, answer_prefix=None, **_) -> list[float]:
     """1.0 where the answer's most probable bin is the true bin; 0.0 otherwise or unparsed."""
-    out = []
-    for completion, b in zip(completions, true_bin):
-        p = _scored(completion, b)
-        out.append(0.0 if p is None else metrics.bin_accuracy(p, [int(b)]))
-    return out
+    return [0.0 if p is None else metrics.bin_accuracy(p, [int(b)])
+            for p, b in zip(_parsed(completions, answer_prefix), true_bin)]
 
 
-def one_minus_brier(completions, true_bin, **_) -> list[float]:
+def one_minus_brier(completions, true_bin, answer_prefix=None, **_) -> list[float]:
     """1 - Brier score of the parsed answer (in [-1, 1]); 0.0 when unparsed."""
-    out = []
-    for completion, b in zip(completions, true_bin):
-        p = _scored(completion, b)
-        out.append(0.0 if p is None else 1.0 - metrics.brier(p, [int(b)]))
-    return out
+    return [0.0 if p is None else 1.0 - metrics.brier(p, [int(b)])
+            for p, b in zip(_parsed(completions, answer_prefix), true_bin)]
 
 
-def one_minus_crps(completions, true_bin, **_) -> list[float]:
+def one_minus_crps(completions, true_bin, answer_prefix=None, **_) -> list[float]:
     """1 - ordinal CRPS of the parsed answer (in [0, 1]); 0.0 when unparsed."""
-    out = []
-    for completion, b in zip(completions, true_bin):
-        p = _scored(completion, b)
-        out.append(0.0 if p is None else 1.0 - metrics.ordinal_crps(p, [int(b)]))
-    return out
+    return [0.0 if p is None else 1.0 - metrics.ordinal_crps(p, [int(b)])
+            for p, b in zip(_parsed(completions, answer_prefix), true_bin)]
 
 
 # Each reward is a sum of terms; TRL logs each term as rewards/<term>/mean and their sum as reward.
@@ -90,12 +91,23 @@ REWARDS = {"correctness": (correctness,), "brier": (correctness, one_minus_brier
            "crps": (correctness, one_minus_crps)}
 
 
-def reward(name: str, completions, true_bin) -> list[float]:
-    """The summed reward ``name`` of each completion."""
+def reward(name: str, completions, true_bin, answer_prefix: str = "") -> list[float]:
+    """The summed reward ``name`` of each completion (read after ``answer_prefix``)."""
     if name not in REWARDS:
         raise ValueError(f"unknown reward {name!r}; known: {', '.join(REWARDS)}")
-    terms = [fn(completions, true_bin) for fn in REWARDS[name]]
+    prefixes = [answer_prefix] * len(completions)
+    terms = [fn(completions, true_bin, answer_prefix=prefixes) for fn in REWARDS[name]]
     return [float(sum(t)) for t in zip(*terms)]
+
+
+def render_prompt(tokenizer, messages: list[dict], answer_prefix: str = "") -> str:
+    """The text the model reads: the forecaster's messages through the model's chat template, the
+    assistant turn opened, then ``answer_prefix``. Trainer and evaluation tokenize this same text."""
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    bos = tokenizer.bos_token
+    if bos and text.startswith(bos) and tokenizer("")["input_ids"][:1] == [tokenizer.bos_token_id]:
+        text = text[len(bos):]  # the tokenizer adds it again when it encodes the text
+    return text + answer_prefix
 
 
 @dataclass(frozen=True)
@@ -108,6 +120,8 @@ class GRPOSettings:
     learning_rate: float = 5e-5  # LoRA trains few weights and takes a larger step than full fine-tuning
     lora_rank: int = 16
     max_completion_tokens: int = 96
+    # Appended to the prompt, and read before each completion (see ANSWER_OPENING); "" for none.
+    answer_prefix: str = ANSWER_OPENING
     steps: int = 100
     batch_size: int = 4
     temperature: float = 1.0
@@ -191,15 +205,18 @@ class TransformersForecaster:
 
     name = "llm-transformers"
 
-    def __init__(self, model, tokenizer, *, version: str = "", max_new_tokens: int = 96, batch_size: int = 16):
+    def __init__(self, model, tokenizer, *, version: str = "", max_new_tokens: int = 96, batch_size: int = 16,
+                 answer_prefix: str = ""):
         self.model = model
         self.tokenizer = tokenizer
         self.version = version or prompt_version()
         self.max_new_tokens = max_new_tokens
         self.batch_size = batch_size
+        self.answer_prefix = answer_prefix
 
     def answers(self, messages: Sequence[list[dict]]) -> list[str]:
-        """The greedy answer to each chat, left-padded in batches so every answer starts at one column."""
+        """The greedy answer to each chat (``answer_prefix`` included), left-padded in batches so every
+        answer starts at one column."""
         import torch
 
         side, self.tokenizer.padding_side = self.tokenizer.padding_side, "left"
@@ -209,15 +226,15 @@ class TransformersForecaster:
         out: list[str] = []
         try:
             for i in range(0, len(messages), self.batch_size):
-                batch = self.tokenizer.apply_chat_template(
-                    list(messages[i:i + self.batch_size]), add_generation_prompt=True, tokenize=True, padding=True,
-                    return_tensors="pt", return_dict=True).to(device)
+                texts = [render_prompt(self.tokenizer, m, self.answer_prefix) for m in messages[i:i + self.batch_size]]
+                batch = self.tokenizer(texts, padding=True, return_tensors="pt").to(device)
                 with torch.inference_mode():
                     ids = self.model.generate(**batch, max_new_tokens=self.max_new_tokens, do_sample=False,
                                               temperature=None, top_p=None, top_k=None,
                                               pad_token_id=self.tokenizer.pad_token_id)
                 width = batch["input_ids"].shape[1]
-                out += self.tokenizer.batch_decode(ids[:, width:], skip_special_tokens=True)
+                out += [self.answer_prefix + a for a in self.tokenizer.batch_decode(ids[:, width:],
+                                                                                    skip_special_tokens=True)]
         finally:
             self.tokenizer.padding_side = side
             self.model.train(training)
@@ -248,13 +265,15 @@ def evaluate_pairs(forecaster, pairs: pd.DataFrame) -> dict[str, float]:
     return {**out, "forecasts_per_second": len(forecasts) / seconds if seconds > 0 else math.nan}
 
 
-def prompt_dataset(pairs: pd.DataFrame):
-    """A datasets.Dataset of chat prompts (exactly the forecaster's) and true bins, for TRL."""
+def prompt_dataset(pairs: pd.DataFrame, tokenizer, answer_prefix: str = ""):
+    """A datasets.Dataset for TRL: the forecaster's prompt rendered as text (``render_prompt``), the
+    true bin and the answer prefix, which TRL hands to the reward functions by column name."""
     from datasets import Dataset
 
     rows = pairs.to_dict("records")
-    return Dataset.from_dict({"prompt": [build_messages(request_of(r)) for r in rows],
-                              "true_bin": [int(r["true_bin"]) for r in rows]})
+    return Dataset.from_dict({
+        "prompt": [render_prompt(tokenizer, build_messages(request_of(r)), answer_prefix) for r in rows],
+        "true_bin": [int(r["true_bin"]) for r in rows], "answer_prefix": [answer_prefix] * len(rows)})
 
 
 class RunLog:
@@ -330,7 +349,7 @@ def train_grpo(pairs: pd.DataFrame, settings: GRPOSettings) -> GRPOResult:
     lora = LoraConfig(r=settings.lora_rank, lora_alpha=2 * settings.lora_rank, lora_dropout=0.0,
                       target_modules="all-linear", task_type="CAUSAL_LM")
     trainer = GRPOTrainer(model=model, reward_funcs=list(REWARDS[settings.reward]), args=config,
-                          train_dataset=prompt_dataset(train), processing_class=tokenizer, peft_config=lora)
+                          train_dataset=prompt_dataset(train, tokenizer, settings.answer_prefix), processing_class=tokenizer, peft_config=lora)
     main = trainer.accelerator.is_main_process
     params = {**{k: v for k, v in dataclasses.asdict(settings).items() if k != "tracking_uri"},
               "train_pairs": len(train), "eval_pairs": len(held_out), "prompt_version": prompt_version(),
@@ -341,7 +360,8 @@ def train_grpo(pairs: pd.DataFrame, settings: GRPOSettings) -> GRPOResult:
         def score(label: str) -> dict[str, float]:
             # LoRA's B matrices start at zero, so before training this is exactly the base model.
             forecaster = TransformersForecaster(trainer.model, tokenizer, max_new_tokens=settings.max_completion_tokens,
-                                                batch_size=settings.eval_batch_size)
+                                                batch_size=settings.eval_batch_size,
+                                                answer_prefix=settings.answer_prefix)
             values = evaluate_pairs(forecaster, held_out) if main else {}
             log.log({f"{label}.{k}": v for k, v in values.items()}, trainer.state.global_step)
             return values

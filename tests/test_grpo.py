@@ -1,10 +1,11 @@
 """Training pairs and GRPO training of an LLM surrogate, with a tiny model built here (no downloads).
 
 The tiny model is a 2-layer Llama with a byte-level BPE tokenizer trained on the prompts it
-will read (so that a prompt is a few hundred tokens). Eight extra tokens each spell one whole answer (most probability on one bin), and
-its output layer gives every other token a zero logit: a random model then answers in parseable
-JSON most of the time, with answers that differ between prompts and samples, so the rewards
-vary within a GRPO group and the adapter really trains. One run goes through
+will read (so that a prompt is a few hundred tokens). Eight extra tokens each spell the rest
+of one answer after its opening (most probability on one bin), and its output layer gives
+every other token a zero logit: a random model then answers in parseable JSON most of the
+time, with answers that differ between prompts and samples, so the rewards vary within a
+GRPO group and the adapter really trains. One run goes through
 ``kernelcast pairs`` and ``kernelcast train --surrogate llm-grpo`` (a Prefect flow on a
 temporary server) into a real SQLite MLflow store; the tests read what it left.
 """
@@ -25,7 +26,8 @@ import pytest
 from storage.dataset import DataRoot
 from surrogate.bins import speedup_bin
 from surrogate.dataset import case_pairs, requests_from
-from surrogate.grpo import REWARDS, GRPOSettings, correctness, one_minus_brier, one_minus_crps, reward
+from surrogate.grpo import (ANSWER_OPENING, REWARDS, GRPOSettings, correctness, one_minus_brier, one_minus_crps,
+                            render_prompt, reward)
 from surrogate.llm import build_messages
 from surrogate.pairs import PairSettings, balanced, build_pairs, read_pairs, request_of, requests_of, write_pairs
 
@@ -35,10 +37,11 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def _answer(b: int) -> str:
+def _answer_tail(b: int) -> str:
+    """What follows ANSWER_OPENING in an answer with most probability on bin ``b``."""
     probabilities = [0.05] * 8
     probabilities[b - 1] = 0.65
-    return json.dumps({"probabilities": probabilities})
+    return json.dumps(probabilities)[1:] + "}"
 
 
 # ---------------------------------------------------------------- rewards
@@ -67,6 +70,23 @@ def test_an_answer_that_does_not_parse_scores_zero_on_every_term(answer):
     for fn in (correctness, one_minus_brier, one_minus_crps):
         assert fn([answer], [3]) == [0.0]
     assert all(reward(name, [answer], [3]) == [0.0] for name in REWARDS)
+
+
+def test_rewards_read_the_answer_after_its_prefix():
+    assert reward("crps", [" 0, 0, 0, 1, 0, 0, 0, 0]}", "0, 1]}"], [4, 4], answer_prefix=ANSWER_OPENING) == [2.0, 0.0]
+    assert correctness(["0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.3]}"], [8], answer_prefix=[ANSWER_OPENING]) == [1.0]
+
+
+def test_the_model_reads_the_chat_template_then_the_answer_opening(pool_pairs, tmp_path):
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"<unk>": 0}, "<unk>")),
+                                        unk_token="<unk>", chat_template=CHAT_TEMPLATE)
+    messages = build_messages(request_of(pool_pairs.iloc[0]))
+    text = render_prompt(tokenizer, messages, ANSWER_OPENING)
+    assert text == (f"<|im_start|>system\n{messages[0]['content']}<|im_end|>\n"
+                    f"<|im_start|>user\n{messages[1]['content']}<|im_end|>\n<|im_start|>assistant\n{ANSWER_OPENING}")
 
 
 def test_rewards_read_chat_completions_as_trl_passes_them():
@@ -166,8 +186,9 @@ def _tiny_model(folder: Path, pairs: pd.DataFrame) -> None:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<|im_start|>", eos_token="<|im_end|>",
                                         pad_token="<pad>", chat_template=CHAT_TEMPLATE)
-    tokenizer.add_tokens([_answer(b) for b in range(1, 9)])
-    answers = tokenizer.convert_tokens_to_ids([_answer(b) for b in range(1, 9)])
+    tokens = [_answer_tail(b) for b in range(1, 9)]
+    tokenizer.add_tokens(tokens)
+    answers = tokenizer.convert_tokens_to_ids(tokens)
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
@@ -259,7 +280,8 @@ def test_the_adapter_trained_and_its_checkpoint_reproduces_the_after_evaluation(
     lora_b = [p for name, p in model.named_parameters() if "lora_B" in name]
     assert lora_b and any(float(p.abs().sum()) > 0 for p in lora_b)  # LoRA B starts at zero: training moved it
     held_out = trained["pairs"][trained["pairs"]["split"] == "eval"]
-    again = evaluate_pairs(TransformersForecaster(model, tokenizer, max_new_tokens=4), held_out)
+    again = evaluate_pairs(TransformersForecaster(model, tokenizer, max_new_tokens=4, answer_prefix=ANSWER_OPENING),
+                           held_out)
     after = json.loads((trained["out"] / "evaluation.json").read_text())["after"]
     for metric in ("bin_accuracy", "brier", "crps", "ece", "parse_rate"):
         assert math.isclose(again[metric], after[metric], abs_tol=1e-9), metric
