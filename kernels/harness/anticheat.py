@@ -204,8 +204,18 @@ def install_stream_guard() -> None:
             raise Rejected(f"{what}: kernels must run on the harness's stream, where they are timed")
         return refused
 
-    for cls in (cuda.Stream, cuda.ExternalStream):
-        cls.__new__ = staticmethod(refuse(f"created a CUDA stream ({cls.__name__})"))
+    # torch.cuda.current_stream() (and Triton's launcher through it) wraps the stream that
+    # already exists as Stream(stream_id=...); only a Stream made without one is a new stream.
+    make_stream = cuda.Stream.__new__
+    refuse_new = refuse("created a CUDA stream (Stream)")
+
+    def stream_new(cls, *args, **kwargs):
+        if "stream_id" in kwargs:
+            return make_stream(cls, *args, **kwargs)
+        return refuse_new()
+
+    cuda.Stream.__new__ = staticmethod(stream_new)
+    cuda.ExternalStream.__new__ = staticmethod(refuse("created a CUDA stream (ExternalStream)"))
     cuda.set_stream = refuse("switched the current CUDA stream (set_stream)")
     cuda.StreamContext.__enter__ = refuse("switched the current CUDA stream (torch.cuda.stream)")
     if hasattr(torch._C, "_cuda_setStream"):

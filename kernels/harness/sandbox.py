@@ -9,7 +9,8 @@ can say which protections actually took effect on its platform:
                 route anywhere), else a seccomp filter that refuses every socket
                 except AF_UNIX, else nothing (reported as such).
   filesystem  — Landlock: writes only beneath the scratch directory, the Triton cache
-                and /dev (GPU device files); reads everywhere. Where the ABI allows it
+                and /dev (GPU device files), and in GPU mode the child's own /proc
+                entries (the CUDA driver writes there); reads everywhere. Where the ABI allows it
                 also refuses TCP bind/connect and signals or abstract-socket connects
                 to processes outside the sandbox (the worker among them).
   limits      — CPU seconds, file size, open files, no core dumps; address space only
@@ -254,7 +255,12 @@ def enter(policy: SandboxPolicy) -> SandboxReport:
         if abi <= 0:
             notes.append("landlock unavailable: writes are confined only by the working directory and TMPDIR")
         else:
-            writable = [p for p in (policy.scratch_dir, policy.triton_cache_dir, "/dev") if os.path.isdir(p)]
+            # The CUDA driver writes into its own process's /proc entries while it initialises
+            # (measured: without write access beneath /proc/<pid>, cudaGetDeviceCount fails with
+            # error 304); the entries of other processes stay read-only.
+            own_proc = f"/proc/{os.getpid()}" if policy.gpu else ""
+            writable = [p for p in (policy.scratch_dir, policy.triton_cache_dir, "/dev", own_proc)
+                        if p and os.path.isdir(p)]
             try:
                 extra = _landlock(writable, abi)
                 filesystem = f"landlock-abi{abi}"
