@@ -139,3 +139,31 @@ def test_reliability_report_counts_faults_restarts_and_lost_records():
     assert (s["fault_kinds"], s["classified_correctly"], s["records_lost"], s["duplicates"]) == (2, 2, 0, 0)
     assert s["good_ok"] == s["good_total"] == 4 and report["worker"]["crashed"] == 1
     assert s["good_per_min_before"] > 0 and s["good_per_min_after"] > 0
+
+
+def test_stream_guard_refuses_new_streams_but_lets_the_current_streams_wrapper_through():
+    """torch.cuda.current_stream() (which Triton's launcher calls) builds Stream(stream_id=...):
+    refusing it would reject every kernel on a GPU. Checked in a fresh interpreter, since the
+    guard patches torch.cuda for good."""
+    import subprocess
+    import sys
+
+    code = """
+import torch
+from kernels.harness.anticheat import Rejected, install_stream_guard
+install_stream_guard()
+try:
+    torch.cuda.Stream()
+except Rejected as exc:
+    print("new:", exc)
+try:
+    torch.cuda.Stream(stream_id=0, device_index=0, device_type=1)
+    print("wrapper: allowed")
+except Rejected as exc:
+    print("wrapper:", exc)
+except Exception as exc:  # no CUDA here: torch's own refusal, past the guard
+    print("wrapper: allowed, then", type(exc).__name__)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+    assert "new: created a CUDA stream (Stream)" in out
+    assert "wrapper: allowed" in out
