@@ -404,7 +404,7 @@ def cmd_train(args) -> int:
         return 0
     given = [f"--{n.replace('_', '-')}" for n in ("pairs", "gpu_type", *_GRPO_FLAGS) if getattr(args, n) is not None]
     if given:
-        raise UsageError(f"{', '.join(given)} only apply to --surrogate llm-grpo")
+        raise UsageError(f"{', '.join(given)}: only for --surrogate llm-grpo")
     fitted = train_surrogate(surrogate=args.surrogate, prior_data=args.prior_data or "", data=args.data, ops=args.op)
     print(f"fitted the {args.surrogate} prior without each of: {', '.join(fitted)}; stored under {args.data}/models")
     return 0
