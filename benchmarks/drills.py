@@ -2,12 +2,13 @@
 
 Each drill runs a search as a real child process (this file, ``child`` mode: the Search core
 of ``tasks/search.py`` on the replay backend against the committed pool, without Prefect,
-whose start-up would dwarf the search), kills it with SIGKILL after a seeded random delay,
-and reruns it with the same run id, killing again, until a rerun finishes. The finished
-data root must then hold the same archive as an uninterrupted reference run of the same
-config and seed: the same generations table, best candidate, measured candidates and
-decisions; every measurement key exactly once in the files themselves (not only after the
-readers' de-duplication); and every visible Parquet file whole.
+whose start-up would dwarf the search), kills it with SIGKILL at a seeded random point (a
+random event of its trace, then a random delay of up to 50 ms), and reruns it with the same
+run id, killing again, until a rerun finishes. The finished data root must then hold the
+same archive as an uninterrupted reference run of the same config and seed: the same
+generations table, best candidate, measured candidates and decisions; every measurement key
+exactly once in the files themselves (not only after the readers' de-duplication); and
+every visible Parquet file whole.
 
 The child writes a trace (one line per event, unbuffered) so that each kill can be placed:
 during start-up, between writes of a generation, or inside a table write (and inside the
@@ -94,7 +95,7 @@ class Attempt:
     finished: bool
     killed_at: str = ""  # where the kill landed, from the trace
     result: dict = field(default_factory=dict)
-    seconds: float = 0.0  # from "ready" to the end of the process
+    events: int = 0  # traced after "ready"
 
 
 def _events(trace: Path) -> list[tuple[float, str]]:
@@ -134,10 +135,12 @@ def _seen_in_order(events: list[str], wanted: tuple[str, ...]) -> bool:
     return i == len(wanted)
 
 
-def run_child(config: dict, trace: Path, kill_after: float | None = None, kill_on: tuple[str, ...] = (),
+def run_child(config: dict, trace: Path, kill_at: tuple[int, float] | None = None, kill_on: tuple[str, ...] = (),
               timeout_s: float = 300.0) -> Attempt:
-    """One run of the search; killed ``kill_after`` seconds after it is ready, or once the events
-    ``kill_on`` have been traced in that order (e.g. a generation's start, then a write in it)."""
+    """One run of the search, killed at a point: ``kill_at`` = (n, s) is ``s`` seconds after its n-th
+    traced event; ``kill_on`` is as soon as those events have been traced in that order (e.g. a
+    generation's start, then a write in it). A point set by events, not by time since start, lands
+    within the run however fast or loaded the machine is."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     trace.unlink(missing_ok=True)
     data = Path(config["data"])
@@ -146,12 +149,12 @@ def run_child(config: dict, trace: Path, kill_after: float | None = None, kill_o
         process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "child", json.dumps(config),
                                     str(trace)], stdout=subprocess.PIPE, stderr=errors, env=env, text=True)
         deadline = time.monotonic() + timeout_s
-        ready_at, killed = None, False
+        reached_at, killed = None, False
         while process.poll() is None and time.monotonic() < deadline:
             events = [e for _, e in _events(trace)]
-            if ready_at is None and "ready" in events:
-                ready_at = time.monotonic()
-            due = (kill_after is not None and ready_at is not None and time.monotonic() - ready_at >= kill_after) \
+            if kill_at is not None and reached_at is None and len(events) > kill_at[0]:
+                reached_at = time.monotonic()
+            due = (reached_at is not None and time.monotonic() - reached_at >= kill_at[1]) \
                 or (bool(kill_on) and _seen_in_order(events, kill_on))
             if due:
                 os.kill(process.pid, signal.SIGKILL)
@@ -166,14 +169,12 @@ def run_child(config: dict, trace: Path, kill_after: float | None = None, kill_o
         errors.seek(0)
         err = errors.read()
     events = _events(trace)
-    ready = next((t for t, e in events if e == "ready"), None)
-    seconds = (events[-1][0] - ready) if ready is not None and events else 0.0
     if process.returncode == 0:
-        return Attempt(True, result=json.loads(out.strip().splitlines()[-1]), seconds=seconds)
+        return Attempt(True, result=json.loads(out.strip().splitlines()[-1]), events=len(events) - 1)
     if not (killed and process.returncode == -signal.SIGKILL):
         raise RuntimeError(f"the search child failed with status {process.returncode}:\n{err[-3000:]}")
     where = _where([e for _, e in events], new_temp_files=bool(_temp_files(data) - temps_before))
-    return Attempt(False, killed_at=where, seconds=seconds)
+    return Attempt(False, killed_at=where, events=len(events) - 1)
 
 
 def physical_rows(data: Path, table: str):
@@ -270,14 +271,14 @@ class DrillResult:
         return not self.problems and bool(self.kills)
 
 
-def reference_run(workdir: Path, config: dict) -> tuple[Path, float, dict]:
-    """An uninterrupted run: its data root, its seconds from ready to done, its result."""
+def reference_run(workdir: Path, config: dict) -> tuple[Path, int, dict]:
+    """An uninterrupted run: its data root, how many events it traced after "ready", its result."""
     data = workdir / "reference"
     attempt = run_child({**config, "data": str(data)}, workdir / "reference.trace")
-    return data, attempt.seconds, attempt.result
+    return data, attempt.events, attempt.result
 
 
-def drill(index: int, workdir: Path, config: dict, reference: Path, reference_s: float, rng: random.Random,
+def drill(index: int, workdir: Path, config: dict, reference: Path, reference_events: int, rng: random.Random,
           max_kills: int = 3, kill_on: tuple[str, ...] = ()) -> DrillResult:
     """Kill the search up to ``max_kills`` times (after random delays, or first once ``kill_on`` is traced),
     then rerun it to the end, and compare it with the reference."""
@@ -286,8 +287,11 @@ def drill(index: int, workdir: Path, config: dict, reference: Path, reference_s:
     kills, runs = [], 0
     for k in range(max_kills + 1):
         last = k == max_kills
-        delay = None if last or kill_on else rng.uniform(0.0, 0.6 * reference_s)  # the first run is then surely killed
-        attempt = run_child(cfg, workdir / f"drill-{index}-{k}.trace", kill_after=delay,
+        # A random event of a whole run (short of its last few, which 50 ms could outrun), then up to
+        # 50 ms (a write takes some ms to some tens): the first run is always killed; a rerun, which
+        # replays finished generations quickly, may finish first.
+        point = None if last or kill_on else (rng.randrange(max(1, reference_events - 8)), rng.uniform(0.0, 0.05))
+        attempt = run_child(cfg, workdir / f"drill-{index}-{k}.trace", kill_at=point,
                             kill_on=() if last else kill_on)
         runs += 1
         if attempt.finished:
@@ -342,11 +346,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="drills-") as tmp:
         workdir = Path(args.work or tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        reference, reference_s, _ = reference_run(workdir, DRILL_CONFIG)
+        reference, reference_events, _ = reference_run(workdir, DRILL_CONFIG)
         rng = random.Random(args.seed)
         results = []
         for i in range(1, args.drills + 1):
-            results.append(drill(i, workdir, DRILL_CONFIG, reference, reference_s, rng, args.max_kills))
+            results.append(drill(i, workdir, DRILL_CONFIG, reference, reference_events, rng, args.max_kills))
             print(f"drill {i}: {'passed' if results[-1].passed else 'FAILED'} ({len(results[-1].kills)} kills)",
                   file=sys.stderr, flush=True)
     lines = report(results, DRILL_CONFIG, time.monotonic() - t0)
@@ -356,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "drills.txt").write_text("\n".join(lines) + "\n")
         (out / "drills.json").write_text(json.dumps(
-            {"config": DRILL_CONFIG, "reference_seconds": reference_s, "seed": args.seed,
+            {"config": DRILL_CONFIG, "reference_events": reference_events, "seed": args.seed,
              "drills": [{"index": r.index, "kills": r.kills, "runs": r.runs, "problems": r.problems,
                          "passed": r.passed, **r.counts} for r in results]}, indent=2))
     return 0 if all(r.passed for r in results) else 1

@@ -22,14 +22,14 @@ CONFIG = dict(op="softmax", gpu_type="h100", budget=24, generations=6, children=
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("drills")
-    data, seconds, result = reference_run(workdir, CONFIG)
+    data, events, result = reference_run(workdir, CONFIG)
     assert result["budget_used"] == 24 and result["generations"] == 6
-    return workdir, data, seconds
+    return workdir, data, events
 
 
 def test_search_killed_inside_a_measurement_write_resumes_to_the_same_archive(reference):
-    workdir, data, seconds = reference
-    result = drill(1, workdir, CONFIG, data, seconds, random.Random(0), max_kills=1,
+    workdir, data, events = reference
+    result = drill(1, workdir, CONFIG, data, events, random.Random(0), max_kills=1,
                    kill_on=("generation-begin 2", "write-begin measurements"))
     assert result.kills and result.kills[0].startswith("generation 2"), result.kills
     assert result.problems == [] and result.passed
@@ -37,8 +37,8 @@ def test_search_killed_inside_a_measurement_write_resumes_to_the_same_archive(re
 
 
 def test_search_killed_at_random_points_resumes_to_the_same_archive(reference):
-    workdir, data, seconds = reference
-    result = drill(2, workdir, CONFIG, data, seconds, random.Random(5), max_kills=1)
+    workdir, data, events = reference
+    result = drill(2, workdir, CONFIG, data, events, random.Random(5), max_kills=1)
     assert len(result.kills) == 1 and result.runs == 2
     assert result.problems == [], result.problems
 
