@@ -356,6 +356,8 @@ _GRPO_FLAGS = {
     "batch_size": (int, "pairs per step per device"), "learning_rate": (float, "LoRA learning rate"),
     "lora_rank": (int, "LoRA rank"), "max_completion_tokens": (int, "tokens an answer may take"),
     "eval_pairs": (int, "held-out pairs scored before and after (0: all)"),
+    "sft_steps": (int, "supervised format warm-up steps of the adapter before GRPO (default 0: none)"),
+    "sft_learning_rate": (float, "learning rate of the warm-up (default 2e-4)"),
     "answer_prefix": (str, "text each answer starts with, as schema-constrained decoding forces it "
                            "(default '{\"probabilities\": [' ; '' for none)"),
     "out": (str, "folder for the adapter, metrics.jsonl and evaluation.json"),
@@ -396,8 +398,9 @@ def cmd_train(args) -> int:
                                   pairs=args.pairs or "", gpu_type=args.gpu_type, grpo=options)
         keys = ("bin_accuracy", "spearman", "kendall", "ece", "brier", "crps", "parse_rate")
         print(f"{'held-out':<10}" + "".join(f"{k:>13}" for k in keys))
-        for label in ("before", "after"):
-            print(f"{label:<10}" + "".join(f"{run[label][k]:>13.3f}" for k in keys))
+        for label in ("before", "after_sft", "after"):
+            if run.get(label):
+                print(f"{label:<10}" + "".join(f"{run[label][k]:>13.3f}" for k in keys))
         print(f"trained on {run['train_pairs']} pairs in {run['train_seconds']:.1f} s "
               f"({run['pairs_per_second']:.2f} pairs/s); adapter in {run['adapter_dir']}"
               + (f"; MLflow run {run['mlflow_run_id']}" if run["mlflow_run_id"] else ""))

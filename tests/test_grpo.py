@@ -27,8 +27,8 @@ from storage.dataset import DataRoot
 from surrogate.bins import speedup_bin
 from surrogate.dataset import case_pairs, requests_from
 from surrogate.grpo import (ANSWER_OPENING, REWARDS, GRPOSettings, correctness, one_minus_brier, one_minus_crps,
-                            render_prompt, reward)
-from surrogate.llm import build_messages
+                            render_prompt, reward, sft_probabilities, sft_target)
+from surrogate.llm import build_messages, parse_probabilities
 from surrogate.pairs import PairSettings, balanced, build_pairs, read_pairs, request_of, requests_of, write_pairs
 
 pytest.importorskip("trl")
@@ -101,6 +101,34 @@ def test_unknown_reward_and_missing_model_are_refused_by_name(tmp_path):
         GRPOSettings(model=str(tmp_path / "no-such-model.gguf"))
     with pytest.raises(ValueError, match="num_generations must be at least 2"):
         GRPOSettings(model=str(tmp_path), num_generations=1)
+
+
+# ---------------------------------------------------------------- warm-up targets
+
+
+@pytest.mark.parametrize("true_bin, expected", [
+    # 0.35 over the other bins by 2^-distance, in hundredths, largest remainders rounded up:
+    # bin 4: weights 1/8, 1/4, 1/2 | 1/2, 1/4, 1/8, 1/16 (sum 1.8125) -> 2.41, 4.83, 9.66 | 9.66, 4.83, 2.41, 1.21.
+    (4, [0.02, 0.05, 0.10, 0.65, 0.10, 0.05, 0.02, 0.01]),
+    # bin 1: weights 1/2 ... 1/128 (sum 0.9921875) -> 17.64, 8.82, 4.41, 2.20, 1.10, 0.55, 0.28.
+    (1, [0.65, 0.18, 0.09, 0.04, 0.02, 0.01, 0.01, 0.00]),
+    (8, [0.00, 0.01, 0.01, 0.02, 0.04, 0.09, 0.18, 0.65]),
+])
+def test_warm_up_targets_are_smoothed_around_the_true_bin(true_bin, expected):
+    assert sft_probabilities(true_bin) == pytest.approx(expected)
+    text = ", ".join(f"{p:.2f}" for p in expected)
+    assert sft_target(true_bin, ANSWER_OPENING) == text + "]}"
+    assert sft_target(true_bin) == '{"probabilities": [' + text + "]}"
+
+
+@pytest.mark.parametrize("true_bin", range(1, 9))
+def test_warm_up_targets_parse_to_their_true_bin(true_bin):
+    for prefix in (ANSWER_OPENING, '{"probabilities": [0.', ""):
+        probabilities, raw_sum = parse_probabilities(prefix + sft_target(true_bin, prefix))
+        assert raw_sum == pytest.approx(1.0) and int(np.argmax(probabilities)) + 1 == true_bin
+        assert correctness([sft_target(true_bin, prefix)], [true_bin], answer_prefix=[prefix]) == [1.0]
+    with pytest.raises(ValueError, match="does not continue the answer prefix"):
+        sft_target(true_bin, "Answer: ")
 
 
 # ---------------------------------------------------------------- pairs
@@ -223,7 +251,8 @@ def trained(tmp_path_factory):
         code = main(["train", "--surrogate", "llm-grpo", "--model", str(model), "--pairs", str(pairs_file),
                      "--reward", "crps", "--steps", "2", "--num-generations", "2", "--batch-size", "2",
                      "--max-completion-tokens", "4", "--lora-rank", "4", "--learning-rate", "1e-2",
-                     "--eval-pairs", "0", "--out", str(out), "--tracking-uri", tracking])
+                     "--eval-pairs", "0", "--sft-steps", "2", "--sft-learning-rate", "1e-3",
+                     "--out", str(out), "--tracking-uri", tracking])
     assert code == 0, printed.getvalue()[-3000:]
     return {"pairs": pairs, "out": out, "model": model, "tracking": tracking, "printed": printed.getvalue()}
 
@@ -249,11 +278,13 @@ def test_grpo_logs_reward_loss_and_evaluation_metrics_to_mlflow(trained):
     for key in ("train.loss", "train.reward", "train.rewards/correctness/mean", "train.rewards/one_minus_crps/mean",
                 "train.grad_norm", "train.pairs_per_second", "train.completions_per_second"):
         assert key in logged, key
-    for label in ("before", "after"):
+    for label in ("before", "after_sft", "after"):
         # Spearman and Kendall are left out: undefined (NaN, not logged) when every answer is the same bin.
         for metric in ("bin_accuracy", "ece", "brier", "crps", "nll", "parse_rate", "aurc"):
             assert f"{label}.{metric}" in logged, f"{label}.{metric}"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "train.loss")] == [1, 2]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "sft.loss")] == [1, 2]
+    assert run.data.params["sft_steps"] == "2"
     # The tiny model answers in JSON: its answers parse and earn the CRPS term.
     assert logged["before.parse_rate"] > 0.5
     assert max(m.value for m in client.get_metric_history(run.info.run_id, "train.rewards/one_minus_crps/mean")) > 0
@@ -269,7 +300,8 @@ def test_grpo_writes_metrics_and_the_evaluation_to_its_folder(trained):
     assert evaluation["eval_pairs"] == (trained["pairs"]["split"] == "eval").sum()
     assert evaluation["train_pairs"] == (trained["pairs"]["split"] == "train").sum()
     assert evaluation["pairs_per_second"] > 0
-    for label in ("before", "after"):
+    assert evaluation["steps"] == 2 and evaluation["sft_steps"] == 2 and len(evaluation["sft_loss"]) == 2
+    for label in ("before", "after_sft", "after"):
         assert {"bin_accuracy", "spearman", "kendall", "ece", "brier", "crps", "parse_rate"} <= set(evaluation[label])
 
 
@@ -285,6 +317,28 @@ def test_the_adapter_trained_and_its_checkpoint_reproduces_the_after_evaluation(
     after = json.loads((trained["out"] / "evaluation.json").read_text())["after"]
     for metric in ("bin_accuracy", "brier", "crps", "ece", "parse_rate"):
         assert math.isclose(again[metric], after[metric], abs_tol=1e-9), metric
+
+
+def test_a_few_warm_up_steps_lower_the_warm_up_loss(trained, tmp_path):
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from surrogate.grpo import load_model, sft_batch, warm_up
+
+    model, tokenizer = load_model(str(trained["model"]))
+    with torch.no_grad():  # a head that reads every token, so that the adapter can move the whole answer
+        model.lm_head.weight.copy_(torch.randn_like(model.lm_head.weight) * 0.3)
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"))
+    train = trained["pairs"][trained["pairs"]["split"] == "train"]
+    batch = sft_batch(tokenizer, train.head(2).to_dict("records"), ANSWER_OPENING, 96)
+    target = batch["labels"][0][batch["labels"][0] != -100].tolist()
+    # The loss is on the target's tokens only: the answer after the opening, then EOS.
+    assert tokenizer.decode(target[:-1]) == sft_target(int(train.iloc[0]["true_bin"]), ANSWER_OPENING)
+    assert target[-1] == tokenizer.eos_token_id
+    settings = GRPOSettings(model=str(trained["model"]), sft_steps=8, sft_learning_rate=1e-2, batch_size=2,
+                            out_dir=str(tmp_path))
+    losses = warm_up(model, tokenizer, train.head(4), settings)
+    assert len(losses) == 8 and losses[-1] < 0.7 * losses[0], losses
 
 
 def test_train_command_asks_for_a_model_before_starting_anything(capsys):
