@@ -1,5 +1,6 @@
 """Hand-written candidate sources for the harness tests: good ones and every kind of bad one."""
 
+from kernels.harness.faults import get_fault
 from kernels.records import Candidate
 
 SOURCES = {
@@ -27,21 +28,10 @@ def launch(x, out):
     out.copy_((e / e.sum(dim=-1, keepdim=True)).to(x.dtype))
     _spill[(1,)](x, out, out.numel(), BLOCK=64)
 ''',
-    "illegal_address": '''
-import triton
-import triton.language as tl
-
-
-@triton.jit
-def _far(y_ptr, BLOCK: tl.constexpr):
-    offs = tl.arange(0, BLOCK)
-    tl.store(y_ptr + 1_000_000_000_000 + offs, tl.zeros([BLOCK], tl.float32))
-
-
-def launch(x, out):
-    _far[(1,)](out, BLOCK=64)
-''',
 }
+
+
+SOURCES["illegal_address"] = get_fault("illegal_address").source  # the fault catalogue's, one copy
 
 
 def candidate(kind: str, op: str = "softmax") -> Candidate:
