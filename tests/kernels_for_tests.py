@@ -37,19 +37,4 @@ SOURCES["illegal_address"] = get_fault("illegal_address").source  # the fault ca
 def candidate(kind: str, op: str = "softmax") -> Candidate:
     return Candidate(op=op, backend="triton", source=SOURCES[kind], origin="llm")
 
-SOURCES["gpu_hang"] = '''
-import triton
-import triton.language as tl
-
-
-@triton.jit
-def _spin(y_ptr):
-    k = 0
-    while k >= 0:  # never ends; the store keeps the compiler from deleting the loop
-        k = (k + 1) % 7
-        tl.store(y_ptr, k.to(tl.float32))
-
-
-def launch(x, out):
-    _spin[(1,)](out)
-'''
+SOURCES["gpu_hang"] = get_fault("gpu_infinite_loop").source
