@@ -32,9 +32,8 @@ def launch(x, out):
 
 
 SOURCES["illegal_address"] = get_fault("illegal_address").source  # the fault catalogue's, one copy
+SOURCES["gpu_hang"] = get_fault("gpu_infinite_loop").source
 
 
 def candidate(kind: str, op: str = "softmax") -> Candidate:
     return Candidate(op=op, backend="triton", source=SOURCES[kind], origin="llm")
-
-SOURCES["gpu_hang"] = get_fault("gpu_infinite_loop").source
