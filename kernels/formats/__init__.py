@@ -117,6 +117,13 @@ def require(source: str, where: str, needed: Mapping[str, str]) -> None:
                               f"it defines: {', '.join(sorted(found)) or 'nothing'}")
 
 
+def read_required(path: str | os.PathLike, what: str, needed: Mapping[str, str]) -> str:
+    """The source of ``path`` after checking it defines everything in ``needed`` (see ``require``)."""
+    source = read_source(path, what)
+    require(source, f"{what} {path}", needed)
+    return source
+
+
 def backend_of(source: str) -> str:
     """The candidate's backend as the candidates table records it, read from what the source uses."""
     if re.search(r"\btriton\b", source):

@@ -23,8 +23,8 @@ from typing import Any, Sequence
 
 import torch
 
-from kernels.formats import (MANIFEST, TaskFormatError, default_task_name, load_module, op_name, read_source,
-                             require)
+from kernels.formats import (MANIFEST, TaskFormatError, default_task_name, load_module, op_name,
+                             read_required)
 from kernels.formats.operation import (ImportedOperation, first_float_dtype, is_literal, seed_from, signature,
                                        tensor_bytes)
 
@@ -258,13 +258,8 @@ def import_task(reference: str, candidates: Sequence[str] = (), name: str | None
                 tolerance: dict | None = None) -> tuple[str, dict[str, bytes]]:
     """(op name, the task's files with its manifest) from a reference module, submissions and test specs."""
     ref_path = Path(reference).resolve()
-    source = read_source(ref_path, "GPU MODE reference")
-    require(source, f"GPU MODE reference {reference}", REFERENCE_NEEDS)
-    subs = []
-    for path in candidates:
-        text = read_source(path, "GPU MODE submission")
-        require(text, f"GPU MODE submission {path}", CANDIDATE_NEEDS)
-        subs.append(text)
+    source = read_required(reference, "GPU MODE reference", REFERENCE_NEEDS)
+    subs = [read_required(path, "GPU MODE submission", CANDIDATE_NEEDS) for path in candidates]
     spec_path = Path(specs) if specs else ref_path.parent / "task.yml"
     if not spec_path.is_file():
         raise TaskFormatError(f"GPU MODE task {reference} needs its test specs: no {spec_path}; pass --specs "

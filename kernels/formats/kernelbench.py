@@ -23,8 +23,8 @@ from typing import Sequence
 
 import torch
 
-from kernels.formats import (MANIFEST, TaskFormatError, default_task_name, load_module, op_name, read_source,
-                             require)
+from kernels.formats import (MANIFEST, TaskFormatError, default_task_name, load_module, op_name,
+                             read_required)
 from kernels.formats.operation import ImportedOperation, first_float_dtype, is_literal, seed_from, tensor_bytes
 
 INIT_SEED = 42
@@ -177,13 +177,8 @@ def _profile(module, sizes: dict[str, int], where: str) -> dict:
 def import_task(reference: str, candidates: Sequence[str] = (), name: str | None = None,
                 interpret_sizes: Sequence[str] = (), tolerance: dict | None = None) -> tuple[str, dict[str, bytes]]:
     """(op name, the task's files with its manifest) from a problem file and candidate files."""
-    source = read_source(reference, "KernelBench problem file")
-    require(source, f"KernelBench problem file {reference}", REFERENCE_NEEDS)
-    subs = []
-    for path in candidates:
-        text = read_source(path, "KernelBench candidate file")
-        require(text, f"KernelBench candidate file {path}", CANDIDATE_NEEDS)
-        subs.append(text)
+    source = read_required(reference, "KernelBench problem file", REFERENCE_NEEDS)
+    subs = [read_required(path, "KernelBench candidate file", CANDIDATE_NEEDS) for path in candidates]
     name = op_name("kernelbench", name or default_task_name(reference))
     module = load_module(Path(reference).resolve(), f"kernelcast_import_{name.replace('.', '_')}")
     if not (isinstance(module.Model, type) and issubclass(module.Model, torch.nn.Module)):
