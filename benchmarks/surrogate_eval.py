@@ -42,7 +42,9 @@ def main() -> int:
     p.add_argument("--seeds", default="0", help="comma-separated: which candidates count as measured "
                                                 "(and, for --split random, which are held out)")
     p.add_argument("--calibrate-on", default="measured", choices=["measured", "training"])
-    p.add_argument("--calibrator", default="isotonic")
+    p.add_argument("--calibrator", default="platt")
+    p.add_argument("--no-recentre", dest="recentre", action="store_false",
+                   help="calibrate the confidence only, without recentring Gaussian forecasters")
     p.add_argument("--out", default=None, help="folder for each evaluation's CSV and PNG")
     p.add_argument("--json", default=None)
     args = p.parse_args()
@@ -55,14 +57,16 @@ def main() -> int:
             t0 = time.perf_counter()
             with threadpool_limits(1):
                 table = evaluate(get_forecaster_factory(name), pairs, how=args.split, name=name, seed=seed,
-                                 calibrate_on=args.calibrate_on, calibrator=args.calibrator,
+                                 calibrate_on=args.calibrate_on, calibrator=args.calibrator, recentre=args.recentre,
                                  out_dir=f"{args.out}/seed{seed}" if args.out else None)
             tables.append(table.assign(seed=seed))
             print(f"{name} seed {seed}: {time.perf_counter() - t0:.0f} s", flush=True)
     table = pd.concat(tables, ignore_index=True)
     pools = table[table["fold"] == "all"]
     gpus = ", ".join(sorted(pairs["gpu_type"].unique()))
-    print(f"\n{len(pairs)} pairs ({gpus}), split {args.split}, recalibration {args.calibrator} on "
+    how = ("per-(op, GPU) level and spread, then " if args.recentre and args.calibrate_on == "measured" else "") + \
+        args.calibrator
+    print(f"\n{len(pairs)} pairs ({gpus}), split {args.split}, recalibration {how} on "
           f"{args.calibrate_on} candidates, seeds {args.seeds}; pooled over held-out folds, mean over seeds:")
     overall = pools.groupby(["surrogate", "forecasts"], sort=False)[list(METRICS)].mean()
     with pd.option_context("display.width", 250, "display.max_columns", 30):

@@ -196,7 +196,7 @@ def cmd_evaluate(args) -> int:
     if pairs.empty:
         raise UsageError(f"no measured pairs under {args.data}")
     table = evaluate(factory, pairs, how=args.split, out_dir=args.out, name=args.surrogate,
-                     tracking_uri=args.tracking_uri)
+                     tracking_uri=args.tracking_uri, calibrator=args.calibrator, recentre=args.recentre)
     with pd.option_context("display.width", 200, "display.max_columns", 50):
         print(table.round(3).to_string(index=False))
     print(f"table and plots written under {args.out}")
@@ -476,6 +476,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", default="kernelcast-eval", help="folder for the CSV table and PNG plots")
     sp.add_argument("--tracking-uri", default=None,
                     help="MLflow tracking URI (e.g. sqlite:///mlflow.db); nothing is logged without it")
+    sp.add_argument("--calibrator", default="platt",
+                    help="how the confidence is recalibrated on the measured candidates: platt, isotonic or temperature")
+    sp.add_argument("--no-recentre", dest="recentre", action="store_false",
+                    help="do not recentre a Gaussian forecaster per (operation, GPU type) before calibrating")
     data_args(sp)
     sp.set_defaults(func=cmd_evaluate)
 

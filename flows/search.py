@@ -100,7 +100,8 @@ def backfill(source_gpu_type: str, target_gpu_type: str, op: str = "all", data: 
 
 @flow(name="evaluate-surrogate", flow_run_name="evaluate {surrogate} ({split} split)", log_prints=True)
 def evaluate_surrogate(surrogate: str = "learned", data: str = "data/pools", split: str = "operation",
-                       gpu_type: str | None = None, out: str = "kernelcast-eval", tracking_uri: str | None = None):
+                       gpu_type: str | None = None, out: str = "kernelcast-eval", tracking_uri: str | None = None,
+                       calibrator: str = "platt", recentre: bool = True):
     """Offline evaluation of a surrogate on held-out splits of a measured pool; table and plots under ``out``."""
     from storage.dataset import DataRoot
     from surrogate.dataset import case_pairs
@@ -112,7 +113,8 @@ def evaluate_surrogate(surrogate: str = "learned", data: str = "data/pools", spl
     if pairs.empty:
         raise ValueError(f"no measured pairs under {data}")
     table = task(evaluate, name="evaluate", cache_policy=NO_CACHE)(
-        factory, pairs, how=split, out_dir=out, name=surrogate, tracking_uri=tracking_uri)
+        factory, pairs, how=split, out_dir=out, name=surrogate, tracking_uri=tracking_uri, calibrator=calibrator,
+        recentre=recentre)
     return table.to_dict("records")
 
 

@@ -92,5 +92,6 @@ class RooflineForecaster:
         for req, pr, m in zip(requests, probs, mu):
             p, raw = normalise(pr)
             out.append(Forecast(req.candidate.candidate_id, req.anchor.candidate_id, self.name, self.version, p,
-                                raw_sum=raw, latency_s=latency, expected_speedup=math.exp(m)))
+                                raw_sum=raw, latency_s=latency, expected_speedup=math.exp(m),
+                                extra={"log_speedup_mean": float(m), "log_speedup_sigma": self.sigma}))
         return out

@@ -9,7 +9,11 @@ trust threshold are fit on their forecasts and measured bins, and applied to the
 each fold a random ``measured_fraction`` of the held-out candidates (whole candidates, all
 their cases) counts as measured, and the 'calibrated' rows, with the conformal coverage and
 realised risk at each target, are scored on the other candidates only. Those are exchangeable
-with the measured ones, which is what conformal risk control's guarantee needs.
+with the measured ones, which is what conformal risk control's guarantee needs. A forecaster
+with a Gaussian over log speedup (learned, roofline) is first recentred as a search's online
+correction recentres it: per (operation, GPU type), a shift of its mean and a scale of its
+spread fit on the measured candidates' bins (``LevelSpreadCalibrator``; ``recentre=False``
+turns it off); the confidence calibration (Platt by default) is fit on what that gives.
 
 ``calibrate_on="training"`` instead fits both on out-of-fold forecasts of the training pairs,
 grouped like the split (whole operations for leave-one-operation-out): nothing of the held-out
@@ -30,18 +34,44 @@ import numpy as np
 import pandas as pd
 
 from surrogate import metrics
-from surrogate.calibration import CALIBRATORS
+from surrogate.calibration import CALIBRATORS, LevelSpreadCalibrator
 from surrogate.dataset import requests_from, split
 from surrogate.forecast import Forecast
 
 CALIBRATE_ON = ("measured", "training")
+_MIN_RECENTRE = 10  # measured pairs of one (operation, GPU type) needed to recentre its forecasts
 
 
-def _forecast(forecaster, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(probabilities (n, 8), parsed flags (n,), expected speedups (n,)) of a fitted forecaster on pair rows."""
+def _forecast(forecaster, frame: pd.DataFrame, gaussian: bool = False):
+    """(probabilities (n, 8), parsed flags (n,), expected speedups (n,)) of a fitted forecaster on
+    pair rows; with ``gaussian`` also (means, spreads) of log speedup, NaN where it gives none."""
     out = forecaster.forecast(requests_from(frame))
-    return (np.array([f.probabilities for f in out], dtype=float), np.array([f.parsed for f in out], dtype=bool),
-            np.array([f.expected_speedup for f in out], dtype=float))
+    scored = (np.array([f.probabilities for f in out], dtype=float), np.array([f.parsed for f in out], dtype=bool),
+              np.array([f.expected_speedup for f in out], dtype=float))
+    if not gaussian:
+        return scored
+    return scored + (np.array([f.extra.get("log_speedup_mean", np.nan) for f in out], dtype=float),
+                     np.array([f.extra.get("log_speedup_sigma", np.nan) for f in out], dtype=float))
+
+
+def recentred(probs: np.ndarray, mean: np.ndarray, sigma: np.ndarray, frame: pd.DataFrame,
+              measured: np.ndarray) -> tuple[np.ndarray, int]:
+    """``probs`` with each (operation, GPU type) group's Gaussians recentred on its measured rows,
+    and how many groups were: a group with fewer than ``_MIN_RECENTRE`` measured pairs, or a
+    forecaster without a Gaussian, keeps its distributions."""
+    out, done = probs.copy(), 0
+    if not (np.isfinite(mean).all() and np.isfinite(sigma).all()):
+        return out, done
+    keys = (frame["op"] + "/" + frame["gpu_type"]).to_numpy()
+    true_bins = frame["true_bin"].to_numpy()
+    for key in np.unique(keys):
+        rows = keys == key
+        fit = rows & measured
+        if fit.sum() >= _MIN_RECENTRE:
+            out[rows] = LevelSpreadCalibrator().fit(mean[fit], sigma[fit], true_bins[fit]).transform(
+                mean[rows], sigma[rows])
+            done += 1
+    return out, done
 
 
 def _training_calibration_set(make_forecaster, train: pd.DataFrame, how: str, folds: int = 3):
@@ -95,15 +125,16 @@ def _conformal_key(target_risk: float) -> str:
 def evaluate(make_forecaster: Callable[[], object], pairs: pd.DataFrame, how: str = "operation",
              calibrate: bool = True, out_dir: str | None = None, coverages=(0.25, 0.5, 0.75, 1.0),
              topk: float = 0.10, name: str = "surrogate", tracking_uri: str | None = None,
-             target_risks=(0.05, 0.10), calibrator: str = "isotonic", calibrate_on: str = "measured",
-             measured_fraction: float = 0.2, seed: int = 0,
+             target_risks=(0.05, 0.10), calibrator: str = "platt", calibrate_on: str = "measured",
+             measured_fraction: float = 0.2, seed: int = 0, recentre: bool = True,
              experiment: str = "surrogate-evaluation") -> pd.DataFrame:
     """One row per (fold, raw|calibrated) and overall rows (fold 'all') of every metric.
 
     ``make_forecaster()`` returns an object with ``fit(train_pairs) -> self`` and
     ``forecast(requests)``. ``calibrator`` names the recalibration
     (``surrogate.calibration.CALIBRATORS``) and ``calibrate_on`` what it is fit on (see the
-    module docstring). For each target risk the calibrated rows hold the conformal threshold,
+    module docstring); ``recentre`` recentres a Gaussian forecaster's distributions on the
+    measured candidates first (with ``calibrate_on="measured"`` only). For each target risk the calibrated rows hold the conformal threshold,
     its coverage and its realised risk as ``conformal<percent>_{threshold,coverage,risk}``.
     Writes ``{name}-{how}.csv`` and ``.png`` under ``out_dir``, and logs params, the overall
     metrics and those files to MLflow when ``tracking_uri`` is set.
@@ -119,21 +150,24 @@ def evaluate(make_forecaster: Callable[[], object], pairs: pd.DataFrame, how: st
     scored: dict[str, list] = {label: [] for label in labels}  # per fold: (probs, parsed, expected, frame)
     rows = []
     for k, (fold, train, test) in enumerate(split(pairs, how, seed=seed)):
-        raw, parsed, expected = _forecast(make_forecaster().fit(train), test)
+        raw, parsed, expected, mean, sigma = _forecast(make_forecaster().fit(train), test, gaussian=True)
         scored["raw"].append((raw, parsed, expected, test))
         extra = {"raw": {}}
         if calibrate:
+            groups = 0
             if calibrate_on == "measured":
                 measured = measured_candidates(test, measured_fraction, seed + k)
-                cal = (raw[measured], parsed[measured], test[measured])
-                rest = (raw[~measured], parsed[~measured], expected[~measured], test[~measured])
+                probs, groups = recentred(raw, mean, sigma, test, measured) if recentre else (raw, 0)
+                cal = (probs[measured], parsed[measured], test[measured])
+                rest = (probs[~measured], parsed[~measured], expected[~measured], test[~measured])
             else:
                 cal = _training_calibration_set(make_forecaster, train, how)
                 rest = (raw, parsed, expected, test)
             fitted = CALIBRATORS[calibrator]().fit(cal[0], cal[2]["true_bin"].to_numpy())
             cal_probs, rest_probs = fitted.transform(cal[0]), fitted.transform(rest[0])
             rest_frame = rest[3]
-            outcome = {"calibrator": calibrator, "calibrate_on": calibrate_on, "calibration_pairs": len(cal[2])}
+            outcome = {"calibrator": calibrator, "calibrate_on": calibrate_on, "calibration_pairs": len(cal[2]),
+                       "recentred_groups": groups}
             for target in target_risks:
                 threshold = _conformal_threshold(cal_probs, cal[1], cal[2], target)
                 outcome.update(_trust_outcome(rest_probs, rest[1], rest_frame["true_bin"].to_numpy(), threshold,
@@ -155,7 +189,8 @@ def evaluate(make_forecaster: Callable[[], object], pairs: pd.DataFrame, how: st
         if label == "calibrated":
             folds = [r for r in rows if r["forecasts"] == "calibrated"]
             n = np.array([len(s[3]) for s in scored[label]], dtype=float)
-            extra = {"calibrator": calibrator, "calibrate_on": calibrate_on}
+            extra = {"calibrator": calibrator, "calibrate_on": calibrate_on,
+                     "recentred_groups": int(sum(r["recentred_groups"] for r in folds))}
             for target in target_risks:
                 for key in (f"{_conformal_key(target)}_coverage", f"{_conformal_key(target)}_risk"):
                     extra[key] = float(np.average([r[key] for r in folds], weights=n))
@@ -171,7 +206,8 @@ def evaluate(make_forecaster: Callable[[], object], pairs: pd.DataFrame, how: st
     if tracking_uri:
         _log_mlflow(tracking_uri, experiment, table, files,
                     {"surrogate": name, "split": how, "calibrate": calibrate, "calibrator": calibrator,
-                     "calibrate_on": calibrate_on, "measured_fraction": measured_fraction, "seed": seed,
+                     "calibrate_on": calibrate_on, "recentre": recentre, "measured_fraction": measured_fraction,
+                     "seed": seed,
                      "topk": topk, "coverages": ",".join(map(str, coverages)),
                      "target_risks": ",".join(map(str, target_risks)),
                      "pairs": len(pairs), "folds": len(scored["raw"])})

@@ -7,7 +7,7 @@ import pytest
 
 from surrogate import metrics
 from surrogate.bins import BIN_SPEEDUP, speedup_bin
-from surrogate.calibration import IsotonicCalibrator, TemperatureCalibrator
+from surrogate.calibration import IsotonicCalibrator, LevelSpreadCalibrator, PlattCalibrator, TemperatureCalibrator
 from surrogate.forecast import Forecast
 from surrogate.policies import BudgetPolicy, ConformalRiskPolicy, ThresholdPolicy
 
@@ -88,6 +88,54 @@ def test_isotonic_calibration_keeps_the_predicted_bin_when_it_lowers_a_close_top
     out = IsotonicCalibrator().fit(probs, true).transform(probs)
     assert (out.argmax(axis=1) == probs.argmax(axis=1)).all()
     assert np.allclose(out.sum(axis=1), 1) and out.max(axis=1).mean() < 0.2
+
+
+def test_platt_calibration_brings_confidence_to_accuracy_and_keeps_the_predicted_bin():
+    cal = PlattCalibrator().fit(*overconfident(2000, seed=0))
+    probs, true = overconfident(2000, seed=1)
+    out = cal.transform(probs)
+    assert np.allclose(out.sum(axis=1), 1) and (out.argmax(axis=1) == probs.argmax(axis=1)).all()
+    assert metrics.ece(out, true) < 0.05 < metrics.ece(probs, true)
+    assert out.max(axis=1) == pytest.approx(np.full(len(out), 0.56), abs=0.03)  # right ~56% of the time
+
+
+def test_platt_calibration_follows_confidence_that_tracks_accuracy():
+    rng = np.random.default_rng(3)
+    sure = rng.uniform(0.2, 0.95, 6000)
+    true = rng.integers(1, 9, 6000)
+    guess = np.where(rng.random(6000) < sure ** 2, true, true % 8 + 1)  # right less often than it says
+    probs = np.full((6000, 8), 0.0) + ((1 - sure) / 7)[:, None]
+    probs[np.arange(6000), guess - 1] = sure
+    cal = PlattCalibrator().fit(probs[:3000], true[:3000])
+    out = cal.transform(probs[3000:])
+    assert metrics.ece(out, true[3000:]) < 0.03 < metrics.ece(probs[3000:], true[3000:])
+    assert np.all(np.diff(cal.confidence(probs[3000:][np.argsort(sure[3000:])])) >= -1e-12)  # monotone
+
+
+def test_platt_calibration_stays_finite_when_every_calibration_forecast_is_right():
+    probs = np.eye(8)[[0, 1, 2]] * 0.9 + 0.1 / 8
+    cal = PlattCalibrator().fit(probs, [1, 2, 3])
+    out = cal.transform(probs)
+    assert np.isfinite(out).all() and (out.argmax(axis=1) == [0, 1, 2]).all()
+
+
+def test_level_spread_calibration_recovers_a_known_shift_and_scale():
+    rng = np.random.default_rng(0)
+    mean = rng.normal(0, 0.8, 4000)
+    truth = mean + 0.4 + rng.normal(0, 0.3, 4000)  # the forecast is 0.4 low and claims 0.6 spread
+    true_bins = np.array([speedup_bin(float(np.exp(t))) for t in truth])
+    cal = LevelSpreadCalibrator().fit(mean, np.full(4000, 0.6), true_bins)
+    assert cal.shift_ == pytest.approx(0.4, abs=0.05) and cal.scale_ == pytest.approx(0.5, abs=0.08)
+    before = LevelSpreadCalibrator(max_shift=0.0, log_scale_bounds=(0.0, 0.0)).fit(mean, np.full(4000, 0.6), true_bins)
+    assert metrics.nll(cal.transform(mean, np.full(4000, 0.6)), true_bins) < \
+        metrics.nll(before.transform(mean, np.full(4000, 0.6)), true_bins)
+
+
+def test_level_spread_calibration_refuses_a_spread_that_is_not_positive():
+    with pytest.raises(ValueError, match="spread finite and positive"):
+        LevelSpreadCalibrator().fit([0.0, 0.1], [0.2, 0.0], [4, 5])
+    with pytest.raises(ValueError, match="one mean and one spread per forecast"):
+        LevelSpreadCalibrator().fit([0.0, 0.1], [0.2], [4, 5])
 
 
 def forecast(cid, bin_, sure, parsed=True):
@@ -175,10 +223,54 @@ def test_evaluate_keeps_the_conformal_risk_within_one_point_of_each_target_per_f
 def test_unknown_calibrator_is_a_clear_error():
     from surrogate.evaluate import evaluate
 
-    with pytest.raises(ValueError, match="unknown calibrator 'platt'; known: temperature, isotonic"):
-        evaluate(HintForecaster, synthetic_pairs(), calibrator="platt")
+    with pytest.raises(ValueError, match="unknown calibrator 'beta'; known: temperature, isotonic, platt"):
+        evaluate(HintForecaster, synthetic_pairs(), calibrator="beta")
     with pytest.raises(ValueError, match="unknown calibrate_on 'test'; known: measured, training"):
         evaluate(HintForecaster, synthetic_pairs(), calibrate_on="test")
+
+
+class BiasedGaussianForecaster:
+    """A Gaussian over log speedup centred on a noisy hint, shifted by ``bias`` on softmax (test-only):
+    the level error a forecaster makes on an operation it has not seen."""
+
+    name, version, bias = "gaussian", "1", 1.0
+
+    def fit(self, pairs):
+        return self
+
+    def forecast(self, requests):
+        from surrogate.learned import bin_probabilities
+
+        mu = np.array([np.log(float(r.candidate.source.split()[-1])) - (self.bias if r.op == "softmax" else 0.0)
+                       for r in requests])
+        probs = bin_probabilities(mu, np.full(len(mu), 0.3))
+        return [Forecast(r.candidate.candidate_id, r.anchor.candidate_id, self.name, self.version,
+                         tuple(p / p.sum()), extra={"log_speedup_mean": float(m), "log_speedup_sigma": 0.3})
+                for r, p, m in zip(requests, probs, mu)]
+
+
+def test_evaluate_recentres_a_gaussian_forecaster_per_operation_on_the_measured_candidates():
+    from surrogate.evaluate import evaluate
+
+    pairs = synthetic_pairs(per_pool=150)
+    on = evaluate(BiasedGaussianForecaster, pairs, how="operation").set_index(["fold", "forecasts"])
+    off = evaluate(BiasedGaussianForecaster, pairs, how="operation", recentre=False).set_index(["fold", "forecasts"])
+    assert on.loc[("softmax", "calibrated"), "recentred_groups"] == 1
+    assert off.loc[("softmax", "calibrated"), "recentred_groups"] == 0
+    # Shifted by a whole bin's width on softmax: recentring wins back the bins the level error cost.
+    assert on.loc[("softmax", "raw"), "bin_accuracy"] < 0.3
+    assert on.loc[("softmax", "calibrated"), "bin_accuracy"] > 0.6
+    assert off.loc[("softmax", "calibrated"), "bin_accuracy"] == pytest.approx(
+        on.loc[("softmax", "raw"), "bin_accuracy"], abs=0.05)
+    # The ranking is the forecaster's own either way.
+    assert on.loc[("softmax", "calibrated"), "spearman"] == pytest.approx(off.loc[("softmax", "calibrated"), "spearman"])
+
+
+def test_evaluate_leaves_a_forecaster_without_a_gaussian_as_it_is():
+    from surrogate.evaluate import evaluate
+
+    table = evaluate(HintForecaster, synthetic_pairs(per_pool=50), how="operation")
+    assert (table.loc[table["forecasts"] == "calibrated", "recentred_groups"] == 0).all()
 
 
 def test_calibrated_rows_score_only_the_candidates_not_used_to_calibrate():
