@@ -191,7 +191,11 @@ def cmd_evaluate(args) -> int:
     from surrogate.evaluate import evaluate
     from surrogate.registry import get_forecaster_factory
 
+    from surrogate.calibration import CALIBRATORS
+
     factory = get_forecaster_factory(args.surrogate)  # an unknown name fails before any work
+    if args.calibrator not in CALIBRATORS:
+        raise UsageError(f"unknown --calibrator {args.calibrator!r}; known: {', '.join(CALIBRATORS)}")
     pairs = case_pairs(_data_root(args), gpu_type=args.gpu_type)
     if pairs.empty:
         raise UsageError(f"no measured pairs under {args.data}")
