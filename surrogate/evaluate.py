@@ -4,8 +4,9 @@ For each fold the surrogate is fit on the training operations (or GPU types, or 
 80%) and forecasts the held-out pairs: the 'raw' rows score those forecasts on the whole fold.
 
 Recalibration is scored the way a search uses it. A search on a new operation measures some
-candidates first; the recalibration (isotonic on the confidence by default) and the conformal
-trust threshold are fit on their forecasts and measured bins, and applied to the rest. So in
+candidates first; the recalibration (Platt scaling of the confidence by default) and the
+conformal trust threshold are fit on their forecasts and measured bins, and applied to the rest
+(the threshold on recalibrated forecasts cross-fitted over the measured candidates). So in
 each fold a random ``measured_fraction`` of the held-out candidates (whole candidates, all
 their cases) counts as measured, and the 'calibrated' rows, with the conformal coverage and
 realised risk at each target, are scored on the other candidates only. Those are exchangeable
@@ -122,6 +123,37 @@ def _conformal_key(target_risk: float) -> str:
     return f"conformal{round(100 * target_risk)}"
 
 
+class _Recalibration:
+    """One held-out fold's recalibration: recentring (where asked and possible), then the
+    confidence calibrator, each fit on some rows and applied to others."""
+
+    def __init__(self, raw, mean, sigma, frame: pd.DataFrame, calibrator: str, recentre: bool, parts: int = 5):
+        self.raw, self.mean, self.sigma, self.frame = raw, mean, sigma, frame
+        self.calibrator, self.recentre, self.parts = calibrator, recentre, parts
+
+    def __call__(self, fit: np.ndarray, apply: np.ndarray) -> tuple[np.ndarray, int]:
+        """(recalibrated probabilities of the ``apply`` rows, groups recentred), fit on the ``fit`` rows."""
+        probs, groups = recentred(self.raw, self.mean, self.sigma, self.frame, fit) if self.recentre \
+            else (self.raw, 0)
+        fitted = CALIBRATORS[self.calibrator]().fit(probs[fit], self.frame["true_bin"].to_numpy()[fit])
+        return fitted.transform(probs[apply]), groups
+
+    def cross_fitted(self, measured: np.ndarray, seed: int) -> np.ndarray:
+        """The ``measured`` rows' probabilities, each recalibrated by a fit that did not see its
+        candidate. The conformal threshold is set on these: recalibrated by a fit on themselves,
+        they would look surer than the new candidates it is applied to, and the trusted share of
+        those would overshoot the target risk."""
+        ids = np.random.default_rng(seed).permutation(np.sort(self.frame.loc[measured, "candidate_id"].unique()))
+        if len(ids) < 2:
+            return self(measured, measured)[0]
+        out = np.zeros((int(measured.sum()), 8))
+        where = np.flatnonzero(measured)
+        for part in range(min(self.parts, len(ids))):
+            inside = measured & self.frame["candidate_id"].isin(set(ids[part::self.parts])).to_numpy()
+            out[np.isin(where, np.flatnonzero(inside))] = self(measured & ~inside, inside)[0]
+        return out
+
+
 def evaluate(make_forecaster: Callable[[], object], pairs: pd.DataFrame, how: str = "operation",
              calibrate: bool = True, out_dir: str | None = None, coverages=(0.25, 0.5, 0.75, 1.0),
              topk: float = 0.10, name: str = "surrogate", tracking_uri: str | None = None,
@@ -157,14 +189,16 @@ def evaluate(make_forecaster: Callable[[], object], pairs: pd.DataFrame, how: st
             groups = 0
             if calibrate_on == "measured":
                 measured = measured_candidates(test, measured_fraction, seed + k)
-                probs, groups = recentred(raw, mean, sigma, test, measured) if recentre else (raw, 0)
-                cal = (probs[measured], parsed[measured], test[measured])
-                rest = (probs[~measured], parsed[~measured], expected[~measured], test[~measured])
+                fit = _Recalibration(raw, mean, sigma, test, calibrator, recentre)
+                rest_probs, groups = fit(measured, ~measured)
+                cal = (None, parsed[measured], test[measured])
+                rest = (None, parsed[~measured], expected[~measured], test[~measured])
+                cal_probs = fit.cross_fitted(measured, seed + k)
             else:
                 cal = _training_calibration_set(make_forecaster, train, how)
                 rest = (raw, parsed, expected, test)
-            fitted = CALIBRATORS[calibrator]().fit(cal[0], cal[2]["true_bin"].to_numpy())
-            cal_probs, rest_probs = fitted.transform(cal[0]), fitted.transform(rest[0])
+                fitted = CALIBRATORS[calibrator]().fit(cal[0], cal[2]["true_bin"].to_numpy())
+                cal_probs, rest_probs = fitted.transform(cal[0]), fitted.transform(rest[0])
             rest_frame = rest[3]
             outcome = {"calibrator": calibrator, "calibrate_on": calibrate_on, "calibration_pairs": len(cal[2]),
                        "recentred_groups": groups}

@@ -16,7 +16,10 @@ deviation is what carries to an operation never seen: operations differ far more
 widely their variants spread than in which kinds of configuration sit near the top, and a
 regression on raw deviations spends itself on the wide-spread operations. The spread of
 the forecast comes from a fourth model, fit on out-of-fold absolute residuals, so the
-forecaster is less sure where it has been wrong before. The Gaussian in log space is
+forecaster is less sure where it has been wrong before. A fifth, fit on the residuals left
+when the pool's true level and scale are put in, gives the spread *within* a pool: most of
+the whole spread is the level of an operation not seen before, which every candidate of
+that operation shares, and which a search learns from its first measurements. The Gaussian in log space is
 integrated over the 8 bin edges to give the bin distribution, and its median is the
 forecast's expected speedup. Refitting on a few thousand rows takes seconds, so it refits
 as measurements arrive.
@@ -100,24 +103,34 @@ class LearnedForecaster:
         # Out-of-fold residuals, grouped by operation where there are several, so the spread
         # model learns how wrong the mean is on operations it has not seen.
         by = ok["op"].to_numpy() if ok["op"].nunique() >= self.folds else ok["candidate_id"].to_numpy()
-        oof = np.zeros_like(y)
+        oof, oof_within = np.zeros_like(y), np.zeros_like(y)
         P = X[:, _POOL_COLUMNS]
         for train, test in GroupKFold(n_splits=min(self.folds, len(set(by)))).split(X, y, by):
+            oof_rank = self._model().fit(X[train], rank[train]).predict(X[test])
             oof[test] = self._mean(self._model().fit(P[train], level[train]).predict(P[test]),
-                                   self._model().fit(P[train], np.log(scale[train])).predict(P[test]),
-                                   self._model().fit(X[train], rank[train]).predict(X[test]))
+                                   self._model().fit(P[train], np.log(scale[train])).predict(P[test]), oof_rank)
+            # The same forecast had the pool's level and spread been known: what is left is the
+            # error of the ranking alone, the part that differs between candidates of one pool.
+            oof_within[test] = self._mean(level[test], np.log(scale[test]), oof_rank)
         self.level_model_ = self._model().fit(P, level)
         self.scale_model_ = self._model().fit(P, np.log(scale))
         self.rank_model_ = self._model().fit(X, rank)
         self.spread_model_ = self._model().fit(X, np.abs(y - oof) * math.sqrt(math.pi / 2))
+        self.within_model_ = self._model().fit(X, np.abs(y - oof_within) * math.sqrt(math.pi / 2))
         self.n_train_ = len(ok)
         return self
 
     def _mean(self, level: np.ndarray, log_scale: np.ndarray, rank: np.ndarray) -> np.ndarray:
         return level + np.exp(log_scale) * np.interp(np.clip(rank, 0.0, 1.0), _SHAPE_GRID, self.shape_)
 
-    def predict_log_speedup(self, requests: Sequence[ForecastRequest]) -> tuple[np.ndarray, np.ndarray]:
-        """(mean, spread) of log speedup per request."""
+    def predict_log_speedup(self, requests: Sequence[ForecastRequest],
+                            within_pool: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, spread) of log speedup per request.
+
+        The spread is the whole forecast error, the pool's level included. ``within_pool`` asks
+        instead for the error of the candidate's place within its pool alone: what separates
+        candidates of one operation on one GPU, once a search has measured a few and so knows
+        the level (``surrogate.online``)."""
         if not requests:
             return np.empty(0), np.empty(0)
         X = _encode(feature_matrix(list(requests)))
@@ -125,7 +138,7 @@ class LearnedForecaster:
         which = which.ravel()
         mu = self._mean(self.level_model_.predict(pools)[which], self.scale_model_.predict(pools)[which],
                         self.rank_model_.predict(X))
-        sigma = np.maximum(self.spread_model_.predict(X), _MIN_SIGMA)
+        sigma = np.maximum((self.within_model_ if within_pool else self.spread_model_).predict(X), _MIN_SIGMA)
         # A kernel that is no template variant (an imported submission, free-form source) has
         # launch-parameter and code features unlike any the models were fit on. What is known
         # of it a priori: nothing beyond the anchor's speed. So: as fast as the anchor, and

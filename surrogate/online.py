@@ -16,10 +16,21 @@ on this operation, in closed form, every generation:
   candidates near what was measured, and narrows their spread, so the search learns the
   shape of this operation's space, which the prior ranks only roughly;
 - spread: rescaled so that the residuals' z-scores have unit variance.
+
+A forecaster that can also say how unsure it is of a candidate's place *within* the pool
+(``predict_log_speedup(..., within_pool=True)``: the learned one) has its spread split in two:
+the level of the operation, which every candidate shares and which the first measurements
+pin down (its variance shrinks as 1 / (1/level² + n/within²) with n measured), and the
+within-pool part, which is what tells candidates apart. The bin probabilities use both;
+choosing what to measure uses the within-pool part alone (``log_expected_improvement``),
+since a level error shifts every child of a generation alike. Ranked by the whole spread,
+the children the prior is least sure of, which on these spaces are mostly slow ones, were
+measured first.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 import zlib
@@ -27,11 +38,12 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from scipy.special import log_ndtr
+from scipy.stats import norm
+
 from kernels.ops import get_operation
 from kernels.records import Candidate, HardwareSpec, Measurement
 from surrogate.forecast import Forecast, ForecastRequest, normalise
-from scipy.stats import norm
-
 from surrogate.learned import bin_probabilities
 
 _SHRINK = 4.0  # pseudo-observations pulling the level correction towards none
@@ -74,7 +86,7 @@ class SearchSurrogate:
         self.reference_us = tuple(reference_us) if len(reference_us) == len(self.case_names) else ()
         self.bias_ = 0.0
         self.scale_ = 1.0
-        self._residuals: list[tuple[float, float]] = []  # (log measured - prior mean, prior sigma)
+        self._residuals: list[tuple[float, float]] = []  # (log measured - prior mean, prior within-pool sigma)
         self._coordinates: list[tuple[str, dict[str, float]]] = []  # of each residual's candidate
 
     @property
@@ -89,17 +101,28 @@ class SearchSurrogate:
     def gaussian(self) -> bool:
         return hasattr(self.forecaster, "predict_log_speedup")
 
+    @property
+    def splits_spread(self) -> bool:
+        """Whether the forecaster can give its within-pool spread apart from the whole."""
+        try:
+            return "within_pool" in inspect.signature(self.forecaster.predict_log_speedup).parameters
+        except (AttributeError, TypeError, ValueError):
+            return False
+
     def _request(self, candidate: Candidate, cases: tuple[int, ...]) -> ForecastRequest:
         return ForecastRequest(anchor=self.reference, candidate=candidate, op=self.op, hardware=self.hardware,
                                case_names=tuple(self.case_names[i] for i in cases),
                                anchor_runtime_us=tuple(self.reference_us[i] for i in cases) if self.reference_us else ())
 
-    def prior_log_speedup(self, candidates: Sequence[Candidate]) -> tuple[np.ndarray, np.ndarray]:
-        """The uncorrected (mean, sigma) of each candidate's log speedup, averaged over the op's cases."""
+    def prior_log_speedup(self, candidates: Sequence[Candidate]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The uncorrected (mean, sigma, within-pool sigma) of each candidate's log speedup, averaged
+        over the op's cases; the within-pool sigma is the whole one for a forecaster that does not split it."""
         k = len(self.case_names)
         requests = [self._request(c, (i,)) for c in candidates for i in range(k)]
         mu, sigma = self.forecaster.predict_log_speedup(requests)
-        return np.asarray(mu).reshape(-1, k).mean(axis=1), np.asarray(sigma).reshape(-1, k).mean(axis=1)
+        within = self.forecaster.predict_log_speedup(requests, within_pool=True)[1] if self.splits_spread else sigma
+        sigma, within = (np.asarray(v).reshape(-1, k).mean(axis=1) for v in (sigma, within))
+        return np.asarray(mu).reshape(-1, k).mean(axis=1), sigma, np.minimum(within, sigma)
 
     def forecast(self, candidates: Sequence[Candidate]) -> list[Forecast]:
         if not candidates:
@@ -108,19 +131,26 @@ class SearchSurrogate:
             everything = tuple(range(len(self.case_names)))
             return self.forecaster.forecast([self._request(c, everything) for c in candidates])
         t0 = time.perf_counter()
-        prior_mu, prior_sigma = self.prior_log_speedup(candidates)
+        prior_mu, prior_sigma, prior_within = self.prior_log_speedup(candidates)
         local, weight = self._neighbourhood(candidates)
         mu = prior_mu + self.bias_ + local
-        sigma = prior_sigma * self.scale_ * np.sqrt(_NEIGHBOUR_SHRINK / (weight + _NEIGHBOUR_SHRINK))
+        within = prior_within * self.scale_ * np.sqrt(_NEIGHBOUR_SHRINK / (weight + _NEIGHBOUR_SHRINK))
+        level_var = np.maximum(prior_sigma ** 2 - prior_within ** 2, 0.0)
+        if self._residuals:  # the level's posterior after n measurements of this operation
+            level_var = 1.0 / (1.0 / np.maximum(level_var, 1e-12) + len(self._residuals) / prior_within ** 2)
+        sigma = np.sqrt(within ** 2 + level_var)
         probs = bin_probabilities(mu, sigma)
         latency = (time.perf_counter() - t0) / len(candidates)
         out = []
-        for c, p, m, s, pm, ps in zip(candidates, probs, mu, sigma, prior_mu, prior_sigma):
+        for c, p, m, s, w, pm, ps, pw in zip(candidates, probs, mu, sigma, within, prior_mu, prior_sigma,
+                                             prior_within):
             pr, raw = normalise(p)
             out.append(Forecast(c.candidate_id, self.reference.candidate_id, self.name, self.version, pr,
                                 raw_sum=raw, latency_s=latency,
                                 extra={"log_speedup_mean": float(m), "log_speedup_sigma": float(s),
-                                       "prior_log_speedup_mean": float(pm), "prior_log_speedup_sigma": float(ps)}))
+                                       "log_speedup_sigma_within": float(w),
+                                       "prior_log_speedup_mean": float(pm), "prior_log_speedup_sigma": float(ps),
+                                       "prior_log_speedup_sigma_within": float(pw)}))
         return out
 
     def _neighbourhood(self, candidates: Sequence[Candidate]) -> tuple[np.ndarray, np.ndarray]:
@@ -146,7 +176,8 @@ class SearchSurrogate:
             f = by_id.get(m.candidate_id)
             if f is not None and m.status == "ok" and m.speedup and m.speedup > 0:
                 self._residuals.append((math.log(m.speedup) - f.extra["prior_log_speedup_mean"],
-                                        f.extra["prior_log_speedup_sigma"]))
+                                        f.extra.get("prior_log_speedup_sigma_within",
+                                                    f.extra["prior_log_speedup_sigma"])))
                 self._coordinates.append(_coordinates(candidates[m.candidate_id]))
         if self._residuals:
             r, s = np.array(self._residuals).T
@@ -157,19 +188,26 @@ class SearchSurrogate:
         return self
 
 
-def expected_improvement(forecast: Forecast, best_speedup: float) -> float:
-    """Expected gain in log speedup over ``best_speedup``: how worth measuring a child is.
+def log_expected_improvement(forecast: Forecast, best_speedup: float) -> float:
+    """How worth measuring a child is: the log of its expected gain in log speedup over
+    ``best_speedup``, under its within-pool spread where the forecast gives one.
 
-    From the forecast's Gaussian over log speedup where it has one, else from its
-    expected speedup alone. Uncertain children near the best outrank confident ones a
-    little below it: that is what a budget should be spent on.
+    The within-pool spread, not the whole: the level of the operation is shared by every
+    child, so it cannot tell them apart. Uncertain children near the best outrank confident
+    ones a little below it; that is what a budget should be spent on. In logs, because far
+    below the best the gain underflows to 0 and would leave the children unordered; there the
+    tail's asymptote keeps them in order of mean and spread. A forecast without a Gaussian is
+    ranked by its expected speedup.
     """
-    mu = forecast.extra.get("log_speedup_mean", math.log(forecast.expected_speedup))
-    sigma = forecast.extra.get("log_speedup_sigma", 0.0)
+    mu = forecast.extra.get("log_speedup_mean", math.log(max(forecast.expected_speedup, 1e-300)))
+    sigma = forecast.extra.get("log_speedup_sigma_within", forecast.extra.get("log_speedup_sigma", 0.0))
     if not best_speedup or best_speedup <= 0:
         return mu
     gap = mu - math.log(best_speedup)
     if sigma <= 0:
-        return max(gap, 0.0) + 1e-6 * gap  # still ordered among those below the best
+        return math.log(gap) if gap > 0 else -1e6 + gap  # still ordered among those below the best
     z = gap / sigma
-    return gap * norm.cdf(z) + sigma * norm.pdf(z)
+    if z > -8:
+        return math.log(sigma) + math.log(z * math.exp(log_ndtr(z)) + norm.pdf(z))
+    # z * Phi(z) + phi(z) = phi(z) / z^2 * (1 - 3 / z^2 + 15 / z^4 - ...) as z -> -inf
+    return math.log(sigma) + norm.logpdf(z) - 2 * math.log(-z) + math.log1p(-3 / z ** 2 + 15 / z ** 4)

@@ -31,7 +31,7 @@ from storage.dataset import DataRoot
 from storage.schema import forecasts_from_frame, measurements_from_frame, records_from_frame
 from surrogate.bins import speedup_bin
 from surrogate.forecast import Forecast
-from surrogate.online import SearchSurrogate, expected_improvement
+from surrogate.online import SearchSurrogate, log_expected_improvement
 from surrogate.policies import BudgetPolicy, ConformalRiskPolicy, Selection, ThresholdPolicy
 from tasks.config import ConfigError, SearchConfig
 from tasks.state import Archive, breed
@@ -181,7 +181,7 @@ class Search:
         else:
             _, best = self.archive.best()
             policy = BudgetPolicy(gen.budget, self._trust_policy(),
-                                  rank=lambda f: expected_improvement(f, best or 0.0))
+                                  rank=lambda f: log_expected_improvement(f, best or 0.0))
             gen.selection = policy.select(gen.forecasts, best or 0.0)
         return gen.selection
 
