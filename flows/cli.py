@@ -263,6 +263,8 @@ _SEARCH_FLAGS = {
     "policy": (str, "budget (confidence threshold) or conformal (certified risk)"),
     "trust_threshold": (float, "max-probability at which a forecast is trusted (policy budget)"),
     "target_risk": (float, "risk of trusting a forecast off by more than one bin (policy conformal)"),
+    "acquisition": (str, "how unsure children are chosen: thompson (a draw from each forecast, default) or ei "
+                         "(expected improvement)"),
     "gpu_seconds_budget": (float, "also stop once this many GPU-seconds are charged"),
     "seed": (int, "random seed"), "run_id": (str, "run id; rerun the same id to resume"),
     "backend": (str, "auto, local, replay or ray"), "replay_pool": (str, "measured pool the replay backend answers from"),

@@ -19,6 +19,7 @@ PACKAGED_POOL = str(Path(__file__).resolve().parents[1] / "data" / "pools")
 
 GENERATORS = ("template", "llm")  # llm: a model proposes children (tasks/llm_generator.py), template ones fill up
 POLICIES = ("budget", "conformal")
+ACQUISITIONS = ("thompson", "ei")  # how unsure children are ranked for the budget (surrogate.online)
 BACKENDS = ("auto", "local", "replay", "ray")
 NO_SURROGATE = "none"  # the equal-budget baseline: every child is measured
 _RUN_ID = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
@@ -44,6 +45,7 @@ class SearchConfig:
     policy: str = "budget"  # budget: trust a confidence threshold; conformal: a certified risk
     trust_threshold: float = 0.9  # max-probability at which a forecast is trusted (policy budget)
     target_risk: float = 0.05  # trusted-and-wrong-by-more-than-one-bin rate (policy conformal)
+    acquisition: str = "thompson"  # thompson: a draw from each child's forecast; ei: expected improvement
     explore: float = 0.2  # fraction of children drawn fresh from the space rather than bred from parents
     gpu_seconds_budget: float = 0.0  # stop after the generation that spends this much GPU time (0: no limit)
     seed: int = 0
@@ -135,7 +137,8 @@ def validate(config: SearchConfig) -> SearchConfig:
     surrogates = (*FACTORIES, "llm", NO_SURROGATE)
     if config.surrogate not in surrogates:
         raise ConfigError(f"unknown surrogate {config.surrogate!r}; known: {', '.join(surrogates)}")
-    for name, allowed in (("generator", GENERATORS), ("policy", POLICIES), ("backend", BACKENDS)):
+    for name, allowed in (("generator", GENERATORS), ("policy", POLICIES), ("acquisition", ACQUISITIONS),
+                          ("backend", BACKENDS)):
         if getattr(config, name) not in allowed:
             raise ConfigError(f"unknown {name} {getattr(config, name)!r}; known: {', '.join(allowed)}")
     if config.generator == "template" and is_imported_name(config.op):

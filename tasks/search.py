@@ -31,7 +31,7 @@ from storage.dataset import DataRoot
 from storage.schema import forecasts_from_frame, measurements_from_frame, records_from_frame
 from surrogate.bins import speedup_bin
 from surrogate.forecast import Forecast
-from surrogate.online import SearchSurrogate, log_expected_improvement
+from surrogate.online import SearchSurrogate, log_expected_improvement, thompson_draw
 from surrogate.policies import BudgetPolicy, ConformalRiskPolicy, Selection, ThresholdPolicy
 from tasks.config import ConfigError, SearchConfig
 from tasks.state import Archive, breed
@@ -131,7 +131,7 @@ class Search:
             params = {k: v for k, v in dataclasses.asdict(c).items() if k not in ("storage_options",)}
             self.mlflow_run = self.tracker.start(c.run_id, params, tags={
                 "op": c.op, "gpu_type": c.gpu_type, "surrogate": c.surrogate, "policy": c.policy,
-                "generator": c.generator, "budget": str(c.budget), "seed": str(c.seed),
+                "generator": c.generator, "acquisition": c.acquisition, "budget": str(c.budget), "seed": str(c.seed),
                 "baseline": str(not c.surrogate_on).lower(), "replayed": str(self.replayed).lower()})
         return self
 
@@ -180,8 +180,13 @@ class Search:
                                       drop=[ch.candidate_id for ch in gen.children[gen.budget:]])
         else:
             _, best = self.archive.best()
-            policy = BudgetPolicy(gen.budget, self._trust_policy(),
-                                  rank=lambda f: log_expected_improvement(f, best or 0.0))
+            if self.config.acquisition == "ei":
+                def rank(f):
+                    return log_expected_improvement(f, best or 0.0)
+            else:
+                def rank(f):
+                    return thompson_draw(f, f"{self.config.seed}:{gen.index}")
+            policy = BudgetPolicy(gen.budget, self._trust_policy(), rank=rank)
             gen.selection = policy.select(gen.forecasts, best or 0.0)
         return gen.selection
 

@@ -11,7 +11,7 @@ from kernels.ops import get_operation
 from kernels.records import HardwareSpec, Measurement
 from kernels.spaces import get_space
 from surrogate.forecast import Forecast
-from surrogate.online import SearchSurrogate, log_expected_improvement
+from surrogate.online import SearchSurrogate, log_expected_improvement, thompson_draw
 
 H100 = HardwareSpec(gpu_type="h100", device_name="NVIDIA H100 80GB HBM3")
 LEVEL_ERROR = 0.7  # the prior's level is this far below the truth, for every child alike
@@ -103,3 +103,24 @@ def test_log_expected_improvement_ranks_by_the_within_pool_spread_not_the_whole(
         return Forecast("c", "r", "x", "1", (1 / 8,) * 8, extra={
             "log_speedup_mean": -0.1, "log_speedup_sigma": total, "log_speedup_sigma_within": 0.1})
     assert log_expected_improvement(f(0.2), 1.0) == log_expected_improvement(f(2.0), 1.0)
+
+
+def _gaussian(cid, mu, sigma):
+    return Forecast(cid, "r", "x", "1", (1 / 8,) * 8, extra={"log_speedup_mean": mu, "log_speedup_sigma_within": sigma,
+                                                             "log_speedup_sigma": 5.0})
+
+
+def test_thompson_draws_are_a_pure_function_of_the_key_and_the_candidate():
+    f = _gaussian("abc", 0.3, 0.2)
+    assert thompson_draw(f, "0:1") == thompson_draw(f, "0:1")
+    assert thompson_draw(f, "0:1") != thompson_draw(f, "0:2")
+    assert thompson_draw(_gaussian("abc", 0.3, 0.0), "0:1") == 0.3
+
+
+def test_thompson_draws_follow_the_within_pool_gaussian():
+    draws = np.array([thompson_draw(_gaussian("abc", 0.3, 0.2), f"s:{k}") for k in range(4000)])
+    assert draws.mean() == pytest.approx(0.3, abs=0.01) and draws.std() == pytest.approx(0.2, abs=0.01)
+    # The better of two children is chosen as often as it is likely to be the better one.
+    a, b = _gaussian("a", 0.0, 0.1), _gaussian("b", 0.1, 0.1)
+    wins = np.mean([thompson_draw(b, f"s:{k}") > thompson_draw(a, f"s:{k}") for k in range(4000)])
+    assert wins == pytest.approx(norm.cdf(0.1 / math.hypot(0.1, 0.1)), abs=0.03)

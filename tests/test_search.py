@@ -139,6 +139,7 @@ def test_a_run_id_of_another_operation_is_refused_before_measuring(tmp_path):
     ({"budget": -4}, "budget must be a positive whole number"),
     ({"generations": 0}, "generations must be a positive whole number"),
     ({"policy": "yolo"}, "unknown policy 'yolo'"),
+    ({"acquisition": "ucb"}, "unknown acquisition 'ucb'; known: thompson, ei"),
     ({"surrogate": "llm"}, "needs llm_url"),
     ({"generator": "evolve"}, "unknown generator 'evolve'; known: template, llm"),
     ({"generator": "llm"}, "generator 'llm' needs generator_url"),
