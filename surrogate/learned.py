@@ -123,28 +123,39 @@ class LearnedForecaster:
     def _mean(self, level: np.ndarray, log_scale: np.ndarray, rank: np.ndarray) -> np.ndarray:
         return level + np.exp(log_scale) * np.interp(np.clip(rank, 0.0, 1.0), _SHAPE_GRID, self.shape_)
 
-    def predict_log_speedup(self, requests: Sequence[ForecastRequest],
-                            within_pool: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """(mean, spread) of log speedup per request.
+    def predict_log_speedup(self, requests: Sequence[ForecastRequest]) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, spread) of log speedup per request; the spread is the whole forecast error,
+        the pool's level included."""
+        mu, (sigma,) = self._predict(requests, (self.spread_model_,))
+        return mu, sigma
 
-        The spread is the whole forecast error, the pool's level included. ``within_pool`` asks
-        instead for the error of the candidate's place within its pool alone: what separates
-        candidates of one operation on one GPU, once a search has measured a few and so knows
-        the level (``surrogate.online``)."""
+    def predict_log_speedup_split(self, requests: Sequence[ForecastRequest]) -> tuple[np.ndarray, ...]:
+        """(mean, whole spread, within-pool spread) of log speedup per request, in one pass.
+
+        The within-pool spread is the error of the candidate's place within its pool alone:
+        what separates candidates of one operation on one GPU once a search has measured a
+        few and so knows the level (``surrogate.online``)."""
+        mu, (sigma, within) = self._predict(requests, (self.spread_model_, self.within_model_))
+        return mu, sigma, within
+
+    def _predict(self, requests: Sequence[ForecastRequest], spread_models) -> tuple[np.ndarray, list[np.ndarray]]:
         if not requests:
-            return np.empty(0), np.empty(0)
+            return np.empty(0), [np.empty(0) for _ in spread_models]
         X = _encode(feature_matrix(list(requests)))
         pools, which = np.unique(X[:, _POOL_COLUMNS], axis=0, return_inverse=True)
         which = which.ravel()
         mu = self._mean(self.level_model_.predict(pools)[which], self.scale_model_.predict(pools)[which],
                         self.rank_model_.predict(X))
-        sigma = np.maximum((self.within_model_ if within_pool else self.spread_model_).predict(X), _MIN_SIGMA)
         # A kernel that is no template variant (an imported submission, free-form source) has
         # launch-parameter and code features unlike any the models were fit on. What is known
         # of it a priori: nothing beyond the anchor's speed. So: as fast as the anchor, and
         # unsure enough that no bin is likely, which makes every policy measure it.
         novel = np.array([not r.candidate.template for r in requests])
-        return np.where(novel, 0.0, mu), np.where(novel, np.maximum(sigma, _NOVEL_SIGMA), sigma)
+        spreads = []
+        for model in spread_models:
+            sigma = np.maximum(model.predict(X), _MIN_SIGMA)
+            spreads.append(np.where(novel, np.maximum(sigma, _NOVEL_SIGMA), sigma))
+        return np.where(novel, 0.0, mu), spreads
 
     def forecast(self, requests: Sequence[ForecastRequest]) -> list[Forecast]:
         if not hasattr(self, "level_model_"):

@@ -18,7 +18,7 @@ on this operation, in closed form, every generation:
 - spread: rescaled so that the residuals' z-scores have unit variance.
 
 A forecaster that can also say how unsure it is of a candidate's place *within* the pool
-(``predict_log_speedup(..., within_pool=True)``: the learned one) has its spread split in two:
+(``predict_log_speedup_split``: the learned one) has its spread split in two:
 the level of the operation, which every candidate shares and which the first measurements
 pin down (its variance shrinks as 1 / (1/level² + n/within²) with n measured), and the
 within-pool part, which is what tells candidates apart. The bin probabilities use both;
@@ -31,7 +31,6 @@ measured first.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import math
 import time
 import zlib
@@ -102,13 +101,6 @@ class SearchSurrogate:
     def gaussian(self) -> bool:
         return hasattr(self.forecaster, "predict_log_speedup")
 
-    @property
-    def splits_spread(self) -> bool:
-        """Whether the forecaster can give its within-pool spread apart from the whole."""
-        try:
-            return "within_pool" in inspect.signature(self.forecaster.predict_log_speedup).parameters
-        except (AttributeError, TypeError, ValueError):
-            return False
 
     def _request(self, candidate: Candidate, cases: tuple[int, ...]) -> ForecastRequest:
         return ForecastRequest(anchor=self.reference, candidate=candidate, op=self.op, hardware=self.hardware,
@@ -120,8 +112,11 @@ class SearchSurrogate:
         over the op's cases; the within-pool sigma is the whole one for a forecaster that does not split it."""
         k = len(self.case_names)
         requests = [self._request(c, (i,)) for c in candidates for i in range(k)]
-        mu, sigma = self.forecaster.predict_log_speedup(requests)
-        within = self.forecaster.predict_log_speedup(requests, within_pool=True)[1] if self.splits_spread else sigma
+        if hasattr(self.forecaster, "predict_log_speedup_split"):
+            mu, sigma, within = self.forecaster.predict_log_speedup_split(requests)
+        else:
+            mu, sigma = self.forecaster.predict_log_speedup(requests)
+            within = sigma
         sigma, within = (np.asarray(v).reshape(-1, k).mean(axis=1) for v in (sigma, within))
         return np.asarray(mu).reshape(-1, k).mean(axis=1), sigma, np.minimum(within, sigma)
 

@@ -28,14 +28,17 @@ class SplitSpreadForecaster:
 
     name, version = "split", "1"
 
-    def predict_log_speedup(self, requests, within_pool=False):
-        mu = np.array([true_log_speedup(r.candidate) - LEVEL_ERROR for r in requests])
-        return mu, np.full(len(mu), 0.2 if within_pool else 0.8)
-
-
-class WholeSpreadForecaster(SplitSpreadForecaster):
     def predict_log_speedup(self, requests):
-        return super().predict_log_speedup(requests)
+        return np.array([true_log_speedup(r.candidate) - LEVEL_ERROR for r in requests]), np.full(len(requests), 0.8)
+
+    def predict_log_speedup_split(self, requests):
+        mu, sigma = self.predict_log_speedup(requests)
+        return mu, sigma, np.full(len(requests), 0.2)
+
+
+class WholeSpreadForecaster:
+    name, version = "whole", "1"
+    predict_log_speedup = SplitSpreadForecaster.predict_log_speedup
 
 
 @pytest.fixture(scope="module")

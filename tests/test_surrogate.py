@@ -123,3 +123,16 @@ def test_learned_forecast_of_a_kernel_unlike_any_template_variant_is_unsure(rand
     novel = learned.forecast(foreign)
     assert all(f.extra["log_speedup_sigma"] >= 1.0 and f.max_probability < 0.35 for f in novel)
     assert np.mean([f.max_probability for f in known]) > np.mean([f.max_probability for f in novel])
+
+
+def test_learned_split_spread_agrees_with_the_whole_forecast_and_stays_unsure_of_novel_kernels(random_split, learned):
+    import dataclasses
+
+    requests = requests_from(random_split[1].head(60))
+    mu, sigma = learned.predict_log_speedup(requests)
+    mu2, sigma2, within = learned.predict_log_speedup_split(requests)
+    assert np.allclose(mu, mu2) and np.allclose(sigma, sigma2)
+    assert (within > 0).all() and not np.allclose(within, sigma)  # a model of its own
+    foreign = [dataclasses.replace(r, candidate=dataclasses.replace(r.candidate, template=None)) for r in requests]
+    _, novel_sigma, novel_within = learned.predict_log_speedup_split(foreign)
+    assert (novel_sigma >= 1.0).all() and (novel_within >= 1.0).all()
