@@ -23,9 +23,9 @@ the level of the operation, which every candidate shares and which the first mea
 pin down (its variance shrinks as 1 / (1/level² + n/within²) with n measured), and the
 within-pool part, which is what tells candidates apart. The bin probabilities use both;
 choosing what to measure uses the within-pool part alone (``thompson_draw``,
-``log_expected_improvement``), since a level error shifts every child of a generation alike. Ranked by the whole spread,
-the children the prior is least sure of, which on these spaces are mostly slow ones, were
-measured first.
+``log_expected_improvement``), since a level error shifts every child of a generation
+alike. Ranked by the whole spread, the children the prior is least sure of, which on
+these spaces are mostly slow ones, were measured first.
 """
 
 from __future__ import annotations
@@ -100,7 +100,6 @@ class SearchSurrogate:
     @property
     def gaussian(self) -> bool:
         return hasattr(self.forecaster, "predict_log_speedup")
-
 
     def _request(self, candidate: Candidate, cases: tuple[int, ...]) -> ForecastRequest:
         return ForecastRequest(anchor=self.reference, candidate=candidate, op=self.op, hardware=self.hardware,
@@ -195,8 +194,7 @@ def log_expected_improvement(forecast: Forecast, best_speedup: float) -> float:
     tail's asymptote keeps them in order of mean and spread. A forecast without a Gaussian is
     ranked by its expected speedup.
     """
-    mu = forecast.extra.get("log_speedup_mean", math.log(max(forecast.expected_speedup, 1e-300)))
-    sigma = forecast.extra.get("log_speedup_sigma_within", forecast.extra.get("log_speedup_sigma", 0.0))
+    mu, sigma = _within_gaussian(forecast)
     if not best_speedup or best_speedup <= 0:
         return mu
     gap = mu - math.log(best_speedup)
@@ -220,7 +218,13 @@ def thompson_draw(forecast: Forecast, key: str) -> float:
     is a pure function of ``key`` (the run's seed and generation) and the candidate, so a
     resumed run chooses what the interrupted one chose.
     """
-    mu = forecast.extra.get("log_speedup_mean", math.log(max(forecast.expected_speedup, 1e-300)))
-    sigma = forecast.extra.get("log_speedup_sigma_within", forecast.extra.get("log_speedup_sigma", 0.0))
+    mu, sigma = _within_gaussian(forecast)
     digest = hashlib.blake2b(f"{key}:{forecast.candidate_id}".encode(), digest_size=8).digest()
     return mu + sigma * float(norm.ppf((int.from_bytes(digest, "big") + 0.5) / 2.0 ** 64))
+
+
+def _within_gaussian(forecast: Forecast) -> tuple[float, float]:
+    """(mean, within-pool spread) of a forecast's log speedup: the whole spread where it gives no
+    within-pool one, and (log expected speedup, 0) where it gives no Gaussian at all."""
+    mu = forecast.extra.get("log_speedup_mean", math.log(max(forecast.expected_speedup, 1e-300)))
+    return mu, forecast.extra.get("log_speedup_sigma_within", forecast.extra.get("log_speedup_sigma", 0.0))

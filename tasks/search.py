@@ -15,7 +15,6 @@ one; a measured candidate is never measured twice and never lost.
 from __future__ import annotations
 
 import dataclasses
-import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -180,12 +179,9 @@ class Search:
                                       drop=[ch.candidate_id for ch in gen.children[gen.budget:]])
         else:
             _, best = self.archive.best()
-            if self.config.acquisition == "ei":
-                def rank(f):
-                    return log_expected_improvement(f, best or 0.0)
-            else:
-                def rank(f):
-                    return thompson_draw(f, f"{self.config.seed}:{gen.index}")
+            key = f"{self.config.seed}:{gen.index}"  # a resumed run draws what the interrupted one drew
+            rank = (lambda f: log_expected_improvement(f, best or 0.0)) if self.config.acquisition == "ei" \
+                else (lambda f: thompson_draw(f, key))
             policy = BudgetPolicy(gen.budget, self._trust_policy(), rank=rank)
             gen.selection = policy.select(gen.forecasts, best or 0.0)
         return gen.selection
