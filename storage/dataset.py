@@ -27,6 +27,7 @@ import itertools
 import logging
 import os
 import posixpath
+import random
 import re
 import time
 import uuid
@@ -170,15 +171,19 @@ class DataRoot:
         return self._call("read", self._table_path(spec), read)
 
     def _read_where(self, spec: TableSpec, where: dict[str, str], columns: list[str] | None = None,
-                    attempts: int = 5) -> pa.Table:
+                    attempts: int = 10) -> pa.Table:
         """List, then read, the files of ``spec`` matching ``where``, listing again if one vanished in between:
-        a compaction removes files only after writing their rows into a merged file, which a new listing finds."""
+        a compaction removes files only after writing their rows into a merged file, which a new listing finds.
+        Between attempts a short, growing, jittered pause, so that a reader does not keep losing the same
+        race against a compactor that runs back to back."""
+        jitter = random.Random()
         for attempt in range(attempts):
             try:
                 return self._read_files(spec, self._files(spec, where), columns)
             except StorageError as exc:
                 if attempt == attempts - 1 or not _caused_by_missing_file(exc):
                     raise
+                time.sleep(jitter.uniform(0.0, 0.005 * 2 ** min(attempt, 6)))
         raise AssertionError("unreachable")
 
     def _put(self, path: str, data: bytes, retry: bool = True) -> None:

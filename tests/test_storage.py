@@ -281,3 +281,28 @@ def test_unreachable_s3_endpoint_error_names_the_uri(aws_credentials: None):
     with pytest.raises(StorageError, match=r"s3://kernelcast/unreachable/candidates.*retry budget 1 s"):
         root.read_candidates()
     assert root.retried >= 1  # how many fit in the budget depends on how long each refused attempt takes
+
+
+class _VanishingFiles(DataRoot):
+    """A data root whose listings name a file that is gone by the time it is read, for the first
+    ``stale`` listings: what a reader sees while a compactor runs back to back (test-only)."""
+
+    stale = 0
+
+    def _files(self, spec, where):
+        files = super()._files(spec, where)
+        if self.stale > 0:
+            self.stale -= 1
+            return files + [files[0].replace("part-", "part-gone-")]
+        return files
+
+
+def test_a_reader_lists_again_through_many_files_vanishing_under_it(tmp_path):
+    root = _VanishingFiles(str(tmp_path / "data"))
+    root.write_measurements([Measurement(f"c{i}", "softmax", "h100", "ok", "replay", speedup=1.0 + i)
+                             for i in range(5)])
+    root.stale = 7  # more than a handful of lost races in a row
+    assert sorted(root.read("measurements")["candidate_id"]) == [f"c{i}" for i in range(5)]
+    root.stale = 1000  # a file that never stops vanishing is an error naming the root
+    with pytest.raises(StorageError, match="cannot read .*measurements: FileNotFoundError"):
+        root.read("measurements")
