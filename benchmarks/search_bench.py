@@ -45,6 +45,8 @@ def main(argv=None) -> int:
     p.add_argument("--children", type=int, default=256)
     p.add_argument("--gpu-type", default="h100")
     p.add_argument("--backend", default="replay", help="replay (the committed pool) or local (this machine's GPU)")
+    p.add_argument("--prior-scope", default="other-ops",
+                   help="what the learned prior saw of the searched op: other-ops (nothing), other-gpus, all")
     p.add_argument("--data", default="/tmp/kernelcast-search-bench")
     p.add_argument("--json", default="", help="write every run's numbers here")
     args = p.parse_args(argv)
@@ -55,7 +57,8 @@ def main(argv=None) -> int:
             for seed in range(args.seeds):
                 base = dict(op=op, gpu_type=args.gpu_type, budget=budget, generations=args.generations,
                             children=args.children, seed=seed, data=args.data, backend=args.backend)
-                sur, sur_traj, sur_s, sur_over = run_one(SearchConfig(**base, surrogate="learned"))
+                sur, sur_traj, sur_s, sur_over = run_one(SearchConfig(**base, surrogate="learned",
+                                                                      prior_scope=args.prior_scope))
                 bl, _, bl_s, _ = run_one(SearchConfig(**base, surrogate="none"))
                 target = bl.best_speedup or 0.0
                 reached = next((i + 1 for i, s in enumerate(itertools.accumulate(sur_traj, max)) if s >= target), None)

@@ -269,6 +269,8 @@ _SEARCH_FLAGS = {
     "seed": (int, "random seed"), "run_id": (str, "run id; rerun the same id to resume"),
     "backend": (str, "auto, local, replay or ray"), "replay_pool": (str, "measured pool the replay backend answers from"),
     "prior_data": (str, "measurements the learned surrogate's prior is fit on"),
+    "prior_scope": (str, "what the prior saw of the searched op: other-ops (nothing, default), other-gpus (its "
+                         "measurements on other GPU types), all"),
     "storage_retry_s": (float, "seconds a storage outage is retried before the search fails (default 120)"),
     "tracking_uri": (str, "MLflow tracking URI (default: sqlite under a local data root)"),
     "experiment": (str, "MLflow experiment"), "llm_url": (str, "OpenAI-compatible endpoint (surrogate llm)"),
@@ -411,11 +413,18 @@ def cmd_train(args) -> int:
               f"({run['pairs_per_second']:.2f} pairs/s); adapter in {run['adapter_dir']}"
               + (f"; MLflow run {run['mlflow_run_id']}" if run["mlflow_run_id"] else ""))
         return 0
-    given = [f"--{n.replace('_', '-')}" for n in ("pairs", "gpu_type", *_GRPO_FLAGS) if getattr(args, n) is not None]
+    given = [f"--{n.replace('_', '-')}" for n in ("pairs", *_GRPO_FLAGS) if getattr(args, n) is not None]
     if given:
         raise UsageError(f"{', '.join(given)}: only for --surrogate llm-grpo")
-    fitted = train_surrogate(surrogate=args.surrogate, prior_data=args.prior_data or "", data=args.data, ops=args.op)
-    print(f"fitted the {args.surrogate} prior without each of: {', '.join(fitted)}; stored under {args.data}/models")
+    from tasks.config import ConfigError
+
+    try:
+        fitted = train_surrogate(surrogate=args.surrogate, prior_data=args.prior_data or "", data=args.data,
+                                 ops=args.op, gpu_type=args.gpu_type, prior_scope=args.prior_scope)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"fitted the {args.surrogate} prior ({args.prior_scope}) for each of: {', '.join(fitted)}; "
+          f"stored under {args.data}/models")
     return 0
 
 
@@ -515,7 +524,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--op", default="all")
     sp.add_argument("--pairs", default=None, help="llm-grpo: pairs file from `kernelcast pairs` (default: "
                                                   "drawn from --prior-data)")
-    sp.add_argument("--gpu-type", default=None, help="llm-grpo: draw pairs from this GPU type's measurements")
+    sp.add_argument("--gpu-type", default=None, help="the GPU type the priors are for (default: as a search "
+                    "chooses); llm-grpo: draw pairs from this GPU type's measurements")
+    sp.add_argument("--prior-scope", default="other-ops", help="what each op's prior sees of it: other-ops "
+                    "(nothing, default), other-gpus (its measurements on other GPU types), all")
     for name, (kind, text) in _GRPO_FLAGS.items():
         sp.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=None, help=text)
     data_args(sp)

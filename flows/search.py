@@ -121,9 +121,10 @@ def evaluate_surrogate(surrogate: str = "learned", data: str = "data/pools", spl
 @flow(name="train-surrogate", flow_run_name="train {surrogate} from {prior_data}", log_prints=True)
 def train_surrogate(surrogate: str = "learned", prior_data: str = "", data: str = "kernelcast-data",
                     ops: str = "all", pairs: str = "", gpu_type: str | None = None,
-                    grpo: dict[str, Any] | None = None) -> list[str] | dict:
-    """Refit the surrogate prior for each operation (held out of its own prior) and store it under ``data``,
-    where every later search of that operation picks it up instead of fitting again.
+                    grpo: dict[str, Any] | None = None, prior_scope: str = "other-ops") -> list[str] | dict:
+    """Refit the surrogate prior for each operation (held out of its own prior, as ``prior_scope`` says) on
+    ``gpu_type`` (default: as a search would choose) and store it under ``data``, where every later search
+    of that operation on that GPU type picks it up instead of fitting again.
 
     ``surrogate='llm-grpo'`` instead trains an LLM surrogate with GRPO (``grpo`` holds
     ``surrogate.grpo.GRPOSettings``' fields) on the pairs file ``pairs``, or on pairs drawn from the
@@ -140,13 +141,15 @@ def train_surrogate(surrogate: str = "learned", prior_data: str = "", data: str 
 
     from kernels.ops import OPERATIONS
     from tasks.config import PACKAGED_POOL
-    from tasks.setup import data_root, fit_prior
+    from tasks.setup import data_root, fit_prior, resolve
 
     names = list(OPERATIONS) if ops == "all" else [o.strip() for o in ops.split(",")]
     fitted = []
     for name in names:
-        config = SearchConfig(op=name, surrogate=surrogate, prior_data=prior_data or PACKAGED_POOL, data=data)
-        task(fit_prior, name="fit prior", task_run_name=f"fit {surrogate} without {name}",
+        # Resolved as a search resolves it, so the fitted prior is stored under the key a search looks up.
+        config = resolve(SearchConfig(op=name, surrogate=surrogate, prior_data=prior_data or PACKAGED_POOL,
+                                      data=data, gpu_type=gpu_type or "auto", prior_scope=prior_scope))
+        task(fit_prior, name="fit prior", task_run_name=f"fit {surrogate} for {name} ({prior_scope})",
              cache_policy=NO_CACHE)(config, data_root(config))
         fitted.append(name)
     return fitted

@@ -72,12 +72,15 @@ class LearnedForecaster:
     name = "learned"
 
     def __init__(self, max_iter: int = 300, learning_rate: float = 0.05, max_leaf_nodes: int = 31,
-                 folds: int = 4, random_state: int = 0):
+                 folds: int = 4, random_state: int = 0, held_out: str = "op"):
+        if held_out not in ("op", "gpu_type"):
+            raise ValueError(f"held_out must be 'op' or 'gpu_type', got {held_out!r}")
         self.max_iter = max_iter
         self.learning_rate = learning_rate
         self.max_leaf_nodes = max_leaf_nodes
         self.folds = folds
         self.random_state = random_state
+        self.held_out = held_out
 
     @property
     def version(self) -> str:
@@ -100,12 +103,16 @@ class LearnedForecaster:
         rank = pool.rank(pct=True).to_numpy()
         self.shape_ = _mean_shape(pd.Series((y - level) / scale, index=ok.index).groupby(
             [ok["op"], ok["case_name"], ok["gpu_type"]]))
-        # Out-of-fold residuals, grouped by operation where there are several, so the spread
-        # model learns how wrong the mean is on operations it has not seen.
-        by = ok["op"].to_numpy() if ok["op"].nunique() >= self.folds else ok["candidate_id"].to_numpy()
+        # Out-of-fold residuals, so the spread models learn how wrong the mean is on what they
+        # will be asked about: by default operations never seen (folds by operation); with
+        # held_out "gpu_type", operations seen on another GPU type (porting a tuned operation):
+        # each fold holds out one GPU type's rows of some operations while their other GPU
+        # types' rows stay in, and only operations measured on two or more GPU types count.
+        folds, use = self._folds(ok)
         oof, oof_within = np.zeros_like(y), np.zeros_like(y)
         P = X[:, _POOL_COLUMNS]
-        for train, test in GroupKFold(n_splits=min(self.folds, len(set(by)))).split(X, y, by):
+        for test_mask in folds:
+            train, test = np.flatnonzero(~test_mask), np.flatnonzero(test_mask)
             oof_rank = self._model().fit(X[train], rank[train]).predict(X[test])
             oof[test] = self._mean(self._model().fit(P[train], level[train]).predict(P[test]),
                                    self._model().fit(P[train], np.log(scale[train])).predict(P[test]), oof_rank)
@@ -115,10 +122,33 @@ class LearnedForecaster:
         self.level_model_ = self._model().fit(P, level)
         self.scale_model_ = self._model().fit(P, np.log(scale))
         self.rank_model_ = self._model().fit(X, rank)
-        self.spread_model_ = self._model().fit(X, np.abs(y - oof) * math.sqrt(math.pi / 2))
-        self.within_model_ = self._model().fit(X, np.abs(y - oof_within) * math.sqrt(math.pi / 2))
+        self.spread_model_ = self._model().fit(X[use], np.abs(y - oof)[use] * math.sqrt(math.pi / 2))
+        self.within_model_ = self._model().fit(X[use], np.abs(y - oof_within)[use] * math.sqrt(math.pi / 2))
         self.n_train_ = len(ok)
         return self
+
+    def _folds(self, ok: pd.DataFrame) -> tuple[list[np.ndarray], np.ndarray]:
+        """Test masks of the out-of-fold residuals, and which rows the spread models learn from."""
+        everything = np.ones(len(ok), dtype=bool)
+        if self.held_out == "gpu_type":
+            gpus_per_op = ok.groupby("op")["gpu_type"].transform("nunique").to_numpy()
+            use = gpus_per_op >= 2
+            if use.any():
+                op_code = pd.factorize(ok["op"])[0]
+                gpu_code = pd.factorize(ok["gpu_type"])[0]
+                k = min(self.folds, max(2, int(gpus_per_op.max())))
+                # an operation's GPU types land in different folds, so each held-out row's
+                # operation stays in training on another GPU type
+                fold = (op_code + gpu_code) % k
+                return [use & (fold == f) for f in range(k)], use
+        by = ok["op"].to_numpy() if ok["op"].nunique() >= self.folds else ok["candidate_id"].to_numpy()
+        splits = GroupKFold(n_splits=min(self.folds, len(set(by)))).split(np.zeros(len(ok)), groups=by)
+        masks = []
+        for _, test in splits:
+            mask = np.zeros(len(ok), dtype=bool)
+            mask[test] = True
+            masks.append(mask)
+        return masks, everything
 
     def _mean(self, level: np.ndarray, log_scale: np.ndarray, rank: np.ndarray) -> np.ndarray:
         return level + np.exp(log_scale) * np.interp(np.clip(rank, 0.0, 1.0), _SHAPE_GRID, self.shape_)

@@ -20,6 +20,10 @@ PACKAGED_POOL = str(Path(__file__).resolve().parents[1] / "data" / "pools")
 GENERATORS = ("template", "llm")  # llm: a model proposes children (tasks/llm_generator.py), template ones fill up
 POLICIES = ("budget", "conformal")
 ACQUISITIONS = ("thompson", "ei")  # how unsure children are ranked for the budget (surrogate.online)
+# What the learned prior may have seen of the searched operation: nothing (an honest forecast of
+# a new operation), its measurements on other GPU types (porting a tuned operation to a new GPU
+# type), or everything in prior_data.
+PRIOR_SCOPES = ("other-ops", "other-gpus", "all")
 BACKENDS = ("auto", "local", "replay", "ray")
 NO_SURROGATE = "none"  # the equal-budget baseline: every child is measured
 _RUN_ID = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
@@ -56,7 +60,7 @@ class SearchConfig:
     backend: str = "auto"  # auto: the local GPU if there is one, else replay from replay_pool
     replay_pool: str = PACKAGED_POOL
     prior_data: str = PACKAGED_POOL  # measurements the learned surrogate is first fit on
-    prior_includes_op: bool = False  # False: the prior never sees the searched op (an honest forecast)
+    prior_scope: str = "other-ops"  # other-ops | other-gpus | all: what the prior saw of the searched op
     tracking_uri: str = ""  # "" : sqlite under a local data root, else ./kernelcast-mlflow.db
     experiment: str = "kernelcast"
     llm_url: str = ""  # OpenAI-compatible endpoint for surrogate "llm"
@@ -138,7 +142,7 @@ def validate(config: SearchConfig) -> SearchConfig:
     if config.surrogate not in surrogates:
         raise ConfigError(f"unknown surrogate {config.surrogate!r}; known: {', '.join(surrogates)}")
     for name, allowed in (("generator", GENERATORS), ("policy", POLICIES), ("acquisition", ACQUISITIONS),
-                          ("backend", BACKENDS)):
+                          ("backend", BACKENDS), ("prior_scope", PRIOR_SCOPES)):
         if getattr(config, name) not in allowed:
             raise ConfigError(f"unknown {name} {getattr(config, name)!r}; known: {', '.join(allowed)}")
     if config.generator == "template" and is_imported_name(config.op):

@@ -88,8 +88,8 @@ def _code_version() -> str:
 
 def _prior_key(config: SearchConfig, prior: DataRoot) -> str:
     h = hashlib.sha256()
-    for part in (config.surrogate, _code_version(), prior.uri, config.gpu_type,
-                 "" if config.prior_includes_op else config.op, *sorted(prior.fingerprint("measurements"))):
+    for part in (config.surrogate, _code_version(), prior.uri, config.gpu_type, config.prior_scope,
+                 "" if config.prior_scope == "all" else config.op, *sorted(prior.fingerprint("measurements"))):
         h.update(part.encode() + b"\0")
     return h.hexdigest()[:16]
 
@@ -99,8 +99,30 @@ def model_path(config: SearchConfig) -> str:
     return posixpath.join(MODEL_FOLDER, f"{config.surrogate}-{_prior_key(config, DataRoot(config.prior_data))}.pkl")
 
 
+def prior_pairs(config: SearchConfig, pairs):
+    """The rows of ``pairs`` the prior of ``config`` may be fit on (``prior_scope``).
+
+    other-ops and all: the searched GPU type's rows when there are any (no cross-GPU shift, half
+    the fitting time), every GPU type's otherwise; other-ops without the searched operation.
+    other-gpus: every GPU type's rows but the searched operation's on the searched GPU type, and
+    an error when no other GPU type has the operation measured, since the prior would then be
+    other-ops under another name.
+    """
+    if pairs.empty:
+        return pairs
+    op, gpu = pairs["op"] == config.op, pairs["gpu_type"] == config.gpu_type
+    if config.prior_scope == "other-gpus":
+        if not (op & ~gpu).any():
+            raise ConfigError(f"prior_scope other-gpus: {config.prior_data} has no measurements of {config.op} "
+                              f"on a GPU type other than {config.gpu_type}")
+        return pairs[~(op & gpu)]
+    if gpu.any():
+        pairs, op = pairs[gpu], op[gpu]
+    return pairs if config.prior_scope == "all" else pairs[~op]
+
+
 def fit_prior(config: SearchConfig, root: DataRoot):
-    """The learned surrogate fit on the prior data (without the searched op unless asked), cached under the root."""
+    """The learned surrogate fit on the prior data (as much of it as ``prior_scope`` allows), cached under the root."""
     from surrogate.dataset import case_pairs
     from surrogate.registry import get_forecaster_factory
 
@@ -109,19 +131,16 @@ def fit_prior(config: SearchConfig, root: DataRoot):
     stored = root.get_object(path)
     if stored is not None:
         return pickle.loads(stored)
-    # The searched GPU type's measurements when the prior has them (half the fitting time, no
-    # cross-GPU shift); every GPU type's otherwise.
-    pairs = case_pairs(prior, gpu_type=config.gpu_type)
-    if pairs.empty:
-        pairs = case_pairs(prior)
-    if not config.prior_includes_op and not pairs.empty:
-        pairs = pairs[pairs["op"] != config.op]
+    pairs = prior_pairs(config, case_pairs(prior))
     if pairs.empty:
         raise ConfigError(f"no measured pairs under {config.prior_data} to fit the {config.surrogate} surrogate on")
     # One OpenMP thread: gradient boosting's thread pool spins for its share of cores, and on a
     # busy machine (pytest, a Ray worker, a GPU harness compiling) that made fitting 20x slower.
     with threadpool_limits(limits=1, user_api="openmp"):
-        forecaster = get_forecaster_factory(config.surrogate)().fit(pairs)
+        forecaster = get_forecaster_factory(config.surrogate)()
+        if config.prior_scope == "other-gpus" and hasattr(forecaster, "held_out"):
+            forecaster.held_out = "gpu_type"  # its spread: the error of porting an op, not of a new op
+        forecaster = forecaster.fit(pairs)
     buffer = io.BytesIO()
     pickle.dump(forecaster, buffer)
     root.put_object(path, buffer.getvalue())

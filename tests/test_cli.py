@@ -65,3 +65,35 @@ def test_evaluate_refuses_an_unknown_surrogate_by_name(tmp_path, capsys):
 def test_evaluate_refuses_an_unknown_calibrator_before_reading_the_pool(tmp_path, capsys):
     assert main(["evaluate", "--surrogate", "learned", "--calibrator", "beta", "--data", str(tmp_path)]) == 2
     assert "unknown --calibrator 'beta'; known: temperature, isotonic, platt" in capsys.readouterr().err
+
+
+def _small_prior(path):
+    from storage.dataset import DataRoot
+    from storage.schema import candidates_from_frame, measurements_from_frame
+    from tasks.config import PACKAGED_POOL
+
+    pool, prior = DataRoot(PACKAGED_POOL), DataRoot(str(path))
+    for op, gpu in (("softmax", "h200"), ("rmsnorm", "h100"), ("rmsnorm", "h200")):
+        prior.write_candidates(candidates_from_frame(pool.read_candidates(op)))
+        prior.write_measurements(measurements_from_frame(pool.read_measurements(op=op, gpu_type=gpu)))
+    return prior
+
+
+def test_train_stores_the_prior_where_a_search_of_that_scope_looks_for_it(tmp_path, capsys):
+    from storage.dataset import DataRoot
+    from tasks.config import SearchConfig
+    from tasks.setup import model_path, resolve
+
+    prior, data = _small_prior(tmp_path / "prior"), str(tmp_path / "data")
+    args = ["train", "--op", "softmax", "--prior-data", prior.uri, "--data", data]
+    assert main(args + ["--prior-scope", "other-gpus", "--gpu-type", "h100"]) == 0
+    assert "(other-gpus) for each of: softmax" in capsys.readouterr().out
+
+    def stored(scope):
+        search = resolve(SearchConfig(op="softmax", surrogate="learned", prior_data=prior.uri, data=data,
+                                      backend="replay", gpu_type="h100", prior_scope=scope))
+        return DataRoot(data).get_object(model_path(search)) is not None
+
+    assert stored("other-gpus") and not stored("other-ops")
+    assert main(args + ["--prior-scope", "everything"]) == 2
+    assert "unknown prior_scope 'everything'" in capsys.readouterr().err

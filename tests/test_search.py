@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import pandas as pd
 import pytest
 
 from kernels.records import Candidate
@@ -140,6 +141,7 @@ def test_a_run_id_of_another_operation_is_refused_before_measuring(tmp_path):
     ({"generations": 0}, "generations must be a positive whole number"),
     ({"policy": "yolo"}, "unknown policy 'yolo'"),
     ({"acquisition": "ucb"}, "unknown acquisition 'ucb'; known: thompson, ei"),
+    ({"prior_scope": "everything"}, "unknown prior_scope 'everything'; known: other-ops, other-gpus, all"),
     ({"surrogate": "llm"}, "needs llm_url"),
     ({"generator": "evolve"}, "unknown generator 'evolve'; known: template, llm"),
     ({"generator": "llm"}, "generator 'llm' needs generator_url"),
@@ -209,6 +211,32 @@ def test_mlflow_gets_one_run_per_search_with_per_generation_metrics_and_artifact
     names = {a.path for a in client.list_artifacts(mine.info.run_id)}
     assert {"best_kernel.py", "generations.csv", "search_curve.png"} <= names
     assert mine.info.status == "FINISHED"
+
+
+@pytest.mark.parametrize("scope, seen", [
+    ("other-ops", {("rmsnorm", "h100")}),
+    ("other-gpus", {("rmsnorm", "h100"), ("rmsnorm", "h200"), ("softmax", "h200")}),
+    ("all", {("rmsnorm", "h100"), ("softmax", "h100")}),
+])
+def test_the_prior_scope_decides_what_the_prior_sees_of_the_searched_op(tmp_path, scope, seen):
+    from surrogate.dataset import case_pairs
+    from tasks.setup import prior_pairs
+
+    pool = DataRoot(PACKAGED_POOL)
+    pairs = pd.concat([case_pairs(pool, op=op) for op in ("softmax", "rmsnorm")])
+    assert set(zip(pairs["op"], pairs["gpu_type"])) == {(o, g) for o in ("softmax", "rmsnorm") for g in ("h100", "h200")}
+    chosen = prior_pairs(config(tmp_path, prior_scope=scope), pairs)
+    assert set(zip(chosen["op"], chosen["gpu_type"])) == seen
+
+
+def test_porting_a_prior_from_other_gpus_needs_the_op_measured_on_one(tmp_path):
+    from surrogate.dataset import case_pairs
+    from tasks.setup import prior_pairs
+
+    pairs = case_pairs(DataRoot(PACKAGED_POOL), op="softmax", gpu_type="h100")
+    with pytest.raises(ConfigError, match="prior_scope other-gpus: .* has no measurements of softmax on a GPU "
+                                          "type other than h100"):
+        prior_pairs(config(tmp_path, prior_scope="other-gpus"), pairs)
 
 
 def test_learned_prior_never_sees_the_searched_op_and_is_cached(tmp_path):

@@ -136,3 +136,25 @@ def test_learned_split_spread_agrees_with_the_whole_forecast_and_stays_unsure_of
     foreign = [dataclasses.replace(r, candidate=dataclasses.replace(r.candidate, template=None)) for r in requests]
     _, novel_sigma, novel_within = learned.predict_log_speedup_split(foreign)
     assert (novel_sigma >= 1.0).all() and (novel_within >= 1.0).all()
+
+
+def test_a_prior_held_out_by_gpu_type_is_as_sure_of_a_ported_op_as_its_errors_warrant(pairs):
+    from surrogate.learned import LearnedForecaster
+
+    some = pairs[pairs["op"].isin(["softmax", "rmsnorm", "layernorm", "bias_gelu", "cross_entropy"])]
+    target = (some["op"] == "cross_entropy") & (some["gpu_type"] == "h100")
+    asked = some[target & (some["speedup"] > 0)]
+    new_op = LearnedForecaster(max_iter=100).fit(some[some["op"] != "cross_entropy"])
+    ported = LearnedForecaster(max_iter=100, held_out="gpu_type").fit(some[~target])
+    truth = np.log(asked["speedup"].to_numpy())
+    errors = {}
+    for name, model in (("new", new_op), ("ported", ported)):
+        mu, sigma, within = model.predict_log_speedup_split(requests_from(asked))
+        errors[name] = (np.sqrt(np.mean((truth - mu) ** 2)), np.median(sigma), np.median(within))
+    # Seeing the op on the H200 makes the forecast better, and the ported prior says so: its spread
+    # tracks its own error instead of the far larger error of an op never seen.
+    (new_err, new_sigma, _), (port_err, port_sigma, _) = errors["new"], errors["ported"]
+    assert port_err < 0.7 * new_err
+    assert port_sigma < 0.6 * new_sigma and 0.5 * port_err < port_sigma < 2.0 * port_err
+    with pytest.raises(ValueError, match="held_out must be 'op' or 'gpu_type'"):
+        LearnedForecaster(held_out="gpu")
