@@ -40,6 +40,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ops", default="all")
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     p.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64])
     p.add_argument("--generations", type=int, default=4)
     p.add_argument("--children", type=int, default=256)
@@ -54,7 +55,7 @@ def main(argv=None) -> int:
     rows = []
     for op in ops:
         for budget in args.budgets:
-            for seed in range(args.seeds):
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
                 base = dict(op=op, gpu_type=args.gpu_type, budget=budget, generations=args.generations,
                             children=args.children, seed=seed, data=args.data, backend=args.backend)
                 sur, sur_traj, sur_s, sur_over = run_one(SearchConfig(**base, surrogate="learned",
