@@ -416,8 +416,10 @@ def cmd_train(args) -> int:
     given = [f"--{n.replace('_', '-')}" for n in ("pairs", *_GRPO_FLAGS) if getattr(args, n) is not None]
     if given:
         raise UsageError(f"{', '.join(given)}: only for --surrogate llm-grpo")
-    from tasks.config import ConfigError
+    from tasks.config import PRIOR_SCOPES, ConfigError
 
+    if args.prior_scope not in PRIOR_SCOPES:  # before Prefect starts anything
+        raise UsageError(f"unknown prior_scope {args.prior_scope!r}; known: {', '.join(PRIOR_SCOPES)}")
     try:
         fitted = train_surrogate(surrogate=args.surrogate, prior_data=args.prior_data or "", data=args.data,
                                  ops=args.op, gpu_type=args.gpu_type, prior_scope=args.prior_scope)

@@ -79,15 +79,24 @@ def _small_prior(path):
     return prior
 
 
-def test_train_stores_the_prior_where_a_search_of_that_scope_looks_for_it(tmp_path, capsys):
+def test_train_stores_the_prior_where_a_search_of_that_scope_looks_for_it(tmp_path):
+    import contextlib
+    import io
+
+    from prefect.testing.utilities import prefect_test_harness
+
     from storage.dataset import DataRoot
     from tasks.config import SearchConfig
     from tasks.setup import model_path, resolve
 
     prior, data = _small_prior(tmp_path / "prior"), str(tmp_path / "data")
-    args = ["train", "--op", "softmax", "--prior-data", prior.uri, "--data", data]
-    assert main(args + ["--prior-scope", "other-gpus", "--gpu-type", "h100"]) == 0
-    assert "(other-gpus) for each of: softmax" in capsys.readouterr().out
+    printed = io.StringIO()
+    # A server of this test's own, and output away from pytest's capture: Prefect's log handlers
+    # outlive the test, and must not keep a stream pytest closes.
+    with prefect_test_harness(server_startup_timeout=180), contextlib.redirect_stdout(printed):
+        code = main(["train", "--op", "softmax", "--prior-data", prior.uri, "--data", data,
+                     "--prior-scope", "other-gpus", "--gpu-type", "h100"])
+    assert code == 0 and "(other-gpus) for each of: softmax" in printed.getvalue()
 
     def stored(scope):
         search = resolve(SearchConfig(op="softmax", surrogate="learned", prior_data=prior.uri, data=data,
@@ -95,5 +104,9 @@ def test_train_stores_the_prior_where_a_search_of_that_scope_looks_for_it(tmp_pa
         return DataRoot(data).get_object(model_path(search)) is not None
 
     assert stored("other-gpus") and not stored("other-ops")
-    assert main(args + ["--prior-scope", "everything"]) == 2
-    assert "unknown prior_scope 'everything'" in capsys.readouterr().err
+
+
+def test_train_refuses_an_unknown_prior_scope_before_fitting(tmp_path, capsys):
+    assert main(["train", "--op", "softmax", "--data", str(tmp_path), "--prior-scope", "everything"]) == 2
+    assert "unknown prior_scope 'everything'; known: other-ops, other-gpus, all" in capsys.readouterr().err
+    assert not (tmp_path / "models").exists()
