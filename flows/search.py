@@ -16,6 +16,7 @@ from prefect.cache_policies import NO_CACHE
 from tasks import steps
 from tasks.config import SearchConfig
 from tasks.report import summary_lines
+from tasks.search import screened_text
 
 
 @task(name="prepare", cache_policy=NO_CACHE)
@@ -73,6 +74,9 @@ def kernel_search(op: str, gpu_type: str = "auto", budget: int = 32, generations
             summary = steps.update(search, gen)
             logger.info("generation %d: measured %d, trusted %d, dropped %d, best measured speedup %s",
                         g, summary.measured, summary.trusted, summary.dropped, summary.best_speedup)
+            if summary.generator_asked:
+                logger.info("generation %d: the model wrote %d children of %d asked; dropped before forecasting: %s",
+                            g, summary.generator_children, summary.generator_asked, screened_text(summary))
         result = finish(search)
     finally:
         search.pool.close()

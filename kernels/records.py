@@ -179,7 +179,38 @@ class GenerationSummary:
     surrogate_within_one: float | None
     wall_seconds: float
     overhead_seconds: float  # wall time less measuring and forecasting
+    # What the model's answers came to (LLM generators; kernels.screen.SCREEN_REASONS): asked, kept, and
+    # dropped before forecasting by reason.
+    generator_asked: int = 0
+    generator_children: int = 0
+    screened_request_failed: int = 0
+    screened_no_code: int = 0
+    screened_unparsable: int = 0
+    screened_no_entry: int = 0
+    screened_signature: int = 0
+    screened_forbidden: int = 0
+    screened_duplicate: int = 0
     finished_at: datetime = field(default_factory=utc_now)
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Who wrote an LLM child, and how: enough to tell one model, prompt or sampling from another."""
+
+    run_id: str  # the search (or corpus round) that asked for it
+    candidate_id: str
+    op: str
+    parent_id: str | None
+    generator: str  # llm-variant (a template variant) | llm-source (a rewritten whole source)
+    model: str  # the model's name at its endpoint
+    model_sha256: str  # of its weights file, when known ("" otherwise)
+    prompt_version: str
+    temperature: float
+    seed: int  # the request's sampling seed
+    generation: int
+    answer_chars: int  # length of the model's whole answer
+    seconds: float  # the request's wall time
+    created_at: datetime = field(default_factory=utc_now)
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,9 @@ from typing import Iterable
 import pandas as pd
 import pyarrow as pa
 
-from kernels.records import (Candidate, Decision, GenerationSummary, HardwareSpec, Measurement, SearchRun,
-                             canonical_params)
+from kernels.records import (Candidate, Decision, GenerationSummary, HardwareSpec, Measurement, Provenance,
+                             SearchRun, canonical_params)
+from kernels.screen import SCREEN_REASONS
 from surrogate.forecast import Forecast
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -173,6 +174,10 @@ GENERATIONS = TableSpec(
         ("surrogate_within_one", pa.float64()),
         ("wall_seconds", pa.float64()),
         ("overhead_seconds", pa.float64()),
+        # Journals written before these columns existed read them as nulls.
+        ("generator_asked", pa.int32()),
+        ("generator_children", pa.int32()),
+        *[(f"screened_{reason}", pa.int32()) for reason in SCREEN_REASONS],
         ("finished_at", TIMESTAMP),
     ]),
     key=("run_id", "generation"),
@@ -192,10 +197,32 @@ RUNS = TableSpec(
     partition_by=("op",),
 )
 
+PROVENANCE = TableSpec(
+    name="provenance",
+    schema=pa.schema([
+        ("run_id", pa.string()),
+        ("candidate_id", pa.string()),
+        ("op", pa.string()),
+        ("parent_id", pa.string()),
+        ("generator", pa.string()),
+        ("model", pa.string()),
+        ("model_sha256", pa.string()),
+        ("prompt_version", pa.string()),
+        ("temperature", pa.float64()),
+        ("seed", pa.int64()),
+        ("generation", pa.int32()),
+        ("answer_chars", pa.int32()),
+        ("seconds", pa.float64()),
+        ("created_at", TIMESTAMP),
+    ]),
+    key=("run_id", "candidate_id"),
+    partition_by=("op",),
+)
+
 TABLES: dict[str, TableSpec] = {t.name: t for t in (CANDIDATES, MEASUREMENTS, FORECASTS, DECISIONS,
-                                                    GENERATIONS, RUNS)}
+                                                    GENERATIONS, RUNS, PROVENANCE)}
 # Flat records stored one field per column, under the table named here.
-RECORD_TABLES = {Decision: DECISIONS, GenerationSummary: GENERATIONS, SearchRun: RUNS}
+RECORD_TABLES = {Decision: DECISIONS, GenerationSummary: GENERATIONS, SearchRun: RUNS, Provenance: PROVENANCE}
 
 
 def table_spec(name: str) -> TableSpec:

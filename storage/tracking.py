@@ -17,12 +17,14 @@ import time
 from typing import Mapping
 
 from kernels.records import GenerationSummary
+from kernels.screen import SCREEN_REASONS
 
 RUN_ID_TAG = "kernelcast.run_id"
 # Per-generation fields logged as metrics (step = generation), under the loop's own words.
 GENERATION_METRICS = ("generated", "forecast", "measured", "reused", "trusted", "dropped", "failed", "budget_used",
                       "budget_left", "gpu_seconds", "gpu_seconds_total", "best_speedup", "surrogate_bin_accuracy",
-                      "surrogate_within_one", "wall_seconds", "overhead_seconds")
+                      "surrogate_within_one", "wall_seconds", "overhead_seconds", "generator_asked",
+                      "generator_children", *(f"screened_{reason}" for reason in SCREEN_REASONS))
 
 
 class TrackingError(OSError):

@@ -17,7 +17,10 @@ from urllib.parse import urlparse
 # The measured pool shipped with the project: the replay backend's answers and the learned prior's data.
 PACKAGED_POOL = str(Path(__file__).resolve().parents[1] / "data" / "pools")
 
-GENERATORS = ("template", "llm")  # llm: a model proposes children (tasks/llm_generator.py), template ones fill up
+# llm: a model picks template variants (tasks/llm_generator.py), template ones fill up; freeform: a model
+# rewrites the parent's whole source, for template operations and imported tasks alike.
+GENERATORS = ("template", "llm", "freeform")
+LLM_GENERATORS = ("llm", "freeform")
 POLICIES = ("budget", "conformal")
 ACQUISITIONS = ("thompson", "ei")  # how unsure children are ranked for the budget (surrogate.online)
 # What the learned prior may have seen of the searched operation: nothing (an honest forecast of
@@ -45,6 +48,8 @@ class SearchConfig:
     generator_model: str = ""
     generator_children: int = 16  # generator "llm": children asked of the model per generation
     generator_schema_style: str = "json_schema"  # json_object: llama-cpp-python's server takes the schema there
+    generator_temperature: float = 0.8
+    generator_model_sha256: str = ""  # the model's weights hash, recorded with every child it writes
     surrogate: str = "learned"  # learned | roofline | random | llm | none
     policy: str = "budget"  # budget: trust a confidence threshold; conformal: a certified risk
     trust_threshold: float = 0.9  # max-probability at which a forecast is trusted (policy budget)
@@ -147,10 +152,11 @@ def validate(config: SearchConfig) -> SearchConfig:
             raise ConfigError(f"unknown {name} {getattr(config, name)!r}; known: {', '.join(allowed)}")
     if config.generator == "template" and is_imported_name(config.op):
         raise ConfigError(f"operation {config.op} is an imported task with no template space; search it with "
-                          "generator 'llm' (generator_url, generator_model)")
-    if config.generator == "llm":
+                          "generator 'freeform' or 'llm' (generator_url, generator_model)")
+    if config.generator in LLM_GENERATORS:
         if not (config.generator_url and config.generator_model):
-            raise ConfigError("generator 'llm' needs generator_url (an OpenAI-compatible endpoint) and generator_model")
+            raise ConfigError(f"generator {config.generator!r} needs generator_url (an OpenAI-compatible endpoint) "
+                              "and generator_model")
         if urlparse(config.generator_url).scheme not in ("http", "https"):
             raise ConfigError(f"malformed generator_url {config.generator_url!r}; expected http(s)://host[:port]/v1")
         if config.generator_schema_style not in ("json_schema", "json_object"):
@@ -158,6 +164,11 @@ def validate(config: SearchConfig) -> SearchConfig:
                               "json_schema, json_object")
         if not isinstance(config.generator_children, int) or config.generator_children < 1:
             raise ConfigError(f"generator_children must be a positive whole number, got {config.generator_children!r}")
+        if not (isinstance(config.generator_temperature, (int, float)) and 0 <= config.generator_temperature <= 2):
+            raise ConfigError(f"generator_temperature must lie in [0, 2], got {config.generator_temperature!r}")
+        if config.generator_model_sha256 and not re.fullmatch(r"[0-9a-f]{64}", config.generator_model_sha256):
+            raise ConfigError(f"generator_model_sha256 must be 64 lowercase hex digits, got "
+                              f"{config.generator_model_sha256!r}")
     if config.surrogate == "llm" and not (config.llm_url and config.llm_model):
         raise ConfigError("surrogate 'llm' needs llm_url (an OpenAI-compatible endpoint) and llm_model")
     if not 0 < config.trust_threshold <= 1:

@@ -27,12 +27,12 @@ from kernels.ops import get_operation
 from kernels.records import Candidate, Decision, GenerationSummary, Measurement, SearchRun
 from kernels.spaces import get_space
 from storage.dataset import DataRoot
-from storage.schema import forecasts_from_frame, measurements_from_frame, records_from_frame
+from storage.schema import candidates_from_frame, forecasts_from_frame, measurements_from_frame, records_from_frame
 from surrogate.bins import speedup_bin
 from surrogate.forecast import Forecast
 from surrogate.online import SearchSurrogate, log_expected_improvement, thompson_draw
 from surrogate.policies import BudgetPolicy, ConformalRiskPolicy, Selection, ThresholdPolicy
-from tasks.config import ConfigError, SearchConfig
+from tasks.config import LLM_GENERATORS, ConfigError, SearchConfig
 from tasks.state import Archive, breed
 
 _FLUSH_EVERY = 8  # measurements buffered before a write
@@ -49,6 +49,7 @@ class Generation:
     selection: Selection = field(default_factory=Selection)
     measurements: list[Measurement] = field(default_factory=list)
     reused: int = 0
+    generator_counts: object = None  # tasks.llm_generator.GeneratorCounts of an LLM generator's answers
     started: float = field(default_factory=time.perf_counter)
     forecast_seconds: float = 0.0
     measure_seconds: float = 0.0
@@ -83,11 +84,14 @@ class Search:
         # An imported task has no template space: its children come from the LLM generator alone.
         self.space = None if is_imported_name(config.op) else get_space(config.op)
         self.generator = None
-        if config.generator == "llm":
+        if config.generator in LLM_GENERATORS:
             from tasks.llm_generator import LLMGenerator
 
             self.generator = LLMGenerator(config.generator_url, config.generator_model,
-                                          schema_style=config.generator_schema_style)
+                                          mode="source" if config.generator == "freeform" else "variant",
+                                          temperature=config.generator_temperature,
+                                          schema_style=config.generator_schema_style,
+                                          model_sha256=config.generator_model_sha256)
             self.generator.probe()  # an unreachable endpoint fails here, before any GPU time
         self.archive = Archive()
         self.candidates: dict[str, Candidate] = {}
@@ -148,14 +152,21 @@ class Search:
         explore = c.explore if len(self.archive) else 1.0
         if self.generator is None:
             gen.children = breed(self.space, self.archive, n, rng, explore, exclude=set())
+        elif gen.index in self.completed:  # a model answers differently each time: take what it wrote then
+            gen.children = self._journal_children(gen.index)
         else:
             from tasks.llm_generator import mixed_children
 
             gen.children = mixed_children(self.generator, c.op, self.space, self.archive, n,
-                                          min(n, c.generator_children), rng, explore, seed=c.seed * 1000 + gen.index)
+                                          min(n, c.generator_children), rng, explore, seed=c.seed * 1000 + gen.index,
+                                          run_id=c.run_id, generation=gen.index)
+            gen.generator_counts = self.generator.last_counts_
         for child in gen.children:
             self.candidates.setdefault(child.candidate_id, child)
         self.root.write_candidates(gen.children)
+        if self.generator is not None and self.generator.provenance_ and gen.index not in self.completed:
+            self.root.write_records([p for cid, p in self.generator.provenance_.items()
+                                     if cid in {ch.candidate_id for ch in gen.children}])
         return gen.children
 
     def forecast(self, gen: Generation) -> list[Forecast]:
@@ -223,7 +234,8 @@ class Search:
             gpu_seconds_total=self.gpu_seconds, best_candidate_id=best_id, best_speedup=best,
             surrogate_bin_accuracy=_mean([p == b for p, b in forecast_hits]),
             surrogate_within_one=_mean([abs(p - b) <= 1 for p, b in forecast_hits]),
-            wall_seconds=wall, overhead_seconds=max(0.0, wall - gen.forecast_seconds - gen.measure_seconds))
+            wall_seconds=wall, overhead_seconds=max(0.0, wall - gen.forecast_seconds - gen.measure_seconds),
+            **_generator_fields(gen.generator_counts))
         if gen.index in self.completed:  # replayed from the journal: keep the stored summary
             stored = self.root.read_run_rows("generations", c.run_id, op=c.op)
             row = stored[stored["generation"] == gen.index]
@@ -289,6 +301,14 @@ class Search:
             policy.fit(forecasts, bins)
         return policy
 
+    def _journal_children(self, g: int) -> list[Candidate]:
+        """Generation ``g``'s children as the journal has them, in the order they were decided."""
+        rows = self.root.read_run_rows("decisions", self.config.run_id, op=self.config.op)
+        ids = list(dict.fromkeys(rows.loc[rows["generation"] == g, "candidate_id"])) if not rows.empty else []
+        table = self.root.read_candidates(op=self.config.op)
+        found = {ch.candidate_id: ch for ch in candidates_from_frame(table[table["candidate_id"].isin(ids)])}
+        return [found[i] for i in ids if i in found]
+
     def _journal_forecasts(self, g: int) -> dict[str, Forecast] | None:
         if g not in self.completed:
             return None
@@ -316,6 +336,25 @@ class Search:
                                      expected_speedup=f.expected_speedup if f else None,
                                      confidence=f.max_probability if f else None))
         self.root.write_records(rows)
+
+
+def _generator_fields(counts) -> dict:
+    """The generation row's generator columns: asked, kept, and dropped by each static-check reason."""
+    if counts is None:
+        return {}
+    from kernels.screen import SCREEN_REASONS
+
+    return {"generator_asked": counts.asked, "generator_children": counts.children,
+            **{f"screened_{r}": counts.screened[r] for r in SCREEN_REASONS}}
+
+
+def screened_text(summary: GenerationSummary) -> str:
+    """A generation's static-check drops as 'reason n, ...' (or 'none')."""
+    from kernels.screen import SCREEN_REASONS
+
+    parts = [f"{r} {getattr(summary, f'screened_{r}')}" for r in SCREEN_REASONS
+             if getattr(summary, f"screened_{r}", 0)]
+    return ", ".join(parts) or "none"
 
 
 def _mean(values: list) -> float | None:

@@ -20,7 +20,7 @@ from kernels.ops import get_operation
 from kernels.spaces import get_space
 from storage.dataset import DataRoot
 from tasks.config import ConfigError, SearchConfig, validate
-from tasks.llm_generator import (LLMGenerator, mixed_children, source_from_answer, variant_from_answer,
+from tasks.llm_generator import (LLMGenerator, Parent, mixed_children, source_from_answer, variant_from_answer,
                                  variant_schema)
 from tasks.state import Archive
 
@@ -69,9 +69,11 @@ def test_schema_constrained_answers_are_valid_variants_with_origin_llm(server): 
     space = get_space("row_sum")
     parent = space.variants()[7]
     generator = _generator(server.base_url)
-    children = generator.propose("row_sum", [(parent, 1.3)] * 6, space, seed=1)
+    children = generator.propose("row_sum", [Parent(parent, 1.3, "ok")] * 6, space, seed=1)
     valid = {c.candidate_id for c in space.variants()}
-    assert len(children) == 6 and generator.counts_.invalid == 0 and generator.counts_.failed == 0
+    assert generator.counts_.invalid == 0 and generator.counts_.failed == 0
+    # the same variant twice is one child: repeats are dropped as duplicates, and counted
+    assert len(children) + generator.counts_.duplicate == 6 and len({c.candidate_id for c in children}) == len(children)
     assert all(c.candidate_id in valid and c.origin == "llm" and c.parent_id == parent.candidate_id
                for c in children)
     assert len({c.candidate_id for c in children}) > 1  # sampled, not one fixed answer
@@ -82,8 +84,10 @@ def test_free_text_that_is_not_a_submission_is_dropped_and_counted(server, tmp_p
     op, (imported,) = import_task("kernelbench", str(ref), [str(cands[0])], name="row_sum_gen",
                                   interpret_sizes=["batch_size=2,dim=40"])
     generator = _generator(server.base_url, max_tokens_source=48)
-    assert generator.propose(op.name, [(imported, None)] * 2, None) == []
+    assert generator.propose(op.name, [Parent(imported)] * 2, None) == []
     assert generator.counts_.asked == 2 and generator.counts_.invalid == 2
+    assert generator.last_counts_.screened["no_code"] + generator.last_counts_.screened["unparsable"] + \
+        generator.last_counts_.screened["no_entry"] == 2
 
 
 def test_the_llm_gives_what_it_can_and_template_children_fill_the_generation(server):  # noqa: F811
@@ -136,7 +140,10 @@ def test_an_unreachable_generator_endpoint_fails_before_anything_is_measured(tmp
     ({"generator_url": ""}, "generator 'llm' needs generator_url"),
     ({"generator_url": "localhost:8000"}, "malformed generator_url"),
     ({"generator_children": 0}, "generator_children must be a positive whole number"),
-    ({"generator": "evolve"}, "unknown generator 'evolve'; known: template, llm"),
+    ({"generator": "evolve"}, "unknown generator .evolve.; known: template, llm, freeform"),
+    ({"generator": "freeform", "generator_url": ""}, "generator .freeform. needs generator_url"),
+    ({"generator_temperature": 3.0}, "generator_temperature must lie in \\[0, 2\\]"),
+    ({"generator_model_sha256": "abc"}, "generator_model_sha256 must be 64 lowercase hex digits"),
 ])
 def test_bad_generator_settings_are_refused_by_name(tmp_path, changes, message):
     with pytest.raises(ConfigError, match=message):

@@ -20,7 +20,7 @@ of these gets status ``rejected`` with the reason, from these checks:
                   with the results for the inputs it saw before (a cached answer) and
                   with what it wrote before (work skipped after the first calls).
 
-The eager baseline (backend ``torch``) is exempt from the forbidden-call lists, which
+The eager baseline (origin ``seed``) is exempt from the forbidden-call lists, which
 name the torch functions it legitimately calls; every other check applies to it too.
 """
 
@@ -49,8 +49,11 @@ class Rejected(Exception):
 
 
 def forbidden_calls(op: Operation, candidate: Candidate) -> frozenset[str]:
-    """Names of torch functions this candidate may not call: the op's list, none for the eager baseline."""
-    if candidate.backend == "torch":
+    """Names of torch functions this candidate may not call: the op's list, none for the eager baseline.
+
+    The exemption goes by origin, not backend: a model-written kernel in plain torch may not
+    call the function it should replace either."""
+    if candidate.origin == "seed":
         return frozenset()
     return frozenset(getattr(op, "forbidden_calls", ()))
 
