@@ -1,0 +1,378 @@
+"""A measured corpus of LLM-written kernels: children of chosen parents, written by a model, measured on a GPU.
+
+    python -m benchmarks.llm_corpus import-tasks --out ROOT TASK_DIR_OR_FILE ...
+    python -m benchmarks.llm_corpus generate --out ROOT --url URL --model NAME --model-sha256 HASH --round 1
+    python -m benchmarks.llm_corpus measure --out ROOT --max-minutes 8
+    python -m benchmarks.llm_corpus generate --out ROOT ... --round 2      # feedback, and children of the best
+    python -m benchmarks.llm_corpus summary --out ROOT [--markdown FILE]
+
+It goes through the search's own parts: children come from ``LLMGenerator`` in free-form
+mode (the prompt, the static checks and their drop reasons, the provenance rows), are
+written to the same ``candidates`` and ``provenance`` tables, and are measured by
+``measure_and_store`` through the isolated harness, as a search's measure step does. What
+differs from a search is the choice of parents and that nothing is forecast: a corpus
+measures every child, so that forecasters can later be fit and judged on all of them.
+
+Parents, per template operation, from a measured pool: its best variant, a median one
+and a poor one (the 10th percentile of speedup); per imported task, its reference.
+Round 1 asks ``--children`` rewrites of each, spread over ``--temperatures``. A later
+round asks ``--children`` more of each base parent, now shown how its earlier children
+fared (status and error), plus rewrites of the best measured children of earlier rounds
+(``--best-children`` per operation). Rounds are resumable: a round's requests are seeded
+by (round, parent, index), and a child already stored is not stored twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_POOL = str(REPO / "data" / "pools")
+
+
+def _root(uri: str):
+    from storage.dataset import DataRoot
+
+    return DataRoot(uri)
+
+
+# ---- parents ---------------------------------------------------------------------------------------
+
+def pool_parents(pool: str, gpu_type: str, ops: list[str]) -> list[tuple[str, str, float]]:
+    """(op, candidate_id, speedup) of each op's best, median and poor (10th percentile) template variant."""
+    root = _root(pool)
+    chosen = []
+    for op in ops:
+        m = root.read_measurements(op=op, gpu_type=gpu_type)
+        c = root.read_candidates(op=op)
+        m = m[(m["status"] == "ok") & m["candidate_id"].isin(c.loc[c["origin"] == "template", "candidate_id"])]
+        if m.empty:
+            raise ValueError(f"the pool {pool} has no measured {op} template variants on {gpu_type}")
+        m = m.sort_values(["speedup", "candidate_id"]).reset_index(drop=True)
+        picks = {len(m) - 1, len(m) // 2, int(0.1 * (len(m) - 1))}
+        chosen += [(op, m.loc[i, "candidate_id"], float(m.loc[i, "speedup"])) for i in sorted(picks, reverse=True)]
+    return chosen
+
+
+def _candidates(root, op: str) -> dict:
+    from storage.schema import candidates_from_frame
+
+    frame = root.read_candidates(op=op)
+    return {c.candidate_id: c for c in candidates_from_frame(frame)} if not frame.empty else {}
+
+
+def _measured(root, op: str, gpu_type: str) -> pd.DataFrame:
+    frame = root.read_measurements(op=op, gpu_type=gpu_type)
+    return frame.drop_duplicates("candidate_id", keep="last") if not frame.empty else frame
+
+
+def base_parents(args) -> list:
+    """The round's base parents as ``Parent``s (without feedback): pool variants and imported references."""
+    from kernels.formats import installed
+    from kernels.ops import OPERATIONS, get_operation
+    from storage.schema import candidates_from_frame
+    from tasks.llm_generator import Parent
+
+    ops = [o for o in (args.ops.split(",") if args.ops else OPERATIONS)]
+    pool = _root(args.pool)
+    parents = []
+    for op, cid, speedup in pool_parents(args.pool, args.gpu_type, ops):
+        frame = pool.read_candidates(op=op)
+        [candidate] = candidates_from_frame(frame[frame["candidate_id"] == cid])
+        parents.append(Parent(candidate, speedup, "ok"))
+    for name in installed():
+        if name in _imported(args.out):
+            parents.append(Parent(get_operation(name).seed_candidates()[0], 1.0, "ok"))
+    return parents
+
+
+def _imported(out: str) -> set[str]:
+    path = Path(out) / "tasks"
+    return {p.name for p in path.iterdir()} if path.is_dir() else set()
+
+
+def _feedback(root, gpu_type: str, parent) -> tuple[str, ...]:
+    """How the parent's measured children fared, most recent first (what its next prompt is told)."""
+    from tasks.llm_generator import FEEDBACK_LINES, feedback_line
+
+    op = parent.candidate.op
+    cands = root.read_candidates(op=op)
+    if cands.empty:
+        return ()
+    kids = cands[cands["parent_id"] == parent.candidate.candidate_id]
+    m = _measured(root, op, gpu_type)
+    if m.empty:
+        return ()
+    rows = m[m["candidate_id"].isin(kids["candidate_id"])].sort_values("measured_at", ascending=False)
+    return tuple(feedback_line(r.status, r.speedup if r.speedup == r.speedup else None, r.error or "")
+                 for r in rows.head(FEEDBACK_LINES).itertuples())
+
+
+def best_children(root, gpu_type: str, ops: list[str], per_op: int, exclude: set[str]) -> list:
+    """The ``per_op`` fastest measured LLM children of each op (not already a parent), as ``Parent``s."""
+    from tasks.llm_generator import Parent
+
+    out = []
+    for op in ops:
+        m = _measured(root, op, gpu_type)
+        if m.empty:
+            continue
+        cands = _candidates(root, op)
+        llm = m[(m["status"] == "ok") & m["candidate_id"].map(lambda i: i in cands and cands[i].origin == "llm")]
+        llm = llm[~llm["candidate_id"].isin(exclude)].sort_values(["speedup", "candidate_id"], ascending=False)
+        out += [Parent(cands[r.candidate_id], float(r.speedup), "ok") for r in llm.head(per_op).itertuples()]
+    return out
+
+
+# ---- commands ------------------------------------------------------------------------------------
+
+def cmd_import(args) -> int:
+    """Import KernelBench problem files and GPU MODE task folders as operations stored under the corpus root."""
+    from kernels.formats import import_task
+
+    root = _root(args.out)
+    for path in map(Path, args.tasks):
+        t0 = time.perf_counter()
+        if path.is_dir():
+            op, _ = import_task("gpumode", str(path / "reference.py"), name=path.name.removesuffix("_py"), root=root)
+        else:
+            op, _ = import_task("kernelbench", str(path), root=root)
+        print(f"imported {op.name} ({len(op.cases)} cases) in {time.perf_counter() - t0:.1f} s", flush=True)
+    return 0
+
+
+def cmd_generate(args) -> int:
+    """Ask the model for one round of children; store them with their provenance."""
+    from kernels.formats import install_from_root
+    from tasks.llm_generator import LLMGenerator, Parent, fingerprints
+
+    root = _root(args.out)
+    for name in _imported(args.out):
+        install_from_root(root, name)
+    generator = LLMGenerator(args.url, args.model, mode="source", concurrency=args.concurrency,
+                             max_tokens_source=args.max_tokens, timeout_s=args.timeout, model_sha256=args.model_sha256)
+    generator.probe()
+    base = base_parents(args)
+    parents = list(base)
+    if args.round > 1:
+        parents = [Parent(p.candidate, p.speedup, p.status, _feedback(root, args.gpu_type, p)) for p in base]
+        ops = sorted({p.candidate.op for p in base})
+        parents += best_children(root, args.gpu_type, ops, args.best_children, {p.candidate.candidate_id for p in base})
+    for p in parents:  # the parents themselves are measured in the corpus too, on the same machine
+        root.write_candidates([p.candidate])
+    temperatures = [float(t) for t in args.temperatures.split(",")]
+    run_id = f"corpus-r{args.round}"
+    by_op: dict[str, list] = {}
+    for p in parents:
+        by_op.setdefault(p.candidate.op, []).append(p)
+    t0 = time.perf_counter()
+
+    def one_op(op: str):
+        known = fingerprints(_candidates(root, op).values())
+        children, counts = [], Counter()
+        for ti, temperature in enumerate(temperatures):
+            n = args.children // len(temperatures) + (ti < args.children % len(temperatures))
+            asked = [p for p in by_op[op] for _ in range(n)]
+            seed = args.round * 1000 + ti
+            kids = generator.propose(op, asked, None, seed=seed, seen=known,
+                                     temperature=temperature, run_id=run_id, generation=args.round)
+            provenance = [generator.provenance_[c.candidate_id] for c in kids]
+            counts.update(generator.last_counts_.screened)
+            counts["asked"] += generator.last_counts_.asked
+            counts["children"] += len(kids)
+            root.write_candidates(kids)
+            root.write_records(provenance)
+            children += kids
+        return op, counts
+
+    # One thread per op: the engine batches requests from all of them together.
+    with ThreadPoolExecutor(max_workers=len(by_op)) as pool:
+        results = dict(pool.map(one_op, sorted(by_op)))
+    seconds = time.perf_counter() - t0
+    report = {"round": args.round, "model": args.model, "model_sha256": args.model_sha256, "seconds": seconds,
+              "parents": len(parents), "by_op": {op: dict(c) for op, c in results.items()}}
+    total = sum((Counter(c) for c in results.values()), Counter())
+    report["total"] = dict(total)
+    out = Path(args.out) / "rounds"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"round{args.round}.json").write_text(json.dumps(report, indent=1, sort_keys=True))
+    print(f"round {args.round}: {len(parents)} parents, asked {total['asked']}, kept {total['children']} in "
+          f"{seconds:.0f} s ({60 * total['asked'] / max(seconds, 1e-9):.0f} answers/min); dropped: "
+          + ", ".join(f"{k} {v}" for k, v in sorted(total.items()) if k not in ("asked", "children")), flush=True)
+    return 0
+
+
+def cmd_measure(args) -> int:
+    """Measure every stored candidate of the corpus not yet measured on this GPU, in chunks, until the deadline."""
+    from infra.measure import LocalMeasurePool, LocalMeasurer
+    from kernels.formats import install_from_root
+    from storage.schema import candidates_from_frame
+    from tasks.search import measure_and_store
+
+    root = _root(args.out)
+    for name in _imported(args.out):
+        install_from_root(root, name)
+    if args.interpreter:  # correctness only, under Triton's CPU interpreter: a check of the pipeline, no timings
+        measurer = _InterpreterMeasurer(args.concurrency)
+    else:
+        measurer = LocalMeasurer(concurrency=args.concurrency)
+    pool = LocalMeasurePool([measurer])
+    gpu_type = measurer.gpu_type
+    deadline = time.monotonic() + 60 * args.max_minutes
+    frame = root.read_candidates()
+    done = set(root.read_measurements(gpu_type=gpu_type)["candidate_id"]) if not root.read_measurements().empty \
+        else set()
+    todo = [c for c in candidates_from_frame(frame.sort_values(["created_at", "candidate_id"]))
+            if c.candidate_id not in done]
+    print(f"{len(todo)} candidates to measure on {gpu_type}", flush=True)
+    t0, measured = time.perf_counter(), 0
+    try:
+        by_op: dict[str, list] = {}
+        for c in todo:
+            by_op.setdefault(c.op, []).append(c)
+        batches = [(op, cs[i:i + args.chunk]) for op, cs in by_op.items() for i in range(0, len(cs), args.chunk)]
+        batches.sort(key=lambda b: min(c.created_at for c in b[1]))
+        for op, batch in batches:
+            if time.monotonic() > deadline:
+                print("deadline reached; rerun to continue", flush=True)
+                break
+            pool.prepare(op, gpu_type)
+            found, _ = measure_and_store(root, pool, batch, gpu_type)
+            measured += len(batch)
+            statuses = Counter(m.status for m in found.values())
+            print(f"{op}: {len(batch)} measured ({dict(statuses)}); {measured} in "
+                  f"{time.perf_counter() - t0:.0f} s", flush=True)
+    finally:
+        pool.close()
+    elapsed = time.perf_counter() - t0
+    print(f"measured {measured} candidates in {elapsed:.0f} s ({60 * measured / max(elapsed, 1e-9):.0f}/min)")
+    return 0
+
+
+class _InterpreterMeasurer:
+    """This machine's CPU through the real harness under Triton's interpreter (GPU type ``interpreter``)."""
+
+    gpu_type = "interpreter"
+
+    def __init__(self, concurrency: int):
+        from kernels.harness.worker import MeasureWorker, WorkerConfig
+        from kernels.records import HardwareSpec
+
+        self.hardware = HardwareSpec(gpu_type="interpreter", device_name="Triton CPU interpreter")
+        self._worker = MeasureWorker(self.hardware, WorkerConfig(mode="interpreter", concurrency=concurrency or 2,
+                                                                 seeds=1))
+
+    def prepare(self, op: str):
+        return self.hardware
+
+    def measure(self, candidates):
+        return self._worker.measure(candidates)
+
+    def close(self) -> None:
+        self._worker.close()
+
+
+def corpus_table(out: str, gpu_type: str) -> pd.DataFrame:
+    """One row per LLM child: its op, parent, round, status, speedup, the parent's speedup and the ratio."""
+    root = _root(out)
+    cands = root.read_candidates()
+    meas = root.read_measurements(gpu_type=gpu_type).drop_duplicates("candidate_id", keep="last")
+    prov = root.read("provenance")
+    kids = cands[cands["origin"] == "llm"].merge(prov[["candidate_id", "generation", "temperature", "model"]],
+                                                 on="candidate_id", how="left")
+    kids = kids.drop_duplicates("candidate_id")
+    m = meas.set_index("candidate_id")
+    kids["status"] = kids["candidate_id"].map(m["status"])
+    kids["speedup"] = kids["candidate_id"].map(m["speedup"])
+    kids["error"] = kids["candidate_id"].map(m["error"])
+    kids["parent_speedup"] = kids["parent_id"].map(m["speedup"])
+    kids["vs_parent"] = kids["speedup"] / kids["parent_speedup"]
+    return kids
+
+
+def cmd_summary(args) -> int:
+    """Counts by status and op, the speedup against the parent, how many beat it, the fastest new kernels."""
+    kids = corpus_table(args.out, args.gpu_type)
+    measured = kids[kids["status"].notna()]
+    lines = [f"# LLM corpus: {len(kids)} children, {len(measured)} measured on {args.gpu_type}", ""]
+    statuses = ["ok", "compile_error", "runtime_error", "incorrect", "timeout", "crashed", "rejected"]
+    table = measured.groupby("op")["status"].value_counts().unstack(fill_value=0).reindex(columns=statuses,
+                                                                                          fill_value=0)
+    table.loc["all"] = table.sum()
+    lines += ["## Status by operation", "", "| op | " + " | ".join(statuses) + " | total |",
+              "|---|" + "---|" * (len(statuses) + 1)]
+    lines += [f"| {op} | " + " | ".join(str(int(v)) for v in row) + f" | {int(row.sum())} |"
+              for op, row in table.iterrows()]
+    ok = measured[(measured["status"] == "ok") & measured["vs_parent"].notna()]
+    q = ok["vs_parent"].quantile([0.1, 0.25, 0.5, 0.75, 0.9]) if len(ok) else pd.Series(dtype=float)
+    lines += ["", "## Speedup of valid children over their parent", "",
+              f"{len(ok)} valid children with a measured parent. Quantiles of child/parent: "
+              + ", ".join(f"p{int(100 * k)} {v:.3f}" for k, v in q.items()), ""]
+    for label, lo in (("beat the parent (> 1.00x)", 1.0), ("by more than 5%", 1.05), ("by more than 20%", 1.2)):
+        lines.append(f"- {label}: {int((ok['vs_parent'] > lo).sum())}")
+    within = int(((ok["vs_parent"] - 1).abs() <= 0.02).sum())
+    lines.append(f"- within 2% of the parent (copies in effect, or nearly): {within}")
+    by_round = measured.groupby("generation")["status"].value_counts().unstack(fill_value=0)
+    lines += ["", "## Status by round", "", by_round.to_markdown() if hasattr(by_round, "to_markdown")
+              else by_round.to_string()]
+    top = ok.sort_values("vs_parent", ascending=False).head(args.top)
+    lines += ["", f"## The {len(top)} children that beat their parent by most", ""]
+    for r in top.itertuples():
+        lines += [f"### {r.op}: {r.speedup:.3f}x over eager ({r.vs_parent:.3f}x its parent {r.parent_id}), "
+                  f"candidate {r.candidate_id}, round {r.generation}, temperature {r.temperature}", "",
+                  "```python", r.source.strip(), "```", ""]
+    text = "\n".join(lines) + "\n"
+    if args.markdown:
+        Path(args.markdown).write_text(text)
+    print(text)
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    sp = sub.add_parser("import-tasks")
+    sp.add_argument("tasks", nargs="+", help="KernelBench problem files, GPU MODE task folders")
+    sp.set_defaults(func=cmd_import)
+    sp = sub.add_parser("generate")
+    sp.add_argument("--url", required=True)
+    sp.add_argument("--model", required=True)
+    sp.add_argument("--model-sha256", default="")
+    sp.add_argument("--round", type=int, default=1)
+    sp.add_argument("--children", type=int, default=24, help="rewrites asked per parent")
+    sp.add_argument("--best-children", type=int, default=2, help="round > 1: best children per op made parents")
+    sp.add_argument("--temperatures", default="0.7,1.0")
+    sp.add_argument("--concurrency", type=int, default=64, help="requests in flight per op")
+    sp.add_argument("--max-tokens", type=int, default=1536)
+    sp.add_argument("--timeout", type=float, default=600.0)
+    sp.add_argument("--pool", default=DEFAULT_POOL)
+    sp.add_argument("--ops", default="", help="comma-separated template ops (default: all)")
+    sp.set_defaults(func=cmd_generate)
+    sp = sub.add_parser("measure")
+    sp.add_argument("--max-minutes", type=float, default=8.0)
+    sp.add_argument("--concurrency", type=int, default=0)
+    sp.add_argument("--chunk", type=int, default=64)
+    sp.add_argument("--interpreter", action="store_true", help="check correctness on the CPU instead (no timings)")
+    sp.set_defaults(func=cmd_measure)
+    sp = sub.add_parser("summary")
+    sp.add_argument("--markdown", default="")
+    sp.add_argument("--top", type=int, default=5)
+    sp.set_defaults(func=cmd_summary)
+    for sp in sub.choices.values():
+        sp.add_argument("--out", required=True, help="the corpus's data root (a local folder)")
+        sp.add_argument("--gpu-type", default="h100")
+    args = p.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
