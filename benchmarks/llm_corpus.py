@@ -28,6 +28,7 @@ import argparse
 import json
 import math
 import sys
+import tempfile
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -135,6 +136,22 @@ def best_children(root, gpu_type: str, ops: list[str], per_op: int, exclude: set
 
 # ---- commands ------------------------------------------------------------------------------------
 
+def _staged_gpumode(task: Path, staged: Path) -> Path:
+    """A GPU MODE task folder with the shared helpers its task.yml names from one level up (``../utils.py``)."""
+    import shutil
+
+    import yaml
+
+    folder = staged / task.name
+    shutil.copytree(task, folder)
+    spec = yaml.safe_load((task / "task.yml").read_text()) or {}
+    for entry in spec.get("files", ()):
+        source = str(entry.get("source", ""))
+        if source.startswith("../") and source.endswith(".py") and (task / source).is_file():
+            shutil.copy(task / source, folder / entry["name"])
+    return folder
+
+
 def cmd_import(args) -> int:
     """Import KernelBench problem files and GPU MODE task folders as operations stored under the corpus root."""
     from kernels.formats import import_task
@@ -143,7 +160,9 @@ def cmd_import(args) -> int:
     for path in map(Path, args.tasks):
         t0 = time.perf_counter()
         if path.is_dir():
-            op, _ = import_task("gpumode", str(path / "reference.py"), name=path.name.removesuffix("_py"), root=root)
+            with tempfile.TemporaryDirectory() as staged:
+                op, _ = import_task("gpumode", str(_staged_gpumode(path, Path(staged)) / "reference.py"),
+                                    name=path.name.removesuffix("_py"), root=root)
         else:
             op, _ = import_task("kernelbench", str(path), root=root)
         print(f"imported {op.name} ({len(op.cases)} cases) in {time.perf_counter() - t0:.1f} s", flush=True)
