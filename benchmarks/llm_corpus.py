@@ -243,7 +243,7 @@ def cmd_measure(args) -> int:
     if args.interpreter:  # correctness only, under Triton's CPU interpreter: a check of the pipeline, no timings
         measurer = _InterpreterMeasurer(args.concurrency)
     else:
-        measurer = LocalMeasurer(concurrency=args.concurrency)
+        measurer = LocalMeasurer(concurrency=args.concurrency, timeout_s=args.timeout, gpu_timeout_s=args.gpu_timeout)
     pool = LocalMeasurePool([measurer])
     gpu_type = measurer.gpu_type
     deadline = time.monotonic() + 60 * args.max_minutes
@@ -381,6 +381,9 @@ def main(argv=None) -> int:
     sp.add_argument("--concurrency", type=int, default=0)
     sp.add_argument("--chunk", type=int, default=64)
     sp.add_argument("--interpreter", action="store_true", help="check correctness on the CPU instead (no timings)")
+    # A model-written kernel may spin forever; while it holds the GPU nothing else is measured.
+    sp.add_argument("--gpu-timeout", type=float, default=30.0, help="seconds a candidate may hold the GPU")
+    sp.add_argument("--timeout", type=float, default=180.0, help="seconds a candidate may take in all")
     sp.set_defaults(func=cmd_measure)
     sp = sub.add_parser("summary")
     sp.add_argument("--markdown", default="")
