@@ -571,6 +571,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("compact", help="merge each partition's Parquet files into one")
     data_args(sp)
     sp.set_defaults(func=cmd_compact)
+
+    from flows.commands import model as model_cmd
+    model_cmd.register(sub)
     return p
 
 

@@ -1,0 +1,1 @@
+"""The ``kernelcast`` command groups, one module each, every one with ``register(subparsers)``."""
