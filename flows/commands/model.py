@@ -100,7 +100,7 @@ def register(sub) -> None:
     sp.add_argument("-v", "--verbose", action="store_true", help="describe each model")
     sp.set_defaults(func=cmd_list)
 
-    sp = msub.add_parser("path", help="print a pulled model's GGUF path (for --model \"$(kernelcast model path NAME)\")")
+    sp = msub.add_parser("path", help="print a pulled model's GGUF path, for --model \"$(kernelcast model path NAME)\"")
     sp.add_argument("name")
     models_arg(sp)
     sp.set_defaults(func=cmd_path)
