@@ -571,6 +571,7 @@ def join(parts_dir: Path, out: Path, *, log: Log = _stderr) -> JoinResult:
             raise ModelError(f"{out} exists and is not {manifest['filename']} (SHA-256 {manifest['sha256']}); "
                              "move it away first")
         state = {"manifest": manifest, "placed": []}
+        out.parent.mkdir(parents=True, exist_ok=True)
         with open(partial, "wb") as f:
             f.truncate(manifest["size"])
         _write_json(journal, state)

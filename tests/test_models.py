@@ -338,9 +338,9 @@ def test_split_writes_parts_of_at_most_the_size_asked_and_a_manifest(split_parts
 
 def test_join_restores_the_file_from_all_its_parts(split_parts, tmp_path):
     blob, parts = split_parts
-    done = join(parts, tmp_path / "restored.gguf")
+    done = join(parts, tmp_path / "new" / "restored.gguf")
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "restored.gguf").read_bytes() == blob.read_bytes()
+    assert (tmp_path / "new" / "restored.gguf").read_bytes() == blob.read_bytes()
 
 
 def test_join_takes_parts_one_at_a_time_and_says_which_are_still_missing(split_parts, tmp_path):
