@@ -574,6 +574,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from flows.commands import model as model_cmd
     model_cmd.register(sub)
+    from flows.commands import report as report_cmd
+    report_cmd.register(sub)
     return p
 
 

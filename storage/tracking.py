@@ -88,6 +88,11 @@ class Tracker:
             self._call("log parameters", self.client.log_param, run.info.run_id, key, str(value))
         return run.info.run_id
 
+    def open_run(self, name: str, tags: Mapping[str, str]) -> str:
+        """A new MLflow run of no search (a report, say): never found again by a search's run id."""
+        run = self._call("create a run", self.client.create_run, self.experiment_id, tags=dict(tags), run_name=name)
+        return run.info.run_id
+
     def log_generation(self, mlflow_run: str, summary: GenerationSummary) -> None:
         from mlflow.entities import Metric
 

@@ -284,7 +284,7 @@ class Search:
         if self.tracker is not None and self.mlflow_run:
             from tasks.report import search_artifacts
 
-            self.tracker.log_files(self.mlflow_run, search_artifacts(result))
+            self.tracker.log_files(self.mlflow_run, search_artifacts(result, self.root))
             self.tracker.finish(self.mlflow_run, tags={"best_candidate_id": best_id or "",
                                                        "best_speedup": f"{best:.4f}" if best else ""})
         return result
