@@ -189,12 +189,12 @@ def compare_runs(root, op: str, gpu_type: str | None = None, run_ids=(), last: i
 
 def _op_runs(root, op: str) -> pd.DataFrame:
     """The runs table's rows of ``op``, with each run's surrogate, seed and budget, oldest first."""
+    from kernels.formats import is_imported_name
+    from kernels.ops import get_operation
+
     runs = root.read("runs")
     if runs.empty or op not in set(runs["op"]):
         searched = sorted(set(runs["op"])) if not runs.empty else []
-        from kernels.formats import is_imported_name
-        from kernels.ops import get_operation
-
         try:
             if not is_imported_name(op):  # an imported task is known by its data root only
                 get_operation(op)  # its error names the known operations
@@ -290,13 +290,8 @@ def run_trace(root, run: pd.Series, measured: pd.DataFrame) -> RunTrace | None:
     speed = rows["speedup"].where((rows["status"] == "ok") & (rows["speedup"] > 0), 0.0).astype(float)
     best = speed.cummax().where(lambda s: s > 0)
     seconds = rows["gpu_seconds"].fillna(0.0).astype(float).cumsum()
-    counts = rows.groupby("generation", sort=True).size().reindex(gens["generation"], fill_value=0).cumsum()
-    ends = [int(n) for n in counts]
-    fine = not rows["status"].isna().any() and ends == [int(n) for n in gens["budget_used"]] and all(
-        _same(best.iloc[n - 1] if n else math.nan, b) and math.isclose(seconds.iloc[n - 1] if n else 0.0, s,
-                                                                      rel_tol=1e-9, abs_tol=1e-9)
-        for n, b, s in zip(ends, gens["best_speedup"], gens["gpu_seconds_total"]))
-    if fine:
+    ends = [int(n) for n in gens["budget_used"]]
+    if not rows["status"].isna().any() and _agrees(rows, best, seconds, gens):
         points = (range(len(rows) + 1), [0.0, *seconds], [math.nan, *best])
         resolution = "measurement"
     else:
@@ -313,10 +308,19 @@ def run_trace(root, run: pd.Series, measured: pd.DataFrame) -> RunTrace | None:
                     replayed=bool(len(rows)) and bool(rows["replayed"].eq(True).all()))
 
 
-def _same(a, b) -> bool:
-    a = math.nan if a is None else float(a)
-    b = math.nan if b is None or pd.isna(b) else float(b)
-    return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-12)
+def _agrees(rows: pd.DataFrame, best: pd.Series, seconds: pd.Series, gens: pd.DataFrame) -> bool:
+    """Whether the per-measurement curve ends each generation where its ``generations`` row says it did."""
+    ends = rows.groupby("generation", sort=True).size().reindex(gens["generation"], fill_value=0).cumsum()
+    for n, g in zip(ends, gens.itertuples()):
+        if n != g.budget_used:
+            return False
+        here_best = best.iloc[n - 1] if n else math.nan
+        stored_best = math.nan if pd.isna(g.best_speedup) else float(g.best_speedup)
+        if not (math.isnan(here_best) and math.isnan(stored_best) or math.isclose(here_best, stored_best)):
+            return False
+        if not math.isclose(seconds.iloc[n - 1] if n else 0.0, g.gpu_seconds_total, rel_tol=1e-9, abs_tol=1e-9):
+            return False
+    return True
 
 
 def reference_baseline(trace: RunTrace, traces) -> RunTrace | None:
