@@ -1,0 +1,618 @@
+"""A batched generation engine behind an OpenAI-compatible chat endpoint, on torch and transformers alone.
+
+Where vLLM is installed, ``vllm serve`` is the engine to use; where neither vLLM nor
+llama.cpp is (a GPU image with torch and transformers only), this one serves a GGUF file
+(dequantized by transformers) or a transformers model folder:
+
+    python -m infra.engine --model qwen2.5-coder-1.5b-instruct-q4_k_m.gguf --port 8000
+
+Concurrent requests queue up; one worker thread takes up to ``max_batch`` of them (waiting
+a few milliseconds for more to arrive) and generates them in one batch: a left-padded
+prefill, then a decode loop over the KV cache. Each row keeps its own temperature, top_p,
+max_tokens, stop strings and seeded random stream, so a request's text depends on its own
+seed, not on what shares its batch; rows that finish leave the batch. The worker starts the
+next batch when every row of this one is done (no refill of freed rows: the generator
+and forecaster send a generation's worth of requests at once and wait for all of them).
+
+Only the standard library, torch and transformers (with the ``gguf`` package for GGUF
+files) are imported, so it runs where kernelcast's other dependencies are missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import random
+import secrets
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import torch
+
+# Qwen2 instruct models are trained on ChatML; some GGUF exports of them carry no
+# ``tokenizer.chat_template``, and then this one stands in (for qwen2 models only: another
+# family's prompt format cannot be guessed, and a wrong one silently ruins its answers).
+CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHATML_FAMILIES = ("qwen2",)
+# Chat models end a turn with one of these; a GGUF names a single EOS, often the other one.
+END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
+# OpenAI fields this engine cannot honour; a request that asks for them is refused, never half-served.
+UNSUPPORTED = {"stream": False, "logprobs": False, "tools": None, "tool_choice": None}
+
+
+class RequestError(ValueError):
+    """A request the engine refuses; the message says what is wrong and ``status`` is the HTTP status."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How one request is decoded. ``temperature`` 0 is greedy; ``seed`` fixes its random stream."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(eq=False)
+class Job:
+    """One request in flight: its prompt and sampling, then its result, filled in by the worker."""
+
+    prompt_ids: list[int]
+    sampling: Sampling
+    token_ids: list[int] = field(default_factory=list)
+    text: str | None = None  # set once the job is finished
+    finish_reason: str | None = None
+    error: str | None = None
+    batch_id: int = -1
+    batch_size: int = 0
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+# ---------------------------------------------------------------------------------------- loading
+
+
+def _dequantizing(kwargs: dict) -> dict:
+    """Ask transformers to unpack GGUF blocks into dense weights at load time, where it can keep them packed.
+
+    A batched decode multiplies hundreds of rows by each weight: dense matmuls serve that, while
+    packed GGUF layers unpack their blocks on every call above a few rows (and would first try
+    to fetch a kernel from a hub). Releases without ``GgufConfig(dequantize=...)`` always unpack.
+    """
+    try:
+        from transformers import GgufConfig
+    except ImportError:
+        return kwargs
+    if "dequantize" not in inspect.signature(GgufConfig).parameters:
+        return kwargs
+    return {**kwargs, "quantization_config": GgufConfig(dequantize=True)}
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for, but torch sees no CUDA GPU")
+    return device
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    # bfloat16 on a GPU; float32 on a CPU, where bfloat16 matmuls are slow on most cores.
+    if dtype == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    known = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+    if dtype not in known:
+        raise ValueError(f"unknown dtype {dtype!r}; known: auto, {', '.join(known)}")
+    return known[dtype]
+
+
+def load(model: str | os.PathLike, *, device: str = "auto", dtype: str = "auto"):
+    """(tokenizer, model) from a ``.gguf`` file or a transformers folder, the model on ``device`` in eval mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"model {str(model)!r} not found: expected a .gguf file or a transformers folder")
+    device = resolve_device(device)
+    kwargs = {}
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(f"model file {path} is not a .gguf file")
+        kwargs = _dequantizing({"gguf_file": path.name})
+        path = path.parent
+    tokenizer = AutoTokenizer.from_pretrained(str(path), **{k: v for k, v in kwargs.items() if k == "gguf_file"})
+    net = AutoModelForCausalLM.from_pretrained(str(path), dtype=resolve_dtype(dtype, device), **kwargs)
+    return tokenizer, net.to(device).eval()
+
+
+def chat_template(tokenizer, config, override: str | None = None) -> str:
+    """The chat template: ``override``, else the model's own (GGUF metadata), else ChatML for qwen2 models."""
+    if override:
+        return override
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.chat_template
+    if getattr(config, "model_type", None) in CHATML_FAMILIES:
+        return CHATML
+    raise ValueError(f"the model ({getattr(config, 'model_type', '?')}) carries no chat template; "
+                     "pass --chat-template FILE with its Jinja template")
+
+
+def end_token_ids(tokenizer, model) -> frozenset[int]:
+    """Token ids that end a reply: the model's EOS ids and any end-of-turn token its vocabulary has."""
+    ids = set()
+    for value in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        ids.update(value if isinstance(value, (list, tuple)) else [value] if value is not None else [])
+    vocab = tokenizer.get_vocab()
+    ids.update(vocab[t] for t in END_OF_TURN if t in vocab)
+    return frozenset(ids)
+
+
+# --------------------------------------------------------------------------------------- sampling
+
+
+def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
+           uniform: torch.Tensor) -> torch.Tensor:
+    """One token per row: argmax where the temperature is 0, else inverse-CDF sampling with row's uniform.
+
+    Each row uses only its own logits and its own uniform number, and every sampling row
+    goes through the same steps, so a row's token does not depend on the other rows.
+    """
+    chosen = logits.argmax(dim=-1)
+    rows = (temperature > 0).nonzero().flatten()
+    if rows.numel() == 0:
+        return chosen
+    scaled = logits[rows].float() / temperature[rows, None]
+    probs, order = torch.softmax(scaled, dim=-1).sort(dim=-1, descending=True)
+    # top_p keeps the most likely tokens whose mass before them is below top_p (the first always).
+    probs = probs * ((probs.cumsum(dim=-1) - probs) < top_p[rows, None])
+    cdf = probs.cumsum(dim=-1)
+    target = (uniform[rows] * cdf[:, -1])[:, None]
+    index = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.shape[-1] - 1)
+    chosen[rows] = order.gather(-1, index).flatten()
+    return chosen
+
+
+def _concat_caches(caches, config):
+    """One KV cache holding the rows of ``caches`` (prefilled in chunks, all padded to one length)."""
+    from transformers import DynamicCache
+
+    merged = DynamicCache(config=config)
+    for i in range(len(caches[0].layers)):
+        keys = torch.cat([c.layers[i].keys for c in caches])
+        values = torch.cat([c.layers[i].values for c in caches])
+        merged.update(keys, values, i)
+    return merged
+
+
+# ----------------------------------------------------------------------------------------- engine
+
+
+class Engine:
+    """A model, a request queue and the worker thread that generates the queue in batches."""
+
+    def __init__(self, model, tokenizer, *, name: str, template: str | None = None, max_batch: int = 256,
+                 max_batch_tokens: int | None = None, prefill_tokens: int = 16384, context: int | None = None,
+                 default_max_tokens: int = 1024, gather_s: float = 0.02, ignore_response_format: bool = False):
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name
+        self.template = chat_template(tokenizer, model.config, template)
+        self.device = next(model.parameters()).device
+        self.max_batch = max_batch
+        model_context = getattr(model.config, "max_position_embeddings", None) or 4096
+        self.context = min(context or model_context, model_context)
+        self.max_batch_tokens = max_batch_tokens or self._default_batch_tokens()
+        self.prefill_tokens = prefill_tokens
+        self.default_max_tokens = default_max_tokens
+        self.gather_s = gather_s
+        self.ignore_response_format = ignore_response_format
+        self.end_ids = end_token_ids(tokenizer, model)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.end_ids)
+        self.stats = {"batches": 0, "requests": 0, "prompt_tokens": 0, "completion_tokens": 0,
+                      "decode_steps": 0, "row_steps": 0, "generate_s": 0.0}
+        self.batch_sizes: deque[int] = deque(maxlen=1000)  # of the latest batches, oldest first
+        self._tokenizer_lock = threading.Lock()  # fast tokenizers are not safe to share across threads
+        self._pending: list[Job] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self._worker = threading.Thread(target=self._run, name="engine-worker", daemon=True)
+        self._worker.start()
+
+    def _kv_bytes_per_token(self) -> int:
+        cfg = self.model.config
+        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        return 2 * cfg.num_hidden_layers * heads * head_dim * next(self.model.parameters()).element_size()
+
+    def _default_batch_tokens(self) -> int:
+        """Tokens (prompt + new, padded) one batch may hold: half the free memory as KV cache."""
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+        else:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return max(self.context, int(0.5 * free / self._kv_bytes_per_token()))
+
+    # ---- requests -------------------------------------------------------------------------------
+
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        with self._tokenizer_lock:
+            text = self.tokenizer.apply_chat_template(messages, chat_template=self.template, tokenize=False,
+                                                      add_generation_prompt=True)
+            # The template already holds every special token the model expects.
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def job(self, body) -> Job:
+        """The job for a chat completions request body; ``RequestError`` naming the field when it is bad."""
+        if not isinstance(body, dict):
+            raise RequestError("the request body must be a JSON object")
+        for key, default in UNSUPPORTED.items():
+            if body.get(key, default) not in (default, None, False, []):
+                raise RequestError(f"{key!r} is not supported by this engine")
+        if body.get("n", 1) != 1:
+            raise RequestError(f"'n' must be 1 (one choice per request), got {body['n']!r}")
+        fmt = body.get("response_format")
+        if fmt not in (None, {"type": "text"}) and not self.ignore_response_format:
+            raise RequestError("'response_format' cannot be enforced by this engine (no constrained decoding); "
+                               "send none, serve the model with vLLM or llama.cpp, or start the engine with "
+                               "--ignore-response-format to answer unconstrained")
+        ids = self.prompt_ids(_messages(body.get("messages")))
+        room = min(self.context, self.max_batch_tokens) - len(ids)
+        if room < 1:
+            raise RequestError(f"the prompt is {len(ids)} tokens; this engine takes at most "
+                               f"{min(self.context, self.max_batch_tokens) - 1} (context {self.context} tokens)")
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        if max_tokens is None:
+            max_tokens = min(self.default_max_tokens, room)
+        _check_number("max_tokens", max_tokens, integer=True, low=1)
+        if max_tokens > room:
+            raise RequestError(f"the prompt is {len(ids)} tokens and max_tokens is {max_tokens}: "
+                               f"{len(ids) + max_tokens} tokens, more than this engine's "
+                               f"{min(self.context, self.max_batch_tokens)} (context {self.context} tokens)")
+        temperature = body.get("temperature", 1.0)
+        top_p = body.get("top_p", 1.0)
+        seed = body.get("seed")
+        _check_number("temperature", temperature, low=0.0, high=2.0)
+        _check_number("top_p", top_p, low=0.0, high=1.0, open_low=True)
+        if seed is None:
+            seed = secrets.randbits(63)
+        _check_number("seed", seed, integer=True)
+        stop = body.get("stop") or ()
+        stop = (stop,) if isinstance(stop, str) else stop
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
+            raise RequestError("'stop' must be a non-empty string or a list of them")
+        return Job(ids, Sampling(max_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p),
+                                 seed=seed, stop=tuple(stop)))
+
+    def submit(self, job: Job, timeout_s: float | None = None) -> Job:
+        """Queue ``job`` and wait until the worker has generated it."""
+        with self._cond:
+            if self._closed:
+                raise RequestError("the engine is shutting down", status=503)
+            self._pending.append(job)
+            self._cond.notify_all()
+        if not job.done.wait(timeout_s):
+            raise RequestError(f"no answer within {timeout_s} s", status=504)
+        return job
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._worker.join(timeout=60)
+
+    # ---- the worker ----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            jobs = self._next_batch()
+            if jobs is None:
+                return
+            try:
+                self.generate(jobs)
+            except Exception as e:  # noqa: BLE001 - a failed batch fails its requests, not the server
+                for job in jobs:
+                    job.error = f"generation failed: {type(e).__name__}: {e}"
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+            finally:
+                for job in jobs:
+                    job.done.set()
+
+    def _next_batch(self) -> list[Job] | None:
+        """The next batch: requests that keep arriving within ``gather_s`` of each other, oldest first,
+        up to ``max_batch`` rows and ``max_batch_tokens`` padded tokens; None once closed."""
+        with self._cond:
+            while not self._pending and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                for job in self._pending:
+                    job.error = "the engine is shutting down"
+                    job.done.set()
+                return None
+            deadline = time.monotonic() + 10 * self.gather_s
+            while len(self._pending) < self.max_batch and time.monotonic() < deadline:
+                seen = len(self._pending)
+                self._cond.wait(timeout=self.gather_s)
+                if len(self._pending) == seen:
+                    break
+            batch, longest, most_new = [], 0, 0
+            for job in self._pending[: self.max_batch]:
+                length, new = max(longest, len(job.prompt_ids)), max(most_new, job.sampling.max_tokens)
+                if batch and (len(batch) + 1) * (length + new) > self.max_batch_tokens:
+                    break
+                batch.append(job)
+                longest, most_new = length, new
+            del self._pending[: len(batch)]
+            return batch
+
+    @torch.inference_mode()
+    def generate(self, jobs: list[Job]) -> None:
+        """Generate every job of ``jobs`` in one batch, filling in their tokens, text and finish reason."""
+        start = time.perf_counter()
+        n, length = len(jobs), max(len(j.prompt_ids) for j in jobs)
+        with self._cond:
+            batch_id = self.stats["batches"]
+            self.stats["batches"] += 1
+            self.batch_sizes.append(n)
+        ids = torch.full((n, length), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((n, length), dtype=torch.long)
+        for row, job in enumerate(jobs):  # left padding: every row's next token goes in the same column
+            job.batch_id, job.batch_size = batch_id, n
+            ids[row, length - len(job.prompt_ids):] = torch.tensor(job.prompt_ids)
+            mask[row, length - len(job.prompt_ids):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits, cache = self._prefill(ids, mask, positions)
+
+        def column(values, dtype=torch.float32):
+            return torch.tensor(values, dtype=dtype, device=self.device)
+
+        rows = list(range(n))  # the jobs still generating, by row of the current batch
+        streams = [random.Random(j.sampling.seed) for j in jobs]
+        temperature = column([j.sampling.temperature for j in jobs])
+        top_p = column([j.sampling.top_p for j in jobs])
+        position = positions[:, -1:] + 1
+        steps = row_steps = 0
+        while True:
+            uniform = column([streams[r].random() for r in rows])
+            tokens = sample(logits, temperature, top_p, uniform)
+            keep = [i for i, (r, token) in enumerate(zip(rows, tokens.tolist())) if not self._extend(jobs[r], token)]
+            steps, row_steps = steps + 1, row_steps + len(rows)
+            if not keep:
+                break
+            if len(keep) < len(rows):  # finished rows leave the batch
+                index = torch.tensor(keep, device=self.device)
+                cache.reorder_cache(index)
+                tokens, mask, position = tokens[index], mask[index], position[index]
+                temperature, top_p = temperature[index], top_p[index]
+                rows = [rows[i] for i in keep]
+            mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
+            out = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=position,
+                             past_key_values=cache, use_cache=True)
+            logits, cache, position = out.logits[:, -1], out.past_key_values, position + 1
+        with self._tokenizer_lock:
+            for job in jobs:
+                if job.text is None:
+                    job.text = self.tokenizer.decode(job.token_ids, skip_special_tokens=True)
+        with self._cond:
+            self.stats["requests"] += n
+            self.stats["prompt_tokens"] += sum(len(j.prompt_ids) for j in jobs)
+            self.stats["completion_tokens"] += sum(len(j.token_ids) for j in jobs)
+            self.stats["decode_steps"] += steps
+            self.stats["row_steps"] += row_steps
+            self.stats["generate_s"] += time.perf_counter() - start
+
+    def _prefill(self, ids, mask, positions):
+        """(last-position logits, KV cache) of the padded prompts, in row chunks of at most ``prefill_tokens``
+        tokens so that the prefill's activations stay bounded however large the batch."""
+        from transformers import DynamicCache
+
+        n, length = ids.shape
+        chunk = max(1, self.prefill_tokens // length)
+        logits, caches = [], []
+        for lo in range(0, n, chunk):
+            out = self.model(input_ids=ids[lo:lo + chunk], attention_mask=mask[lo:lo + chunk],
+                             position_ids=positions[lo:lo + chunk], past_key_values=DynamicCache(config=self.model.config),
+                             use_cache=True, logits_to_keep=1)
+            logits.append(out.logits[:, -1])
+            caches.append(out.past_key_values)
+        cache = caches[0] if len(caches) == 1 else _concat_caches(caches, self.model.config)
+        return torch.cat(logits), cache
+
+    def _extend(self, job: Job, token: int) -> bool:
+        """Add ``token`` to ``job``; True when the job is finished (end of turn, a stop string, max_tokens)."""
+        if token in self.end_ids:
+            job.finish_reason = "stop"
+            return True
+        job.token_ids.append(token)
+        if job.sampling.stop and self._stopped(job):
+            job.finish_reason = "stop"
+            return True
+        if len(job.token_ids) >= job.sampling.max_tokens:
+            job.finish_reason = "length"
+            return True
+        return False
+
+    def _stopped(self, job: Job) -> bool:
+        """Whether a stop string has appeared; if so the text is cut before it. Only the tail is decoded
+        each step (a stop string spans few tokens), the whole text once it matched."""
+        tail_tokens = max(len(s) for s in job.sampling.stop) + 8
+        with self._tokenizer_lock:
+            tail = self.tokenizer.decode(job.token_ids[-tail_tokens:], skip_special_tokens=True)
+            if not any(s in tail for s in job.sampling.stop):
+                return False
+            text = self.tokenizer.decode(job.token_ids, skip_special_tokens=True)
+        job.text = text[:min(text.find(s) for s in job.sampling.stop if s in text)]
+        return True
+
+    def snapshot(self) -> dict:
+        """Counters since start and the latest batch sizes (for /stats)."""
+        with self._cond:
+            return {**self.stats, "pending": len(self._pending), "batch_sizes": list(self.batch_sizes),
+                    "max_batch": self.max_batch, "max_batch_tokens": self.max_batch_tokens,
+                    "context": self.context, "device": str(self.device)}
+
+
+def _check_number(name: str, value, *, integer: bool = False, low=None, high=None, open_low: bool = False):
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise RequestError(f"{name!r} must be {'an integer' if integer else 'a number'}, got {value!r}")
+    if low is not None and (value <= low if open_low else value < low) or high is not None and value > high:
+        raise RequestError(f"{name!r} is {value!r}, outside {'(' if open_low else '['}{low}, {high}]")
+
+
+def _messages(messages) -> list[dict]:
+    """Chat messages with text content (OpenAI's list-of-parts content is joined into text)."""
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("'messages' must be a non-empty list of {role, content} objects")
+    clean = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise RequestError(f"messages[{i}] must be an object with a 'role' string")
+        content = m.get("content")
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+                raise RequestError(f"messages[{i}].content: only text parts are supported")
+            content = "".join(str(p.get("text", "")) for p in content)
+        if not isinstance(content, str):
+            raise RequestError(f"messages[{i}].content must be a string")
+        clean.append({"role": m["role"], "content": content})
+    return clean
+
+
+# ------------------------------------------------------------------------------------------- HTTP
+
+
+def completion(engine: Engine, job: Job) -> dict:
+    """The OpenAI chat completion object for a finished job."""
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+        "model": engine.name,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": job.text},
+                     "finish_reason": job.finish_reason}],
+        "usage": {"prompt_tokens": len(job.prompt_ids), "completion_tokens": len(job.token_ids),
+                  "total_tokens": len(job.prompt_ids) + len(job.token_ids)},
+        "engine": {"batch": job.batch_id, "batch_size": job.batch_size},
+    }
+
+
+def make_server(engine: Engine, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPServer:
+    """An HTTP server (one thread per connection) answering the OpenAI routes from ``engine``."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: a client's pooled connections are reused
+
+        def log_message(self, *args):  # one line per request is noise at hundreds of requests a second
+            pass
+
+        def reply(self, status: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def error(self, status: int, message: str) -> None:
+            kind = "invalid_request_error" if status < 500 else "server_error"
+            self.reply(status, {"error": {"message": message, "type": kind, "code": status}})
+
+        def do_GET(self):
+            route = self.path.split("?")[0].rstrip("/")
+            if route in ("/v1/models", "/models"):
+                self.reply(200, {"object": "list", "data": [
+                    {"id": engine.name, "object": "model", "owned_by": "kernelcast", "max_model_len": engine.context}]})
+            elif route == "/health":
+                self.reply(200, {"status": "ok"})
+            elif route in ("/stats", "/v1/stats"):
+                self.reply(200, engine.snapshot())
+            else:
+                self.error(404, f"no route GET {route}; known: /v1/models, /health, /stats")
+
+        def do_POST(self):
+            route = self.path.split("?")[0].rstrip("/")
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length)
+            if route not in ("/v1/chat/completions", "/chat/completions"):
+                return self.error(404, f"no route POST {route}; known: /v1/chat/completions")
+            try:
+                body = json.loads(raw or b"null")
+            except ValueError as e:
+                return self.error(400, f"the request body is not JSON: {e}")
+            try:
+                job = engine.submit(engine.job(body))
+            except RequestError as e:
+                return self.error(e.status, str(e))
+            if job.error:
+                return self.error(500, job.error)
+            self.reply(200, completion(engine, job))
+
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        request_queue_size = 1024  # hundreds of clients connect at once; the default backlog of 5 drops them
+
+    return Server((host, port), Handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m infra.engine", description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="a .gguf file, or a transformers model folder")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None, help="the model id /v1/models reports (default: file stem)")
+    p.add_argument("--device", default="auto", help="auto (cuda when available), cuda, cuda:N or cpu")
+    p.add_argument("--dtype", default="auto", help="auto (bfloat16 on a GPU, float32 on a CPU), bfloat16, float16, float32")
+    p.add_argument("--max-batch", type=int, default=256, help="most requests generated together (default: %(default)s)")
+    p.add_argument("--max-batch-tokens", type=int, default=None,
+                   help="most padded prompt+new tokens a batch holds (default: half the free memory as KV cache)")
+    p.add_argument("--prefill-tokens", type=int, default=16384, help="most tokens one prefill forward takes")
+    p.add_argument("--max-context", type=int, default=None, help="cap on prompt+new tokens (default: the model's)")
+    p.add_argument("--default-max-tokens", type=int, default=1024, help="max_tokens when a request names none")
+    p.add_argument("--gather-ms", type=float, default=20.0, help="wait this long for more requests before a batch")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+    p.add_argument("--chat-template", type=Path, default=None, help="a Jinja chat template file to use instead")
+    p.add_argument("--ignore-response-format", action="store_true",
+                   help="answer requests that ask for a response_format unconstrained instead of refusing them")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    tokenizer, model = load(args.model, device=args.device, dtype=args.dtype)
+    engine = Engine(model, tokenizer, name=args.served_model_name or Path(args.model).stem,
+                    template=args.chat_template.read_text() if args.chat_template else None,
+                    max_batch=args.max_batch, max_batch_tokens=args.max_batch_tokens,
+                    prefill_tokens=args.prefill_tokens, context=args.max_context,
+                    default_max_tokens=args.default_max_tokens, gather_s=args.gather_ms / 1000,
+                    ignore_response_format=args.ignore_response_format)
+    server = make_server(engine, args.host, args.port)
+    print(f"serving {engine.name} on http://{args.host}:{server.server_address[1]}/v1 "
+          f"({engine.device}, {next(model.parameters()).dtype}, loaded in {time.perf_counter() - start:.1f} s; "
+          f"max batch {engine.max_batch} rows, {engine.max_batch_tokens} tokens)", file=sys.stderr, flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        engine.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
