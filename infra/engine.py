@@ -47,6 +47,9 @@ CHATML_FAMILIES = ("qwen2",)
 END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
 # OpenAI fields this engine cannot honour; a request that asks for them is refused, never half-served.
 UNSUPPORTED = {"stream": False, "logprobs": False, "tools": None, "tool_choice": None}
+# A batch waits for stragglers at most this long, so that a steady stream of requests still gets
+# served; short beside a batch's generation, long enough for hundreds of requests to be tokenized.
+GATHER_LIMIT_S = 1.0
 
 
 class RequestError(ValueError):
@@ -225,7 +228,7 @@ class Engine:
         self.end_ids = end_token_ids(tokenizer, model)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.end_ids)
         self.stats = {"batches": 0, "requests": 0, "prompt_tokens": 0, "completion_tokens": 0,
-                      "decode_steps": 0, "row_steps": 0, "generate_s": 0.0}
+                      "decode_steps": 0, "row_steps": 0, "prefill_s": 0.0, "generate_s": 0.0}
         self.batch_sizes: deque[int] = deque(maxlen=1000)  # of the latest batches, oldest first
         self._tokenizer_lock = threading.Lock()  # fast tokenizers are not safe to share across threads
         self._pending: list[Job] = []
@@ -345,7 +348,7 @@ class Engine:
                     job.error = "the engine is shutting down"
                     job.done.set()
                 return None
-            deadline = time.monotonic() + 10 * self.gather_s
+            deadline = time.monotonic() + max(GATHER_LIMIT_S, self.gather_s)
             while len(self._pending) < self.max_batch and time.monotonic() < deadline:
                 seen = len(self._pending)
                 self._cond.wait(timeout=self.gather_s)
@@ -379,6 +382,9 @@ class Engine:
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         logits, cache = self._prefill(ids, mask, positions)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # once a batch, so that prefill_s times the prefill
+        prefill_s = time.perf_counter() - start
 
         def column(values, dtype=torch.float32):
             return torch.tensor(values, dtype=dtype, device=self.device)
@@ -416,6 +422,7 @@ class Engine:
             self.stats["completion_tokens"] += sum(len(j.token_ids) for j in jobs)
             self.stats["decode_steps"] += steps
             self.stats["row_steps"] += row_steps
+            self.stats["prefill_s"] += prefill_s
             self.stats["generate_s"] += time.perf_counter() - start
 
     def _prefill(self, ids, mask, positions):

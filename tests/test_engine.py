@@ -1,0 +1,327 @@
+"""The batched generation engine (``python -m infra.engine``) as a real server process on loopback.
+
+It serves a tiny random-weight qwen2 model that this file writes with the ``gguf`` package:
+a byte-level BPE vocabulary with ChatML's special tokens, a chat template in its metadata,
+and end-of-turn tokens that the output layer never favours, so a reply runs to max_tokens
+unless a stop string ends it. Transformers loads it as it loads a Qwen2.5 GGUF.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from surrogate.llm import OpenAIChat
+
+ROOT = Path(__file__).resolve().parent.parent
+CONTEXT = 512
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def _byte_chars() -> list[str]:
+    """GPT-2's printable stand-in for each byte, the alphabet of a byte-level BPE vocabulary."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+def write_tiny_qwen2_gguf(path, *, chat_template: str | None = TEMPLATE) -> None:
+    """A 2-layer qwen2 model, 64 wide, with byte-level tokens, a few merges and ChatML's special tokens."""
+    import gguf
+
+    rng = np.random.default_rng(0)
+    n_embd, n_ff, n_head, n_kv = 64, 128, 4, 2
+    merges = ["Ġ t", "Ġ a", "i n", "e r", "o n"]
+    tokens = _byte_chars() + [m.replace(" ", "") for m in merges] + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    specials = range(len(tokens) - 3, len(tokens))
+    types = [gguf.TokenType.CONTROL if i in specials else gguf.TokenType.NORMAL for i in range(len(tokens))]
+
+    w = gguf.GGUFWriter(str(path), "qwen2")
+    w.add_name("kernelcast-tiny-qwen2")
+    w.add_context_length(CONTEXT)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(2)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(specials[0])
+    w.add_pad_token_id(specials[0])
+    w.add_eos_token_id(specials[2])
+    w.add_add_bos_token(False)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
+
+    def weight(*shape, scale=0.2):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    output = weight(len(tokens), n_embd, scale=1.0)
+    output[list(specials)] = 0.0  # logit 0 among logits spread ~8 wide: an end token is (almost) never drawn
+    w.add_tensor("token_embd.weight", weight(len(tokens), n_embd, scale=1.0))
+    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    w.add_tensor("output.weight", output)
+    kv = n_kv * n_embd // n_head
+    for i in range(2):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        for name, rows in (("attn_q", n_embd), ("attn_k", kv), ("attn_v", kv)):
+            w.add_tensor(f"blk.{i}.{name}.weight", weight(rows, n_embd))
+            w.add_tensor(f"blk.{i}.{name}.bias", weight(rows, scale=0.02))
+        w.add_tensor(f"blk.{i}.attn_output.weight", weight(n_embd, n_embd))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        w.add_tensor(f"blk.{i}.ffn_gate.weight", weight(n_ff, n_embd))
+        w.add_tensor(f"blk.{i}.ffn_up.weight", weight(n_ff, n_embd))
+        w.add_tensor(f"blk.{i}.ffn_down.weight", weight(n_embd, n_ff))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class EngineServer:
+    """``python -m infra.engine`` as a child process on a free loopback port."""
+
+    def __init__(self, model_path, *extra: str):
+        self.port = _free_port()
+        self.root_url = f"http://127.0.0.1:{self.port}"
+        self.base_url = f"{self.root_url}/v1"
+        self.log = open(f"{model_path}.{self.port}.log", "w+")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "infra.engine", "--model", str(model_path), "--port", str(self.port),
+             "--threads", "1", *extra], cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout_s: float = 120.0) -> "EngineServer":
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self.log.seek(0)
+                raise RuntimeError(f"the engine exited with {self.process.returncode}:\n{self.log.read()[-3000:]}")
+            try:
+                if get(f"{self.root_url}/health")[0] == 200:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"the engine did not answer {self.root_url}/health within {timeout_s} s")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+
+
+def get(url: str) -> tuple[int, dict]:
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return r.status, json.loads(r.read())
+
+
+def post(url: str, body) -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def chat(server: EngineServer, content: str, **fields) -> dict:
+    status, answer = post(f"{server.base_url}/chat/completions",
+                          {"model": "tiny", "messages": [{"role": "user", "content": content}], **fields})
+    assert status == 200, answer
+    return answer
+
+
+def text_of(answer: dict) -> str:
+    return answer["choices"][0]["message"]["content"]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    pytest.importorskip("gguf")
+    path = tmp_path_factory.mktemp("engine") / "tiny.gguf"
+    write_tiny_qwen2_gguf(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model):
+    # A long gathering window: the test's concurrent requests must land in one batch even on a busy machine.
+    running = EngineServer(tiny_model, "--max-batch", "16", "--gather-ms", "300").wait_ready()
+    yield running
+    running.stop()
+
+
+# ---------------------------------------------------------------------------------------- routes
+
+
+def test_models_lists_the_served_model_and_the_repo_client_probes_it(server):
+    status, listed = get(f"{server.base_url}/models")
+    assert status == 200
+    assert [m["id"] for m in listed["data"]] == ["tiny"]
+    OpenAIChat(server.base_url, "tiny").probe()
+
+
+def test_health_answers_ok(server):
+    assert get(f"{server.root_url}/health") == (200, {"status": "ok"})
+
+
+def test_the_repo_client_gets_a_reply(server):
+    import httpx
+
+    client = OpenAIChat(server.base_url, "tiny")
+    with httpx.Client(timeout=60) as http:
+        reply = client.chat(http, [{"role": "system", "content": "You write kernels."},
+                                   {"role": "user", "content": "Write a softmax."}], temperature=0.0, max_tokens=6)
+    assert isinstance(reply, str) and reply
+
+
+def test_a_reply_carries_usage_and_finish_reason(server):
+    answer = chat(server, "hello", temperature=0.0, max_tokens=5)
+    assert answer["object"] == "chat.completion"
+    assert answer["choices"][0]["message"]["role"] == "assistant"
+    assert answer["choices"][0]["finish_reason"] == "length"
+    usage = answer["usage"]
+    assert usage["completion_tokens"] == 5 and usage["prompt_tokens"] > 5
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+# -------------------------------------------------------------------------------------- decoding
+
+
+def test_max_tokens_is_respected(server):
+    for n in (1, 3, 9):
+        answer = chat(server, "count", temperature=0.7, seed=n, max_tokens=n)
+        assert answer["usage"]["completion_tokens"] == n
+        assert answer["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_stop_string_ends_the_reply_before_it(server):
+    full = text_of(chat(server, "stop test", temperature=0.0, max_tokens=16))
+    # Cut at an ASCII character, whose bytes are one token whichever tokens surround it.
+    cut = next(i for i, c in enumerate(full) if i >= 2 and c.isascii() and c.isprintable() and c not in full[:i])
+    answer = chat(server, "stop test", temperature=0.0, max_tokens=16, stop=[full[cut]])
+    assert text_of(answer) == full[:cut]
+    assert answer["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_seeded_request_gives_the_same_text_alone_and_inside_a_mixed_batch(server):
+    request = {"temperature": 0.9, "top_p": 0.95, "seed": 1234, "max_tokens": 12}
+    alone = chat(server, "write a faster softmax", **request)
+    others = [("a much longer prompt about layernorm kernels " * 3, {"temperature": 1.0, "seed": 1, "max_tokens": 20}),
+              ("x", {"temperature": 0.0, "max_tokens": 4}),
+              ("write a faster softmax", {"temperature": 0.9, "top_p": 0.95, "seed": 99, "max_tokens": 12}),
+              ("rmsnorm", {"temperature": 0.5, "seed": 7, "max_tokens": 8}),
+              ("write a faster softmax", request)]
+    with ThreadPoolExecutor(len(others)) as pool:
+        batched = list(pool.map(lambda cf: chat(server, cf[0], **cf[1]), others))
+    assert batched[-1]["engine"]["batch_size"] > 1, "the request was not batched with the others"
+    assert text_of(batched[-1]) == text_of(alone)
+    assert text_of(batched[2]) != text_of(alone), "another seed should draw another text"
+
+
+def test_concurrent_requests_are_generated_in_fewer_batches_than_requests(server):
+    before = get(f"{server.root_url}/stats")[1]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda i: chat(server, f"kernel {i}", temperature=0.8, seed=i, max_tokens=6), range(8)))
+    after = get(f"{server.root_url}/stats")[1]
+    assert after["requests"] - before["requests"] == 8
+    assert after["batches"] - before["batches"] < 8
+    assert max(a["engine"]["batch_size"] for a in answers) > 1
+
+
+# ---------------------------------------------------------------------------------- bad requests
+
+
+def _refused(server, body) -> str:
+    status, answer = post(f"{server.base_url}/chat/completions", body)
+    assert status == 400, answer
+    return answer["error"]["message"]
+
+
+def test_a_request_without_messages_is_refused_by_name(server):
+    assert "'messages'" in _refused(server, {"model": "tiny", "max_tokens": 4})
+    assert "'messages'" in _refused(server, {"model": "tiny", "messages": [], "max_tokens": 4})
+
+
+def test_a_prompt_too_long_for_the_context_is_refused_with_its_token_count(server):
+    message = _refused(server, {"messages": [{"role": "user", "content": "y" * 2 * CONTEXT}], "max_tokens": 4})
+    assert "the prompt is" in message and "tokens" in message and str(CONTEXT) in message
+    count = int(message.split("the prompt is ")[1].split()[0])
+    assert count > CONTEXT
+
+
+def test_a_prompt_plus_max_tokens_beyond_the_context_is_refused(server):
+    message = _refused(server, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": CONTEXT})
+    assert "max_tokens" in message and str(CONTEXT) in message
+
+
+@pytest.mark.parametrize("field, value, named", [
+    ("max_tokens", 0, "'max_tokens'"),
+    ("temperature", -1, "'temperature'"),
+    ("top_p", 0, "'top_p'"),
+    ("seed", "abc", "'seed'"),
+    ("n", 2, "'n'"),
+    ("stream", True, "'stream'"),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}, "'response_format'"),
+])
+def test_an_unusable_field_is_refused_by_name(server, field, value, named):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, field: value}
+    assert named in _refused(server, body)
+
+
+def test_a_body_that_is_not_json_is_refused(server):
+    status, answer = post(f"{server.base_url}/chat/completions", b"{not json")
+    assert status == 400 and "not JSON" in answer["error"]["message"]
+
+
+# ------------------------------------------------------------------------------------ templates
+
+
+def test_the_chat_template_comes_from_the_gguf_and_qwen2_without_one_falls_back_to_chatml(tiny_model, tmp_path):
+    from transformers import AutoTokenizer, Qwen2Config
+
+    from infra.engine import CHATML, chat_template
+
+    with_template = AutoTokenizer.from_pretrained(str(tiny_model.parent), gguf_file=tiny_model.name)
+    assert chat_template(with_template, Qwen2Config()) == TEMPLATE
+    write_tiny_qwen2_gguf(tmp_path / "bare.gguf", chat_template=None)
+    bare = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="bare.gguf")
+    assert chat_template(bare, Qwen2Config()) == CHATML
+    with pytest.raises(ValueError, match="no chat template"):
+        chat_template(bare, type("Config", (), {"model_type": "llama"})())
