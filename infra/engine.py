@@ -21,6 +21,7 @@ files) are imported, so it runs where kernelcast's other dependencies are missin
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import inspect
 import json
 import os
@@ -135,6 +136,9 @@ def load(model: str | os.PathLike, *, device: str = "auto", dtype: str = "auto")
     if path.is_file():
         if path.suffix != ".gguf":
             raise ValueError(f"model file {path} is not a .gguf file")
+        if importlib.util.find_spec("gguf") is None:
+            raise ImportError("transformers reads a .gguf file with the pure-Python 'gguf' package, which is not "
+                              "installed: pip install --no-deps gguf (or a gguf-*.whl carried to this machine)")
         kwargs = _dequantizing({"gguf_file": path.name})
         path = path.parent
     tokenizer = AutoTokenizer.from_pretrained(str(path), **{k: v for k, v in kwargs.items() if k == "gguf_file"})

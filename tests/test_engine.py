@@ -181,8 +181,9 @@ def tiny_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tiny_model):
-    # A long gathering window: the test's concurrent requests must land in one batch even on a busy machine.
-    running = EngineServer(tiny_model, "--max-batch", "16", "--gather-ms", "300").wait_ready()
+    # On the CPU in float32 wherever the tests run, so that a seed's text is exactly reproducible; a long
+    # gathering window, so that the tests' concurrent requests land in one batch even on a busy machine.
+    running = EngineServer(tiny_model, "--device", "cpu", "--max-batch", "16", "--gather-ms", "300").wait_ready()
     yield running
     running.stop()
 
@@ -191,6 +192,7 @@ def server(tiny_model):
 
 
 def test_models_lists_the_served_model_and_the_repo_client_probes_it(server):
+    pytest.importorskip("httpx")
     status, listed = get(f"{server.base_url}/models")
     assert status == 200
     assert [m["id"] for m in listed["data"]] == ["tiny"]
@@ -202,7 +204,7 @@ def test_health_answers_ok(server):
 
 
 def test_the_repo_client_gets_a_reply(server):
-    import httpx
+    httpx = pytest.importorskip("httpx")
 
     client = OpenAIChat(server.base_url, "tiny")
     with httpx.Client(timeout=60) as http:
@@ -325,3 +327,22 @@ def test_the_chat_template_comes_from_the_gguf_and_qwen2_without_one_falls_back_
     assert chat_template(bare, Qwen2Config()) == CHATML
     with pytest.raises(ValueError, match="no chat template"):
         chat_template(bare, type("Config", (), {"model_type": "llama"})())
+
+
+# ------------------------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_greedy_reply_is_the_same_alone_and_beside_longer_and_shorter_prompts(tiny_model):
+    """Left padding on CUDA: padded rows must not change a row's logits (float32 keeps ties apart)."""
+    gpu = EngineServer(tiny_model, "--device", "cuda", "--dtype", "float32", "--gather-ms", "300").wait_ready()
+    try:
+        assert get(f"{gpu.root_url}/stats")[1]["device"].startswith("cuda")
+        alone = chat(gpu, "write a faster softmax", temperature=0.0, max_tokens=16)
+        prompts = ["write a faster softmax", "a much longer prompt about layernorm kernels " * 4, "x"]
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            batched = list(pool.map(lambda p: chat(gpu, p, temperature=0.0, max_tokens=16), prompts))
+    finally:
+        gpu.stop()
+    assert batched[0]["engine"]["batch_size"] > 1
+    assert text_of(batched[0]) == text_of(alone)
