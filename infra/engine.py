@@ -259,8 +259,11 @@ class Engine:
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         with self._tokenizer_lock:
-            text = self.tokenizer.apply_chat_template(messages, chat_template=self.template, tokenize=False,
-                                                      add_generation_prompt=True)
+            try:
+                text = self.tokenizer.apply_chat_template(messages, chat_template=self.template, tokenize=False,
+                                                          add_generation_prompt=True)
+            except Exception as e:  # noqa: BLE001 - templates raise their own errors (roles out of order, ...)
+                raise RequestError(f"the model's chat template refused the messages: {type(e).__name__}: {e}")
             # The template already holds every special token the model expects.
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
@@ -283,7 +286,7 @@ class Engine:
         if room < 1:
             raise RequestError(f"the prompt is {len(ids)} tokens; this engine takes at most "
                                f"{min(self.context, self.max_batch_tokens) - 1} (context {self.context} tokens)")
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        max_tokens = next((body[k] for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None), None)
         if max_tokens is None:
             max_tokens = min(self.default_max_tokens, room)
         _check_number("max_tokens", max_tokens, integer=True, low=1)
@@ -291,8 +294,9 @@ class Engine:
             raise RequestError(f"the prompt is {len(ids)} tokens and max_tokens is {max_tokens}: "
                                f"{len(ids) + max_tokens} tokens, more than this engine's "
                                f"{min(self.context, self.max_batch_tokens)} (context {self.context} tokens)")
-        temperature = body.get("temperature", 1.0)
-        top_p = body.get("top_p", 1.0)
+        # OpenAI's defaults; a client may also send null for "the default".
+        temperature = 1.0 if body.get("temperature") is None else body["temperature"]
+        top_p = 1.0 if body.get("top_p") is None else body["top_p"]
         seed = body.get("seed")
         _check_number("temperature", temperature, low=0.0, high=2.0)
         _check_number("top_p", top_p, low=0.0, high=1.0, open_low=True)
@@ -439,8 +443,8 @@ class Engine:
         logits, caches = [], []
         for lo in range(0, n, chunk):
             out = self.model(input_ids=ids[lo:lo + chunk], attention_mask=mask[lo:lo + chunk],
-                             position_ids=positions[lo:lo + chunk], past_key_values=DynamicCache(config=self.model.config),
-                             use_cache=True, logits_to_keep=1)
+                             position_ids=positions[lo:lo + chunk], use_cache=True, logits_to_keep=1,
+                             past_key_values=DynamicCache(config=self.model.config))
             logits.append(out.logits[:, -1])
             caches.append(out.past_key_values)
         cache = caches[0] if len(caches) == 1 else _concat_caches(caches, self.model.config)
@@ -570,6 +574,8 @@ def make_server(engine: Engine, host: str = "127.0.0.1", port: int = 8000) -> Th
                 job = engine.submit(engine.job(body))
             except RequestError as e:
                 return self.error(e.status, str(e))
+            except Exception as e:  # noqa: BLE001 - a bug answers 500 with its name, never a dropped connection
+                return self.error(500, f"{type(e).__name__}: {e}")
             if job.error:
                 return self.error(500, job.error)
             self.reply(200, completion(engine, job))
@@ -588,7 +594,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="the model id /v1/models reports (default: file stem)")
     p.add_argument("--device", default="auto", help="auto (cuda when available), cuda, cuda:N or cpu")
-    p.add_argument("--dtype", default="auto", help="auto (bfloat16 on a GPU, float32 on a CPU), bfloat16, float16, float32")
+    p.add_argument("--dtype", default="auto",
+                   help="auto (bfloat16 on a GPU, float32 on a CPU), bfloat16, float16, float32")
     p.add_argument("--max-batch", type=int, default=256, help="most requests generated together (default: %(default)s)")
     p.add_argument("--max-batch-tokens", type=int, default=None,
                    help="most padded prompt+new tokens a batch holds (default: half the free memory as KV cache)")

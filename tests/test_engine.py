@@ -231,6 +231,8 @@ def test_max_tokens_is_respected(server):
         answer = chat(server, "count", temperature=0.7, seed=n, max_tokens=n)
         assert answer["usage"]["completion_tokens"] == n
         assert answer["choices"][0]["finish_reason"] == "length"
+    newer = chat(server, "count", temperature=None, max_tokens=None, max_completion_tokens=2)  # OpenAI's newer name
+    assert newer["usage"]["completion_tokens"] == 2
 
 
 def test_a_stop_string_ends_the_reply_before_it(server):
