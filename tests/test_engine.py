@@ -314,6 +314,24 @@ def test_a_body_that_is_not_json_is_refused(server):
     assert status == 400 and "not JSON" in answer["error"]["message"]
 
 
+def test_a_prefill_in_row_chunks_gives_the_same_tokens_as_one_prefill(tiny_model):
+    from infra.engine import Engine, load
+
+    tokenizer, model = load(tiny_model, device="cpu")
+    replies = []
+    for prefill_tokens in (16384, 40):  # 40: one or two rows per chunk, the chunks' caches joined
+        engine = Engine(model, tokenizer, name="tiny", prefill_tokens=prefill_tokens)
+        try:
+            jobs = [engine.job({"messages": [{"role": "user", "content": "kernel " * k}], "max_tokens": 10,
+                                "temperature": 0.8 * (k % 2), "seed": k}) for k in (1, 2, 5, 9, 3)]
+            engine.generate(jobs)
+        finally:
+            engine.close()
+        replies.append([job.token_ids for job in jobs])
+    assert replies[0] == replies[1]
+    assert len({len(j.prompt_ids) for j in jobs}) == len(jobs) and max(len(j.prompt_ids) for j in jobs) > 20
+
+
 # ------------------------------------------------------------------------------------ templates
 
 
