@@ -6,13 +6,11 @@ logs them to MLflow as a run of their own (tagged ``kernelcast.report``).
 
 from __future__ import annotations
 
-import os
+from flows.commands.common import UsageError, add_data_args, data_root
 
 
 def register(sub) -> None:
     """Add the ``report`` command to the CLI's subparsers."""
-    from flows.cli import DEFAULT_DATA
-
     sp = sub.add_parser("report", help="the runs of one operation and GPU type side by side: surrogate vs "
                                        "baseline, this run vs earlier ones (PNG, Markdown table, CSV, MLflow)")
     sp.add_argument("--op", required=True, help="operation whose runs to compare")
@@ -27,21 +25,17 @@ def register(sub) -> None:
     sp.add_argument("--tracking-uri", default=None,
                     help="MLflow tracking URI (default: sqlite under a local data root, as a search logs)")
     sp.add_argument("--experiment", default="kernelcast", help="MLflow experiment (default: %(default)s)")
-    sp.add_argument("--data", default=os.environ.get("KERNELCAST_DATA", DEFAULT_DATA),
-                    help="data root: a local folder or s3://bucket/prefix (default: %(default)s)")
-    sp.add_argument("--storage-option", action="append", metavar="KEY=VALUE",
-                    help="fsspec storage option, e.g. endpoint_url=http://127.0.0.1:9000")
+    add_data_args(sp)
     sp.set_defaults(func=cmd_report)
 
 
 def cmd_report(args) -> int:
-    from flows.cli import UsageError, _data_root
     from storage.tracking import Tracker, default_tracking_uri
     from tasks.report import compare_runs, log_report, report_files, write_report
 
     if args.last is not None and args.last < 1:
         raise UsageError(f"--last must be a positive whole number of runs, got {args.last}")
-    comparison = compare_runs(_data_root(args), args.op, args.gpu_type, run_ids=args.runs or (), last=args.last)
+    comparison = compare_runs(data_root(args), args.op, args.gpu_type, run_ids=args.runs or (), last=args.last)
     files = report_files(comparison)
     paths = write_report(files, args.out)
     tracker = Tracker(args.tracking_uri or default_tracking_uri(args.data), args.experiment)

@@ -1,0 +1,50 @@
+"""What the command groups share: the usage error, the data root flags and their parsing.
+
+Nothing here imports more than the standard library at module level: every command module
+imports this one, and ``kernelcast`` must answer a bad argument before anything heavy loads.
+"""
+
+from __future__ import annotations
+
+import os
+
+DEFAULT_DATA = "kernelcast-data"
+
+
+class UsageError(Exception):
+    """Bad input from the command line; printed as one clear line, exit status 2."""
+
+
+def add_data_args(sp) -> None:
+    """``--data`` and ``--storage-option``, the same on every command that reads or writes a data root."""
+    sp.add_argument("--data", default=os.environ.get("KERNELCAST_DATA", DEFAULT_DATA),
+                    help="data root: a local folder or s3://bucket/prefix (default: %(default)s)")
+    sp.add_argument("--storage-option", action="append", metavar="KEY=VALUE",
+                    help="fsspec storage option, e.g. endpoint_url=http://127.0.0.1:9000")
+
+
+def parse_storage_options(pairs: list[str] | None) -> dict:
+    """fsspec storage options from ``--storage-option KEY=VALUE`` flags (``endpoint_url`` goes to the client)."""
+    options: dict = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise UsageError(f"--storage-option takes KEY=VALUE, got {pair!r}")
+        key, value = pair.split("=", 1)
+        if key == "endpoint_url":
+            options.setdefault("client_kwargs", {})["endpoint_url"] = value
+        else:
+            options[key] = value
+    return options
+
+
+def data_root(args):
+    """The ``DataRoot`` the flags name."""
+    from storage.dataset import DataRoot
+
+    return DataRoot(args.data, storage_options=parse_storage_options(args.storage_option))
+
+
+def prefect_defaults() -> None:
+    """Without a Prefect server configured, flows run against a temporary local one; on a busy
+    two-core machine it can take longer to start than Prefect's default 20 s."""
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")

@@ -1,0 +1,277 @@
+"""``kernelcast ops | measure | show | import | compact | pairs``: the operations and the measured data.
+
+``measure`` times template variants (or checks them on Triton's CPU interpreter) into the data
+root, ``show`` prints the best measured ones, ``import`` turns a KernelBench problem or GPU MODE
+task into an operation, ``compact`` merges Parquet files, ``pairs`` draws surrogate training pairs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+import time
+from collections import Counter
+
+from flows.commands.common import UsageError, add_data_args, data_root
+
+
+def cmd_ops(args) -> int:
+    from kernels.ops import OPERATIONS
+    from kernels.spaces import get_space
+
+    print(f"{'operation':<14} {'bound':<8} {'variants':>8}  algorithms / cases")
+    for name, op in OPERATIONS.items():
+        space = get_space(name)
+        algos = Counter(c.template.split("/", 1)[1] for c in space.variants())
+        print(f"{name:<14} {op.bound:<8} {sum(algos.values()):>8}  "
+              + ", ".join(f"{a} ({n})" for a, n in algos.items()))
+        print(f"{'':<33}cases: " + ", ".join(c.name for c in op.cases))
+        print(f"{'':<33}{op.summary}")
+    return 0
+
+
+def _resolve_ops(spec: str) -> list[str]:
+    from kernels.ops import OPERATIONS, get_operation
+
+    names = list(OPERATIONS) if spec == "all" else [s.strip() for s in spec.split(",") if s.strip()]
+    if not names:
+        raise UsageError("--op names no operation")
+    for name in names:
+        try:
+            get_operation(name)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    return names
+
+
+def _resolve_mode(requested: str):
+    """The measurement mode and hardware spec; says so when there is no GPU."""
+    import torch
+
+    from kernels.hardware import detect
+
+    if requested == "gpu" and not torch.cuda.is_available():
+        raise UsageError("--mode gpu, but no CUDA GPU is visible")
+    mode = requested if requested != "auto" else ("gpu" if torch.cuda.is_available() else "interpreter")
+    if mode == "interpreter":
+        os.environ["TRITON_INTERPRET"] = "1"
+        print("no GPU in use: checking correctness only, with Triton's CPU interpreter on small cases; "
+              "no timings are recorded", file=sys.stderr)
+        from kernels.hardware import INTERPRETER
+        from kernels.records import HardwareSpec
+        import triton
+
+        return mode, HardwareSpec(gpu_type=INTERPRETER, device_name="Triton CPU interpreter",
+                                  torch_version=torch.__version__, triton_version=triton.__version__)
+    return mode, detect()
+
+
+def cmd_measure(args) -> int:
+    from tqdm import tqdm
+
+    from kernels.harness.worker import MeasureWorker, WorkerConfig
+    from kernels.ops import get_operation
+    from kernels.spaces import get_space
+
+    if args.limit is not None and args.limit < 0:
+        raise UsageError(f"--limit must be zero or more, got {args.limit}")
+    ops = _resolve_ops(args.op)
+    root = data_root(args)
+    mode, hw = _resolve_mode(args.mode)
+    config = WorkerConfig(mode=mode, concurrency=args.concurrency or max(1, (os.cpu_count() or 2) - 1),
+                          timeout_s=args.timeout, gpu_timeout_s=args.gpu_timeout,
+                          seeds=args.seeds if args.seeds else (3 if mode == "gpu" else 1))
+    plan = []
+    for name in ops:
+        todo = get_operation(name).seed_candidates() + get_space(name).spread_subset(args.limit)
+        done = set() if args.remeasure else root.measured_ids(name, hw.gpu_type)
+        plan += [c for c in todo if c.candidate_id not in done]
+    print(f"measuring {len(plan)} candidates of {', '.join(ops)} on {hw.device_name} ({hw.gpu_type}), "
+          f"mode {mode}, data root {args.data}", file=sys.stderr)
+    if not plan:
+        print("nothing to measure: every candidate is already measured here (use --remeasure)", file=sys.stderr)
+        return 0
+    root.write_candidates(plan)
+
+    deadline = time.monotonic() + args.max_minutes * 60 if args.max_minutes else math.inf
+    statuses: Counter = Counter()
+    buffer, written, t0, last_flush = [], 0, time.monotonic(), time.monotonic()
+    best: dict[str, float] = {}
+
+    def flush():
+        nonlocal buffer, written, last_flush
+        if buffer:
+            written += root.write_measurements(buffer)
+            buffer, last_flush = [], time.monotonic()
+
+    def on_term(signum, frame):  # `timeout` and schedulers send SIGTERM: keep what is measured
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    worker = MeasureWorker(hw, config)
+    bar = tqdm(total=len(plan), unit="cand", file=sys.stderr, dynamic_ncols=True)
+    stopped = ""
+    try:
+        for m in worker.measure(plan):
+            buffer.append(m)
+            statuses[m.status] += 1
+            if m.speedup:
+                best[m.op] = max(best.get(m.op, 0.0), m.speedup)
+            bar.update(1)
+            bar.set_postfix({k: v for k, v in statuses.most_common()}, refresh=False)
+            if len(buffer) >= 25 or time.monotonic() - last_flush > 30:
+                flush()
+            if time.monotonic() > deadline:
+                stopped = f"stopped after --max-minutes {args.max_minutes}; rerun to continue"
+                break
+    except KeyboardInterrupt:
+        stopped = "interrupted; rerun to continue where it stopped"
+    finally:
+        bar.close()
+        flush()
+        worker.close()
+        signal.signal(signal.SIGTERM, previous)
+    elapsed = time.monotonic() - t0
+    n = sum(statuses.values())
+    print(f"measured {n} candidates in {elapsed:.1f} s ({written} new rows written): "
+          + ", ".join(f"{k} {v}" for k, v in statuses.most_common()))
+    if mode == "gpu" and elapsed > 0:
+        print(f"throughput {n / (elapsed / 60):.1f} candidates per GPU-minute; GPU busy "
+              f"{100 * worker.busy_gpu_seconds / elapsed:.0f}% of wall time")
+        for op_name, s in sorted(best.items()):
+            print(f"  best speedup over eager PyTorch, {op_name}: {s:.2f}x")
+    else:
+        print("correctness only (interpreter): no runtimes recorded")
+    if stopped:
+        print(stopped, file=sys.stderr)
+        return 130
+    return 0
+
+
+def cmd_show(args) -> int:
+    from flows.report import best_table
+
+    root = data_root(args)
+    table = best_table(root, op=args.op)
+    if table.empty:
+        print(f"no measurements under {args.data}")
+        return 0
+    print(table.to_string(index=False))
+    return 0
+
+
+def cmd_compact(args) -> int:
+    root = data_root(args)
+    for table in ("candidates", "measurements"):
+        root.compact(table)
+    print(f"compacted {args.data}")
+    return 0
+
+
+def cmd_import(args) -> int:
+    from kernels.formats import TaskFormatError, import_task
+
+    options: dict = {}
+    if args.rtol is not None or args.atol is not None:
+        if args.rtol is None or args.atol is None:
+            raise UsageError("give both --rtol and --atol, or neither")
+        options["tolerance"] = {"rtol": args.rtol, "atol": args.atol}
+    if args.format == "kernelbench":
+        if args.specs:
+            raise UsageError("--specs is for GPU MODE tasks; a KernelBench problem's sizes are in its file")
+        options["interpret_sizes"] = args.interpret_case or []
+    else:
+        if args.interpret_case:
+            raise UsageError("--interpret-case is for KernelBench problems; a GPU MODE task's tests are its "
+                             "interpreter cases")
+        options["specs"] = args.specs
+    root = data_root(args)
+    try:
+        op, candidates = import_task(args.format, args.reference, args.candidate or [], name=args.name,
+                                     root=root, **options)
+    except TaskFormatError as exc:
+        raise UsageError(str(exc)) from None
+    root.write_candidates(op.seed_candidates() + candidates)
+    print(f"imported {op.name}: {op.summary}")
+    print(f"  cases: {', '.join(c.name for c in op.cases)}; interpreter cases: "
+          f"{', '.join(c.name for c in op.interpret_cases)}")
+    for c in op.seed_candidates() + candidates:
+        print(f"  candidate {c.candidate_id} ({c.origin}, {c.backend})")
+    print(f"stored under {args.data}/tasks/{op.name}; search it with: kernelcast search --op {op.name} "
+          f"--generator llm --generator-url URL --generator-model MODEL --data {args.data}")
+    return 0
+
+
+def cmd_pairs(args) -> int:
+    import pandas as pd
+
+    from surrogate.pairs import PairSettings, build_pairs, write_pairs
+
+    eval_ops = tuple(o.strip() for o in args.eval_ops.split(",") if o.strip()) if args.eval_ops else ()
+    settings = PairSettings(per_op=args.per_op, parent_fraction=args.parent_fraction, eval_ops=eval_ops,
+                            n_eval_ops=args.n_eval_ops, gpu_type=args.gpu_type, seed=args.seed)
+    pairs = build_pairs(data_root(args), settings)
+    write_pairs(pairs, args.out)
+    with pd.option_context("display.width", 200):
+        print(pairs.groupby(["split", "anchor_kind", "true_bin"]).size().unstack(fill_value=0).to_string())
+    held = sorted(pairs.loc[pairs["split"] == "eval", "op"].unique())
+    print(f"{len(pairs)} pairs written to {args.out}; held out for evaluation: {', '.join(held)}")
+    return 0
+
+
+def register(sub) -> None:
+    """Add ``ops``, ``measure``, ``show``, ``import``, ``compact`` and ``pairs`` to the CLI's subparsers."""
+    sp = sub.add_parser("ops", help="list operations and their template spaces")
+    sp.set_defaults(func=cmd_ops)
+
+    sp = sub.add_parser("measure", help="measure template variants of operations")
+    sp.add_argument("--op", required=True, help="operation name, comma-separated names, or 'all'")
+    sp.add_argument("--limit", type=int, default=None, help="measure N variants spread over the space")
+    sp.add_argument("--mode", choices=["auto", "gpu", "interpreter"], default="auto")
+    sp.add_argument("--concurrency", type=int, default=0, help="children compiling at once (default: cores - 1)")
+    sp.add_argument("--timeout", type=float, default=300.0, help="seconds a candidate may take in all")
+    sp.add_argument("--gpu-timeout", type=float, default=60.0, help="seconds a candidate may hold the GPU")
+    sp.add_argument("--seeds", type=int, default=0, help="seeded correctness inputs per case (default 3 GPU, 1 CPU)")
+    sp.add_argument("--remeasure", action="store_true", help="measure again what is already measured here")
+    sp.add_argument("--max-minutes", type=float, default=0, help="stop (keeping results) after this long")
+    add_data_args(sp)
+    sp.set_defaults(func=cmd_measure)
+
+    sp = sub.add_parser("show", help="best measured variant per operation and GPU type")
+    sp.add_argument("--op", default=None)
+    add_data_args(sp)
+    sp.set_defaults(func=cmd_show)
+
+    sp = sub.add_parser("pairs", help="draw (anchor, candidate, true bin) pairs from measurements, as Parquet")
+    sp.add_argument("--out", required=True, help="Parquet file to write (local path or URL)")
+    sp.add_argument("--gpu-type", default=None, help="only this GPU type's measurements (default: all)")
+    sp.add_argument("--per-op", type=int, default=256, help="pairs per operation (default: %(default)s)")
+    sp.add_argument("--parent-fraction", type=float, default=0.5,
+                    help="share of pairs anchored at a measured parent, not the reference (default: %(default)s)")
+    sp.add_argument("--eval-ops", default=None, help="comma-separated operations held out for evaluation")
+    sp.add_argument("--n-eval-ops", type=int, default=2, help="without --eval-ops, hold out this many at random")
+    sp.add_argument("--seed", type=int, default=0)
+    add_data_args(sp)
+    sp.set_defaults(func=cmd_pairs)
+
+    sp = sub.add_parser("import", help="import a KernelBench problem or GPU MODE task as an operation")
+    sp.add_argument("--format", required=True, choices=["kernelbench", "gpumode"])
+    sp.add_argument("--reference", required=True, help="the problem file (Model, get_inputs, get_init_inputs) "
+                                                      "or GPU MODE reference (ref_kernel, generate_input, "
+                                                      "check_implementation)")
+    sp.add_argument("--candidate", action="append", help="a candidate file (ModelNew or custom_kernel); repeatable")
+    sp.add_argument("--name", default=None, help="task name (default: from the file name); the op is "
+                                                 "kb.NAME or gpumode.NAME")
+    sp.add_argument("--specs", default=None, help="GPU MODE test specs (task.yml; default: beside the reference)")
+    sp.add_argument("--interpret-case", action="append", metavar="NAME=INT,...",
+                    help="KernelBench sizes for Triton's CPU interpreter, e.g. batch_size=2,dim=64; repeatable")
+    sp.add_argument("--rtol", type=float, default=None, help="relative tolerance (default: the format's)")
+    sp.add_argument("--atol", type=float, default=None, help="absolute tolerance (default: the format's)")
+    add_data_args(sp)
+    sp.set_defaults(func=cmd_import)
+
+    sp = sub.add_parser("compact", help="merge each partition's Parquet files into one")
+    add_data_args(sp)
+    sp.set_defaults(func=cmd_compact)

@@ -1,0 +1,144 @@
+"""``kernelcast search | backfill | serve``: the Prefect flows that spend GPU time, and their deployments.
+
+A search's settings are the fields of ``tasks.config.SearchConfig``: a YAML file first, then
+the flags that were given; checked once, before Prefect or any GPU starts.
+"""
+
+from __future__ import annotations
+
+from flows.commands.common import UsageError, add_data_args, parse_storage_options, prefect_defaults
+
+# Search flags -> SearchConfig fields; a flag left out keeps the YAML file's value or the default.
+_SEARCH_FLAGS = {
+    "op": (str, "operation to search"), "gpu_type": (str, "GPU type to measure on (default: this GPU, or h100 "
+                                                          "when replaying without one)"),
+    "budget": (int, "measurements charged over the whole search (default 32)"),
+    "generations": (int, "generations (default 4)"), "children": (int, "children per generation (default 256)"),
+    "generator": (str, "template, or llm (a model proposes children; template ones fill up)"),
+    "generator_url": (str, "OpenAI-compatible endpoint (generator llm)"),
+    "generator_model": (str, "model name at that endpoint (generator llm)"),
+    "generator_children": (int, "children asked of the model per generation (generator llm, default 16)"), "surrogate": (str, "learned, roofline, random, llm, or none (the "
+                                                             "equal-budget baseline: every child measured)"),
+    "policy": (str, "budget (confidence threshold) or conformal (certified risk)"),
+    "trust_threshold": (float, "max-probability at which a forecast is trusted (policy budget)"),
+    "target_risk": (float, "risk of trusting a forecast off by more than one bin (policy conformal)"),
+    "acquisition": (str, "how unsure children are chosen: thompson (a draw from each forecast, default) or ei "
+                         "(expected improvement)"),
+    "gpu_seconds_budget": (float, "also stop once this many GPU-seconds are charged"),
+    "seed": (int, "random seed"), "run_id": (str, "run id; rerun the same id to resume"),
+    "backend": (str, "auto, local, replay or ray"), "replay_pool": (str, "measured pool the replay backend answers from"),
+    "prior_data": (str, "measurements the learned surrogate's prior is fit on"),
+    "prior_scope": (str, "what the prior saw of the searched op: other-ops (nothing, default), other-gpus (its "
+                         "measurements on other GPU types), all"),
+    "storage_retry_s": (float, "seconds a storage outage is retried before the search fails (default 120)"),
+    "tracking_uri": (str, "MLflow tracking URI (default: sqlite under a local data root)"),
+    "experiment": (str, "MLflow experiment"), "llm_url": (str, "OpenAI-compatible endpoint (surrogate llm)"),
+    "llm_model": (str, "model name at that endpoint"), "ray_address": (str, "Ray cluster address (backend ray)"),
+}
+
+
+def search_config(args):
+    """The SearchConfig of ``kernelcast search``: YAML file first, then flags that were given."""
+    from tasks.config import SearchConfig
+
+    values: dict = {}
+    if args.config:
+        import yaml
+
+        try:
+            with open(args.config) as f:
+                values = yaml.safe_load(f) or {}
+        except OSError as exc:
+            raise UsageError(f"cannot read --config {args.config}: {exc.strerror}") from None
+        if not isinstance(values, dict):
+            raise UsageError(f"--config {args.config} must hold a mapping of search settings")
+    for name in _SEARCH_FLAGS:
+        if getattr(args, name) is not None:
+            values[name] = getattr(args, name)
+    values["data"] = args.data
+    options = parse_storage_options(args.storage_option)
+    if options:
+        values["storage_options"] = options
+    return SearchConfig.from_mapping(values)
+
+
+def _prefect_where() -> str:
+    from prefect.settings import PREFECT_API_URL
+
+    api = PREFECT_API_URL.value()
+    if api:
+        return f"UI at {api.removesuffix('/api')} (flow 'kernel-search')"
+    return ("runs are in Prefect's local database; `prefect server start`, then open "
+            "http://127.0.0.1:4200 to browse them")
+
+
+def cmd_search(args) -> int:
+    prefect_defaults()
+    from flows.search import kernel_search
+    from tasks.report import summary_lines
+    from tasks.search import SearchResult
+    from tasks.setup import resolve
+
+    config = resolve(search_config(args))  # bad input fails here, before Prefect or any GPU
+    fields = {f: getattr(config, f) for f in ("op", "gpu_type", "budget", "generations", "children", "generator",
+                                              "surrogate", "policy", "seed", "run_id", "data", "backend",
+                                              "tracking_uri")}
+    options = {k: v for k, v in config.__dict__.items() if k not in fields}
+    out = kernel_search(**fields, options=options)
+    gens = out.pop("generations")
+    from kernels.records import GenerationSummary
+
+    result = SearchResult(**{**{k: out[k] for k in SearchResult.__dataclass_fields__ if k != "generations"},
+                             "generations": tuple(GenerationSummary(**g) for g in gens)})
+    print("\n".join(summary_lines(result, out["data"], out["tracking_uri"], _prefect_where())))
+    return 0
+
+
+def cmd_backfill(args) -> int:
+    prefect_defaults()
+    from flows.search import backfill
+
+    options = {"storage_options": parse_storage_options(args.storage_option)}
+    if args.replay_pool:
+        options["replay_pool"] = args.replay_pool
+    if args.ray_address:
+        options["ray_address"] = args.ray_address
+    out = backfill(args.source, args.target, op=args.op, data=args.data, backend=args.backend,
+                   limit=args.limit, only_ok=not args.all_statuses, options=options)
+    print(", ".join(f"{k} {v}" for k, v in out.items()))
+    return 0
+
+
+def cmd_serve(args) -> int:
+    prefect_defaults()
+    from flows.deployments import serve
+
+    serve(data=args.data, cron=args.cron)
+    return 0
+
+
+def register(sub) -> None:
+    """Add ``search``, ``backfill`` and ``serve`` to the CLI's subparsers."""
+    sp = sub.add_parser("search", help="run a surrogate-filtered kernel search (a Prefect flow)")
+    sp.add_argument("--config", default=None, help="YAML file of search settings; flags override it")
+    for name, (kind, text) in _SEARCH_FLAGS.items():
+        sp.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=None, help=text)
+    add_data_args(sp)
+    sp.set_defaults(func=cmd_search)
+
+    sp = sub.add_parser("backfill", help="measure on one GPU type what was measured on another")
+    sp.add_argument("--from", dest="source", required=True, help="GPU type the candidates were measured on")
+    sp.add_argument("--to", dest="target", required=True, help="GPU type to measure them on")
+    sp.add_argument("--op", default="all")
+    sp.add_argument("--backend", choices=["local", "replay", "ray"], default="local")
+    sp.add_argument("--replay-pool", default=None)
+    sp.add_argument("--ray-address", default=None)
+    sp.add_argument("--limit", type=int, default=0)
+    sp.add_argument("--all-statuses", action="store_true", help="also candidates that failed on the source type")
+    add_data_args(sp)
+    sp.set_defaults(func=cmd_backfill)
+
+    sp = sub.add_parser("serve", help="serve the deployments (nightly search, backfill, evaluate, train)")
+    sp.add_argument("--cron", default="0 2 * * *", help="nightly search schedule (default: %(default)s)")
+    add_data_args(sp)
+    sp.set_defaults(func=cmd_serve)
