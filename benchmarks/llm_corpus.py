@@ -170,16 +170,27 @@ def cmd_import(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    """Ask the model for one round of children; store them with their provenance."""
+    """Ask the model for one round of children; store them with their provenance as each request batch ends.
+
+    The work is cut into jobs of ``--job-size`` requests for one (parent, temperature), run
+    ``--jobs`` at a time so the engine always has a full batch; each job's children are
+    written when it ends and its key noted, so a rerun of the round (after a deadline or a
+    lost machine) asks only the jobs not yet done.
+    """
+    import threading
+
     from kernels.formats import install_from_root
     from tasks.llm_generator import LLMGenerator, Parent, fingerprints
 
     root = _root(args.out)
     for name in _imported(args.out):
         install_from_root(root, name)
-    generator = LLMGenerator(args.url, args.model, mode="source", concurrency=args.concurrency,
-                             max_tokens_source=args.max_tokens, timeout_s=args.timeout, model_sha256=args.model_sha256)
-    generator.probe()
+
+    def generator() -> LLMGenerator:  # one per job: a generator's counts and provenance are per call
+        return LLMGenerator(args.url, args.model, mode="source", concurrency=args.job_size,
+                            max_tokens_source=args.max_tokens, timeout_s=args.timeout, model_sha256=args.model_sha256)
+
+    generator().probe()
     base = base_parents(args)
     parents = list(base)
     if args.round > 1:
@@ -190,42 +201,61 @@ def cmd_generate(args) -> int:
         root.write_candidates([p.candidate])
     temperatures = [float(t) for t in args.temperatures.split(",")]
     run_id = f"corpus-r{args.round}"
-    by_op: dict[str, list] = {}
-    for p in parents:
-        by_op.setdefault(p.candidate.op, []).append(p)
-    t0 = time.perf_counter()
-
-    def one_op(op: str):
-        known = fingerprints(_candidates(root, op).values())
-        children, counts = [], Counter()
+    rounds = Path(args.out) / "rounds"
+    rounds.mkdir(parents=True, exist_ok=True)
+    done_path = rounds / f"round{args.round}.done"
+    done = set(done_path.read_text().split()) if done_path.exists() else set()
+    jobs = []
+    for pi, p in enumerate(parents):
         for ti, temperature in enumerate(temperatures):
             n = args.children // len(temperatures) + (ti < args.children % len(temperatures))
-            asked = [p for p in by_op[op] for _ in range(n)]
-            seed = args.round * 1000 + ti
-            kids = generator.propose(op, asked, None, seed=seed, seen=known,
-                                     temperature=temperature, run_id=run_id, generation=args.round)
-            provenance = [generator.provenance_[c.candidate_id] for c in kids]
-            counts.update(generator.last_counts_.screened)
-            counts["asked"] += generator.last_counts_.asked
-            counts["children"] += len(kids)
-            root.write_candidates(kids)
-            root.write_records(provenance)
-            children += kids
-        return op, counts
+            for start in range(0, n, args.job_size):
+                key = f"{p.candidate.candidate_id}:{temperature}:{start}"
+                if key not in done:
+                    jobs.append((key, p, temperature, min(args.job_size, n - start),
+                                 (args.round * 1000 + ti) * 10_000 + pi * 100 + start))
+    seen = {op: fingerprints(_candidates(root, op).values()) for op in {p.candidate.op for p in parents}}
+    lock = threading.Lock()
+    totals: dict[str, Counter] = {}
+    deadline = time.monotonic() + 60 * args.max_minutes if args.max_minutes else math.inf
+    finished: list[str] = []
+    t0 = time.perf_counter()
+    print(f"round {args.round}: {len(parents)} parents, {len(jobs)} jobs to ask ({len(done)} done before)", flush=True)
 
-    # One thread per op: the engine batches requests from all of them together.
-    with ThreadPoolExecutor(max_workers=len(by_op)) as pool:
-        results = dict(pool.map(one_op, sorted(by_op)))
+    def one(job):
+        key, parent, temperature, n, seed = job
+        if time.monotonic() > deadline:
+            return
+        g = generator()
+        op = parent.candidate.op
+        kids = g.propose(op, [parent] * n, None, seed=seed, seen=seen[op], temperature=temperature, run_id=run_id,
+                         generation=args.round)
+        root.write_candidates(kids)
+        root.write_records([g.provenance_[c.candidate_id] for c in kids])
+        with lock:
+            counts = totals.setdefault(op, Counter())
+            counts.update(g.last_counts_.screened)
+            counts["asked"] += g.last_counts_.asked
+            counts["children"] += len(kids)
+            with open(done_path, "a") as f:
+                f.write(key + "\n")
+            finished.append(key)
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        list(pool.map(one, jobs))
     seconds = time.perf_counter() - t0
-    report = {"round": args.round, "model": args.model, "model_sha256": args.model_sha256, "seconds": seconds,
-              "parents": len(parents), "by_op": {op: dict(c) for op, c in results.items()}}
-    total = sum((Counter(c) for c in results.values()), Counter())
-    report["total"] = dict(total)
-    out = Path(args.out) / "rounds"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"round{args.round}.json").write_text(json.dumps(report, indent=1, sort_keys=True))
-    print(f"round {args.round}: {len(parents)} parents, asked {total['asked']}, kept {total['children']} in "
-          f"{seconds:.0f} s ({60 * total['asked'] / max(seconds, 1e-9):.0f} answers/min); dropped: "
+    total = sum(totals.values(), Counter())
+    report_path = rounds / f"round{args.round}.json"
+    report = json.loads(report_path.read_text()) if report_path.exists() else {"by_op": {}, "seconds": 0.0}
+    for op, c in totals.items():
+        report["by_op"][op] = dict(Counter(report["by_op"].get(op, {})) + c)
+    report.update(round=args.round, model=args.model, model_sha256=args.model_sha256, parents=len(parents),
+                  seconds=report["seconds"] + seconds,
+                  total=dict(sum((Counter(c) for c in report["by_op"].values()), Counter())))
+    report_path.write_text(json.dumps(report, indent=1, sort_keys=True))
+    left = len(jobs) - len(finished)
+    print(f"round {args.round}: asked {total['asked']}, kept {total['children']} in {seconds:.0f} s "
+          f"({60 * total['asked'] / max(seconds, 1e-9):.0f} answers/min); {left} jobs left; dropped: "
           + ", ".join(f"{k} {v}" for k, v in sorted(total.items()) if k not in ("asked", "children")), flush=True)
     return 0
 
@@ -370,8 +400,10 @@ def main(argv=None) -> int:
     sp.add_argument("--children", type=int, default=24, help="rewrites asked per parent")
     sp.add_argument("--best-children", type=int, default=2, help="round > 1: best children per op made parents")
     sp.add_argument("--temperatures", default="0.7,1.0")
-    sp.add_argument("--concurrency", type=int, default=64, help="requests in flight per op")
-    sp.add_argument("--max-tokens", type=int, default=1536)
+    sp.add_argument("--job-size", type=int, default=8, help="requests of one (parent, temperature) per job")
+    sp.add_argument("--jobs", type=int, default=40, help="jobs in flight (jobs x job size: the engine's batch)")
+    sp.add_argument("--max-minutes", type=float, default=0.0, help="start no job after this (0: no limit)")
+    sp.add_argument("--max-tokens", type=int, default=1024)
     sp.add_argument("--timeout", type=float, default=600.0)
     sp.add_argument("--pool", default=DEFAULT_POOL)
     sp.add_argument("--ops", default="", help="comma-separated template ops (default: all)")

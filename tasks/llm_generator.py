@@ -53,12 +53,16 @@ SYSTEM = ("You are an expert GPU kernel engineer. You improve Triton and PyTorch
 REWRITE_ANSWER = ("Write a faster kernel that computes the same result on every case. Keep what works, change "
                   "what costs time (memory passes, tile and block sizes, warps, fusion, vectorised loads), and "
                   "do not call the torch function the kernel replaces. Reply with the complete Python module "
-                  "in one ```python code block.")
+                  "in one ```python code block and nothing after it.")
+# A rewrite's answer ends at its code block's closing fence: what a model writes after it (an
+# explanation, often longer than the code) is never read, so it is not generated either.
+SOURCE_STOP = ("\n```\n",)
 # A changed prompt is a new generator version: rows of the corpus say which one wrote them.
 PROMPT_VERSION = "rewrite-" + hashlib.sha256((SYSTEM + REWRITE_ANSWER).encode()).hexdigest()[:8]
 MODES = ("variant", "source")
 FEEDBACK_LINES = 4  # earlier children of a parent shown in its prompt, most recent first
 _FENCED = re.compile(r"(`{3,})[ \t]*(?:python|py)?[ \t]*\n(.*?)\n\1", re.S)
+_OPENED = re.compile(r"`{3,}[ \t]*(?:python|py)?[ \t]*\n(.*)\Z", re.S)  # a block whose fence the stop cut
 
 
 @dataclass
@@ -160,6 +164,9 @@ def code_from_answer(answer: str, entry: str | None = None) -> str | None:
     """The answer's code: the last fenced block that parses and defines ``entry`` at top level, else its
     last fenced block whatever it holds (the static checks then say what is wrong), else None."""
     blocks = [code for _, code in _FENCED.findall(answer or "")]
+    tail = _OPENED.search(_FENCED.sub("", answer or ""))
+    if tail and tail.group(1).strip():  # the answer stopped at its closing fence (SOURCE_STOP)
+        blocks.append(tail.group(1))
     for code in reversed(blocks):
         try:
             names = top_level_names(code, "answer")
@@ -335,7 +342,7 @@ class LLMGenerator:
             fields = {"temperature": temperature, "seed": seed * 100_003 + i}
             if source:
                 messages = self.source_messages(op_name, parent)
-                fields.update(max_tokens=self.max_tokens_source)
+                fields.update(max_tokens=self.max_tokens_source, stop=list(SOURCE_STOP))
             else:
                 messages = self.variant_messages(op_name, space, parent.candidate, parent.speedup, measured)
                 fields.update(max_tokens=self.max_tokens_variant,
