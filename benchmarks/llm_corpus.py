@@ -194,9 +194,9 @@ def cmd_generate(args) -> int:
     base = base_parents(args)
     parents = list(base)
     if args.round > 1:
-        parents = [Parent(p.candidate, p.speedup, p.status, _feedback(root, args.gpu_type, p)) for p in base]
         ops = sorted({p.candidate.op for p in base})
-        parents += best_children(root, args.gpu_type, ops, args.best_children, {p.candidate.candidate_id for p in base})
+        parents = best_children(root, args.gpu_type, ops, args.best_children, {p.candidate.candidate_id for p in base})
+        parents += [Parent(p.candidate, p.speedup, p.status, _feedback(root, args.gpu_type, p)) for p in base]
     for p in parents:  # the parents themselves are measured in the corpus too, on the same machine
         root.write_candidates([p.candidate])
     temperatures = [float(t) for t in args.temperatures.split(",")]
