@@ -42,15 +42,13 @@ def resolve(config: SearchConfig) -> SearchConfig:
             from kernels.hardware import detect
 
             gpu_type = detect().gpu_type
-        elif backend == "replay":
+        else:  # replay (validate refuses backend ray without an explicit gpu_type: the cluster may hold several)
             from infra.measure import ReplayMeasurer
 
             available = ReplayMeasurer(config.replay_pool, "").available_gpu_types()
             if not available:
                 raise ConfigError(f"the replay pool {config.replay_pool} holds no measurements")
             gpu_type = "h100" if "h100" in available else available[0]
-        else:
-            raise ConfigError("backend ray needs an explicit gpu_type: the cluster may hold several")
     return validate(config.replace(backend=backend, gpu_type=gpu_type))
 
 

@@ -33,11 +33,11 @@ def cmd_ops(args) -> int:
 
 
 def _resolve_ops(spec: str) -> list[str]:
-    from kernels.ops import OPERATIONS, get_operation
+    if spec != "all" and not any(s.strip() for s in spec.split(",")):
+        raise UsageError("--op names no operation")
+    from kernels.ops import OPERATIONS, get_operation  # torch: checked after everything that needs nothing
 
     names = list(OPERATIONS) if spec == "all" else [s.strip() for s in spec.split(",") if s.strip()]
-    if not names:
-        raise UsageError("--op names no operation")
     for name in names:
         try:
             get_operation(name)
@@ -69,17 +69,17 @@ def _resolve_mode(requested: str):
 
 
 def cmd_measure(args) -> int:
+    if args.limit is not None and args.limit < 0:
+        raise UsageError(f"--limit must be zero or more, got {args.limit}")
+    root = data_root(args)
+    ops = _resolve_ops(args.op)
+    mode, hw = _resolve_mode(args.mode)
     from tqdm import tqdm
 
     from kernels.harness.worker import MeasureWorker, WorkerConfig
     from kernels.ops import get_operation
     from kernels.spaces import get_space
 
-    if args.limit is not None and args.limit < 0:
-        raise UsageError(f"--limit must be zero or more, got {args.limit}")
-    ops = _resolve_ops(args.op)
-    root = data_root(args)
-    mode, hw = _resolve_mode(args.mode)
     config = WorkerConfig(mode=mode, concurrency=args.concurrency or max(1, (os.cpu_count() or 2) - 1),
                           timeout_s=args.timeout, gpu_timeout_s=args.gpu_timeout,
                           seeds=args.seeds if args.seeds else (3 if mode == "gpu" else 1))
@@ -151,9 +151,9 @@ def cmd_measure(args) -> int:
 
 
 def cmd_show(args) -> int:
+    root = data_root(args)
     from flows.report import best_table
 
-    root = data_root(args)
     table = best_table(root, op=args.op)
     if table.empty:
         print(f"no measurements under {args.data}")

@@ -30,11 +30,11 @@ def register(sub) -> None:
 
 
 def cmd_report(args) -> int:
+    if args.last is not None and args.last < 1:
+        raise UsageError(f"--last must be a positive whole number of runs, got {args.last}")
     from storage.tracking import Tracker, default_tracking_uri
     from tasks.report import compare_runs, log_report, report_files, write_report
 
-    if args.last is not None and args.last < 1:
-        raise UsageError(f"--last must be a positive whole number of runs, got {args.last}")
     comparison = compare_runs(data_root(args), args.op, args.gpu_type, run_ids=args.runs or (), last=args.last)
     files = report_files(comparison)
     paths = write_report(files, args.out)
