@@ -175,8 +175,9 @@ def forecaster(config: SearchConfig, root: DataRoot):
     return get_forecaster_factory(config.surrogate)().fit(None)
 
 
-def tracker(config: SearchConfig) -> Tracker:
-    t = Tracker(config.tracking_uri or default_tracking_uri(config.data), config.experiment)
+def tracker(config: SearchConfig, root: DataRoot) -> Tracker:
+    """The search's MLflow experiment, its artifacts under the data root ``root``."""
+    t = Tracker(config.tracking_uri or default_tracking_uri(config.data), config.experiment, data=root)
     t.probe()
     return t
 
@@ -187,7 +188,7 @@ def open_search(config: SearchConfig, track: bool = True):
 
     config = resolve(config)
     root = data_root(config)
-    t = tracker(config) if track else None
+    t = tracker(config, root) if track else None
     pool = measure_pool(config)
     try:
         return Search(config, root, pool, forecaster(config, root), t).start()
