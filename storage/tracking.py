@@ -85,14 +85,6 @@ class Tracker:
             raise TrackingError(f"cannot {action} at MLflow {self.uri}: {type(exc).__name__}: "
                                 f"{str(exc).splitlines()[0][:300] if str(exc) else ''}") from exc
 
-    def _experiment(self, name: str) -> str:
-        """The id of experiment ``name``, created (with its artifacts under the data root) if absent."""
-        found = self._call("look up the experiment", self.client.get_experiment_by_name, name)
-        if found:
-            return found.experiment_id
-        return self._call("create the experiment", self.client.create_experiment, name,
-                          artifact_location=self.artifact_location)
-
     @property
     def experiment_id(self) -> str:
         """The experiment new runs go to.
@@ -106,12 +98,18 @@ class Tracker:
         """
         if self._experiment_id is None:
             found = self._call("look up the experiment", self.client.get_experiment_by_name, self.experiment)
-            if self.data is None or found is None or _same_location(found.artifact_location, self.artifact_location):
-                self._experiment_id = found.experiment_id if found else self._experiment(self.experiment)
+            if found is None:
+                self._experiment_id = self._call("create the experiment", self.client.create_experiment,
+                                                 self.experiment, artifact_location=self.artifact_location)
+            elif self.data is None or _same_location(found.artifact_location, self.artifact_location):
+                self._experiment_id = found.experiment_id
             else:
                 root = self.artifact_location.removesuffix("/" + ARTIFACT_FOLDER).removeprefix("file://")
                 sibling = f"{self.experiment} @ {root}"
-                self._experiment_id = self._experiment(sibling)
+                mine = self._call("look up the experiment", self.client.get_experiment_by_name, sibling)
+                self._experiment_id = mine.experiment_id if mine else self._call(
+                    "create the experiment", self.client.create_experiment, sibling,
+                    artifact_location=self.artifact_location)
                 self._earlier_ids = [found.experiment_id]
                 _log.warning("MLflow experiment %r keeps its artifacts at %s; new runs of data root %s go to "
                              "experiment %r, whose artifacts are under %s", self.experiment,
