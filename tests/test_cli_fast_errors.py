@@ -85,7 +85,8 @@ CASES = [
     (["import", "--format", "gpumode", "--reference", "r.py", "--interpret-case", "n=2"],
      "--interpret-case is for KernelBench problems", ()),
     (["import", "--format", "kernelbench", "--reference", "missing.py"],
-     "cannot read the KernelBench problem file missing.py: No such file or directory", OPS + DATA),
+     "cannot read the KernelBench problem file missing.py: No such file or directory", OPS),
+    (["import", "--format", "gpumode", "--reference", "r.py", "--data", "s4://bucket/x"], "Protocol not known: s4", ()),
     # evaluate, train
     (["evaluate", "--surrogate", "lerned"], "unknown surrogate 'lerned'; known: learned, random, roofline", ()),
     (["evaluate", "--surrogate", "learned", "--calibrator", "beta"], "unknown --calibrator 'beta'; known:", ()),

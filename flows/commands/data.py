@@ -14,7 +14,7 @@ import sys
 import time
 from collections import Counter
 
-from flows.commands.common import UsageError, add_data_args, data_root
+from flows.commands.common import UsageError, add_data_args, check_data_root, data_root, parse_storage_options
 
 
 def cmd_ops(args) -> int:
@@ -171,7 +171,7 @@ def cmd_compact(args) -> int:
 
 
 def cmd_import(args) -> int:
-    from kernels.formats import TaskFormatError, import_task
+    from kernels.formats import TaskFormatError, import_task, save_to_root, task_files
 
     options: dict = {}
     if args.rtol is not None or args.atol is not None:
@@ -187,12 +187,15 @@ def cmd_import(args) -> int:
             raise UsageError("--interpret-case is for KernelBench problems; a GPU MODE task's tests are its "
                              "interpreter cases")
         options["specs"] = args.specs
-    root = data_root(args)
+    check_data_root(args.data, parse_storage_options(args.storage_option))
     try:
-        op, candidates = import_task(args.format, args.reference, args.candidate or [], name=args.name,
-                                     root=root, **options)
+        op, candidates = import_task(args.format, args.reference, args.candidate or [], name=args.name, **options)
     except TaskFormatError as exc:
         raise UsageError(str(exc)) from None
+    # Stored under the data root once its files have passed their checks: a task file that cannot be
+    # read fails before the table layer (pandas, pyarrow) loads.
+    root = data_root(args)
+    save_to_root(root, op.name, task_files(op.name))
     root.write_candidates(op.seed_candidates() + candidates)
     print(f"imported {op.name}: {op.summary}")
     print(f"  cases: {', '.join(c.name for c in op.cases)}; interpreter cases: "
