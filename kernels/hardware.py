@@ -1,12 +1,13 @@
-"""What GPU we are on: the spec recorded with every measurement, and its short routing name."""
+"""What GPU we are on: the spec recorded with every measurement, and its short routing name.
+
+torch and triton are imported where a device is inspected, not here: the GPU type names are
+what a command line checks its arguments against, before anything heavy loads.
+"""
 
 from __future__ import annotations
 
 import re
 import subprocess
-
-import torch
-import triton
 
 from kernels.records import HardwareSpec
 
@@ -58,6 +59,9 @@ def _nvidia_smi_fields(index: int) -> dict:
 
 def detect(device_index: int = 0) -> HardwareSpec:
     """The spec of CUDA device ``device_index``, or the interpreter's when no GPU is present."""
+    import torch
+    import triton
+
     versions = {"torch_version": torch.__version__, "triton_version": triton.__version__}
     if not torch.cuda.is_available():
         return HardwareSpec(gpu_type=INTERPRETER, device_name="Triton CPU interpreter", **versions)

@@ -20,8 +20,6 @@ import numpy as np
 from scipy.optimize import minimize, minimize_scalar
 from scipy.special import expit, logit
 
-from surrogate.learned import bin_probabilities
-
 _FLOOR = 1e-12  # log(0) guard: a bin the surrogate rules out still gets a sliver
 
 
@@ -180,6 +178,10 @@ class LevelSpreadCalibrator:
         self.log_scale_bounds = log_scale_bounds
 
     def fit(self, mean, sigma, true_bins) -> "LevelSpreadCalibrator":
+        # Here, not at the top: surrogate.learned brings scikit-learn, and CALIBRATORS is what a
+        # command line checks --calibrator against before anything heavy loads.
+        from surrogate.learned import bin_probabilities
+
         mean, sigma = _gaussian(mean, sigma)
         _, true_bins = _check(np.full((len(mean), 8), 1 / 8), true_bins)
         picked = (np.arange(len(mean)), true_bins - 1)
@@ -195,6 +197,8 @@ class LevelSpreadCalibrator:
 
     def transform(self, mean, sigma) -> np.ndarray:
         """(n, 8) bin probabilities of the corrected Gaussians."""
+        from surrogate.learned import bin_probabilities
+
         mean, sigma = _gaussian(mean, sigma)
         probs = bin_probabilities(mean + self.shift_, sigma * self.scale_)
         return probs / probs.sum(axis=1, keepdims=True)

@@ -23,12 +23,10 @@ class BackfillPlan:
     already: int  # measured on the target before this backfill
 
 
-def backfill_plan(source_gpu_type: str, target_gpu_type: str, op: str = "all", data: str = "kernelcast-data",
-                  limit: int = 0, only_ok: bool = True, options: Mapping[str, Any] | None = None) -> BackfillPlan:
+def backfill_ops(source_gpu_type: str, target_gpu_type: str, op: str = "all", limit: int = 0) -> list[str]:
+    """The operations a backfill covers, or a ValueError naming the bad argument; the GPU types and
+    the limit are checked before the operation registry (torch) loads, so those fail at once."""
     from kernels.hardware import KNOWN_GPU_TYPES
-    from kernels.ops import OPERATIONS, get_operation
-    from storage.dataset import DataRoot
-    from storage.schema import candidates_from_frame
 
     for name, value in (("source GPU type", source_gpu_type), ("target GPU type", target_gpu_type)):
         if value not in KNOWN_GPU_TYPES:
@@ -37,9 +35,20 @@ def backfill_plan(source_gpu_type: str, target_gpu_type: str, op: str = "all", d
         raise ValueError(f"backfill needs two different GPU types, got {source_gpu_type} twice")
     if limit < 0:
         raise ValueError(f"limit must be zero (no limit) or positive, got {limit}")
+    from kernels.ops import OPERATIONS, get_operation
+
     ops = list(OPERATIONS) if op == "all" else [o.strip() for o in op.split(",")]
     for name in ops:
         get_operation(name)
+    return ops
+
+
+def backfill_plan(source_gpu_type: str, target_gpu_type: str, op: str = "all", data: str = "kernelcast-data",
+                  limit: int = 0, only_ok: bool = True, options: Mapping[str, Any] | None = None) -> BackfillPlan:
+    from storage.dataset import DataRoot
+    from storage.schema import candidates_from_frame
+
+    ops = backfill_ops(source_gpu_type, target_gpu_type, op, limit)
     options = dict(options or {})
     root = DataRoot(data, storage_options=options.get("storage_options"))
     todo: list[Candidate] = []

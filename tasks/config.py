@@ -121,19 +121,15 @@ def _install_imported(config: SearchConfig) -> bool:
         return False
 
 
-def validate(config: SearchConfig) -> SearchConfig:
-    """The config with ``run_id`` filled in, or a ConfigError naming the first bad setting."""
+def check_settings(config: SearchConfig) -> None:
+    """A ConfigError naming the first bad setting, the operation aside.
+
+    Nothing here loads the operation registry (torch) or reaches a service, so a bad flag
+    fails at once; ``validate`` checks the operation after these.
+    """
     from kernels.hardware import INTERPRETER, KNOWN_GPU_TYPES
-    from kernels.ops import get_operation
     from surrogate.registry import FACTORIES
 
-    from kernels.formats import is_imported_name
-
-    try:
-        get_operation(config.op)
-    except ValueError as exc:
-        if not (is_imported_name(config.op) and _install_imported(config)):
-            raise ConfigError(str(exc)) from None
     if config.gpu_type != "auto" and config.gpu_type not in (*KNOWN_GPU_TYPES, INTERPRETER):
         raise ConfigError(f"unknown GPU type {config.gpu_type!r}; known: auto, {', '.join(KNOWN_GPU_TYPES)}")
     for name in ("budget", "generations", "children"):
@@ -150,9 +146,8 @@ def validate(config: SearchConfig) -> SearchConfig:
                           ("backend", BACKENDS), ("prior_scope", PRIOR_SCOPES)):
         if getattr(config, name) not in allowed:
             raise ConfigError(f"unknown {name} {getattr(config, name)!r}; known: {', '.join(allowed)}")
-    if config.generator == "template" and is_imported_name(config.op):
-        raise ConfigError(f"operation {config.op} is an imported task with no template space; search it with "
-                          "generator 'freeform' or 'llm' (generator_url, generator_model)")
+    if config.backend == "ray" and config.gpu_type == "auto":
+        raise ConfigError("backend ray needs an explicit gpu_type: the cluster may hold several")
     if config.generator in LLM_GENERATORS:
         if not (config.generator_url and config.generator_model):
             raise ConfigError(f"generator {config.generator!r} needs generator_url (an OpenAI-compatible endpoint) "
@@ -183,6 +178,28 @@ def validate(config: SearchConfig) -> SearchConfig:
         raise ConfigError(f"gpu_seconds_budget must be zero (no limit) or positive, got {config.gpu_seconds_budget}")
     if config.run_id and not _RUN_ID.fullmatch(config.run_id):
         raise ConfigError(f"bad run id {config.run_id!r}: use up to 64 lowercase letters, digits, '_', '-', '.'")
+
+
+def check_operation(config: SearchConfig) -> None:
+    """A ConfigError unless the operation is built in, imported here, or an imported task under the data root
+    (installed from there), and the generator can search it."""
+    from kernels.formats import is_imported_name
+    from kernels.ops import get_operation
+
+    try:
+        get_operation(config.op)
+    except ValueError as exc:
+        if not (is_imported_name(config.op) and _install_imported(config)):
+            raise ConfigError(str(exc)) from None
+    if config.generator == "template" and is_imported_name(config.op):
+        raise ConfigError(f"operation {config.op} is an imported task with no template space; search it with "
+                          "generator 'freeform' or 'llm' (generator_url, generator_model)")
+
+
+def validate(config: SearchConfig) -> SearchConfig:
+    """The config with ``run_id`` filled in, or a ConfigError naming the first bad setting."""
+    check_settings(config)
+    check_operation(config)
     if not config.run_id and config.gpu_type != "auto":
         config = config.replace(run_id=default_run_id(config))
     return config

@@ -21,6 +21,7 @@ from datetime import datetime
 
 import pandas as pd
 
+from storage.tracking import ARTIFACT_FOLDER
 from tasks.config import NO_SURROGATE
 
 REPORT_FILES = ("report.png", "report.md", "report.csv")
@@ -98,7 +99,8 @@ def summary_lines(result, data_uri: str, tracking_uri: str, prefect_ui: str | No
     lines += [f"resume or replay this run: kernelcast search --run-id {result.run_id} (with the same settings)",
               f"compare it with the other runs: kernelcast report --op {result.op} --gpu-type {result.gpu_type} "
               f"--data {data_uri} --out report",
-              f"data:   {data_uri}  (tables runs, candidates, forecasts, decisions, measurements, generations)",
+              f"data:   {data_uri}  (tables runs, candidates, forecasts, decisions, measurements, generations; "
+              f"MLflow artifacts under {ARTIFACT_FOLDER}/)",
               f"MLflow: {tracking_uri}  (mlflow ui --backend-store-uri {tracking_uri})"]
     if prefect_ui:
         lines.append(f"Prefect: {prefect_ui}")

@@ -42,15 +42,13 @@ def resolve(config: SearchConfig) -> SearchConfig:
             from kernels.hardware import detect
 
             gpu_type = detect().gpu_type
-        elif backend == "replay":
+        else:  # replay (validate refuses backend ray without an explicit gpu_type: the cluster may hold several)
             from infra.measure import ReplayMeasurer
 
             available = ReplayMeasurer(config.replay_pool, "").available_gpu_types()
             if not available:
                 raise ConfigError(f"the replay pool {config.replay_pool} holds no measurements")
             gpu_type = "h100" if "h100" in available else available[0]
-        else:
-            raise ConfigError("backend ray needs an explicit gpu_type: the cluster may hold several")
     return validate(config.replace(backend=backend, gpu_type=gpu_type))
 
 
@@ -177,8 +175,9 @@ def forecaster(config: SearchConfig, root: DataRoot):
     return get_forecaster_factory(config.surrogate)().fit(None)
 
 
-def tracker(config: SearchConfig) -> Tracker:
-    t = Tracker(config.tracking_uri or default_tracking_uri(config.data), config.experiment)
+def tracker(config: SearchConfig, root: DataRoot) -> Tracker:
+    """The search's MLflow experiment, its artifacts under the data root ``root``."""
+    t = Tracker(config.tracking_uri or default_tracking_uri(config.data), config.experiment, data=root)
     t.probe()
     return t
 
@@ -189,7 +188,7 @@ def open_search(config: SearchConfig, track: bool = True):
 
     config = resolve(config)
     root = data_root(config)
-    t = tracker(config) if track else None
+    t = tracker(config, root) if track else None
     pool = measure_pool(config)
     try:
         return Search(config, root, pool, forecaster(config, root), t).start()

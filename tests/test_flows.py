@@ -81,18 +81,22 @@ def test_backfill_flow_measures_on_the_target_type_only_what_it_lacks(prefect_se
     assert again["planned"] == 0 and again["already_measured"] == 5
 
 
-def test_search_command_ends_with_where_to_look(tmp_path):
+def test_search_command_ends_with_where_to_look_and_keeps_everything_under_the_data_root(tmp_path):
     env = {**os.environ, "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
-           "PREFECT_HOME": str(tmp_path / "prefect")}
+           "PREFECT_HOME": str(tmp_path / "prefect"), "PYTHONPATH": str(REPO)}
     env.pop("PREFECT_API_URL", None)
+    elsewhere = tmp_path / "elsewhere"  # started from a folder of its own, as a scheduled worker would be
+    elsewhere.mkdir()
     done = subprocess.run([sys.executable, "-m", "flows.cli", "search", "--op", "softmax", "--budget", "4",
                            "--generations", "2", "--children", "8", "--surrogate", "roofline",
-                           "--data", str(tmp_path / "data")], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=600)
+                           "--data", str(tmp_path / "data")], cwd=elsewhere, env=env, capture_output=True,
+                          text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "best measured kernel:" in done.stdout
     assert f"data:   {tmp_path / 'data'}" in done.stdout
-    assert "MLflow: sqlite:///" in done.stdout and "Prefect" in done.stdout
+    assert f"MLflow: sqlite:///{tmp_path / 'data' / 'mlflow.db'}" in done.stdout and "Prefect" in done.stdout
+    assert len(list((tmp_path / "data" / "mlartifacts").glob("*/artifacts/best_kernel.py"))) == 1
+    assert list(elsewhere.iterdir()) == []
 
 
 def test_search_command_rejects_a_zero_budget_before_starting_anything(tmp_path):

@@ -191,7 +191,7 @@ def test_a_freeform_search_counts_each_generations_drops_in_the_journal_and_mlfl
 
     def run():
         search = Search(config, DataRoot(config.data), InterpreterPool(), RooflineForecaster().fit(),
-                        tracker=Tracker(uri, "freeform"))
+                        tracker=Tracker(uri, "freeform", data=DataRoot(config.data)))
         search.generator.max_tokens_source = 48  # the tiny model writes noise; no need to read much of it
         try:
             return search, search.start().run()

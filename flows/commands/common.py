@@ -38,10 +38,19 @@ def parse_storage_options(pairs: list[str] | None) -> dict:
 
 
 def data_root(args):
-    """The ``DataRoot`` the flags name."""
+    """The ``DataRoot`` the flags name; a malformed option or an unknown protocol fails here, reaching nothing."""
+    options = parse_storage_options(args.storage_option)
     from storage.dataset import DataRoot
 
-    return DataRoot(args.data, storage_options=parse_storage_options(args.storage_option))
+    return DataRoot(args.data, storage_options=options)
+
+
+def check_data_root(uri: str, storage_options: dict) -> None:
+    """An unknown protocol or a malformed data root fails here, as ``DataRoot`` would fail on it, without
+    loading the table layer (pandas, pyarrow) or reaching the store."""
+    import fsspec
+
+    fsspec.core.url_to_fs(uri, **storage_options)
 
 
 def prefect_defaults() -> None:

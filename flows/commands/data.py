@@ -14,7 +14,7 @@ import sys
 import time
 from collections import Counter
 
-from flows.commands.common import UsageError, add_data_args, data_root
+from flows.commands.common import UsageError, add_data_args, check_data_root, data_root, parse_storage_options
 
 
 def cmd_ops(args) -> int:
@@ -33,11 +33,11 @@ def cmd_ops(args) -> int:
 
 
 def _resolve_ops(spec: str) -> list[str]:
-    from kernels.ops import OPERATIONS, get_operation
+    if spec != "all" and not any(s.strip() for s in spec.split(",")):
+        raise UsageError("--op names no operation")
+    from kernels.ops import OPERATIONS, get_operation  # torch: checked after everything that needs nothing
 
     names = list(OPERATIONS) if spec == "all" else [s.strip() for s in spec.split(",") if s.strip()]
-    if not names:
-        raise UsageError("--op names no operation")
     for name in names:
         try:
             get_operation(name)
@@ -69,17 +69,17 @@ def _resolve_mode(requested: str):
 
 
 def cmd_measure(args) -> int:
+    if args.limit is not None and args.limit < 0:
+        raise UsageError(f"--limit must be zero or more, got {args.limit}")
+    root = data_root(args)
+    ops = _resolve_ops(args.op)
+    mode, hw = _resolve_mode(args.mode)
     from tqdm import tqdm
 
     from kernels.harness.worker import MeasureWorker, WorkerConfig
     from kernels.ops import get_operation
     from kernels.spaces import get_space
 
-    if args.limit is not None and args.limit < 0:
-        raise UsageError(f"--limit must be zero or more, got {args.limit}")
-    ops = _resolve_ops(args.op)
-    root = data_root(args)
-    mode, hw = _resolve_mode(args.mode)
     config = WorkerConfig(mode=mode, concurrency=args.concurrency or max(1, (os.cpu_count() or 2) - 1),
                           timeout_s=args.timeout, gpu_timeout_s=args.gpu_timeout,
                           seeds=args.seeds if args.seeds else (3 if mode == "gpu" else 1))
@@ -151,9 +151,9 @@ def cmd_measure(args) -> int:
 
 
 def cmd_show(args) -> int:
+    root = data_root(args)
     from flows.report import best_table
 
-    root = data_root(args)
     table = best_table(root, op=args.op)
     if table.empty:
         print(f"no measurements under {args.data}")
@@ -171,7 +171,7 @@ def cmd_compact(args) -> int:
 
 
 def cmd_import(args) -> int:
-    from kernels.formats import TaskFormatError, import_task
+    from kernels.formats import TaskFormatError, import_task, save_to_root, task_files
 
     options: dict = {}
     if args.rtol is not None or args.atol is not None:
@@ -187,12 +187,15 @@ def cmd_import(args) -> int:
             raise UsageError("--interpret-case is for KernelBench problems; a GPU MODE task's tests are its "
                              "interpreter cases")
         options["specs"] = args.specs
-    root = data_root(args)
+    check_data_root(args.data, parse_storage_options(args.storage_option))
     try:
-        op, candidates = import_task(args.format, args.reference, args.candidate or [], name=args.name,
-                                     root=root, **options)
+        op, candidates = import_task(args.format, args.reference, args.candidate or [], name=args.name, **options)
     except TaskFormatError as exc:
         raise UsageError(str(exc)) from None
+    # Stored under the data root once its files have passed their checks: a task file that cannot be
+    # read fails before the table layer (pandas, pyarrow) loads.
+    root = data_root(args)
+    save_to_root(root, op.name, task_files(op.name))
     root.write_candidates(op.seed_candidates() + candidates)
     print(f"imported {op.name}: {op.summary}")
     print(f"  cases: {', '.join(c.name for c in op.cases)}; interpreter cases: "

@@ -30,15 +30,16 @@ def register(sub) -> None:
 
 
 def cmd_report(args) -> int:
+    if args.last is not None and args.last < 1:
+        raise UsageError(f"--last must be a positive whole number of runs, got {args.last}")
     from storage.tracking import Tracker, default_tracking_uri
     from tasks.report import compare_runs, log_report, report_files, write_report
 
-    if args.last is not None and args.last < 1:
-        raise UsageError(f"--last must be a positive whole number of runs, got {args.last}")
-    comparison = compare_runs(data_root(args), args.op, args.gpu_type, run_ids=args.runs or (), last=args.last)
+    root = data_root(args)
+    comparison = compare_runs(root, args.op, args.gpu_type, run_ids=args.runs or (), last=args.last)
     files = report_files(comparison)
     paths = write_report(files, args.out)
-    tracker = Tracker(args.tracking_uri or default_tracking_uri(args.data), args.experiment)
+    tracker = Tracker(args.tracking_uri or default_tracking_uri(args.data), args.experiment, data=root)
     mlflow_run = log_report(tracker, comparison, files)
     print(files["report.md"])
     print(f"written: {', '.join(paths)}")

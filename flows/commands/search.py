@@ -6,7 +6,8 @@ the flags that were given; checked once, before Prefect or any GPU starts.
 
 from __future__ import annotations
 
-from flows.commands.common import UsageError, add_data_args, parse_storage_options, prefect_defaults
+from flows.commands.common import (UsageError, add_data_args, check_data_root, parse_storage_options,
+                                    prefect_defaults)
 
 # Search flags -> SearchConfig fields; a flag left out keeps the YAML file's value or the default.
 _SEARCH_FLAGS = {
@@ -73,13 +74,19 @@ def _prefect_where() -> str:
 
 
 def cmd_search(args) -> int:
+    from tasks.config import validate
+
+    # Bad input fails here, before Prefect, MLflow or a GPU starts: every setting, then the operation
+    # (its registry, which loads torch, is the one heavy thing loaded), then the data root's protocol.
+    config = validate(search_config(args))
+    check_data_root(config.data, dict(config.storage_options))
     prefect_defaults()
     from flows.search import kernel_search
     from tasks.report import summary_lines
     from tasks.search import SearchResult
     from tasks.setup import resolve
 
-    config = resolve(search_config(args))  # bad input fails here, before Prefect or any GPU
+    config = resolve(config)  # backend and GPU type 'auto' settled against this machine
     fields = {f: getattr(config, f) for f in ("op", "gpu_type", "budget", "generations", "children", "generator",
                                               "surrogate", "policy", "seed", "run_id", "data", "backend",
                                               "tracking_uri")}
@@ -95,10 +102,14 @@ def cmd_search(args) -> int:
 
 
 def cmd_backfill(args) -> int:
+    from tasks.backfill import backfill_ops
+
+    options = {"storage_options": parse_storage_options(args.storage_option)}
+    backfill_ops(args.source, args.target, args.op, args.limit)  # bad input fails here, before Prefect starts
+    check_data_root(args.data, options["storage_options"])
     prefect_defaults()
     from flows.search import backfill
 
-    options = {"storage_options": parse_storage_options(args.storage_option)}
     if args.replay_pool:
         options["replay_pool"] = args.replay_pool
     if args.ray_address:
@@ -110,6 +121,10 @@ def cmd_backfill(args) -> int:
 
 
 def cmd_serve(args) -> int:
+    check_data_root(args.data, parse_storage_options(args.storage_option))  # now, not in the first scheduled run
+    from prefect.client.schemas.schedules import CronSchedule
+
+    CronSchedule(cron=args.cron)  # a malformed schedule fails here, before the deployments are built
     prefect_defaults()
     from flows.deployments import serve
 

@@ -8,18 +8,20 @@ from flows.commands.common import UsageError, add_data_args, data_root, prefect_
 
 
 def cmd_evaluate(args) -> int:
+    from surrogate.registry import get_forecaster_factory
+
+    factory = get_forecaster_factory(args.surrogate)  # an unknown name fails before any work
+    from surrogate.calibration import CALIBRATORS
+
+    if args.calibrator not in CALIBRATORS:
+        raise UsageError(f"unknown --calibrator {args.calibrator!r}; known: {', '.join(CALIBRATORS)}")
+    root = data_root(args)
     import pandas as pd
 
     from surrogate.dataset import case_pairs
     from surrogate.evaluate import evaluate
-    from surrogate.registry import get_forecaster_factory
 
-    from surrogate.calibration import CALIBRATORS
-
-    factory = get_forecaster_factory(args.surrogate)  # an unknown name fails before any work
-    if args.calibrator not in CALIBRATORS:
-        raise UsageError(f"unknown --calibrator {args.calibrator!r}; known: {', '.join(CALIBRATORS)}")
-    pairs = case_pairs(data_root(args), gpu_type=args.gpu_type)
+    pairs = case_pairs(root, gpu_type=args.gpu_type)
     if pairs.empty:
         raise UsageError(f"no measured pairs under {args.data}")
     table = evaluate(factory, pairs, how=args.split, out_dir=args.out, name=args.surrogate,
@@ -56,26 +58,43 @@ def _grpo_options(args) -> dict:
     return options
 
 
-def cmd_train(args) -> int:
-    prefect_defaults()
-    from flows.search import train_surrogate
+def _check_priors(args) -> None:
+    """Every setting of ``train`` (learned priors) checked as a search checks it, the operations last."""
+    from tasks.config import PACKAGED_POOL, ConfigError, SearchConfig, check_operation, check_settings
 
+    config = SearchConfig(op=args.op, surrogate=args.surrogate, prior_data=args.prior_data or PACKAGED_POOL,
+                          data=args.data, gpu_type=args.gpu_type or "auto", prior_scope=args.prior_scope)
+    try:
+        check_settings(config)
+        if args.op != "all":
+            for name in (o.strip() for o in args.op.split(",")):
+                check_operation(config.replace(op=name))
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def cmd_train(args) -> int:
     if args.surrogate == "llm-grpo":
         options = _grpo_options(args)
+        from surrogate.grpo import GRPOSettings
+
+        settings = GRPOSettings(**options)  # bad settings fail here, before Prefect starts
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             # One process per GPU (accelerate launch, torchrun): the ranks train together, so no rank
             # may run a flow of its own; they call the same core the flow's tasks call.
             import dataclasses
 
-            from surrogate.grpo import GRPOSettings, train_grpo
+            from surrogate.grpo import train_grpo
             from tasks.setup import grpo_pairs
 
-            settings = GRPOSettings(**options)
             run = dataclasses.asdict(train_grpo(grpo_pairs(args.prior_data or "", args.pairs or "", args.gpu_type,
                                                            settings.seed), settings))
             if not run["before"]:  # not the main process: the main one evaluates and prints
                 return 0
         else:
+            prefect_defaults()
+            from flows.search import train_surrogate
+
             run = train_surrogate(surrogate="llm-grpo", prior_data=args.prior_data or "", data=args.data,
                                   pairs=args.pairs or "", gpu_type=args.gpu_type, grpo=options)
         keys = ("bin_accuracy", "spearman", "kendall", "ece", "brier", "crps", "parse_rate")
@@ -90,10 +109,11 @@ def cmd_train(args) -> int:
     given = [f"--{n.replace('_', '-')}" for n in ("pairs", *_GRPO_FLAGS) if getattr(args, n) is not None]
     if given:
         raise UsageError(f"{', '.join(given)}: only for --surrogate llm-grpo")
-    from tasks.config import PRIOR_SCOPES, ConfigError
+    _check_priors(args)  # before Prefect starts anything
+    prefect_defaults()
+    from flows.search import train_surrogate
+    from tasks.config import ConfigError
 
-    if args.prior_scope not in PRIOR_SCOPES:  # before Prefect starts anything
-        raise UsageError(f"unknown prior_scope {args.prior_scope!r}; known: {', '.join(PRIOR_SCOPES)}")
     try:
         fitted = train_surrogate(surrogate=args.surrogate, prior_data=args.prior_data or "", data=args.data,
                                  ops=args.op, gpu_type=args.gpu_type, prior_scope=args.prior_scope)
