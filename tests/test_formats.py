@@ -171,7 +171,7 @@ def test_a_search_config_installs_an_imported_task_from_the_data_root(tmp_path):
 def test_a_template_search_of_an_imported_task_is_refused(kb):
     from tasks.config import ConfigError, SearchConfig, validate
 
-    with pytest.raises(ConfigError, match="no template space; search it with generator 'llm'"):
+    with pytest.raises(ConfigError, match="no template space; search it with generator 'freeform' or 'llm'"):
         validate(SearchConfig(op="kb.row_sum", gpu_type="interpreter"))
 
 

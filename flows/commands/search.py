@@ -15,9 +15,12 @@ _SEARCH_FLAGS = {
                                                           "when replaying without one)"),
     "budget": (int, "measurements charged over the whole search (default 32)"),
     "generations": (int, "generations (default 4)"), "children": (int, "children per generation (default 256)"),
-    "generator": (str, "template, or llm (a model proposes children; template ones fill up)"),
+    "generator": (str, "template; llm (a model picks template variants; template ones fill up); or freeform (a "
+                       "model rewrites the parent's whole source)"),
     "generator_url": (str, "OpenAI-compatible endpoint (generator llm)"),
     "generator_model": (str, "model name at that endpoint (generator llm)"),
+    "generator_temperature": (float, "sampling temperature of the generator's model (default 0.8)"),
+    "generator_model_sha256": (str, "SHA-256 of the generator model's weights, recorded with each child"),
     "generator_children": (int, "children asked of the model per generation (generator llm, default 16)"), "surrogate": (str, "learned, roofline, random, llm, or none (the "
                                                              "equal-budget baseline: every child measured)"),
     "policy": (str, "budget (confidence threshold) or conformal (certified risk)"),
