@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 import torch
 
-from kernels.formats import WRAPPER_MARK, backend_of, submission_of
+from kernels.formats.common import WRAPPER_MARK, backend_of, submission_of
 from kernels.ops.base import DEFAULT_TOLERANCES, DTYPES, Case, Operation
 from kernels.records import Candidate
 
