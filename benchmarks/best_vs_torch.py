@@ -20,10 +20,10 @@ import sys
 import torch
 
 from benchmarks.harness_bench import ceilings
-from kernels.harness.correctness import load_launch, mismatch, poisoned_outputs, call_candidate
+from kernels.harness.correctness import load_launch, poisoned_outputs, call_candidate
 from kernels.harness.timing import l2_flush_buffer, time_call
 from kernels.hardware import detect
-from kernels.ops import OPERATIONS
+from kernels.ops import OPERATIONS, mismatch
 from kernels.records import Candidate
 from storage.dataset import DataRoot
 

@@ -2,7 +2,9 @@
 
 import os
 import random
+from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from kernels.harness.correctness import check_once, load_launch
@@ -10,6 +12,63 @@ from kernels.ops import OPERATIONS, get_operation
 from kernels.spaces import get_space
 
 OPS = list(OPERATIONS)
+# The committed measured pool: every template variant and eager baseline, as they were generated.
+POOL_CANDIDATES = Path(__file__).resolve().parents[1] / "data" / "pools" / "candidates"
+
+
+@pytest.fixture(scope="module")
+def pool():
+    frame = pd.read_parquet(POOL_CANDIDATES, columns=["candidate_id", "op", "origin", "template"])
+    return frame.assign(op=frame["op"].astype(str))
+
+
+# The operations the committed pool measured (an operation added since is not in it until measured).
+POOLED = ("softmax", "layernorm", "rmsnorm", "cross_entropy", "fp8_quant", "bias_gelu", "row_sum", "transpose",
+          "matmul", "attention")
+
+
+def test_the_pool_holds_the_pooled_operations_and_each_is_registered(pool):
+    assert set(pool["op"]) == set(POOLED) and set(POOLED) <= set(OPS)
+
+
+def test_every_template_variant_is_the_one_the_committed_pool_measured(pool):
+    """A candidate id hashes op, backend, source text and params: one changed byte of a template shows here."""
+    generated = {(op, c.candidate_id) for op in POOLED for c in get_space(op).variants()}
+    committed = pool[pool["origin"] == "template"]
+    assert generated == set(zip(committed["op"], committed["candidate_id"]))
+
+
+def test_every_eager_baseline_is_the_one_the_committed_pool_measured(pool):
+    generated = {(op, c.candidate_id) for op in POOLED for c in get_operation(op).seed_candidates()}
+    committed = pool[pool["origin"] == "seed"]
+    assert generated == set(zip(committed["op"], committed["candidate_id"]))
+
+
+def test_space_sizes_are_those_of_the_committed_pool(pool):
+    committed = pool[pool["origin"] == "template"].groupby("op").size().to_dict()
+    assert {op: len(get_space(op).variants()) for op in POOLED} == committed
+    assert sum(committed.values()) == 2325
+    by_algorithm = pool[pool["origin"] == "template"].groupby("template").size().to_dict()
+    assert {t: n for op in POOLED for t, n in _algorithm_sizes(op).items()} == by_algorithm
+
+
+def _algorithm_sizes(op):
+    sizes = {}
+    for c in get_space(op).variants():
+        sizes[c.template] = sizes.get(c.template, 0) + 1
+    return sizes
+
+
+def test_the_registry_is_the_one_place_operations_and_spaces_come_from():
+    for op in OPS:
+        space, operation = get_space(op), get_operation(op)
+        assert space is get_space(op)  # built once: its variants and neighbours are cached
+        assert tuple(space.algorithms) == operation.algorithms and space.op == operation.name == op
+
+
+def test_a_space_of_an_unknown_operation_is_refused_naming_the_known_ones():
+    with pytest.raises(ValueError, match="unknown operation 'sofmax'; known: softmax, layernorm"):
+        get_space("sofmax")
 
 
 @pytest.mark.parametrize("op", OPS)

@@ -19,32 +19,26 @@ letters, digits, ``_``, ``-``, so they are valid Parquet partition values.
 
 from __future__ import annotations
 
-import ast
 import hashlib
-import importlib.util
 import json
 import os
-import re
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import Mapping
 
+# What the format modules share lives in ``common`` (below them); re-exported here for callers.
+from kernels.formats.common import (FORMAT_PREFIX, FORMATS, MANIFEST, WRAPPER_MARK, TaskFormatError, backend_of,
+                                    default_task_name, is_imported_name, load_module, op_name, read_required,
+                                    read_source, require, submission_of, top_level_names)
+
+__all__ = ["FORMAT_PREFIX", "FORMATS", "MANIFEST", "ROOT_FOLDER", "TASKS_ENV", "WRAPPER_MARK", "TaskFormatError",
+           "backend_of", "default_task_name", "import_task", "install", "install_from_root", "installed",
+           "is_imported_name", "load_module", "load_operation", "op_name", "read_required", "read_source", "require",
+           "save_to_root", "submission_of", "task_files", "tasks_dir", "top_level_names"]
+
 TASKS_ENV = "KERNELCAST_TASKS"
-FORMATS = {"kb": "kernelbench", "gpumode": "gpumode"}  # op-name prefix -> module under kernels.formats
-FORMAT_PREFIX = {module: prefix for prefix, module in FORMATS.items()}
-MANIFEST = "manifest.json"
 ROOT_FOLDER = "tasks"  # under a data root
-_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,47}")
-# Marks the harness's calling convention appended to an imported submission; what precedes
-# it is the submission exactly as written (what an LLM is shown, and asked to rewrite).
-WRAPPER_MARK = "# ---- kernelcast: the harness calls launch(*inputs) ----"
-
-
-class TaskFormatError(ValueError):
-    """A task or submission file that does not follow its format; the message names what is missing."""
-
 
 # Fixed when this module is first imported (by ``kernels.ops``, which the harness's fork server
 # preloads): a sandboxed child points HOME at its scratch directory, and must still find the tasks.
@@ -56,107 +50,6 @@ def tasks_dir() -> Path:
     """Where this machine keeps imported tasks (see the module docstring for why it is on disk)."""
     configured = os.environ.get(TASKS_ENV)
     return Path(configured) if configured else _DEFAULT_TASKS_DIR
-
-
-def is_imported_name(name: str) -> bool:
-    prefix, _, rest = name.partition(".")
-    return prefix in FORMATS and bool(rest)
-
-
-def op_name(fmt: str, name: str) -> str:
-    """The op name of task ``name`` in format ``fmt`` ('kernelbench' or 'gpumode'), checked."""
-    if fmt not in FORMAT_PREFIX:
-        raise TaskFormatError(f"unknown task format {fmt!r}; known: {', '.join(FORMAT_PREFIX)}")
-    if not _NAME.fullmatch(name):
-        raise TaskFormatError(f"bad task name {name!r}: use up to 48 lowercase letters, digits, '_' or '-'")
-    return f"{FORMAT_PREFIX[fmt]}.{name}"
-
-
-def default_task_name(path: str | os.PathLike) -> str:
-    """A task name from a file name: '19_ReLU.py' -> '19_relu'; a GPU MODE 'reference.py' takes its folder's name."""
-    p = Path(path)
-    stem = p.parent.name if p.stem in ("reference", "ref") and p.parent.name else p.stem
-    return re.sub(r"[^a-z0-9_-]+", "_", stem.lower()).strip("_-")[:48] or "task"
-
-
-# ---- reading task files -------------------------------------------------------------------------
-
-def read_source(path: str | os.PathLike, what: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError as exc:
-        raise TaskFormatError(f"cannot read the {what} {path}: {exc.strerror}") from None
-
-
-def top_level_names(source: str, where: str) -> dict[str, str]:
-    """Top-level definitions of a Python file: name -> 'class' | 'function' | 'value'."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError as exc:
-        raise TaskFormatError(f"{where} does not parse: line {exc.lineno}: {exc.msg}") from None
-    names: dict[str, str] = {}
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef):
-            names[node.name] = "class"
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            names[node.name] = "function"
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for t in targets:
-                if isinstance(t, ast.Name):
-                    names[t.id] = "value"
-    return names
-
-
-def require(source: str, where: str, needed: Mapping[str, str]) -> None:
-    """Fail naming every missing top-level definition (``needed``: name -> 'class' | 'function')."""
-    found = top_level_names(source, where)
-    missing = [f"{kind} {name!r}" for name, kind in needed.items() if found.get(name) not in (kind, "value")]
-    if missing:
-        raise TaskFormatError(f"{where} defines no {' and no '.join(missing)} at top level; "
-                              f"it defines: {', '.join(sorted(found)) or 'nothing'}")
-
-
-def read_required(path: str | os.PathLike, what: str, needed: Mapping[str, str]) -> str:
-    """The source of ``path`` after checking it defines everything in ``needed`` (see ``require``)."""
-    source = read_source(path, what)
-    require(source, f"{what} {path}", needed)
-    return source
-
-
-def backend_of(source: str) -> str:
-    """The candidate's backend as the candidates table records it, read from what the source uses."""
-    if re.search(r"\btriton\b", source):
-        return "triton"
-    if re.search(r"load_inline|cpp_extension|\bcupy\b|\bcuda\.core\b", source):
-        return "cuda"
-    return "torch"
-
-
-def load_module(path: Path, module_name: str):
-    """Execute a task file as a module, with its folder importable for its helper modules.
-
-    Helper modules (GPU MODE's ``task.py``, ``utils.py``) stay in ``sys.modules`` under their
-    own names, because a submission imports them by those names when it runs in the same process.
-    """
-    folder = str(path.parent)
-    spec = importlib.util.spec_from_file_location(module_name, str(path))
-    module = importlib.util.module_from_spec(spec)
-    for helper in path.parent.glob("*.py"):
-        loaded = sys.modules.get(helper.stem)
-        if loaded is not None and getattr(loaded, "__file__", None) and Path(loaded.__file__).parent != path.parent:
-            del sys.modules[helper.stem]  # another task's helper of the same name
-    sys.path.insert(0, folder)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        raise TaskFormatError(f"{path} failed to import: {type(exc).__name__}: {exc}") from exc
-    finally:
-        try:
-            sys.path.remove(folder)
-        except ValueError:
-            pass
-    return module
 
 
 # ---- the tasks directory and the data root -------------------------------------------------------
@@ -219,10 +112,19 @@ def installed() -> list[str]:
     return sorted(p.name for p in base.iterdir() if (p / MANIFEST).is_file() and is_imported_name(p.name))
 
 
+def _format_module(fmt: str):
+    """The module that reads format ``fmt`` ('kernelbench' or 'gpumode').
+
+    Imported on first use, not with this package: a format module builds on the operation base
+    (``kernels.ops.base``), and importing that runs ``kernels.ops``, which imports this package.
+    """
+    from kernels.formats import gpumode, kernelbench
+
+    return {"kernelbench": kernelbench, "gpumode": gpumode}[fmt]
+
+
 def load_operation(name: str):
     """The imported operation called ``name`` from the tasks directory (cached while its manifest is unchanged)."""
-    import importlib
-
     folder = tasks_dir() / name
     try:
         raw = (folder / MANIFEST).read_bytes()
@@ -235,16 +137,9 @@ def load_operation(name: str):
     if cached is not None and cached[0] == digest:
         return cached[1]
     manifest = json.loads(raw)
-    module = importlib.import_module(f"kernels.formats.{FORMATS[name.split('.', 1)[0]]}")
-    op = module.operation_from_manifest(folder, manifest)
+    op = _format_module(FORMATS[name.split(".", 1)[0]]).operation_from_manifest(folder, manifest)
     _LOADED[name] = (digest, op)
     return op
-
-
-def submission_of(source: str) -> str:
-    """The submission a wrapped candidate was made from (the source itself if it is not wrapped)."""
-    head, mark, _ = source.partition("\n" + WRAPPER_MARK)
-    return head.rstrip() + "\n" if mark else source
 
 
 def import_task(fmt: str, reference: str, candidates=(), *, name: str | None = None, root=None, **options):
@@ -253,12 +148,9 @@ def import_task(fmt: str, reference: str, candidates=(), *, name: str | None = N
     ``options`` go to the format's importer (``interpret_sizes`` for KernelBench, ``specs``
     for GPU MODE, ``tolerance`` for both). Returns the operation and its imported candidates.
     """
-    import importlib
-
     if fmt not in FORMAT_PREFIX:
         raise TaskFormatError(f"unknown task format {fmt!r}; known: {', '.join(FORMAT_PREFIX)}")
-    module = importlib.import_module(f"kernels.formats.{fmt}")
-    name, files = module.import_task(reference, list(candidates), name=name, **options)
+    name, files = _format_module(fmt).import_task(reference, list(candidates), name=name, **options)
     install(name, files)
     if root is not None:
         save_to_root(root, name, files)

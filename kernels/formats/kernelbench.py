@@ -23,8 +23,8 @@ from typing import Sequence
 
 import torch
 
-from kernels.formats import (MANIFEST, TaskFormatError, default_task_name, load_module, op_name,
-                             read_required)
+from kernels.formats.common import (MANIFEST, TaskFormatError, default_task_name, load_module, op_name,
+                                    read_required)
 from kernels.formats.operation import ImportedOperation, first_float_dtype, is_literal, seed_from, tensor_bytes
 
 INIT_SEED = 42

@@ -15,8 +15,8 @@ from typing import Any, Mapping
 
 import torch
 
-from kernels.formats import WRAPPER_MARK, backend_of, submission_of
-from kernels.ops import DEFAULT_TOLERANCES, Case, Operation
+from kernels.formats.common import WRAPPER_MARK, backend_of, submission_of
+from kernels.ops.base import DEFAULT_TOLERANCES, DTYPES, Case, Operation
 from kernels.records import Candidate
 
 Signature = tuple[tuple[tuple[int, ...], str], ...]
@@ -46,8 +46,6 @@ def is_literal(text: str, value) -> bool:
 
 
 def first_float_dtype(tensors, default: str = "float32") -> str:
-    from kernels.ops import DTYPES
-
     names = {v: k for k, v in DTYPES.items()}
     for t in tensors:
         if isinstance(t, torch.Tensor) and t.dtype.is_floating_point and t.dtype in names:

@@ -32,8 +32,8 @@ from typing import Callable
 import torch
 from torch.overrides import TorchFunctionMode
 
-from kernels.harness.correctness import call_candidate, mismatch, poisoned_outputs, stray_writes
-from kernels.ops import Case, Operation
+from kernels.harness.correctness import call_candidate, poisoned_outputs, stray_writes
+from kernels.ops import Case, Operation, mismatch
 from kernels.records import Candidate
 
 PROJECT_PACKAGES = ("kernels", "storage", "surrogate", "tasks", "flows", "infra")

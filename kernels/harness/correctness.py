@@ -98,34 +98,6 @@ def call_candidate(launch: Callable[..., Any], inputs, outputs, params: Mapping[
     return tuple(returned)
 
 
-def mismatch(op: Operation, case: Case, got, expected) -> str | None:
-    """None when every output matches the reference within tolerance, else what is wrong."""
-    if len(got) != len(expected):
-        return f"returned {len(got)} outputs, expected {len(expected)}"
-    for i, (g, e) in enumerate(zip(got, expected)):
-        if not isinstance(g, torch.Tensor):
-            return f"output {i} is a {type(g).__name__}, not a tensor"
-        if tuple(g.shape) != tuple(e.shape):
-            return f"output {i} has shape {tuple(g.shape)}, expected {tuple(e.shape)}"
-        if g.dtype != e.dtype:
-            return f"output {i} has dtype {g.dtype}, expected {e.dtype}"
-        gf, ef = g.float(), e.float()
-        bad_nonfinite = (~torch.isfinite(gf)) & torch.isfinite(ef)
-        if bad_nonfinite.any():
-            n = int(bad_nonfinite.sum())
-            return f"output {i} has {n} NaN/Inf values (or unwritten elements) on case {case.name}"
-        rtol, atol = op.tolerance(e.dtype)
-        err = (gf - ef).abs()
-        allowed = atol + rtol * ef.abs()
-        over = err > allowed
-        if over.any():
-            n = int(over.sum())
-            worst = float(err.max())
-            return (f"output {i} differs from the reference on case {case.name}: {n} of {err.numel()} "
-                    f"elements out of tolerance (rtol {rtol}, atol {atol}), max abs error {worst:.3g}")
-    return None
-
-
 def check_once(op: Operation, case: Case, launch, params, seed: int, device) -> str | None:
     """Run the candidate once on fresh seeded inputs and compare with the reference."""
     gen = torch.Generator(device=device)

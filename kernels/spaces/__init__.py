@@ -9,25 +9,23 @@ source is the algorithm's module text and whose params are the axis values.
 Mutation moves one axis to a neighbouring value (or switches algorithm, keeping the
 shared axes); crossover takes each axis from one of two parents. Both repair to the
 nearest valid variant so a search never leaves the space.
+
+The algorithms and valid rule of each space are declared by its operation (each module under
+``kernels/ops/``); this module is the machinery over them, and ``get_space`` finds an
+operation's space through the one registry, ``kernels.ops.OPERATIONS``.
 """
 
 from __future__ import annotations
 
-import importlib
 import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from kernels.ops import OPERATIONS, get_operation
+from kernels.ops.base import Algorithm
 from kernels.records import Candidate
 
-
-@dataclass(frozen=True)
-class Algorithm:
-    """One source template and the parameter axes its ``launch`` accepts."""
-
-    name: str
-    source: str
-    axes: Mapping[str, Sequence[Any]]
+__all__ = ["Algorithm", "TemplateSpace", "get_space"]
 
 
 @dataclass
@@ -134,32 +132,6 @@ class TemplateSpace:
         return best
 
 
-# The opening of every row-wise template module (norms, cross-entropy, row sum): imports, the
-# grid-size rule for persistent variants, and the alignment helper that lets Triton prove
-# 16-byte accesses when a row length is not a multiple of 16.
-ROW_PRELUDE = '''
-import torch
-import triton
-import triton.language as tl
-
-
-def _programs(n_blocks, per_sm, x):
-    """Grid size: one program per row block (PER_SM=0), or PER_SM persistent programs per SM."""
-    if per_sm == 0:
-        return n_blocks
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
-    return max(1, min(n_blocks, sms * per_sm))
-
-
-def _vec(*sizes):
-    """The largest power of two <= 16 that divides every size."""
-    v = 16
-    while v > 1 and any(s % v for s in sizes):
-        v //= 2
-    return v
-'''
-
-
 def _grid(axes: Mapping[str, Sequence[Any]]):
     names = list(axes)
 
@@ -174,25 +146,16 @@ def _grid(axes: Mapping[str, Sequence[Any]]):
     yield from rec(0, {})
 
 
-# operation name -> module under kernels.spaces that defines SPACE
-_SPACE_MODULES = {
-    "softmax": "softmax",
-    "layernorm": "norms",
-    "rmsnorm": "norms",
-    "cross_entropy": "cross_entropy",
-    "row_sum": "row_sum",
-    "bias_gelu": "elementwise",
-    "fp8_quant": "fp8_quant",
-    "transpose": "transpose",
-    "matmul": "matmul",
-    "attention": "attention",
-}
+_SPACES: dict[str, TemplateSpace] = {}  # one per operation, so its variants and neighbours are built once
 
 
 def get_space(op: str) -> TemplateSpace:
-    """The template space of operation ``op``."""
-    if op not in _SPACE_MODULES:
-        raise ValueError(f"unknown operation {op!r}; known: {', '.join(_SPACE_MODULES)}")
-    module = importlib.import_module(f"kernels.spaces.{_SPACE_MODULES[op]}")
-    spaces = getattr(module, "SPACES")
-    return spaces[op]
+    """The template space of operation ``op``, from the algorithms and valid rule its module declares."""
+    space = _SPACES.get(op)
+    if space is None:
+        operation = get_operation(op)  # an unknown name fails here, naming the known ones
+        if not operation.algorithms:
+            with_space = ", ".join(name for name, o in OPERATIONS.items() if o.algorithms)
+            raise ValueError(f"operation {op!r} has no template space; operations with one: {with_space}")
+        space = _SPACES[op] = TemplateSpace(op=op, algorithms=operation.algorithms, valid=operation.valid_variant)
+    return space

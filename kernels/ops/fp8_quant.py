@@ -1,4 +1,4 @@
-"""Per-group (128 along a row) FP8 e4m3 quantisation template space.
+"""Per-group (128 along a row) FP8 e4m3 quantisation: the operation and its template space.
 
 Each group of 128 consecutive row elements gets scale = max(amax, 1e-10) / 448 and
 q = clamp(x / scale, -448, 448) in float8 e4m3. The fused algorithms read x once and write
@@ -21,7 +21,12 @@ All offsets are built as multiples of 128 elements so the compiler can see every
 starts 16-byte aligned and use full-width loads and stores.
 """
 
-from kernels.spaces import Algorithm, TemplateSpace
+from __future__ import annotations
+
+import torch
+
+from kernels.ops.base import Algorithm, case, itemsize, src
+from kernels.ops.rows import RowOp
 
 _PRELUDE = '''
 import torch
@@ -200,20 +205,58 @@ def _valid(algo, p):
     return not (algo == "rows" and p["G"] == 1 and p["ROWS"] == 16)
 
 
-SPACES = {
-    "fp8_quant": TemplateSpace(
-        op="fp8_quant",
-        algorithms=[
-            Algorithm("groups", GROUPS.lstrip(), {
-                "G": [1, 2, 4, 8, 16, 32], "RECIP": [0, 1], "num_warps": [1, 2, 4, 8, 16]}),
-            Algorithm("persistent", PERSISTENT.lstrip(), {
-                "G": [1, 2, 4, 8, 16, 32], "PROGRAMS_PER_SM": [2, 4, 8, 16],
-                "num_warps": [1, 2, 4, 8]}),
-            Algorithm("rows", ROWS.lstrip(), {
-                "G": [1, 2, 4, 8, 16], "ROWS": [1, 2, 4, 8, 16], "num_warps": [1, 2, 4, 8, 16]}),
-            Algorithm("two_pass", TWO_PASS.lstrip(), {
-                "G": [1, 2, 4, 8, 16, 32], "RECIP": [0, 1], "num_warps": [1, 2, 4, 8, 16]}),
-        ],
-        valid=_valid,
-    ),
-}
+ALGORITHMS = (
+    Algorithm("groups", GROUPS.lstrip(), {
+        "G": [1, 2, 4, 8, 16, 32], "RECIP": [0, 1], "num_warps": [1, 2, 4, 8, 16]}),
+    Algorithm("persistent", PERSISTENT.lstrip(), {
+        "G": [1, 2, 4, 8, 16, 32], "PROGRAMS_PER_SM": [2, 4, 8, 16],
+        "num_warps": [1, 2, 4, 8]}),
+    Algorithm("rows", ROWS.lstrip(), {
+        "G": [1, 2, 4, 8, 16], "ROWS": [1, 2, 4, 8, 16], "num_warps": [1, 2, 4, 8, 16]}),
+    Algorithm("two_pass", TWO_PASS.lstrip(), {
+        "G": [1, 2, 4, 8, 16, 32], "RECIP": [0, 1], "num_warps": [1, 2, 4, 8, 16]}),
+)
+
+
+class FP8Quant(RowOp):
+    name = "fp8_quant"
+    forbidden_calls = ("amax", "aminmax", "max", "abs", "_scaled_mm")
+    summary = "per-group (128 along a row) FP8 e4m3 quantisation: values and fp32 group scales"
+    group = 128
+    cases = (case("bfloat16", M=8192, N=4096), case("bfloat16", M=4096, N=14336),
+             case("float32", M=3000, N=7168))
+    interpret_cases = (case("float32", M=5, N=256), case("bfloat16", M=3, N=384),
+                       case("float16", M=7, N=128))
+    eager_source = src("""
+        import torch
+
+        def launch(x, q, scales):
+            M, N = x.shape
+            g = x.float().view(M, N // 128, 128)
+            s = g.abs().amax(dim=-1, keepdim=True).clamp_min(1e-10) / 448.0
+            qv = (g / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+            return qv.view(M, N), s.squeeze(-1)
+        """)
+
+    def output_specs(self, case):
+        M, N = case["M"], case["N"]
+        return (((M, N), torch.float8_e4m3fn), ((M, N // self.group), torch.float32))
+
+    def reference(self, x):
+        M, N = x.shape
+        g = x.float().view(M, N // self.group, self.group)
+        s = g.abs().amax(dim=-1, keepdim=True).clamp_min(1e-10) / 448.0
+        q = (g / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        return q.view(M, N), s.squeeze(-1)
+
+    def bytes_moved(self, case):
+        M, N = case["M"], case["N"]
+        return M * N * (itemsize(case.dtype) + 1) + M * (N // self.group) * 4
+
+    def flops(self, case):
+        return 3 * case["M"] * case["N"]
+
+    tolerance_overrides = {torch.float32: (1e-5, 1e-8)}
+
+    algorithms = ALGORITHMS
+    valid_variant = staticmethod(_valid)

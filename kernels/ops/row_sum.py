@@ -1,4 +1,4 @@
-"""Row-sum template space: out[r] = sum(x[r, :]) accumulated in fp32.
+"""Row sum, the operation and its template space: out[r] = sum(x[r, :]) accumulated in fp32.
 
 - ``row_loop``: one row at a time, a 1-D BLOCK_N-wide accumulator swept along the row and
   reduced once at the end. Suits long rows; short rows leave most of each program idle.
@@ -19,7 +19,12 @@ two <= 16 dividing both) so that Triton can prove alignment and use 16-byte load
 such as N=1000.
 """
 
-from kernels.spaces import ROW_PRELUDE, Algorithm, TemplateSpace
+from __future__ import annotations
+
+import torch
+
+from kernels.ops.base import Algorithm, case, itemsize, src
+from kernels.ops.rows import ROW_INTERPRET_CASES, ROW_PRELUDE, RowOp
 
 _PRELUDE = ROW_PRELUDE
 
@@ -154,23 +159,52 @@ def _valid(algo, p):
     return 4 <= tile // (32 * p["num_warps"]) <= 32 and p["num_stages"] * tile * 4 <= 160 * 1024
 
 
-SPACES = {
-    "row_sum": TemplateSpace(
-        op="row_sum",
-        algorithms=[
-            Algorithm("row_loop", ROW_LOOP.lstrip(), {
-                "BLOCK_N": [512, 1024, 2048, 4096], "PER_SM": [0, 1, 2, 4],
-                "num_warps": [2, 4, 8, 16], "num_stages": [1, 3]}),
-            Algorithm("chunk_reduce", CHUNK_REDUCE.lstrip(), {
-                "BLOCK_N": [256, 512, 1024, 2048], "PER_SM": [0, 2],
-                "num_warps": [2, 4, 8], "num_stages": [1, 3]}),
-            Algorithm("tile2d", TILE2D.lstrip(), {
-                "ROWS": [2, 4, 8, 16], "BLOCK_N": [128, 256, 512, 1024], "PER_SM": [0, 2],
-                "num_warps": [2, 4, 8], "num_stages": [1, 3]}),
-            Algorithm("split_n", SPLIT_N.lstrip(), {
-                "SPLIT": [2, 4, 8], "ROWS": [1, 4], "BLOCK_N": [1024, 2048],
-                "num_warps": [4, 8], "num_stages": [1, 3]}),
-        ],
-        valid=_valid,
-    ),
-}
+ALGORITHMS = (
+    Algorithm("row_loop", ROW_LOOP.lstrip(), {
+        "BLOCK_N": [512, 1024, 2048, 4096], "PER_SM": [0, 1, 2, 4],
+        "num_warps": [2, 4, 8, 16], "num_stages": [1, 3]}),
+    Algorithm("chunk_reduce", CHUNK_REDUCE.lstrip(), {
+        "BLOCK_N": [256, 512, 1024, 2048], "PER_SM": [0, 2],
+        "num_warps": [2, 4, 8], "num_stages": [1, 3]}),
+    Algorithm("tile2d", TILE2D.lstrip(), {
+        "ROWS": [2, 4, 8, 16], "BLOCK_N": [128, 256, 512, 1024], "PER_SM": [0, 2],
+        "num_warps": [2, 4, 8], "num_stages": [1, 3]}),
+    Algorithm("split_n", SPLIT_N.lstrip(), {
+        "SPLIT": [2, 4, 8], "ROWS": [1, 4], "BLOCK_N": [1024, 2048],
+        "num_warps": [4, 8], "num_stages": [1, 3]}),
+)
+
+
+class RowSum(RowOp):
+    name = "row_sum"
+    forbidden_calls = ("sum", "nansum", "cumsum", "mean", "matmul", "mm", "bmm", "addmm", "baddbmm", "einsum",
+                       "linear", "tensordot", "mv", "dot")
+    summary = "sum of each row of an (M, N) matrix, accumulated and returned in fp32"
+    cases = (case("bfloat16", M=8192, N=8192), case("float32", M=32768, N=1000),
+             case("float16", M=2048, N=32768))
+    interpret_cases = ROW_INTERPRET_CASES
+    eager_source = src("""
+        import torch
+
+        def launch(x, out):
+            return (x.sum(dim=-1, dtype=torch.float32),)
+        """)
+
+    def output_specs(self, case):
+        return (((case["M"],), torch.float32),)
+
+    def reference(self, x):
+        return (x.double().sum(dim=-1).float(),)
+
+    def bytes_moved(self, case):
+        return case["M"] * case["N"] * itemsize(case.dtype) + case["M"] * 4
+
+    def flops(self, case):
+        return case["M"] * case["N"]
+
+    # A sum of N unit normals is about sqrt(N) large; summation order moves the
+    # last bits, so the absolute tolerance scales with the row length.
+    tolerance_overrides = {torch.float32: (1e-4, 2e-3)}
+
+    algorithms = ALGORITHMS
+    valid_variant = staticmethod(_valid)

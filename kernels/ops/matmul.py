@@ -1,4 +1,4 @@
-"""bf16 matmul template space: tiled, split-K, persistent and TMA (tensor-descriptor) kernels.
+"""bf16 matmul: the operation and its template space (tiled, split-K, persistent, TMA tensor-descriptor kernels).
 
 Every algorithm computes BLOCK_M x BLOCK_N tiles of C = A @ B with an fp32 accumulator,
 walking K in BLOCK_K steps that Triton software-pipelines num_stages deep (cp.async or
@@ -25,7 +25,9 @@ loads stay 16-byte vectors even for N = 5000. K is masked only when BLOCK_K (tim
 SPLIT_K) does not divide it.
 """
 
-from kernels.spaces import Algorithm, TemplateSpace
+from __future__ import annotations
+
+from kernels.ops.base import Algorithm, Operation, case, itemsize, randn, src
 
 _PRELUDE = '''
 import os
@@ -306,23 +308,60 @@ def _valid(algo, p):
     return True
 
 
-SPACES = {
-    "matmul": TemplateSpace(
-        op="matmul",
-        algorithms=[
-            Algorithm("tiled", TILED.lstrip(), {
-                "BLOCK_M": [64, 128, 256], "BLOCK_N": [64, 128, 256], "BLOCK_K": [32, 64, 128],
-                "GROUP_M": [1, 8], "num_warps": [4, 8], "num_stages": [2, 3, 4, 5]}),
-            Algorithm("split_k", SPLIT_K.lstrip(), {
-                "BLOCK_M": [64, 128], "BLOCK_N": [64, 128], "BLOCK_K": [64, 128],
-                "SPLIT_K": [2, 4, 8], "ATOMIC": [0, 1], "num_warps": [4, 8], "num_stages": [3]}),
-            Algorithm("persistent", PERSISTENT.lstrip(), {
-                "BLOCK_M": [64, 128], "BLOCK_N": [64, 128, 256], "BLOCK_K": [64, 128],
-                "GROUP_M": [8], "PROGRAMS_PER_SM": [1, 2], "num_warps": [4, 8], "num_stages": [3, 4]}),
-            Algorithm("tma", TMA.lstrip(), {
-                "BLOCK_M": [64, 128, 256], "BLOCK_N": [64, 128, 256], "BLOCK_K": [64, 128],
-                "GROUP_M": [8], "PERSISTENT": [0, 1], "num_warps": [4, 8], "num_stages": [2, 3, 4]}),
-        ],
-        valid=_valid,
-    ),
-}
+ALGORITHMS = (
+    Algorithm("tiled", TILED.lstrip(), {
+        "BLOCK_M": [64, 128, 256], "BLOCK_N": [64, 128, 256], "BLOCK_K": [32, 64, 128],
+        "GROUP_M": [1, 8], "num_warps": [4, 8], "num_stages": [2, 3, 4, 5]}),
+    Algorithm("split_k", SPLIT_K.lstrip(), {
+        "BLOCK_M": [64, 128], "BLOCK_N": [64, 128], "BLOCK_K": [64, 128],
+        "SPLIT_K": [2, 4, 8], "ATOMIC": [0, 1], "num_warps": [4, 8], "num_stages": [3]}),
+    Algorithm("persistent", PERSISTENT.lstrip(), {
+        "BLOCK_M": [64, 128], "BLOCK_N": [64, 128, 256], "BLOCK_K": [64, 128],
+        "GROUP_M": [8], "PROGRAMS_PER_SM": [1, 2], "num_warps": [4, 8], "num_stages": [3, 4]}),
+    Algorithm("tma", TMA.lstrip(), {
+        "BLOCK_M": [64, 128, 256], "BLOCK_N": [64, 128, 256], "BLOCK_K": [64, 128],
+        "GROUP_M": [8], "PERSISTENT": [0, 1], "num_warps": [4, 8], "num_stages": [2, 3, 4]}),
+)
+
+
+class Matmul(Operation):
+    name = "matmul"
+    forbidden_calls = ("matmul", "mm", "bmm", "addmm", "baddbmm", "einsum", "linear", "tensordot", "mv",
+                       "dot", "__matmul__")
+    summary = "bf16 matrix product C = A @ B, (M, K) x (K, N), fp32 accumulation"
+    bound = "compute"
+    cases = (case("bfloat16", M=4096, N=4096, K=4096), case("bfloat16", M=1024, N=1024, K=16384),
+             case("bfloat16", M=3000, N=5000, K=2048))
+    interpret_cases = (case("bfloat16", M=33, N=40, K=50), case("bfloat16", M=64, N=64, K=256),
+                       case("bfloat16", M=17, N=96, K=80))
+    eager_source = src("""
+        import torch
+
+        def launch(a, b, c):
+            return (a @ b,)
+        """)
+
+    def input_names(self):
+        return ("a", "b")
+
+    def make_inputs(self, case, gen, device):
+        M, N, K = case["M"], case["N"], case["K"]
+        scale = K ** -0.25  # keeps |C| near 1 whatever K is, so one tolerance fits all cases
+        return (randn((M, K), case.torch_dtype, gen, device, scale=scale),
+                randn((K, N), case.torch_dtype, gen, device, scale=scale))
+
+    def output_specs(self, case):
+        return (((case["M"], case["N"]), case.torch_dtype),)
+
+    def reference(self, a, b):
+        return ((a.float() @ b.float()).to(a.dtype),)
+
+    def bytes_moved(self, case):
+        M, N, K = case["M"], case["N"], case["K"]
+        return (M * K + K * N + M * N) * itemsize(case.dtype)
+
+    def flops(self, case):
+        return 2 * case["M"] * case["N"] * case["K"]
+
+    algorithms = ALGORITHMS
+    valid_variant = staticmethod(_valid)

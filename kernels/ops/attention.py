@@ -1,4 +1,4 @@
-"""Attention forward template space: flash attention with pointer, block-pointer or TMA loads.
+"""Attention forward: the operation and its template space (flash attention with pointer, block-pointer or TMA loads).
 
 All three algorithms are the FlashAttention-2 forward pass: a program owns BLOCK_M query
 rows of one (batch, head), keeps them in registers, and streams the keys and values in
@@ -23,7 +23,13 @@ next to each other (they share that head's K and V in L2), HEAD_MAJOR = 1 launch
 same query block of every head together.
 """
 
-from kernels.spaces import Algorithm, TemplateSpace
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernels.ops.base import Algorithm, Operation, case, itemsize, randn, src
 
 _PRELUDE = '''
 import math
@@ -242,14 +248,54 @@ def _valid(algo, p):
 _AXES = {"BLOCK_M": [64, 128], "BLOCK_N": [32, 64, 128], "EXP2": [0, 1], "HEAD_MAJOR": [0, 1],
          "num_warps": [4, 8], "num_stages": [1, 2, 3]}
 
-SPACES = {
-    "attention": TemplateSpace(
-        op="attention",
-        algorithms=[
-            Algorithm("flash", FLASH.lstrip(), _AXES),
-            Algorithm("block_ptr", BLOCK_PTR.lstrip(), _AXES),
-            Algorithm("tma", TMA.lstrip(), _AXES),
-        ],
-        valid=_valid,
-    ),
-}
+
+ALGORITHMS = (
+    Algorithm("flash", FLASH.lstrip(), _AXES),
+    Algorithm("block_ptr", BLOCK_PTR.lstrip(), _AXES),
+    Algorithm("tma", TMA.lstrip(), _AXES),
+)
+
+
+class Attention(Operation):
+    name = "attention"
+    forbidden_calls = ("scaled_dot_product_attention", "softmax", "matmul", "mm", "bmm", "addmm", "baddbmm",
+                       "einsum", "linear", "tensordot", "mv", "dot", "__matmul__")
+    summary = "non-causal scaled dot-product attention forward, (B, H, S, D) bf16, D 64 or 128"
+    bound = "compute"
+    cases = (case("bfloat16", B=4, H=16, S=2048, D=64), case("bfloat16", B=2, H=16, S=2048, D=128),
+             case("bfloat16", B=4, H=8, S=1000, D=64))
+    interpret_cases = (case("bfloat16", B=1, H=2, S=40, D=64), case("bfloat16", B=1, H=1, S=64, D=128),
+                       case("bfloat16", B=2, H=1, S=17, D=64))
+    eager_source = src("""
+        import torch
+        import torch.nn.functional as F
+
+        def launch(q, k, v, out):
+            return (F.scaled_dot_product_attention(q, k, v),)
+        """)
+
+    def input_names(self):
+        return ("q", "k", "v")
+
+    def make_inputs(self, case, gen, device):
+        shape = (case["B"], case["H"], case["S"], case["D"])
+        return tuple(randn(shape, case.torch_dtype, gen, device) for _ in range(3))
+
+    def output_specs(self, case):
+        return (((case["B"], case["H"], case["S"], case["D"]), case.torch_dtype),)
+
+    def reference(self, q, k, v):
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        p = torch.softmax((q.float() @ k.float().transpose(-1, -2)) * scale, dim=-1)
+        return ((p @ v.float()).to(q.dtype),)
+
+    def bytes_moved(self, case):
+        return 4 * case["B"] * case["H"] * case["S"] * case["D"] * itemsize(case.dtype)
+
+    def flops(self, case):
+        return 4 * case["B"] * case["H"] * case["S"] * case["S"] * case["D"]
+
+    tolerance_overrides = {torch.bfloat16: (1.6e-2, 2e-2)}
+
+    algorithms = ALGORITHMS
+    valid_variant = staticmethod(_valid)

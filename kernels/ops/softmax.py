@@ -1,10 +1,15 @@
-"""Row softmax template space: one-tile, one-pass online, and two-pass algorithms.
+"""Row softmax: the operation and its template space (one-tile, one-pass online, two-pass).
 
 Memory traffic differs by algorithm: one-tile reads a row once (when it fits in
 registers), online reads it twice (max+sum, then write), two-pass three times.
 """
 
-from kernels.spaces import Algorithm, TemplateSpace
+from __future__ import annotations
+
+import torch
+
+from kernels.ops.base import Algorithm, case, src
+from kernels.ops.rows import ROW_INTERPRET_CASES, RowOp
 
 _PRELUDE = '''
 import torch
@@ -123,21 +128,39 @@ def launch(x, out, *, BLOCK_N, PERSISTENT, num_warps, num_stages):
                             num_warps=num_warps, num_stages=num_stages)
 '''
 
-SPACES = {
-    "softmax": TemplateSpace(
-        op="softmax",
-        algorithms=[
-            Algorithm("single_tile", SINGLE_TILE.lstrip(), {
-                "ROWS": [1, 2, 4, 8], "PERSISTENT": [0, 1],
-                "num_warps": [1, 2, 4, 8, 16], "num_stages": [1, 2]}),
-            Algorithm("online", ONLINE.lstrip(), {
-                "BLOCK_N": [512, 1024, 2048, 4096], "ROWS": [1, 2], "PERSISTENT": [0, 1],
-                "num_warps": [2, 4, 8, 16], "num_stages": [1, 3]}),
-            Algorithm("two_pass", TWO_PASS.lstrip(), {
-                "BLOCK_N": [512, 1024, 2048, 4096], "PERSISTENT": [0, 1],
-                "num_warps": [4, 8, 16], "num_stages": [1, 3]}),
-        ],
-        # Fewer elements per block than threads leaves lanes idle and only wastes a launch.
-        valid=lambda algo, p: algo == "single_tile" or p["BLOCK_N"] >= 32 * p["num_warps"],
-    ),
-}
+
+ALGORITHMS = (
+    Algorithm("single_tile", SINGLE_TILE.lstrip(), {
+        "ROWS": [1, 2, 4, 8], "PERSISTENT": [0, 1],
+        "num_warps": [1, 2, 4, 8, 16], "num_stages": [1, 2]}),
+    Algorithm("online", ONLINE.lstrip(), {
+        "BLOCK_N": [512, 1024, 2048, 4096], "ROWS": [1, 2], "PERSISTENT": [0, 1],
+        "num_warps": [2, 4, 8, 16], "num_stages": [1, 3]}),
+    Algorithm("two_pass", TWO_PASS.lstrip(), {
+        "BLOCK_N": [512, 1024, 2048, 4096], "PERSISTENT": [0, 1],
+        "num_warps": [4, 8, 16], "num_stages": [1, 3]}),
+)
+
+
+class Softmax(RowOp):
+    name = "softmax"
+    forbidden_calls = ("softmax", "log_softmax", "_softmax", "softmin")
+    summary = "row softmax over the last dimension of an (M, N) matrix"
+    cases = (case("float32", M=8192, N=4096), case("bfloat16", M=32768, N=1000),
+             case("bfloat16", M=4096, N=8192))
+    interpret_cases = ROW_INTERPRET_CASES
+    eager_source = src("""
+        import torch
+
+        def launch(x, out):
+            return (torch.softmax(x, dim=-1),)
+        """)
+
+    def reference(self, x):
+        return (torch.softmax(x.float(), dim=-1).to(x.dtype),)
+
+    def flops(self, case):
+        return 5 * case["M"] * case["N"]
+
+    algorithms = ALGORITHMS
+    valid_variant = staticmethod(lambda algo, p: algo == "single_tile" or p["BLOCK_N"] >= 32 * p["num_warps"])

@@ -1,4 +1,4 @@
-"""2-D transpose template space: tiles (pointers, block pointers, persistent) and gather.
+"""2-D transpose: the operation and its template space (tiles: pointers, block pointers, persistent; gather).
 
 The tile algorithms load a BLOCK_M x BLOCK_N tile of x coalesced along its rows,
 transpose it in registers (``tl.trans``; Triton moves it through shared memory to
@@ -22,7 +22,12 @@ dividing them all, and the kernel multiplies back by that constexpr VEC, so Trit
 prove masked rows start aligned and use wide accesses even when N = 3000.
 """
 
-from kernels.spaces import Algorithm, TemplateSpace
+from __future__ import annotations
+
+import torch
+
+from kernels.ops.base import Algorithm, case, src
+from kernels.ops.rows import RowOp
 
 _PRELUDE = '''
 import math
@@ -185,19 +190,46 @@ def _valid(algo, p):
 
 _TILE_AXES = {"BLOCK_M": [32, 64, 128], "BLOCK_N": [32, 64, 128]}
 
-SPACES = {
-    "transpose": TemplateSpace(
-        op="transpose",
-        algorithms=[
-            Algorithm("tiles", TILES.lstrip(), {
-                "BLOCK_M": [8, 16, 32, 64, 128], "BLOCK_N": [8, 16, 32, 64, 128],
-                "num_warps": [1, 2, 4, 8, 16]}),
-            Algorithm("block_ptr", BLOCK_PTR.lstrip(), {**_TILE_AXES, "num_warps": [4, 8]}),
-            Algorithm("persistent", PERSISTENT.lstrip(), {
-                **_TILE_AXES, "GROUP_M": [1, 8], "PROGRAMS_PER_SM": [1, 2, 4], "num_warps": [4]}),
-            Algorithm("gather", GATHER.lstrip(), {
-                "BLOCK": [256, 512, 1024, 2048], "COLS": [1, 2, 4, 8], "num_warps": [1, 2, 4, 8]}),
-        ],
-        valid=_valid,
-    ),
-}
+
+ALGORITHMS = (
+    Algorithm("tiles", TILES.lstrip(), {
+        "BLOCK_M": [8, 16, 32, 64, 128], "BLOCK_N": [8, 16, 32, 64, 128],
+        "num_warps": [1, 2, 4, 8, 16]}),
+    Algorithm("block_ptr", BLOCK_PTR.lstrip(), {**_TILE_AXES, "num_warps": [4, 8]}),
+    Algorithm("persistent", PERSISTENT.lstrip(), {
+        **_TILE_AXES, "GROUP_M": [1, 8], "PROGRAMS_PER_SM": [1, 2, 4], "num_warps": [4]}),
+    Algorithm("gather", GATHER.lstrip(), {
+        "BLOCK": [256, 512, 1024, 2048], "COLS": [1, 2, 4, 8], "num_warps": [1, 2, 4, 8]}),
+)
+
+
+class Transpose(RowOp):
+    name = "transpose"
+    forbidden_calls = ("t", "T", "mT", "transpose", "permute", "swapaxes", "swapdims", "movedim",
+                       "as_strided")
+    summary = "2-D transpose of an (M, N) matrix into a contiguous (N, M) one"
+    cases = (case("bfloat16", M=8192, N=8192), case("float32", M=4096, N=3000),
+             case("float16", M=16384, N=2048))
+    interpret_cases = (case("float32", M=5, N=37), case("bfloat16", M=64, N=48),
+                       case("float16", M=33, N=70))
+    eager_source = src("""
+        import torch
+
+        def launch(x, out):
+            return (x.t().contiguous(),)
+        """)
+
+    def output_specs(self, case):
+        return (((case["N"], case["M"]), case.torch_dtype),)
+
+    def reference(self, x):
+        return (x.t().contiguous(),)
+
+    def flops(self, case):
+        return 0
+
+    tolerance_overrides = {torch.float32: (0.0, 0.0), torch.float16: (0.0, 0.0),
+                           torch.bfloat16: (0.0, 0.0)}
+
+    algorithms = ALGORITHMS
+    valid_variant = staticmethod(_valid)

@@ -1,4 +1,4 @@
-"""Bias + exact (erf) GELU template space: flat, persistent, 2-D tile, row-loop, unfused.
+"""Bias + exact (erf) GELU: the operation and its template space (flat, persistent, 2-D tile, row-loop, unfused).
 
 The fused ones read x once and write y once (the bias is tiny and stays in cache); they differ
 in how the bias is fetched and in how much independent memory traffic each SM keeps in
@@ -23,7 +23,12 @@ lowers it to what actually divides them). The kernel rebuilds N and the strides 
 such rows fall back to 2-byte accesses.
 """
 
-from kernels.spaces import Algorithm, TemplateSpace
+from __future__ import annotations
+
+import torch.nn.functional as F
+
+from kernels.ops.base import Algorithm, case, itemsize, randn, src
+from kernels.ops.rows import ROW_INTERPRET_CASES, RowOp
 
 _PRELUDE = '''
 import math
@@ -188,25 +193,55 @@ def _valid(algo, p):
     return 4 <= per_thread <= 32
 
 
-SPACES = {
-    "bias_gelu": TemplateSpace(
-        op="bias_gelu",
-        algorithms=[
-            Algorithm("flat", FLAT.lstrip(), {
-                "BLOCK": [512, 1024, 2048, 4096, 8192], "num_warps": [1, 2, 4, 8, 16]}),
-            Algorithm("persistent", PERSISTENT.lstrip(), {
-                "BLOCK": [1024, 2048, 4096, 8192], "PROGRAMS_PER_SM": [1, 2, 4, 8, 16],
-                "num_warps": [2, 4, 8, 16]}),
-            Algorithm("tile", TILE.lstrip(), {
-                "BLOCK_M": [1, 4, 16], "BLOCK_N": [128, 256, 512, 1024, 2048], "VEC": [1, 8],
-                "num_warps": [4]}),
-            Algorithm("rows", ROWS.lstrip(), {
-                "BLOCK_N": [512, 1024, 2048, 4096], "ROWS": [2, 8, 32, 64, 128], "VEC": [1, 8],
-                "num_warps": [1, 2, 4, 8]}),
-            Algorithm("unfused", UNFUSED.lstrip(), {
-                "BLOCK": [512, 1024, 2048, 4096, 8192], "TMP_FP32": [0, 1],
-                "num_warps": [1, 2, 4, 8, 16]}),
-        ],
-        valid=_valid,
-    ),
-}
+ALGORITHMS = (
+    Algorithm("flat", FLAT.lstrip(), {
+        "BLOCK": [512, 1024, 2048, 4096, 8192], "num_warps": [1, 2, 4, 8, 16]}),
+    Algorithm("persistent", PERSISTENT.lstrip(), {
+        "BLOCK": [1024, 2048, 4096, 8192], "PROGRAMS_PER_SM": [1, 2, 4, 8, 16],
+        "num_warps": [2, 4, 8, 16]}),
+    Algorithm("tile", TILE.lstrip(), {
+        "BLOCK_M": [1, 4, 16], "BLOCK_N": [128, 256, 512, 1024, 2048], "VEC": [1, 8],
+        "num_warps": [4]}),
+    Algorithm("rows", ROWS.lstrip(), {
+        "BLOCK_N": [512, 1024, 2048, 4096], "ROWS": [2, 8, 32, 64, 128], "VEC": [1, 8],
+        "num_warps": [1, 2, 4, 8]}),
+    Algorithm("unfused", UNFUSED.lstrip(), {
+        "BLOCK": [512, 1024, 2048, 4096, 8192], "TMP_FP32": [0, 1],
+        "num_warps": [1, 2, 4, 8, 16]}),
+)
+
+
+class BiasGelu(RowOp):
+    name = "bias_gelu"
+    forbidden_calls = ("gelu", "erf", "erfc")
+    summary = "fused bias add and exact (erf) GELU over an (M, N) matrix"
+    cases = (case("bfloat16", M=8192, N=4096), case("float16", M=16384, N=3000),
+             case("float32", M=4096, N=8192))
+    interpret_cases = ROW_INTERPRET_CASES
+    eager_source = src("""
+        import torch
+        import torch.nn.functional as F
+
+        def launch(x, bias, out):
+            return (F.gelu(x + bias),)
+        """)
+
+    def input_names(self):
+        return ("x", "bias")
+
+    def make_inputs(self, case, gen, device):
+        M, N = case["M"], case["N"]
+        return (randn((M, N), case.torch_dtype, gen, device, scale=2.0),
+                randn((N,), case.torch_dtype, gen, device))
+
+    def reference(self, x, bias):
+        return (F.gelu(x.float() + bias.float()).to(x.dtype),)
+
+    def bytes_moved(self, case):
+        return (2 * case["M"] * case["N"] + case["N"]) * itemsize(case.dtype)
+
+    def flops(self, case):
+        return 10 * case["M"] * case["N"]
+
+    algorithms = ALGORITHMS
+    valid_variant = staticmethod(_valid)

@@ -1,4 +1,4 @@
-"""Cross-entropy template space: loss[r] = logsumexp(logits[r]) - logits[r, targets[r]].
+"""Cross-entropy, the operation and its template space: loss[r] = logsumexp(logits[r]) - logits[r, targets[r]].
 
 Rows are long (V up to 50k), so every algorithm loops over BLOCK_V-wide chunks:
 
@@ -25,7 +25,13 @@ num_stages is passed to the launch and to ``tl.range`` over the chunk loops, whe
 software-pipelines the loads through shared memory.
 """
 
-from kernels.spaces import ROW_PRELUDE, Algorithm, TemplateSpace
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels.ops.base import Algorithm, case, itemsize, randn, src
+from kernels.ops.rows import ROW_PRELUDE, RowOp
 
 _PRELUDE = ROW_PRELUDE
 
@@ -233,23 +239,61 @@ def _valid(algo, p):
     return 8 <= tile // (32 * p["num_warps"]) <= 32 and p["num_stages"] * tile * 4 <= 160 * 1024
 
 
-SPACES = {
-    "cross_entropy": TemplateSpace(
-        op="cross_entropy",
-        algorithms=[
-            Algorithm("online", ONLINE.lstrip(), {
-                "ALIGN": [8], "BLOCK_V": [1024, 2048, 4096, 8192], "ROWS": [1, 2],
-                "PER_SM": [0, 2], "num_warps": [4, 8, 16], "num_stages": [1, 3]}),
-            Algorithm("online_chunk", ONLINE_CHUNK.lstrip(), {
-                "ALIGN": [1, 8], "BLOCK_V": [1024, 2048, 4096, 8192], "PER_SM": [0, 1, 4],
-                "num_warps": [4, 8, 16], "num_stages": [1, 3]}),
-            Algorithm("two_pass", TWO_PASS.lstrip(), {
-                "BLOCK_V": [1024, 2048, 4096, 8192], "PER_SM": [0, 4],
-                "num_warps": [4, 8, 16], "num_stages": [1, 3]}),
-            Algorithm("split", SPLIT.lstrip(), {
-                "SPLIT": [2, 4, 8, 16], "BLOCK_V": [1024, 2048, 4096],
-                "num_warps": [4, 8, 16], "num_stages": [1, 3]}),
-        ],
-        valid=_valid,
-    ),
-}
+ALGORITHMS = (
+    Algorithm("online", ONLINE.lstrip(), {
+        "ALIGN": [8], "BLOCK_V": [1024, 2048, 4096, 8192], "ROWS": [1, 2],
+        "PER_SM": [0, 2], "num_warps": [4, 8, 16], "num_stages": [1, 3]}),
+    Algorithm("online_chunk", ONLINE_CHUNK.lstrip(), {
+        "ALIGN": [1, 8], "BLOCK_V": [1024, 2048, 4096, 8192], "PER_SM": [0, 1, 4],
+        "num_warps": [4, 8, 16], "num_stages": [1, 3]}),
+    Algorithm("two_pass", TWO_PASS.lstrip(), {
+        "BLOCK_V": [1024, 2048, 4096, 8192], "PER_SM": [0, 4],
+        "num_warps": [4, 8, 16], "num_stages": [1, 3]}),
+    Algorithm("split", SPLIT.lstrip(), {
+        "SPLIT": [2, 4, 8, 16], "BLOCK_V": [1024, 2048, 4096],
+        "num_warps": [4, 8, 16], "num_stages": [1, 3]}),
+)
+
+
+class CrossEntropy(RowOp):
+    name = "cross_entropy"
+    forbidden_calls = ("cross_entropy", "cross_entropy_loss", "nll_loss", "log_softmax", "softmax",
+                       "logsumexp")
+    summary = "per-row cross-entropy loss from (M, V) logits and (M,) int64 targets, fp32 out"
+    cases = (case("bfloat16", M=4096, V=32000), case("float32", M=8192, V=8192),
+             case("bfloat16", M=2048, V=50257))
+    interpret_cases = (case("float32", M=5, V=37), case("bfloat16", M=3, V=256),
+                       case("float16", M=4, V=300))
+    eager_source = src("""
+        import torch
+        import torch.nn.functional as F
+
+        def launch(logits, targets, loss):
+            return (F.cross_entropy(logits.float(), targets, reduction="none"),)
+        """)
+
+    def input_names(self):
+        return ("logits", "targets")
+
+    def make_inputs(self, case, gen, device):
+        M, V = case["M"], case["V"]
+        logits = randn((M, V), case.torch_dtype, gen, device, scale=3.0)
+        targets = torch.randint(0, V, (M,), generator=gen, device=device, dtype=torch.int64)
+        return (logits, targets)
+
+    def output_specs(self, case):
+        return (((case["M"],), torch.float32),)
+
+    def reference(self, logits, targets):
+        return (F.cross_entropy(logits.float(), targets, reduction="none"),)
+
+    def bytes_moved(self, case):
+        return case["M"] * case["V"] * itemsize(case.dtype) + case["M"] * (8 + 4)
+
+    def flops(self, case):
+        return 4 * case["M"] * case["V"]
+
+    tolerance_overrides = {torch.float32: (1e-4, 1e-4)}
+
+    algorithms = ALGORITHMS
+    valid_variant = staticmethod(_valid)

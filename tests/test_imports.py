@@ -1,0 +1,180 @@
+"""The import graph of kernels/: no cycle, no dynamic import that would hide one, no higher layer.
+
+Every ``import`` and ``from ... import`` in every module under kernels/ counts, wherever it
+stands (module level, inside a function, under ``if TYPE_CHECKING``): an import deferred into a
+function is still a dependency, and deferring one is how a cycle usually hides. A package is
+its ``__init__`` module, so ``from kernels.ops import Operation`` depends on ``kernels/ops/__init__.py``
+and a re-exporting ``__init__`` is a node like any other; ``from kernels.ops import softmax``
+(a submodule) depends on ``kernels/ops/softmax.py``. What is not counted is Python running a
+package's ``__init__`` before any of its submodules: were that an edge, every package whose
+``__init__`` imports its own submodules would be a cycle by construction.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+KERNELS = Path(__file__).resolve().parents[1] / "kernels"
+# The layers above kernels/ (kernels <- surrogate <- storage <- infra <- tasks <- flows), and the
+# orchestrators that only those layers may use.
+FORBIDDEN = {"prefect", "ray", "mlflow", "surrogate", "storage", "tasks", "flows", "infra"}
+
+
+def module_names(root: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every module under ``root`` (a package is its ``__init__``)."""
+    names = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        names[".".join(parts)] = path
+    return names
+
+
+def imported(path: Path, name: str) -> tuple[set[str], list[str]]:
+    """(every module name ``path`` imports, anywhere in it; its dynamic imports of project modules)."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    dynamic: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            out.add(base)
+            # ``from package import submodule`` imports the submodule too.
+            out.update(f"{base}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Call) and _is_dynamic_import(node, name.split(".")[0]):
+            dynamic.append(f"{path.name}:{node.lineno}")
+    return out, dynamic
+
+
+def _is_dynamic_import(call: ast.Call, project: str) -> bool:
+    """``importlib.import_module(...)`` or ``__import__(...)`` of a module of ``project`` (or of one it cannot tell)."""
+    func = call.func
+    named = (isinstance(func, ast.Attribute) and func.attr == "import_module") or (
+        isinstance(func, ast.Name) and func.id in ("import_module", "__import__"))
+    if not named or not call.args:
+        return False
+    arg = call.args[0]
+    if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+        arg = arg.values[0]
+    # A name built some other way (a variable, a concatenation) is not followed: flag it too.
+    return not isinstance(arg, ast.Constant) or str(arg.value).split(".")[0] in (project, "")
+
+
+def import_graph(root: Path) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
+    """Module -> the modules under ``root`` it imports; module -> where it imports dynamically."""
+    modules = module_names(root)
+    graph, dynamic = {}, {}
+    for name, path in modules.items():
+        targets, dyn = imported(path, name)
+        # ``from kernels.ops import Operation`` also lists ``kernels.ops.Operation``: only real modules stay.
+        graph[name] = {t for t in targets if t in modules and t != name}
+        if dyn:
+            dynamic[name] = dyn
+    return graph, dynamic
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as [a, b, ..., a], or None when the graph is acyclic."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: finished
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_kernels_has_no_import_cycle():
+    graph, _ = import_graph(KERNELS)
+    assert len(graph) > 20 and "kernels.ops.softmax" in graph["kernels.ops"]
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle in kernels/: " + " -> ".join(cycle)
+
+
+def test_kernels_imports_its_own_modules_by_import_statements_only():
+    _, dynamic = import_graph(KERNELS)
+    assert dynamic == {}, f"dynamic imports hide edges from the cycle check: {dynamic}"
+
+
+def test_kernels_imports_no_higher_layer_or_orchestrator():
+    offending = {}
+    for name, path in module_names(KERNELS).items():
+        targets, _ = imported(path, name)
+        bad = sorted(t for t in targets if t.split(".")[0] in FORBIDDEN)
+        if bad:
+            offending[name] = bad
+    assert offending == {}
+
+
+def test_the_operation_modules_sit_below_the_registry_and_the_spaces():
+    graph, _ = import_graph(KERNELS)
+    for name in graph["kernels.ops"]:
+        if name.startswith("kernels.ops."):
+            assert not {"kernels.ops", "kernels.spaces"} & graph[name], name
+    assert "kernels.ops" in graph["kernels.spaces"]
+
+
+# ---- the check itself finds what it is for --------------------------------------------------------
+
+def _package(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "pkg"
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def test_a_cycle_through_a_reexporting_init_and_a_lazy_import_is_found(tmp_path):
+    root = _package(tmp_path, {
+        "__init__.py": "from pkg.core import Thing\n",          # re-exports
+        "core.py": "def make():\n    from pkg.util import helper\n    return helper()\n",
+        "util.py": "from pkg import Thing\n",                    # through the __init__
+        "leaf.py": "import os\n",
+    })
+    graph, _ = import_graph(root)
+    assert find_cycle(graph) == ["pkg", "pkg.core", "pkg.util", "pkg"]
+
+
+def test_relative_imports_and_submodule_imports_resolve(tmp_path):
+    root = _package(tmp_path, {
+        "__init__.py": "",
+        "sub/__init__.py": "from . import a\n",
+        "sub/a.py": "from ..b import x\n",
+        "b.py": "from pkg.sub import a\nx = 1\n",
+    })
+    graph, _ = import_graph(root)
+    assert graph["pkg.sub"] == {"pkg.sub.a"} and graph["pkg.sub.a"] == {"pkg.b"}
+    assert find_cycle(graph) == ["pkg.b", "pkg.sub", "pkg.sub.a", "pkg.b"]
+
+
+def test_a_dynamic_import_of_a_project_module_is_reported(tmp_path):
+    root = _package(tmp_path, {
+        "__init__.py": "import importlib\n\ndef load(n):\n    return importlib.import_module(f'pkg.x.{n}')\n",
+        "fine.py": "import importlib\nimportlib.import_module('json')\n",
+    })
+    _, dynamic = import_graph(root)
+    assert dynamic == {"pkg": ["__init__.py:4"]}
