@@ -240,19 +240,25 @@ def cmd_generate(args) -> int:
             with open(done_path, "a") as f:
                 f.write(key + "\n")
             finished.append(key)
+            write_report()
+
+    report_path = rounds / f"round{args.round}.json"
+    prior = json.loads(report_path.read_text()) if report_path.exists() else {"by_op": {}, "seconds": 0.0}
+
+    def write_report() -> None:
+        """The round's counts so far, earlier runs of it included: written after every job, so a killed
+        run loses none of what it asked."""
+        by_op = {op: dict(Counter(prior["by_op"].get(op, {})) + totals.get(op, Counter()))
+                 for op in set(prior["by_op"]) | set(totals)}
+        report = {"round": args.round, "model": args.model, "model_sha256": args.model_sha256,
+                  "parents": len(parents), "seconds": prior["seconds"] + time.perf_counter() - t0, "by_op": by_op,
+                  "total": dict(sum((Counter(c) for c in by_op.values()), Counter()))}
+        report_path.write_text(json.dumps(report, indent=1, sort_keys=True))
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         list(pool.map(one, jobs))
     seconds = time.perf_counter() - t0
     total = sum(totals.values(), Counter())
-    report_path = rounds / f"round{args.round}.json"
-    report = json.loads(report_path.read_text()) if report_path.exists() else {"by_op": {}, "seconds": 0.0}
-    for op, c in totals.items():
-        report["by_op"][op] = dict(Counter(report["by_op"].get(op, {})) + c)
-    report.update(round=args.round, model=args.model, model_sha256=args.model_sha256, parents=len(parents),
-                  seconds=report["seconds"] + seconds,
-                  total=dict(sum((Counter(c) for c in report["by_op"].values()), Counter())))
-    report_path.write_text(json.dumps(report, indent=1, sort_keys=True))
     left = len(jobs) - len(finished)
     print(f"round {args.round}: asked {total['asked']}, kept {total['children']} in {seconds:.0f} s "
           f"({60 * total['asked'] / max(seconds, 1e-9):.0f} answers/min); {left} jobs left; dropped: "

@@ -5,7 +5,7 @@ time, from start to exit. The promise is under 2 s. Most checks load nothing hea
 few tenths of a second; those that need the operation registry (a bad operation name, an
 imported task or task file that cannot be found) load torch, which alone takes most of 1.5 s on
 a two-core machine. So the bound scales with the machine as it is during the test: it is
-``max(2 s, 1.5 x the time this machine takes to start Python and import torch)``, measured
+``max(2 s, 2 x the time this machine takes to start Python and import torch)``, measured
 here, which a slow or busy machine still meets and a temporary Prefect server (5 s and more)
 or MLflow never does. Where the time bound is loose, the modules are not: each case also
 says which heavy packages it may load (``-X importtime`` lists what the process imported).
@@ -36,13 +36,13 @@ def _env() -> dict:
 
 @pytest.fixture(scope="module")
 def limit_s() -> float:
-    """2 s, or 1.5 x this machine's time to start Python and import torch when that is longer."""
+    """2 s, or 2 x this machine's time to start Python and import torch when that is longer."""
     times = []
     for _ in range(3):
         start = time.perf_counter()
         subprocess.run([sys.executable, "-c", "import torch"], env=_env(), check=True)
         times.append(time.perf_counter() - start)
-    return max(2.0, 1.5 * statistics.median(times))
+    return max(2.0, 2.0 * statistics.median(times))
 
 
 @pytest.fixture(scope="module")
