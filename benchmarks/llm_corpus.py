@@ -268,7 +268,7 @@ def cmd_generate(args) -> int:
 
 def cmd_measure(args) -> int:
     """Measure every stored candidate of the corpus not yet measured on this GPU, in chunks, until the deadline."""
-    from infra.measure import LocalMeasurePool, LocalMeasurer
+    from infra.measure import InterpreterMeasurer, LocalMeasurePool, LocalMeasurer
     from kernels.formats import install_from_root
     from storage.schema import candidates_from_frame
     from tasks.search import measure_and_store
@@ -277,7 +277,7 @@ def cmd_measure(args) -> int:
     for name in _imported(args.out):
         install_from_root(root, name)
     if args.interpreter:  # correctness only, under Triton's CPU interpreter: a check of the pipeline, no timings
-        measurer = _InterpreterMeasurer(args.concurrency)
+        measurer = InterpreterMeasurer(args.concurrency)
     else:
         measurer = LocalMeasurer(concurrency=args.concurrency, timeout_s=args.timeout, gpu_timeout_s=args.gpu_timeout)
     pool = LocalMeasurePool([measurer])
@@ -311,29 +311,6 @@ def cmd_measure(args) -> int:
     elapsed = time.perf_counter() - t0
     print(f"measured {measured} candidates in {elapsed:.0f} s ({60 * measured / max(elapsed, 1e-9):.0f}/min)")
     return 0
-
-
-class _InterpreterMeasurer:
-    """This machine's CPU through the real harness under Triton's interpreter (GPU type ``interpreter``)."""
-
-    gpu_type = "interpreter"
-
-    def __init__(self, concurrency: int):
-        from kernels.harness.worker import MeasureWorker, WorkerConfig
-        from kernels.records import HardwareSpec
-
-        self.hardware = HardwareSpec(gpu_type="interpreter", device_name="Triton CPU interpreter")
-        self._worker = MeasureWorker(self.hardware, WorkerConfig(mode="interpreter", concurrency=concurrency or 2,
-                                                                 seeds=1))
-
-    def prepare(self, op: str):
-        return self.hardware
-
-    def measure(self, candidates):
-        return self._worker.measure(candidates)
-
-    def close(self) -> None:
-        self._worker.close()
 
 
 def corpus_table(out: str, gpu_type: str) -> pd.DataFrame:

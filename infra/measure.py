@@ -68,6 +68,39 @@ class LocalMeasurer:
         self._worker.close()
 
 
+class InterpreterMeasurer:
+    """This machine's CPU through the same isolated harness under Triton's interpreter: correctness only, no
+    timings (GPU type ``interpreter``). What a machine without a GPU can say about a kernel nobody measured."""
+
+    gpu_type = "interpreter"
+
+    def __init__(self, concurrency: int = 0, timeout_s: float = 300.0):
+        import os
+
+        import torch
+        import triton
+
+        from kernels.harness.worker import MeasureWorker, WorkerConfig
+
+        self.hardware = HardwareSpec(gpu_type=self.gpu_type, device_name="Triton CPU interpreter",
+                                     torch_version=torch.__version__, triton_version=triton.__version__)
+        config = WorkerConfig(mode="interpreter", concurrency=concurrency or max(1, (os.cpu_count() or 2) - 1),
+                              timeout_s=timeout_s, seeds=1)
+        self._worker = MeasureWorker(self.hardware, config)
+
+    def prepare(self, op: str) -> HardwareSpec:
+        from kernels.ops import get_operation
+
+        get_operation(op)
+        return self.hardware
+
+    def measure(self, candidates: Sequence[Candidate]) -> Iterator[Measurement]:
+        return self._worker.measure(candidates)
+
+    def close(self) -> None:
+        self._worker.close()
+
+
 class ReplayMeasurer:
     """Answers from the measurements of ``gpu_type`` stored under ``pool`` (a DataRoot or URI)."""
 

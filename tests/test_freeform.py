@@ -15,7 +15,6 @@ import pytest
 
 from tests.formats_for_tests import KB_ROW_SUM_NEW, write_kernelbench
 from tests.test_llm_forecaster import LLAMA_CPP_PYTHON, server, tiny_model  # noqa: F401 (fixtures)
-from tests.test_llm_generator import InterpreterPool
 
 from kernels.formats import import_task
 from kernels.ops import get_operation
@@ -181,6 +180,7 @@ def test_a_freeform_search_counts_each_generations_drops_in_the_journal_and_mlfl
     from storage.tracking import Tracker
     from tasks.config import SearchConfig, validate
     from tasks.search import Search
+    from tasks.setup import measure_pool
 
     config = validate(SearchConfig(op="softmax", gpu_type="interpreter", backend="local", budget=2, generations=2,
                                    children=8, surrogate="roofline", seed=1, data=str(tmp_path / "data"),
@@ -189,8 +189,8 @@ def test_a_freeform_search_counts_each_generations_drops_in_the_journal_and_mlfl
                                    run_id="freeform-1"))
     uri = f"sqlite:///{tmp_path}/mlflow.db"
 
-    def run():
-        search = Search(config, DataRoot(config.data), InterpreterPool(), RooflineForecaster().fit(),
+    def run():  # backend local on GPU type interpreter: the harness under Triton's CPU interpreter
+        search = Search(config, DataRoot(config.data), measure_pool(config), RooflineForecaster().fit(),
                         tracker=Tracker(uri, "freeform", data=DataRoot(config.data)))
         search.generator.max_tokens_source = 48  # the tiny model writes noise; no need to read much of it
         try:
