@@ -188,6 +188,7 @@ class GenerationSummary:
     screened_unparsable: int = 0
     screened_no_entry: int = 0
     screened_signature: int = 0
+    screened_undefined: int = 0
     screened_forbidden: int = 0
     screened_duplicate: int = 0
     finished_at: datetime = field(default_factory=utc_now)

@@ -2,8 +2,9 @@
 
 A language model's rewrite fails in many ways that need no GPU to find: it does not parse,
 it forgets the entry point the harness calls, its ``launch`` cannot take the call the
-harness makes, it calls the torch function it should replace, or it is the parent again
-with other comments. ``screen`` names the first of these; each reason is counted per
+harness makes, it calls a helper it dropped while rewriting (a ``NameError`` on the GPU),
+it calls the torch function it should replace, or it is the parent again with other
+comments. ``screen`` names the first of these; each reason is counted per
 generation, so a search shows where its model's answers go.
 
 Duplicates are found up to formatting: two sources with the same normalised syntax tree
@@ -14,6 +15,7 @@ parameters are one kernel, whatever their candidate ids say.
 from __future__ import annotations
 
 import ast
+import builtins
 import hashlib
 from typing import Mapping
 
@@ -21,7 +23,12 @@ from kernels.records import Candidate, canonical_params
 
 # Why a written child is dropped before it is forecast, in the order they are checked.
 # no_code and request_failed come from the generator (no code block in the answer; no answer).
-SCREEN_REASONS = ("request_failed", "no_code", "unparsable", "no_entry", "signature", "forbidden", "duplicate")
+SCREEN_REASONS = ("request_failed", "no_code", "unparsable", "no_entry", "signature", "undefined", "forbidden",
+                  "duplicate")
+
+# Names a module may read without binding them: the builtins and what the import system sets.
+_ALWAYS_BOUND = frozenset(dir(builtins)) | {"__name__", "__file__", "__builtins__", "__doc__", "__spec__",
+                                            "__loader__", "__package__", "__class__"}
 
 
 def fingerprint(source: str, params: Mapping | None = None) -> str | None:
@@ -64,6 +71,9 @@ def screen(op, child: Candidate, code: str, seen: set[str]) -> tuple[str | None,
         problem = _signature_problem(defined[entry], op, child.params)
         if problem:
             return "signature", problem
+    missing = undefined_name(code)
+    if missing:
+        return "undefined", f"uses {missing}, which the module never defines or imports"
     from kernels.harness.anticheat import scan_source  # torch-heavy; only once the cheap checks pass
 
     refused = scan_source(child, op)
@@ -74,6 +84,67 @@ def screen(op, child: Candidate, code: str, seen: set[str]) -> tuple[str | None,
         return "duplicate", "the same kernel as one the run already has, up to formatting"
     seen.add(mark)
     return None, ""
+
+
+def undefined_name(source: str) -> str | None:
+    """The first name ``source`` reads that nothing in it binds and Python does not provide, else None.
+
+    A rewrite that drops a helper it still calls (``_vec``, ``_programs``) dies with a
+    ``NameError`` on the GPU; this finds it from the text. It is conservative on purpose: a
+    binding anywhere in the module (any scope, any kind) counts for every read, so scoping
+    subtleties can miss a bad name but never flag a good one. A star import binds unknown
+    names, so it turns the check off; so does a source that does not parse (that is
+    another reason's to report). Annotations are not reads under ``from __future__ import
+    annotations``.
+    """
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    bound = set(_ALWAYS_BOUND)
+    skipped: set[int] = set()  # ids of annotation nodes that are never evaluated
+    lazy_annotations = any(isinstance(n, ast.ImportFrom) and n.module == "__future__"
+                           and any(a.name == "annotations" for a in n.names) for n in tree.body)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name == "*":
+                    return None
+                bound.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            bound.add(node.id)  # assignment, for, with, comprehension and walrus targets; del
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)  # every kind of parameter, lambdas' too
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            bound.update(node.names)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            bound.add(node.rest)
+        elif getattr(ast, "TypeVar", None) and isinstance(node, (ast.TypeVar, ast.ParamSpec, ast.TypeVarTuple)):
+            bound.add(node.name)  # Python 3.12 type parameters
+        if lazy_annotations:
+            for note in _annotations(node):
+                skipped.update(id(n) for n in ast.walk(note))
+    reads = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+             and n.id not in bound and id(n) not in skipped]
+    if not reads:
+        return None
+    return min(reads, key=lambda n: (n.lineno, n.col_offset)).id
+
+
+def _annotations(node: ast.AST) -> list[ast.AST]:
+    if isinstance(node, ast.arg):
+        return [node.annotation] if node.annotation else []
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return [node.returns] if node.returns else []
+    if isinstance(node, ast.AnnAssign):
+        return [node.annotation]
+    return []
 
 
 def _signature_problem(fn: ast.AST, op, params: Mapping) -> str:
