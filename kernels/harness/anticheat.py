@@ -248,13 +248,18 @@ class Checker:
     (and their reference result) can be rebuilt on demand instead of kept in memory.
     """
 
-    def __init__(self, op: Operation, candidate: Candidate, launch: Callable, device: str):
+    def __init__(self, op: Operation, candidate: Candidate, launch: Callable, device: str,
+                 on_inputs: Callable[[], None] = lambda: None):
         self.op, self.candidate, self.launch, self.device = op, candidate, launch, device
         self.seeds: dict[str, list[int]] = {}  # case -> seeds of the inputs it was called with, in order
         self.wrote: dict[str, bool] = {}  # case -> some earlier call wrote into the harness outputs
         self.calls = 0
+        self._on_inputs = on_inputs  # told once, when the first inputs are made on the device
 
     def inputs(self, case: Case, seed: int) -> tuple[torch.Tensor, ...]:
+        if self._on_inputs is not None:
+            self._on_inputs()
+            self._on_inputs = None
         gen = torch.Generator(device=self.device)
         gen.manual_seed(seed)
         return self.op.make_inputs(case, gen, self.device)
