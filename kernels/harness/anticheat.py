@@ -33,6 +33,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from kernels.harness.correctness import call_candidate, poisoned_outputs, stray_writes
+from kernels.null import is_null
 from kernels.ops import Case, Operation, mismatch
 from kernels.records import Candidate
 
@@ -52,8 +53,9 @@ def forbidden_calls(op: Operation, candidate: Candidate) -> frozenset[str]:
     """Names of torch functions this candidate may not call: the op's list, none for the eager baseline.
 
     The exemption goes by origin, not backend: a model-written kernel in plain torch may not
-    call the function it should replace either."""
-    if candidate.origin == "seed":
+    call the function it should replace either. The null candidate (the eager baseline
+    submitted as a candidate, kernels.null) is the baseline's code and exempt as it is."""
+    if candidate.origin == "seed" or is_null(op, candidate):
         return frozenset()
     return frozenset(getattr(op, "forbidden_calls", ()))
 
@@ -235,6 +237,21 @@ def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a, b)
 
 
+# Inputs up to this size are copied to check that a call left them unchanged; larger ones are made
+# again from their seed instead, so a check never holds two copies of a gigabyte case.
+COPY_INPUTS_BYTES = 256 << 20
+
+
+def _poison_writable(inputs, writable: set[int]) -> None:
+    """Fill output buffers passed among the inputs with NaN (or an extreme integer), so unwritten elements show."""
+    for i in writable:
+        t = inputs[i]
+        if t.dtype.is_floating_point:
+            t.fill_(float("nan"))
+        elif t.dtype != torch.bool and not t.dtype.is_complex:
+            t.fill_(torch.iinfo(t.dtype).max)
+
+
 def _untouched(t: torch.Tensor) -> bool:
     if t.dtype.is_floating_point:
         return bool(torch.isnan(t.float()).all())
@@ -271,27 +288,29 @@ class Checker:
         self.calls += 1
 
     def first_call(self, case: Case, seed: int = 0) -> None:
-        """The compile-stage call: guarded, but only recorded (its reference is not computed here)."""
+        """The first call per case: guarded, but only recorded (its reference is not computed here)."""
         inputs = self.inputs(case, seed)
+        writable = set(self.op.writable_inputs(case))
+        _poison_writable(inputs, writable)
         outputs = poisoned_outputs(self.op, case, self.device)
         got = self._guarded(inputs, outputs)
         self._sync()
         self.note(case, seed, wrote=any(not _untouched(o) for o in outputs))
-        self._aliasing(inputs, got)
+        self._aliasing(inputs, got, writable)
 
     def check(self, case: Case, seed: int) -> str | None:
         """One checked call: None when correct, a problem (``incorrect``) as text, or ``Rejected``."""
         inputs = self.inputs(case, seed)
-        before = tuple(t.clone() for t in inputs)
+        writable = set(self.op.writable_inputs(case))
+        _poison_writable(inputs, writable)
+        # Large inputs are not copied (a second copy of a gigabyte case): made again from their seed afterwards.
+        small = sum(t.numel() * t.element_size() for t in inputs) <= COPY_INPUTS_BYTES
+        before = tuple(None if i in writable else t.clone() for i, t in enumerate(inputs)) if small else None
         outputs = poisoned_outputs(self.op, case, self.device)
         got = self._guarded(inputs, outputs)
         self._sync()
-        for i, (now, then) in enumerate(zip(inputs, before)):
-            if not _same_bytes(now, then):
-                names = self.op.input_names()
-                raise Rejected(f"case {case.name}: changed its input {names[i] if i < len(names) else i}; "
-                               f"inputs are read-only")
-        self._aliasing(inputs, got)
+        self._unchanged(case, seed, inputs, before, writable)
+        self._aliasing(inputs, got, writable)
         earlier = list(self.seeds.get(case.name, ()))
         wrote_now = any(not _untouched(o) for o in outputs)
         self.note(case, seed, wrote=wrote_now)
@@ -326,9 +345,20 @@ class Checker:
             raise Rejected(f"{STREAM_EVENTS[0]}: kernels must run on the harness's stream, where they are timed")
         return got
 
+    def _unchanged(self, case: Case, seed: int, inputs, before, writable: set[int]) -> None:
+        """Refuse a call that changed a read-only input (compared with a copy, or with the inputs made again)."""
+        if before is None:
+            before = self.inputs(case, seed)
+        for i, (now, then) in enumerate(zip(inputs, before)):
+            if i not in writable and then is not None and not _same_bytes(now, then):
+                names = self.op.input_names()
+                raise Rejected(f"case {case.name}: changed its input {names[i] if i < len(names) else i}; "
+                               f"inputs are read-only")
+
     @staticmethod
-    def _aliasing(inputs, got) -> None:
-        storages = {t.untyped_storage().data_ptr(): i for i, t in enumerate(inputs) if t.numel()}
+    def _aliasing(inputs, got, writable: set[int] = frozenset()) -> None:
+        """Refuse returned tensors that share memory with a read-only input (an output buffer may be returned)."""
+        storages = {t.untyped_storage().data_ptr(): i for i, t in enumerate(inputs) if t.numel() and i not in writable}
         for j, g in enumerate(got):
             if isinstance(g, torch.Tensor) and g.numel() and g.untyped_storage().data_ptr() in storages:
                 raise Rejected(f"output {j} shares memory with input {storages[g.untyped_storage().data_ptr()]}: "

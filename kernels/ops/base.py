@@ -141,6 +141,14 @@ class Operation:
     def input_names(self) -> tuple[str, ...]:
         raise NotImplementedError
 
+    def writable_inputs(self, case: Case) -> tuple[int, ...]:
+        """Positions of inputs that are output buffers the kernel writes (a GPU MODE task's ``data``); the rest are read-only."""
+        return ()
+
+    def null_submission(self) -> str | None:
+        """The reference as a submission in the op's own format (imported ops); None: the eager baseline serves."""
+        return None
+
     def seed_candidates(self) -> list[Candidate]:
         """The eager PyTorch baseline as a measurable candidate (origin ``seed``)."""
         return [Candidate(op=self.name, backend="torch", source=self.eager_source,
