@@ -63,7 +63,8 @@ def batch():
 def test_device_phases_never_overlap_while_others_compile_beside_them(batch):
     cands, results, worker = batch
     assert all(results[c.candidate_id].status == "ok" for c in cands), [m.error for m in results.values()]
-    locked = _intervals(worker.timeline, "locked", "released")
+    # "releasing" is sent once the child's device memory is freed, just before it unlocks
+    locked = _intervals(worker.timeline, "locked", "releasing")
     assert len(locked) == len(cands)
     pairs = [(a, b) for a in locked for b in locked if a < b]
     assert not [p for p in pairs if _overlap(locked[p[0]], locked[p[1]])]
@@ -74,7 +75,7 @@ def test_device_phases_never_overlap_while_others_compile_beside_them(batch):
 
 def test_first_inputs_are_made_only_while_holding_the_lock(batch):
     _, _, worker = batch
-    locked = _intervals(worker.timeline, "locked", "released")
+    locked = _intervals(worker.timeline, "locked", "releasing")
     first = {(cid, n): t for cid, n, phase, t, _ in worker.timeline if phase == "first_inputs"}
     assert set(first) == set(locked)
     for key, t in first.items():

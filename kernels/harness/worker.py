@@ -327,7 +327,8 @@ class MeasureWorker:
                     cand, first = solo.popleft()
                     running.append(self._start(cand, alone=True))
                     self._first_attempt[cand.candidate_id] = first
-                while not solo and pending and len(running) < self.config.concurrency:
+                alone = solo or any(r.alone for r in running)  # a retry runs with no other child beside it
+                while not alone and pending and len(running) < self.config.concurrency:
                     running.append(self._start(pending.popleft()))
                 wait([r.conn for r in running] + [r.process.sentinel for r in running], timeout=0.5)
                 still = []
