@@ -72,7 +72,7 @@ def footprint(op, case) -> Footprint:
 
 
 def _gib(n: int) -> str:
-    return f"{n / GIB:.2f} GiB ({n} bytes)"
+    return f"{n / GIB:.2f} GiB"
 
 
 def refusal(fp: Footprint, total_bytes: int) -> str | None:
@@ -88,8 +88,8 @@ def refusal(fp: Footprint, total_bytes: int) -> str | None:
     if fp.parameter_bytes:
         parts += f", parameters {_gib(fp.parameter_bytes)}"
     return (f"case {fp.case} does not fit on the device: its correctness check needs {_gib(fp.check_bytes)} "
-            f"({parts}; each twice: the candidate's and the reference's) but the device has {_gib(usable)} "
-            f"usable ({_gib(total_bytes)} less {_gib(RESERVE_BYTES)} reserved)")
+            f"({fp.check_bytes} bytes: {parts}, each twice, the candidate's and the reference's) but the device "
+            f"has {_gib(usable)} usable ({usable} bytes: {_gib(total_bytes)} less {_gib(RESERVE_BYTES)} reserved)")
 
 
 def rotation_sets(free_bytes: int, set_bytes: int, reserve_bytes: int = RESERVE_BYTES) -> int:
