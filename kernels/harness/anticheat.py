@@ -27,6 +27,8 @@ name the torch functions it legitimately calls; every other check applies to it 
 from __future__ import annotations
 
 import ast
+import os
+import sys
 from typing import Callable
 
 import torch
@@ -195,16 +197,30 @@ class CallGuard(TorchFunctionMode):
 STREAM_EVENTS: list[str] = []  # what the candidate did with CUDA streams in this child
 
 
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
+def _called_from_torch(depth: int = 2) -> bool:
+    """Whether the caller of the guarded function is torch's own code (CUDA graph capture, cudagraph trees)."""
+    return sys._getframe(depth).f_code.co_filename.startswith(_TORCH_DIR)
+
+
 def install_stream_guard() -> None:
     """Refuse stream creation and switching in this process: the timer measures the current stream only.
 
     Installed once in the child before the candidate's source is imported, so names the
-    source binds (``from torch.cuda import Stream``) are the guarded ones.
+    source binds (``from torch.cuda import Stream``) are the guarded ones. Torch's own
+    code may still make and switch streams for the candidate: capturing a CUDA graph
+    (``torch.cuda.graph``, ``torch.compile(mode="reduce-overhead")``) needs a side stream,
+    and the graph it captures is replayed on the current stream, where it is timed. The
+    candidate's own code may not.
     """
     cuda = torch.cuda
 
-    def refuse(what: str):
+    def refuse(what: str, original=None):
         def refused(*args, **kwargs):
+            if original is not None and _called_from_torch():
+                return original(*args, **kwargs)
             STREAM_EVENTS.append(what)
             raise Rejected(f"{what}: kernels must run on the harness's stream, where they are timed")
         return refused
@@ -215,16 +231,18 @@ def install_stream_guard() -> None:
     refuse_new = refuse("created a CUDA stream (Stream)")
 
     def stream_new(cls, *args, **kwargs):
-        if "stream_id" in kwargs:
+        if "stream_id" in kwargs or _called_from_torch():
             return make_stream(cls, *args, **kwargs)
         return refuse_new()
 
     cuda.Stream.__new__ = staticmethod(stream_new)
     cuda.ExternalStream.__new__ = staticmethod(refuse("created a CUDA stream (ExternalStream)"))
-    cuda.set_stream = refuse("switched the current CUDA stream (set_stream)")
-    cuda.StreamContext.__enter__ = refuse("switched the current CUDA stream (torch.cuda.stream)")
+    cuda.set_stream = refuse("switched the current CUDA stream (set_stream)", cuda.set_stream)
+    cuda.StreamContext.__enter__ = refuse("switched the current CUDA stream (torch.cuda.stream)",
+                                          cuda.StreamContext.__enter__)
     if hasattr(torch._C, "_cuda_setStream"):
-        torch._C._cuda_setStream = refuse("switched the current CUDA stream (_cuda_setStream)")
+        torch._C._cuda_setStream = refuse("switched the current CUDA stream (_cuda_setStream)",
+                                          torch._C._cuda_setStream)
 
 
 # ---- checked calls -------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from __future__ import annotations
 import fcntl
 import gc
 import os
+import sys
 import time
 import traceback
 from contextlib import contextmanager, nullcontext
@@ -143,6 +144,7 @@ def compile_ahead(job: Job, op, cases) -> dict[str, str]:
     except (CandidateLoadError, ahead.NeedsDevice) as exc:  # the load stage proper reports load failures
         return {c.name: f"not loadable ahead: {exc}" for c in cases}
     deferred: dict[str, str] = {}
+    compiled_frames = _dynamo_frames()
     target = ahead.parse_target(job.compile_target) if gpu else None
     with ahead.compile_only(target, interpreted=not gpu):
         for case in cases:
@@ -162,7 +164,16 @@ def compile_ahead(job: Job, op, cases) -> dict[str, str]:
                 if gpu and _is_compile_failure(exc):
                     raise
                 deferred[case.name] = _describe(exc)
+    if _dynamo_frames() > compiled_frames:  # torch.compile: its real compile waits for real tensors
+        deferred.update({c.name: "torch.compile compiles at the first call on the device" for c in cases
+                         if c.name not in deferred})
     return deferred
+
+
+def _dynamo_frames() -> int:
+    """Frames torch.compile has compiled in this process (0 when it was never imported)."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    return int(dynamo.counters["frames"]["total"]) if dynamo is not None else 0
 
 
 def _device_bytes(job: Job) -> int:
