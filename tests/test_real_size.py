@@ -287,3 +287,17 @@ def test_the_task_yaml_subset_reader_refuses_what_it_does_not_know():
     with pytest.raises(ValueError, match="line 1: expected 'key: value'"):
         read_task_yaml("just words\n")
 
+
+
+def test_the_import_command_adds_the_null_candidate_when_asked(tmp_path, capsys):
+    from flows.cli import main
+    from storage.dataset import DataRoot
+
+    ref, _ = write_kernelbench(tmp_path / "kb_cli", reference=KB_MLP)
+    data = str(tmp_path / "data")
+    assert main(["import", "--format", "kernelbench", "--reference", str(ref), "--name", "mlp_cli", "--null",
+                 "--data", data]) == 0
+    table = DataRoot(data).read_candidates(op="kb.mlp_cli")
+    assert sorted(table["origin"]) == ["import", "seed"]
+    (source,) = table[table["origin"] == "import"]["source"]
+    assert NULL_MARK in source and "ModelNew = Model" in source

@@ -27,6 +27,8 @@ from __future__ import annotations
 import ast
 import json
 import re
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -267,8 +269,12 @@ def read_task_yaml(text: str) -> dict:
     return doc
 
 
-def _read_specs(path: Path) -> tuple[list[dict], list[dict], str]:
-    """(tests, benchmarks, description) from a task.yml (or a .json file of the same keys, read without PyYAML)."""
+def _read_specs(path: Path) -> tuple[list[dict], list[dict], str, dict[str, Path]]:
+    """(tests, benchmarks, description, shared helpers) from a task.yml (or a .json file of the same keys).
+
+    Shared helpers are the files the task names from elsewhere in its repository (GPU MODE's
+    ``{"name": "utils.py", "source": "../utils.py"}``): name in the task -> the file.
+    """
     try:
         text = path.read_text()
     except OSError as exc:
@@ -299,7 +305,12 @@ def _read_specs(path: Path) -> tuple[list[dict], list[dict], str]:
     benchmarks = doc.get("benchmarks") or []
     if not isinstance(benchmarks, list) or not all(isinstance(b, dict) for b in benchmarks):
         raise TaskFormatError(f"GPU MODE specs {path}: 'benchmarks' must be a list of spec mappings")
-    return tests, benchmarks, str(doc.get("description") or "").strip()
+    shared = {}
+    for entry in doc.get("files") or ():
+        source = str(entry.get("source", "")) if isinstance(entry, dict) else ""
+        if source.endswith(".py") and "/" in source and (path.parent / source).is_file():
+            shared[str(entry.get("name") or Path(source).name)] = (path.parent / source).resolve()
+    return tests, benchmarks, str(doc.get("description") or "").strip(), shared
 
 
 def _profile(module, spec: dict, where: str) -> dict:
@@ -377,7 +388,11 @@ def _distinct(rows: list[dict]) -> list[dict]:
 
 def import_task(reference: str, candidates: Sequence[str] = (), name: str | None = None, specs: str | None = None,
                 tolerance: dict | None = None) -> tuple[str, dict[str, bytes]]:
-    """(op name, the task's files with its manifest) from a reference module, submissions and test specs."""
+    """(op name, the task's files with its manifest) from a reference module, submissions and test specs.
+
+    Helpers the task's specs name from elsewhere in its repository (``../utils.py``) are
+    taken along, as GPU MODE's own runner does, so a task imports straight from a checkout.
+    """
     ref_path = Path(reference).resolve()
     source = read_required(reference, "GPU MODE reference", REFERENCE_NEEDS)
     subs = [read_required(path, "GPU MODE submission", CANDIDATE_NEEDS) for path in candidates]
@@ -385,8 +400,24 @@ def import_task(reference: str, candidates: Sequence[str] = (), name: str | None
     if not spec_path.is_file():
         raise TaskFormatError(f"GPU MODE task {reference} needs its test specs: no {spec_path}; pass --specs "
                               "task.yml (a 'tests' list, optionally 'benchmarks')")
-    tests, benchmarks, description = _read_specs(spec_path)
+    tests, benchmarks, description, shared = _read_specs(spec_path)
     name = op_name("gpumode", name or default_task_name(ref_path))
+    shared = {n: f for n, f in shared.items() if not (ref_path.parent / n).exists()}
+    if not shared:
+        return _import(ref_path, source, subs, name, tests, benchmarks, description, tolerance)
+    with tempfile.TemporaryDirectory(prefix="kernelcast-gpumode-") as staging:
+        folder = Path(staging) / ref_path.parent.name
+        folder.mkdir()
+        for p in ref_path.parent.glob("*.py"):
+            shutil.copy(p, folder / p.name)
+        for n, f in shared.items():
+            shutil.copy(f, folder / n)
+        return _import(folder / ref_path.name, source, subs, name, tests, benchmarks, description, tolerance)
+
+
+def _import(ref_path: Path, source: str, subs: list[str], name: str, tests, benchmarks, description,
+            tolerance) -> tuple[str, dict[str, bytes]]:
+    reference = str(ref_path)
     wanted = set().union(_imported_modules(source), *(_imported_modules(s) for s in subs))
     helpers = {p.name: p.read_bytes() for p in sorted(ref_path.parent.glob("*.py"))
                if p.stem in wanted and p != ref_path}
