@@ -58,15 +58,16 @@ def test_the_refusal_depends_on_the_device_not_on_what_others_hold_now():
     assert refusal(fp, total_bytes=40 * GIB) is not None
 
 
-@pytest.mark.parametrize("free, set_bytes, sets", [
-    (80 * GIB, 1 << 20, 8),        # small sets: eight, as many as rotation wants
-    (80 * GIB, 300 << 20, 3),      # the 1 GiB rotation budget
-    (80 * GIB, 4 * GIB, 1),        # one set is already bigger than the budget
-    (1 * GIB + (200 << 20), 64 << 20, 3),  # little free memory beyond the reserve
-    (GIB // 2, 1 << 20, 1),        # less than the reserve free: one set
+@pytest.mark.parametrize("free, inputs, outputs, sets", [
+    (80 * GIB, 1 << 20, 1 << 20, 8),         # small sets: eight, as many as rotation wants
+    (80 * GIB, 300 << 20, 300 << 20, 3),     # 1 GiB of inputs in all
+    (80 * GIB, 4 * GIB, 4 * GIB, 2),         # big sets: two, when the device holds them
+    (10 * GIB, 4 * GIB, 4 * GIB, 1),         # ... one when it does not
+    (1 * GIB + (200 << 20), 32 << 20, 32 << 20, 3),  # little free memory beyond the reserve
+    (GIB // 2, 1 << 20, 0, 1),               # less than the reserve free: one set
 ])
-def test_rotation_sets_follow_free_memory_and_set_size(free, set_bytes, sets):
-    assert rotation_sets(free, set_bytes) == sets
+def test_rotation_sets_follow_free_memory_and_set_size(free, inputs, outputs, sets):
+    assert rotation_sets(free, inputs, outputs) == sets
 
 
 # ---- limits --------------------------------------------------------------------------------------------

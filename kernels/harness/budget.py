@@ -6,8 +6,8 @@ Plain functions of sizes and runtimes, so the rules can be read and tested witho
                     nothing is allocated to find them.
   refusal         — a case whose correctness check cannot fit in the device's memory is
                     refused before any input is made, naming the bytes it needs and has.
-  rotation_sets   — how many input sets the timing loop rotates through, from the device
-                    memory free once the case's checks are done.
+  rotation_sets   — how many input sets the timing loop rotates through: up to 1 GiB of
+                    inputs, as many as the device memory free after the checks holds.
   limits_for      — the time a child may hold the GPU, from the op's case sizes and, once
                     measured, the reference's own runtime. A function of the op alone: a
                     reference and a candidate of the same op get the same limits.
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch
 
 GIB = 1 << 30
-# Timing rotates through input sets of at most this many bytes in all (and 8 sets at most):
-# enough that no call finds its operands in the L2 left by the previous one.
+# Timing rotates through 2 to 8 input sets of about this many bytes of inputs in all: no call
+# finds its operands in the L2 (or TLB) left by the previous one.
 ROTATION_BYTES = 1 << 30
 MAX_ROTATION_SETS = 8
 # Device memory kept free beyond a case's own bytes: the L2 flush buffer (256 MiB), the
@@ -92,10 +92,13 @@ def refusal(fp: Footprint, total_bytes: int) -> str | None:
             f"has {_gib(usable)} usable ({usable} bytes: {_gib(total_bytes)} less {_gib(RESERVE_BYTES)} reserved)")
 
 
-def rotation_sets(free_bytes: int, set_bytes: int, reserve_bytes: int = RESERVE_BYTES) -> int:
-    """Input sets to rotate through while timing: up to ROTATION_BYTES in all, within the free memory, 1 to 8."""
-    room = min(ROTATION_BYTES, max(0, free_bytes - reserve_bytes))
-    return max(1, min(MAX_ROTATION_SETS, room // max(1, set_bytes)))
+def rotation_sets(free_bytes: int, input_bytes: int, output_bytes: int = 0,
+                  reserve_bytes: int = RESERVE_BYTES) -> int:
+    """Input sets to rotate through while timing: 2 to 8 whose inputs fill ROTATION_BYTES, as many of those
+    (with their outputs) as the free device memory holds beyond the reserve, at least 1."""
+    wanted = max(2, min(MAX_ROTATION_SETS, ROTATION_BYTES // max(1, input_bytes)))
+    room = max(0, free_bytes - reserve_bytes)
+    return max(1, min(wanted, room // max(1, input_bytes + output_bytes)))
 
 
 # ---- time limits -----------------------------------------------------------------------------------

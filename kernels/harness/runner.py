@@ -200,6 +200,8 @@ def _release_device(launch, op, gpu: bool) -> int:
     if not gpu:
         return 0
     torch.cuda.synchronize()
+    if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):  # cuBLAS keeps its workspaces in the allocator
+        torch._C._cuda_clearCublasWorkspaces()
     torch.cuda.empty_cache()
     return torch.cuda.memory_allocated()
 
@@ -244,11 +246,13 @@ def evaluate(job: Job, notify=lambda *msg: None) -> dict:
     except Rejected as exc:  # a stream made at import time
         return fail("rejected", str(exc))
     total = _device_bytes(job)
+    output_bytes: dict[str, int] = {}
     for case in cases:
         try:
             fp = budget.footprint(op, case)
         except Exception:  # noqa: BLE001 - inputs that meta tensors cannot describe: measured under the lock
             continue
+        output_bytes[case.name] = fp.output_bytes
         too_big = budget.refusal(fp, total)
         if too_big:
             return fail("rejected", too_big)
@@ -259,14 +263,18 @@ def evaluate(job: Job, notify=lambda *msg: None) -> dict:
 
     phase("waiting")
     with gpu_lock(job.lock_path):
-        phase("locked", {"first_calls_to_compile": len(deferred) + (len(cases) if load_under_lock else 0)})
-        _under_lock(job, op, cases, device, None if load_under_lock else launch, result, phase)
+        first_calls = cases if load_under_lock else [c for c in cases if c.name in deferred]
+        phase("locked", {"first_calls_to_compile": len(first_calls)})
+        _under_lock(job, op, cases, first_calls, device, None if load_under_lock else launch, result, phase,
+                    output_bytes)
     phase("released")
     return result
 
 
-def _under_lock(job: Job, op, cases, device: str, launch, result: dict, phase) -> None:
-    """The device phase: first calls, checks, timing, recheck; device memory freed before returning."""
+def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: dict, phase,
+                output_bytes: dict[str, int]) -> None:
+    """The device phase: first calls (of cases not compiled ahead), checks, timing, recheck; device memory
+    freed before returning."""
     gpu = job.mode == "gpu"
     cand = job.candidate
     t_gpu = time.perf_counter()
@@ -279,7 +287,7 @@ def _under_lock(job: Job, op, cases, device: str, launch, result: dict, phase) -
         if launch is None:
             launch = load_launch(cand.source, job.scratch_dir)
         checker = Checker(op, cand, launch, device, on_inputs=lambda: phase("first_inputs"))
-        for case in cases:
+        for case in first_calls:  # the others compiled ahead: their first checked call loads what was built
             try:
                 checker.first_call(case)
             except Rejected as exc:
@@ -295,7 +303,7 @@ def _under_lock(job: Job, op, cases, device: str, launch, result: dict, phase) -
                 if problem:
                     return fail("incorrect", f"seed {seed}: {problem}")
         if gpu:
-            _time_cases(job, op, cases, launch, checker, result, phase)
+            _time_cases(job, op, cases, launch, checker, result, phase, output_bytes)
         # Once more on fresh inputs and outputs, after all the calls above: a kernel that
         # computes only on its first calls, or replays a cached answer, fails here.
         for case in cases:
@@ -319,16 +327,18 @@ def _under_lock(job: Job, op, cases, device: str, launch, result: dict, phase) -
         phase("releasing", {"device_bytes_left": left})
 
 
-def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, phase) -> None:
+def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, phase,
+                footprints: dict[str, int]) -> None:
     flush = l2_flush_buffer()
     stream = torch.cuda.current_stream()
     for case in cases:
         first = checker.inputs(case, _TIMING_SEED)
         first_outs = poisoned_outputs(op, case, "cuda")
-        set_bytes = (budget.tensor_bytes(first) + budget.tensor_bytes(first_outs)) or 1
         torch.cuda.synchronize()
         free, _ = torch.cuda.mem_get_info()
-        n_sets = budget.rotation_sets(free, set_bytes)
+        # outputs the candidate returns (imported ops) are allocated by its calls: counted as the footprint's
+        out_bytes = max(budget.tensor_bytes(first_outs), footprints.get(case.name, 0))
+        n_sets = budget.rotation_sets(free, budget.tensor_bytes(first), out_bytes)
         sets = [first] + [checker.inputs(case, _TIMING_SEED + k) for k in range(1, n_sets)]
         outs = [first_outs] + [poisoned_outputs(op, case, "cuda") for _ in range(1, n_sets)]
         params = job.candidate.params

@@ -195,9 +195,9 @@ class MeasureWorker:
         self.busy_gpu_seconds = 0.0
         self._case_bytes: dict[str, list[int]] = {}
         self._first_attempt: dict[str, Measurement] = {}  # candidate id -> its out-of-memory attempt  # op -> per case, one set's bytes plus parameters
-        # (candidate id, attempt, phase, monotonic time, detail) for every phase of every child, in order:
-        # shows when each held the GPU lock and what ran beside it.
-        self.timeline: list[tuple[str, int, str, float, object]] = []
+        # (candidate id, attempt, phase, monotonic time, detail) for every phase of every child, in order
+        # (the latest 100,000): shows when each held the GPU lock and what ran beside it.
+        self.timeline: deque[tuple[str, int, str, float, object]] = deque(maxlen=100_000)
 
     def close(self) -> None:
         shutil.rmtree(self._root, ignore_errors=True)
