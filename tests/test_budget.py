@@ -80,7 +80,7 @@ def _limits(case_bytes, reference_us=None, mode="gpu"):
 def test_the_device_limit_grows_with_case_size():
     small, large, huge = (_limits([n]).device_s for n in (1 << 20, 4 * GIB, 32 * GIB))
     assert 60 <= small < large < huge
-    assert huge > 600  # a 32 GiB case may take minutes to make, copy and compare at the floor rate
+    assert huge > 300  # a 32 GiB case may take minutes to make, copy and compare at the floor rate
 
 
 def test_the_device_limit_grows_with_the_references_runtime():

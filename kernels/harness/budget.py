@@ -103,10 +103,11 @@ def rotation_sets(free_bytes: int, input_bytes: int, output_bytes: int = 0,
 
 # ---- time limits -----------------------------------------------------------------------------------
 
-# Rates below which no healthy stage runs: making inputs (on the host when a task can only make
-# them there), copying and comparing them. Deliberately slow: a limit must not cut a correct
-# reference short; it only bounds what a hang costs.
-GPU_FLOOR_BYTES_PER_S = 0.5e9
+# Rates below which no healthy stage runs: making inputs (on the device: gigabytes in milliseconds),
+# copying and comparing them. Deliberately slow: a limit must not cut a correct reference short;
+# it only bounds what a hang costs. (A task that can only make its inputs on the host, at well under
+# a gigabyte per second, may pass it on huge cases: its reference and candidates alike.)
+GPU_FLOOR_BYTES_PER_S = 2e9
 INTERPRETER_FLOOR_BYTES_PER_S = 0.05e9
 # Calls of the candidate or the reference per case under the lock: first call, correctness
 # seeds with their reference calls, recheck, timing warm-up and minimum repetitions.
