@@ -173,3 +173,30 @@ def test_a_good_candidate_is_never_retried(batch):
     _, _, worker = batch
     assert worker.stats.retried_alone == 0
     assert {attempt for _, attempt, _, _, _ in worker.timeline} == {1}
+
+
+# ---- on a GPU (skipped without one) ---------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_templates_compile_ahead_and_device_phases_never_overlap():
+    from kernels.hardware import detect
+    from kernels.null import null_candidate
+    from kernels.ops import get_operation
+
+    op = get_operation("softmax")
+    cands = get_space("softmax").spread_subset(6) + [null_candidate(op)]
+    with MeasureWorker(detect(), WorkerConfig(mode="gpu", concurrency=4)) as worker:
+        results = {m.candidate_id: m for m in worker.measure(cands)}
+        timeline = list(worker.timeline)
+    assert all(m.status == "ok" for m in results.values()), [m.error for m in results.values()]
+    aheads = [d for _, _, phase, _, d in timeline if phase == "ahead_done"]
+    assert aheads and all(d["deferred"] == [] for d in aheads)  # every Triton kernel compiled before the lock
+    locked = _intervals(timeline, "locked", "releasing")
+    assert not [(a, b) for a in locked for b in locked if a < b and _overlap(locked[a], locked[b])]
+    first = {(cid, n): t for cid, n, phase, t, _ in timeline if phase == "first_inputs"}
+    assert all(locked[k][0] <= t <= locked[k][1] for k, t in first.items())
+    left = [d["device_bytes_left"] for _, _, phase, _, d in timeline if phase == "releasing"]
+    assert all(b == 0 for b in left), left
+    null = results[null_candidate(op).candidate_id]
+    assert abs(1 - null.speedup) < 0.05, null.speedup
