@@ -115,10 +115,13 @@ def test_the_same_code_gets_the_same_verdict_and_limits_in_the_worker():
     op = get_operation("softmax")
     reference, null = op.seed_candidates()[0], null_candidate(op)
     with MeasureWorker(CPU, WorkerConfig(mode="interpreter", concurrency=2, seeds=1)) as worker:
-        results = {m.candidate_id: m for m in worker.measure([reference, null])}
-        started = {cid: limits for cid, _, phase, _, limits in worker.timeline if phase == "started"}
+        results = {m.candidate_id: m for m in worker.measure([null, reference])}
+        limits = {}  # the last limits each child ran under
+        for cid, _, phase, _, detail in worker.timeline:
+            if phase in ("started", "limits"):
+                limits[cid] = detail
     assert results[reference.candidate_id].status == results[null.candidate_id].status == "ok"
-    assert started[reference.candidate_id] == started[null.candidate_id]
+    assert limits[reference.candidate_id] == limits[null.candidate_id]
 
 
 # ---- out of memory -------------------------------------------------------------------------------------
@@ -134,3 +137,53 @@ def test_the_same_code_gets_the_same_verdict_and_limits_in_the_worker():
 ])
 def test_device_out_of_memory_is_recognised_from_the_error(error, oom):
     assert budget.is_out_of_memory(error) is oom
+
+
+SLOW_REFERENCE = '''
+import time
+
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """Doubles its input, slowly."""
+
+    def forward(self, x):
+        time.sleep(0.4)
+        return x * 2
+
+
+batch_size = 4
+dim = 8
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_slow_reference_is_not_cut_short_its_limit_grows_with_its_own_calls_and_its_twins_too(tmp_path):
+    from kernels.formats import import_task
+
+    path = tmp_path / "slow.py"
+    path.write_text(SLOW_REFERENCE)
+    op, _ = import_task("kernelbench", str(path), name="slow_double")
+    reference, null = op.seed_candidates()[0], null_candidate(op)
+    # a base limit shorter than the reference's device phase (four calls of 0.4 s, and their checks)
+    cfg = WorkerConfig(mode="interpreter", concurrency=2, seeds=1, gpu_timeout_s=1.0, max_seconds_per_case=0.1)
+    with MeasureWorker(CPU, cfg) as worker:
+        before = worker.limits(op.name)
+        results = {m.candidate_id: m for m in worker.measure([null, reference])}
+        after = worker.limits(op.name)
+        started = {cid: limits for cid, _, phase, _, limits in worker.timeline if phase == "started"}
+    assert results[reference.candidate_id].status == "ok", results[reference.candidate_id].error
+    assert results[null.candidate_id].status == "ok", results[null.candidate_id].error
+    assert before.device_s < 1.5 and after.device_s > 100  # 400 times the reference's 0.4 s call
+    assert started[null.candidate_id] == after  # the twin started after its reference, with its runtime
+    (last,) = [d for cid, _, phase, _, d in worker.timeline if phase == "limits" and cid == reference.candidate_id][-1:]
+    assert last == after  # and the reference itself ran under the same limits once its calls were seen

@@ -29,6 +29,7 @@ from __future__ import annotations
 import ast
 import os
 import sys
+import time
 from typing import Callable
 
 import torch
@@ -289,6 +290,7 @@ class Checker:
         self.seeds: dict[str, list[int]] = {}  # case -> seeds of the inputs it was called with, in order
         self.wrote: dict[str, bool] = {}  # case -> some earlier call wrote into the harness outputs
         self.calls = 0
+        self.first_call_seconds: dict[str, float] = {}  # case -> seconds its first call took
         self._on_inputs = on_inputs  # told once, when the first inputs are made on the device
 
     def inputs(self, case: Case, seed: int) -> tuple[torch.Tensor, ...]:
@@ -311,8 +313,7 @@ class Checker:
         writable = set(self.op.writable_inputs(case))
         _poison_writable(inputs, writable)
         outputs = poisoned_outputs(self.op, case, self.device)
-        got = self._guarded(inputs, outputs)
-        self._sync()
+        got = self._timed_call(case, inputs, outputs)
         self.note(case, seed, wrote=any(not _untouched(o) for o in outputs))
         self._aliasing(inputs, got, writable)
 
@@ -325,8 +326,7 @@ class Checker:
         small = sum(t.numel() * t.element_size() for t in inputs) <= COPY_INPUTS_BYTES
         before = tuple(None if i in writable else t.clone() for i, t in enumerate(inputs)) if small else None
         outputs = poisoned_outputs(self.op, case, self.device)
-        got = self._guarded(inputs, outputs)
-        self._sync()
+        got = self._timed_call(case, inputs, outputs)
         self._unchanged(case, seed, inputs, before, writable)
         self._aliasing(inputs, got, writable)
         earlier = list(self.seeds.get(case.name, ()))
@@ -347,6 +347,14 @@ class Checker:
                 raise Rejected(f"case {case.name}: returned the result for earlier inputs (seed {old}), not for "
                                f"the ones it was given: it caches its output across calls")
         return problem
+
+    def _timed_call(self, case: Case, inputs, outputs):
+        """A guarded call, finished on the device; the first per case is timed (wall clock, warm-up included)."""
+        t0 = time.perf_counter()
+        got = self._guarded(inputs, outputs)
+        self._sync()
+        self.first_call_seconds.setdefault(case.name, time.perf_counter() - t0)
+        return got
 
     def _guarded(self, inputs, outputs):
         guard = CallGuard(self.op, self.candidate)

@@ -300,6 +300,8 @@ def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: d
         for case in cases:
             for seed in range(1, job.seeds + 1):
                 problem = checker.check(case, seed)
+                if seed == 1:  # the worker scales a reference's limit by how long its calls take
+                    phase("call", {"case": case.name, "seconds": checker.first_call_seconds[case.name]})
                 if problem:
                     return fail("incorrect", f"seed {seed}: {problem}")
         if gpu:

@@ -194,7 +194,8 @@ class MeasureWorker:
         self.reference_us: dict[str, tuple[float, ...]] = {}  # op -> eager runtime per case
         self.busy_gpu_seconds = 0.0
         self._case_bytes: dict[str, list[int]] = {}
-        self._first_attempt: dict[str, Measurement] = {}  # candidate id -> its out-of-memory attempt  # op -> per case, one set's bytes plus parameters
+        self._first_attempt: dict[str, Measurement] = {}  # candidate id -> its out-of-memory attempt
+        self._reference_call_us: dict[str, dict[str, float]] = {}  # op -> case -> its reference's first call  # op -> per case, one set's bytes plus parameters
         # (candidate id, attempt, phase, monotonic time, detail) for every phase of every child, in order
         # (the latest 100,000): shows when each held the GPU lock and what ran beside it.
         self.timeline: deque[tuple[str, int, str, float, object]] = deque(maxlen=100_000)
@@ -216,10 +217,11 @@ class MeasureWorker:
         ops = list(dict.fromkeys(c.op for c in candidates))
         for op_name in ops:
             get_operation(op_name)  # fail on an unknown op before any child starts
-        seeds = []
-        if self.config.mode == "gpu":
-            seeds = [get_operation(o).seed_candidates()[0] for o in ops if o not in self.reference_us]
-        for m in self._run(seeds):  # all references at once: their compiles overlap
+        seeds = [get_operation(o).seed_candidates()[0] for o in ops if o not in self.reference_us]
+        if self.config.mode != "gpu":  # no timing to anchor: only the references asked for, first all the same
+            asked = {c.candidate_id for c in candidates}
+            seeds = [c for c in seeds if c.candidate_id in asked]
+        for m in self._run(seeds):  # all references at once, before their candidates: their runtimes set limits
             if m.status == "ok":
                 self.reference_us[m.op] = m.runtime_us_median
             yield self._with_speedup(m)
@@ -230,19 +232,25 @@ class MeasureWorker:
     def limits(self, op_name: str) -> budget.Limits:
         """The limits of every candidate of ``op_name``: from its case sizes and, once measured, its reference's runtime."""
         cfg = self.config
+        op = get_operation(op_name)
+        cases = op.cases if cfg.mode == "gpu" else op.interpret_cases
         if op_name not in self._case_bytes:
-            op = get_operation(op_name)
             sizes = []
-            for case in (op.cases if cfg.mode == "gpu" else op.interpret_cases):
+            for case in cases:
                 try:
                     fp = budget.footprint(op, case)
                     sizes.append(fp.set_bytes + fp.parameter_bytes)
                 except Exception:  # noqa: BLE001 - inputs meta tensors cannot describe: the bytes model
                     sizes.append(op.bytes_moved(case))
             self._case_bytes[op_name] = sizes
+        # The reference's runtime per case: its timed median, or (the larger) its first call, which its
+        # own measurement reports as it goes; the same figures for every candidate of the op.
+        medians = dict(zip((c.name for c in cases), self.reference_us.get(op_name, ())))
+        calls = self._reference_call_us.get(op_name, {})
+        runtime = [max(medians.get(c.name, 0.0), calls.get(c.name, 0.0)) for c in cases]
         return budget.limits_for(self._case_bytes[op_name], mode=cfg.mode, seeds=cfg.seeds,
                                  max_seconds_per_case=cfg.max_seconds_per_case,
-                                 reference_us=list(self.reference_us.get(op_name, ())) or None,
+                                 reference_us=runtime if any(runtime) else None,
                                  base_device_s=cfg.gpu_timeout_s, compile_s=cfg.timeout_s)
 
     def _with_speedup(self, m: Measurement) -> Measurement:
@@ -418,6 +426,11 @@ class MeasureWorker:
             r.compiles_under_lock = bool((detail or {}).get("first_calls_to_compile"))
         elif name == "checks":
             r.checks_started = t
+        elif name == "call" and r.candidate.origin == "seed" and r.candidate.op not in self.reference_us:
+            # the reference, measuring: its limits grow with its own calls, as its candidates' will
+            self._reference_call_us.setdefault(r.candidate.op, {})[detail["case"]] = detail["seconds"] * 1e6
+            r.limits = self.limits(r.candidate.op)
+            self._note(r, "limits", t, r.limits)
         elif name == "released":
             r.released = t
 
