@@ -69,7 +69,7 @@ def launch(x, out):
 
 def probe(source: str, **config) -> tuple[str, MeasureWorker]:
     cand = Candidate(op="softmax", backend="triton", source=source, origin="llm")
-    cfg = WorkerConfig(mode="interpreter", concurrency=1, timeout_s=30, seeds=1, **config)
+    cfg = WorkerConfig(**{"mode": "interpreter", "concurrency": 1, "timeout_s": 30, "seeds": 1, **config})
     with MeasureWorker(CPU, cfg) as worker:
         (m,) = worker.measure([cand])
         assert m.status == "runtime_error" and "PROBE" in m.error, m.error
@@ -180,3 +180,93 @@ def test_scrubbing_removes_credentials_and_keeps_ordinary_variables(monkeypatch)
 def test_unknown_protection_names_are_refused():
     with pytest.raises(ValueError, match="unknown network protection 'netns'; known: namespace, seccomp, off"):
         sandbox.SandboxPolicy(scratch_dir="/tmp", triton_cache_dir="/tmp", gpu=False, network="netns")
+
+
+# ---- frameworks inside the sandbox ---------------------------------------------------------------------
+
+COMPILE_PROBE = '''
+import os
+
+import torch
+
+
+@torch.compile
+def _scaled(x):
+    return x.float() * 2 + 1
+
+
+def launch(x, out):
+    _scaled(x)
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    folder = cache_dir()
+    files = sum(len(names) for _, _, names in os.walk(folder))
+    try:
+        with open({outside!r}, "w") as f:
+            f.write("escaped")
+        outside = "wrote outside"
+    except OSError as exc:
+        outside = "refused outside (" + type(exc).__name__ + ")"
+    inside = os.path.realpath(folder).startswith(os.path.realpath(os.getcwd()) + os.sep)
+    raise RuntimeError("PROBE compiled; cache in scratch: %s; %d files; %s" % (inside, files, outside))
+'''
+
+COMPILED_SOFTMAX = '''
+import torch
+
+
+@torch.compile
+def _softmax(x):
+    xf = x.float()
+    e = (xf - xf.amax(dim=-1, keepdim=True)).exp()
+    return (e / e.sum(dim=-1, keepdim=True)).to(x.dtype)
+
+
+def launch(x, out):
+    out.copy_(_softmax(x))
+'''
+
+
+def test_torch_compile_works_in_a_child_with_its_caches_in_the_scratch_directory(tmp_path):
+    outside = tmp_path / "inductor-escaped.txt"
+    report, worker = probe(COMPILE_PROBE.format(outside=str(outside)), timeout_s=300)
+    assert report.startswith("compiled; cache in scratch: True;")
+    assert int(report.split(";")[2].split()[0]) > 0  # Inductor wrote its generated code there
+    assert "refused outside (PermissionError)" in report and not outside.exists()
+    (summary,) = worker.stats.sandboxes
+    assert "filesystem=landlock" in summary
+
+
+def test_a_torch_compiled_candidate_is_measured_and_compiles_under_the_lock_with_its_allowance():
+    cand = Candidate(op="softmax", backend="torch", source=COMPILED_SOFTMAX, origin="llm")
+    cfg = WorkerConfig(mode="interpreter", concurrency=1, timeout_s=300, seeds=1)
+    with MeasureWorker(CPU, cfg) as worker:
+        (m,) = worker.measure([cand])
+        (locked,) = [d for _, _, phase, _, d in worker.timeline if phase == "locked"]
+    assert m.status == "ok", m.error
+    assert locked["first_calls_to_compile"] == 3  # the real compile waits for real tensors, with its allowance
+
+
+STREAM_SCRIPT = '''
+import torch
+from kernels.harness.anticheat import Rejected, install_stream_guard
+
+install_stream_guard()
+code = "with torch.cuda.stream(None):\\n    pass\\n"
+outcomes = []
+for where in ("/scratch/candidate.py", torch.__file__.rsplit("/", 1)[0] + "/cuda/graph_capture_like.py"):
+    try:
+        exec(compile(code, where, "exec"), {"torch": torch})
+        outcomes.append("allowed")
+    except Rejected:
+        outcomes.append("refused")
+print(",".join(outcomes))
+'''
+
+
+def test_streams_are_refused_to_the_candidate_and_allowed_to_torchs_own_graph_capture():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", STREAM_SCRIPT], cwd=root, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": root})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "refused,allowed"

@@ -196,6 +196,10 @@ def cmd_import(args) -> int:
     # read fails before the table layer (pandas, pyarrow) loads.
     root = data_root(args)
     save_to_root(root, op.name, task_files(op.name))
+    if args.null:
+        from kernels.null import null_candidate
+
+        candidates = candidates + [null_candidate(op)]
     root.write_candidates(op.seed_candidates() + candidates)
     print(f"imported {op.name}: {op.summary}")
     print(f"  cases: {', '.join(c.name for c in op.cases)}; interpreter cases: "
@@ -270,6 +274,8 @@ def register(sub) -> None:
     sp.add_argument("--specs", default=None, help="GPU MODE test specs (task.yml; default: beside the reference)")
     sp.add_argument("--interpret-case", action="append", metavar="NAME=INT,...",
                     help="KernelBench sizes for Triton's CPU interpreter, e.g. batch_size=2,dim=64; repeatable")
+    sp.add_argument("--null", action="store_true", help="also submit the reference's own code as a candidate (the "
+                                                         "null candidate: measured, it must come out at 1.00x)")
     sp.add_argument("--rtol", type=float, default=None, help="relative tolerance (default: the format's)")
     sp.add_argument("--atol", type=float, default=None, help="absolute tolerance (default: the format's)")
     add_data_args(sp)

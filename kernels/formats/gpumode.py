@@ -10,14 +10,25 @@ The harness passes inputs as a flat tuple of tensors, so ``data`` is flattened i
 tensors plus a structure that rebuilds it (constants kept in the structure). A spec's
 ``seed`` is replaced by one drawn from the harness's seeded generator, so each
 correctness seed sees fresh inputs. Benchmarks are the GPU cases, tests the interpreter's.
-As GPU MODE's own evaluation does, the reference runs on an untouched copy of ``data``:
-a submission that writes into its inputs cannot change what it is compared with.
+As GPU MODE's own evaluation does, the reference runs on an untouched ``data``: made
+again from the same spec and seed (not kept as a copy, which would double a case's
+device memory), so a submission that writes into its inputs cannot change what it is
+compared with. Tensors of ``data`` that the reference writes into (output buffers the
+task allocates) are declared writable; the harness checks the others are left alone.
+
+Inputs are made where the task makes them (most on the GPU, with their own seeded
+generator). At import nothing is allocated: ``generate_input`` and ``ref_kernel`` run on
+the meta device (the CUDA device the task names redirected), which gives the shapes,
+bytes, output structure and writable buffers.
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import re
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -25,8 +36,8 @@ import torch
 
 from kernels.formats.common import (MANIFEST, TaskFormatError, default_task_name, load_module, op_name,
                                     read_required)
-from kernels.formats.operation import (ImportedOperation, first_float_dtype, is_literal, seed_from, signature,
-                                       tensor_bytes)
+from kernels.formats.operation import (ImportedOperation, first_float_dtype, is_literal, on_device, seed_from,
+                                       signature, tensor_bytes)
 
 REFERENCE_NEEDS = {"ref_kernel": "function", "generate_input": "function", "check_implementation": "function"}
 CANDIDATE_NEEDS = {"custom_kernel": "function"}
@@ -123,26 +134,39 @@ def launch(*inputs):
     return tuple(_kc_tensors({entry}(data)))
 """
 
+    # GPU MODE's evaluator runs tasks with cuBLAS in its deterministic configuration: tasks that enable
+    # deterministic algorithms (utils.DeterministicContext) need it set before CUDA starts.
+    environment = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+
     def __init__(self, folder: Path, manifest):
         super().__init__(folder, manifest)
         self.module = load_module(self.folder / manifest["reference"], f"kernelcast_task_{self.name.replace('.', '_')}")
         self._structure: dict = {}  # input signature -> structure of data
-        self._pristine: dict = {}  # input signature -> (ids of the inputs made last, untouched copies)
+        self._made: dict = {}  # input signature -> (ids of the inputs made last, their spec and device)
+
+    def _generate(self, spec: dict, device):
+        with torch.random.fork_rng(devices=[]), on_device(device):
+            torch.manual_seed(int(spec.get("seed", 0)))
+            data = self.module.generate_input(**spec)
+        tensors, structure = flatten(data)
+        return tuple(t.to(device) for t in tensors), structure
 
     def make_inputs(self, case, gen, device):
         spec = dict(self.info(case)["spec"])
         seed = seed_from(gen)
         if "seed" in spec:
             spec["seed"] = seed
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            data = self.module.generate_input(**spec)
-        tensors, structure = flatten(data)
-        tensors = tuple(t.to(device) for t in tensors)
+        tensors, structure = self._generate(spec, device)
         sig = signature(tensors)
         self._structure[sig] = structure
-        self._pristine[sig] = (tuple(map(id, tensors)), tuple(t.clone() for t in tensors))
+        self._made[sig] = (tuple(map(id, tensors)), spec, device)
         return self.remember(case, tensors)
+
+    def clear_caches(self) -> None:
+        self._made.clear()
+
+    def null_submission(self) -> str:
+        return self.reference_source.rstrip() + "\n\n\ncustom_kernel = ref_kernel\n"
 
     def data_of(self, tensors):
         """The task's ``data`` object around these input tensors (no copy)."""
@@ -152,9 +176,12 @@ def launch(*inputs):
         return unflatten(self._structure[sig], tensors)
 
     def _untouched(self, tensors):
-        ids, copies = self._pristine.get(signature(tensors), ((), ()))
-        source = copies if ids == tuple(map(id, tensors)) else tensors
-        return self.data_of(tuple(t.clone() for t in source))
+        """``data`` as the task made it for these inputs: made again from their spec, else copied now."""
+        ids, spec, device = self._made.get(signature(tensors), ((), None, None))
+        if ids == tuple(map(id, tensors)):
+            fresh, _ = self._generate(spec, device)
+            return self.data_of(fresh)
+        return self.data_of(tuple(t.clone() for t in tensors))
 
     def reference(self, *inputs):
         return tuple(flatten(self.module.ref_kernel(self._untouched(inputs)))[0])
@@ -162,7 +189,9 @@ def launch(*inputs):
     def check(self, case, inputs, got) -> str | None:
         """The task's own judge: ``check_implementation(data, output)`` on untouched inputs."""
         data = self._untouched(inputs)
-        _, structure = flatten(self.module.ref_kernel(self._untouched(inputs)))
+        structure = self.info(case).get("output_structure")
+        if structure is None:
+            _, structure = flatten(self.module.ref_kernel(self._untouched(inputs)))
         try:
             output = unflatten(structure, tuple(got))
         except (IndexError, TypeError):
@@ -187,8 +216,65 @@ def _imported_modules(source: str) -> set[str]:
     return names
 
 
-def _read_specs(path: Path) -> tuple[list[dict], list[dict], str]:
-    """(tests, benchmarks, description) from a task.yml (or a .json file of the same keys, read without PyYAML)."""
+def _scalar(text: str):
+    text = re.sub(r"\s+#.*$", "", text).strip()  # a trailing comment
+    if not text:
+        return None
+    if text[0] in "{[":
+        # a flow mapping or sequence; YAML allows bare keys, JSON does not
+        quoted = re.sub(r'([{,]\s*)([A-Za-z_][\w-]*)\s*:', r'\1"\2":', text)
+        return json.loads(quoted)
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text.strip("'\"") if text[:1] in "'\"" else text
+
+
+def read_task_yaml(text: str) -> dict:
+    """The subset of YAML that GPU MODE's task.yml files use, read without PyYAML.
+
+    Top-level ``key: value`` pairs, ``key: |`` blocks, lists (``- {"size": 127}`` flow
+    mappings or plain scalars) and one level of nested ``key: value`` mappings.
+    """
+    doc: dict = {}
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        i += 1
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if line[0].isspace():
+            raise ValueError(f"line {i}: unexpected indentation: {line.strip()[:60]!r}")
+        key, colon, rest = line.partition(":")
+        if not colon:
+            raise ValueError(f"line {i}: expected 'key: value', got {line[:60]!r}")
+        rest = rest.strip()
+        block = []
+        while i < len(lines) and (not lines[i].strip() or lines[i][0].isspace()):
+            block.append(lines[i])
+            i += 1
+        if rest in ("|", "|-", ">"):
+            body = [b for b in block]
+            indent = min((len(b) - len(b.lstrip()) for b in body if b.strip()), default=0)
+            doc[key] = "\n".join(b[indent:] for b in body).strip("\n") + "\n"
+        elif rest and not rest.startswith("#"):
+            doc[key] = _scalar(rest)
+        else:
+            items = [b.strip() for b in block if b.strip() and not b.strip().startswith("#")]
+            if items and all(b.startswith("- ") or b == "-" for b in items):
+                doc[key] = [_scalar(b[2:]) for b in items]
+            else:
+                doc[key] = {k.strip(): _scalar(v) for k, _, v in (b.partition(":") for b in items)}
+    return doc
+
+
+def _read_specs(path: Path) -> tuple[list[dict], list[dict], str, dict[str, Path]]:
+    """(tests, benchmarks, description, shared helpers) from a task.yml (or a .json file of the same keys).
+
+    Shared helpers are the files the task names from elsewhere in its repository (GPU MODE's
+    ``{"name": "utils.py", "source": "../utils.py"}``): name in the task -> the file.
+    """
     try:
         text = path.read_text()
     except OSError as exc:
@@ -199,12 +285,19 @@ def _read_specs(path: Path) -> tuple[list[dict], list[dict], str]:
         except ValueError as exc:
             raise TaskFormatError(f"GPU MODE specs {path} is not JSON: {exc}") from None
     else:
-        import yaml
-
         try:
-            doc = yaml.safe_load(text) or {}
-        except yaml.YAMLError as exc:
-            raise TaskFormatError(f"GPU MODE specs {path} is not YAML: {exc}") from None
+            import yaml
+        except ImportError:  # a measuring machine with torch and triton only: the subset task.yml files use
+            try:
+                doc = read_task_yaml(text)
+            except ValueError as exc:
+                raise TaskFormatError(f"GPU MODE specs {path}: {exc} (PyYAML is not installed; this reader "
+                                      "knows top-level keys, '|' blocks and lists of flow mappings)") from None
+        else:
+            try:
+                doc = yaml.safe_load(text) or {}
+            except yaml.YAMLError as exc:
+                raise TaskFormatError(f"GPU MODE specs {path} is not YAML: {exc}") from None
     tests = doc.get("tests") if isinstance(doc, dict) else None
     if not tests or not isinstance(tests, list) or not all(isinstance(t, dict) for t in tests):
         raise TaskFormatError(f"GPU MODE specs {path} has no 'tests' list of spec mappings "
@@ -212,28 +305,43 @@ def _read_specs(path: Path) -> tuple[list[dict], list[dict], str]:
     benchmarks = doc.get("benchmarks") or []
     if not isinstance(benchmarks, list) or not all(isinstance(b, dict) for b in benchmarks):
         raise TaskFormatError(f"GPU MODE specs {path}: 'benchmarks' must be a list of spec mappings")
-    return tests, benchmarks, str(doc.get("description") or "").strip()
+    shared = {}
+    for entry in doc.get("files") or ():
+        source = str(entry.get("source", "")) if isinstance(entry, dict) else ""
+        if source.endswith(".py") and "/" in source and (path.parent / source).is_file():
+            shared[str(entry.get("name") or Path(source).name)] = (path.parent / source).resolve()
+    return tests, benchmarks, str(doc.get("description") or "").strip(), shared
 
 
 def _profile(module, spec: dict, where: str) -> dict:
-    """One manifest case: the spec, its integer entries as dims, input dtype, bytes of inputs plus outputs."""
+    """One manifest case from the meta device: the spec, its integer entries as dims, input dtype, the bytes
+    of inputs plus outputs, the output structure and which inputs the reference writes into."""
     # Sizes name a case; the seed does not (each correctness run draws its own).
     dims = {k: v for k, v in spec.items() if isinstance(v, int) and not isinstance(v, bool) and k != "seed"}
     row = {"spec": spec, "dims": dims, "dtype": "float32", "bytes": None}
     try:
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), on_device("meta"):
             torch.manual_seed(0)
             data = module.generate_input(**spec)
     except TypeError as exc:
-        raise TaskFormatError(f"{where}: generate_input(**{spec}) does not take this spec: {exc}") from None
-    except Exception:  # noqa: BLE001 - e.g. a task that makes its inputs on CUDA, on a machine without
+        if "generate_input()" in str(exc):
+            raise TaskFormatError(f"{where}: generate_input(**{spec}) does not take this spec: {exc}") from None
+        return row
+    except Exception:  # noqa: BLE001 - input code meta tensors cannot run: shapes found when measured
         return row
     tensors, structure = flatten(data)
     if not tensors:
         raise TaskFormatError(f"{where}: generate_input(**{spec}) returned no tensors")
     out_bytes = None
+    versions = [t._version for t in tensors]
     try:
-        out_bytes = tensor_bytes(flatten(module.ref_kernel(unflatten(structure, [t.to("meta") for t in tensors])))[0])
+        with on_device("meta"):
+            outputs, out_structure = flatten(module.ref_kernel(unflatten(structure, list(tensors))))
+        # tensors of data returned as outputs are not extra bytes
+        out_bytes = tensor_bytes(o for o in outputs if not any(o is t for t in tensors))
+        writable = [i for i, t in enumerate(tensors) if t._version != versions[i] or any(o is t for o in outputs)]
+        row.update(output_structure=out_structure if is_literal(repr(out_structure), out_structure) else None,
+                   writable=writable)
     except Exception:  # noqa: BLE001 - outputs assumed input-sized when meta tensors cannot run the reference
         pass
     in_bytes = tensor_bytes(tensors)
@@ -246,6 +354,30 @@ def _profile(module, spec: dict, where: str) -> dict:
     return row
 
 
+def _fill_from_smallest_test(module, tests: list[dict], rows: list[dict]) -> None:
+    """Which inputs the reference writes and what it returns, for cases meta tensors could not run (a task
+    reading a value with ``.item()``, an output sized by the data): found by running the smallest test spec
+    for real on the CPU, and assumed alike for every case (one task, one calling convention)."""
+    if all("writable" in r for r in rows) or not tests:
+        return
+    smallest = min(tests, key=lambda spec: sum(v for v in spec.values() if isinstance(v, int)
+                                               and not isinstance(v, bool)))
+    try:
+        with torch.random.fork_rng(devices=[]), on_device("cpu"):
+            torch.manual_seed(0)
+            tensors, structure = flatten(module.generate_input(**smallest))
+            versions = [t._version for t in tensors]
+            outputs, out_structure = flatten(module.ref_kernel(unflatten(structure, list(tensors))))
+    except Exception:  # noqa: BLE001 - nothing more can be learnt without a GPU; measured as the task runs
+        return
+    writable = [i for i, t in enumerate(tensors) if t._version != versions[i] or any(o is t for o in outputs)]
+    found = {"writable": writable,
+             "output_structure": out_structure if is_literal(repr(out_structure), out_structure) else None}
+    for r in rows:
+        if "writable" not in r:
+            r.update(found)
+
+
 def _distinct(rows: list[dict]) -> list[dict]:
     """Cases named by their integer dims; where two would share a name, each is numbered as well."""
     keys = [(tuple(r["dims"].items()), r["dtype"]) for r in rows]
@@ -256,7 +388,11 @@ def _distinct(rows: list[dict]) -> list[dict]:
 
 def import_task(reference: str, candidates: Sequence[str] = (), name: str | None = None, specs: str | None = None,
                 tolerance: dict | None = None) -> tuple[str, dict[str, bytes]]:
-    """(op name, the task's files with its manifest) from a reference module, submissions and test specs."""
+    """(op name, the task's files with its manifest) from a reference module, submissions and test specs.
+
+    Helpers the task's specs name from elsewhere in its repository (``../utils.py``) are
+    taken along, as GPU MODE's own runner does, so a task imports straight from a checkout.
+    """
     ref_path = Path(reference).resolve()
     source = read_required(reference, "GPU MODE reference", REFERENCE_NEEDS)
     subs = [read_required(path, "GPU MODE submission", CANDIDATE_NEEDS) for path in candidates]
@@ -264,14 +400,31 @@ def import_task(reference: str, candidates: Sequence[str] = (), name: str | None
     if not spec_path.is_file():
         raise TaskFormatError(f"GPU MODE task {reference} needs its test specs: no {spec_path}; pass --specs "
                               "task.yml (a 'tests' list, optionally 'benchmarks')")
-    tests, benchmarks, description = _read_specs(spec_path)
+    tests, benchmarks, description, shared = _read_specs(spec_path)
     name = op_name("gpumode", name or default_task_name(ref_path))
+    shared = {n: f for n, f in shared.items() if not (ref_path.parent / n).exists()}
+    if not shared:
+        return _import(ref_path, source, subs, name, tests, benchmarks, description, tolerance)
+    with tempfile.TemporaryDirectory(prefix="kernelcast-gpumode-") as staging:
+        folder = Path(staging) / ref_path.parent.name
+        folder.mkdir()
+        for p in ref_path.parent.glob("*.py"):
+            shutil.copy(p, folder / p.name)
+        for n, f in shared.items():
+            shutil.copy(f, folder / n)
+        return _import(folder / ref_path.name, source, subs, name, tests, benchmarks, description, tolerance)
+
+
+def _import(ref_path: Path, source: str, subs: list[str], name: str, tests, benchmarks, description,
+            tolerance) -> tuple[str, dict[str, bytes]]:
+    reference = str(ref_path)
     wanted = set().union(_imported_modules(source), *(_imported_modules(s) for s in subs))
     helpers = {p.name: p.read_bytes() for p in sorted(ref_path.parent.glob("*.py"))
                if p.stem in wanted and p != ref_path}
     module = load_module(ref_path, f"kernelcast_import_{name.replace('.', '_')}")
     interpret = _distinct([_profile(module, s, reference) for s in tests])
     cases = _distinct([_profile(module, s, reference) for s in benchmarks]) if benchmarks else interpret
+    _fill_from_smallest_test(module, tests, interpret + cases)
     summary = f"GPU MODE task {name.split('.', 1)[1]}" + (f": {description.splitlines()[0]}" if description else "")
     files = {ref_path.name: source.encode(), **helpers}
     files.update({f"submission_{i}.py": text.encode() for i, text in enumerate(subs)})

@@ -8,9 +8,12 @@ candidate file defines ``class ModelNew`` with the same constructor and forward.
 
 Here a case is one setting of those integers: the file's own values are the GPU case,
 and smaller settings (``--interpret-case batch_size=2,dim=64``) can be given for Triton's
-CPU interpreter. Models are built once per case and device, each right after seeding
-torch with ``INIT_SEED``, so ``Model`` and ``ModelNew`` get the same weights whenever
-they create the same parameters in the same order (as KernelBench's own eval assumes).
+CPU interpreter. Models are built once per case and device, on that device, each right
+after seeding torch with ``INIT_SEED``, so ``Model`` and ``ModelNew`` get the same weights
+whenever they create the same parameters in the same order (as KernelBench's own eval
+assumes). Inputs are made on the device too (``get_inputs`` with the device as torch's
+default and its generator seeded): a gigabyte-sized case costs no host memory and no
+host time. At import, shapes and bytes come from the meta device: nothing is allocated.
 Correctness is KernelBench's: every output within rtol = atol = 1e-2.
 """
 
@@ -25,7 +28,8 @@ import torch
 
 from kernels.formats.common import (MANIFEST, TaskFormatError, default_task_name, load_module, op_name,
                                     read_required)
-from kernels.formats.operation import ImportedOperation, first_float_dtype, is_literal, seed_from, tensor_bytes
+from kernels.formats.operation import (ImportedOperation, first_float_dtype, is_literal, on_device, rng_fork, seed_from,
+                                       tensor_bytes)
 
 INIT_SEED = 42
 TOLERANCE = {"rtol": 1e-2, "atol": 1e-2}  # KernelBench's eval compares with atol = rtol = 1e-2
@@ -50,12 +54,14 @@ _KC_MODELS = {{}}
 
 def launch(*inputs):
     key = tuple((tuple(t.shape), str(t.dtype)) for t in inputs)
-    model = _KC_MODELS.get((key, inputs[0].device))
-    if model is None:  # built once per case, after the seed the reference model is built after
-        with _kc_torch.random.fork_rng(devices=[]):
+    device = inputs[0].device
+    model = _KC_MODELS.get((key, device))
+    if model is None:  # built once per case on the inputs' device, after the seed the reference model is built after
+        cuda = [device.index or 0] if device.type == "cuda" else []
+        with _kc_torch.random.fork_rng(devices=cuda, device_type="cuda"), _kc_torch.device(device):
             _kc_torch.manual_seed({seed})
             model = {entry}(*_KC_INIT[key])
-        model = _KC_MODELS[(key, inputs[0].device)] = model.to(inputs[0].device).eval()
+        model = _KC_MODELS[(key, device)] = model.to(device).eval()
     with _kc_torch.no_grad():
         out = model(*inputs)
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
@@ -79,24 +85,31 @@ def launch(*inputs):
                 setattr(self.module, k, v)
 
     def make_inputs(self, case, gen, device):
+        """``get_inputs()`` at the case's sizes, made on ``device`` from torch's generators seeded from ``gen``."""
         seed = seed_from(gen)
-        with self.sized(case) as m, torch.random.fork_rng(devices=[]):
+        with self.sized(case) as m, rng_fork(device), on_device(device):
             torch.manual_seed(seed)
             values = list(m.get_inputs())
         return self.remember(case, (v.to(device) for v in _tensors(values, self.name)))
 
     def model(self, cls, case, device) -> torch.nn.Module:
-        """``cls`` built with the case's init inputs after seeding ``INIT_SEED``, on ``device``, cached."""
+        """``cls`` built on ``device`` with the case's init inputs after seeding ``INIT_SEED``, cached."""
         key = (cls, case, str(device))
         built = self._models.get(key)
         if built is None:
-            with self.sized(case) as m, torch.random.fork_rng(devices=[]):
+            with self.sized(case) as m, rng_fork(device), torch.device(device):
                 init = list(m.get_init_inputs())
                 torch.manual_seed(INIT_SEED)
                 built = cls(*init)
             built = built.to(device).eval()
             self._models[key] = built
         return built
+
+    def clear_caches(self) -> None:
+        self._models.clear()
+
+    def null_submission(self) -> str:
+        return self.reference_source.rstrip() + "\n\n\nModelNew = Model\n"
 
     def reference(self, *inputs):
         model = self.model(self.module.Model, self.case_of(inputs), inputs[0].device)
@@ -140,26 +153,27 @@ def _parse_sizes(text: str, known: dict[str, int], where: str) -> dict[str, int]
 
 
 def _profile(module, sizes: dict[str, int], where: str) -> dict:
-    """One manifest case: sizes, the input dtype, and the bytes of inputs plus outputs."""
+    """One manifest case: sizes, the input dtype, the bytes of inputs, outputs and parameters, from meta tensors."""
     saved = {k: getattr(module, k) for k in sizes}
     for k, v in sizes.items():
         setattr(module, k, v)
+    out_bytes = param_bytes = None
     try:
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), on_device("meta"):
             torch.manual_seed(0)
             inputs = _tensors(list(module.get_inputs()), where)
             init = list(module.get_init_inputs())
-        out_bytes = None
-        try:  # output shapes on the meta device: no memory, no compute
-            with torch.device("meta"):
+        try:  # outputs and parameters on the meta device: no memory, no compute
+            with on_device("meta"):
                 model = module.Model(*init)
-                out_bytes = tensor_bytes(as_outputs(model(*[t.to("meta") for t in inputs])))
+                param_bytes = tensor_bytes([*model.parameters(), *model.buffers()])
+                out_bytes = tensor_bytes(as_outputs(model(*inputs)))
         except Exception:  # noqa: BLE001 - an op meta tensors cannot run; outputs assumed input-sized
             pass
     except TaskFormatError:
         raise
     except Exception as exc:
-        raise TaskFormatError(f"{where}: get_inputs()/get_init_inputs() failed for sizes {sizes}: "
+        raise TaskFormatError(f"{where}: get_inputs()/get_init_inputs() failed on the meta device for sizes {sizes}: "
                               f"{type(exc).__name__}: {exc}") from exc
     finally:
         for k, v in saved.items():
@@ -171,6 +185,7 @@ def _profile(module, sizes: dict[str, int], where: str) -> dict:
                               "candidate as a literal (use numbers, strings, lists)") from None
     return {"dims": sizes or {"inputs": len(inputs)}, "dtype": first_float_dtype(inputs),
             "bytes": in_bytes + (out_bytes if out_bytes is not None else in_bytes),
+            "parameter_bytes": param_bytes or 0,
             "signature": [[list(t.shape), str(t.dtype)] for t in inputs], "init": init_repr}
 
 

@@ -10,10 +10,12 @@ always makes inputs in the process that then calls the candidate, so the lookup 
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from kernels.formats.common import WRAPPER_MARK, backend_of, submission_of
 from kernels.ops.base import DEFAULT_TOLERANCES, DTYPES, Case, Operation
@@ -29,6 +31,72 @@ def signature(inputs) -> Signature:
 def seed_from(gen: torch.Generator) -> int:
     """A seed for a task's own input generator, drawn from the harness's seeded generator."""
     return int(torch.randint(0, 2**31 - 1, (1,), generator=gen, device=gen.device).item())
+
+
+class _CudaRedirect(TorchFunctionMode):
+    """Rewrites the CUDA device named in torch calls (``device="cuda"``, ``.cuda()``, ``.to("cuda")``) to another."""
+
+    def __init__(self, device: str):
+        super().__init__()
+        self.device = torch.device(device)
+
+    def _map(self, value):
+        if isinstance(value, torch.device) and value.type == "cuda":
+            return self.device
+        if isinstance(value, str) and (value == "cuda" or value.startswith("cuda:")):
+            return self.device
+        return value
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = {k: self._map(v) for k, v in (kwargs or {}).items()}
+        if func is torch.Tensor.cuda:
+            return args[0].to(self.device)
+        return func(*(self._map(a) for a in args), **kwargs)
+
+
+def _generator_on(device: str):
+    class RedirectedGenerator(torch._C.Generator):
+        """``torch.Generator(device="cuda")`` in task code: a generator where the tensors are made instead."""
+
+        def __new__(cls, device_=None, **kwargs):
+            where = kwargs.get("device", device_)
+            if where is not None and str(where).startswith("cuda"):
+                where = "cpu" if device == "meta" else device  # meta tensors draw from a CPU generator
+            return torch._C.Generator(device=where) if where is not None else torch._C.Generator()
+
+    return RedirectedGenerator
+
+
+@contextlib.contextmanager
+def on_device(device) -> Iterator[None]:
+    """Run a task's input code so that its tensors land on ``device``.
+
+    Factories without a device make tensors there (the default device); on ``meta`` or
+    ``cpu`` the CUDA device the task names is redirected too, so shapes can be found
+    without a GPU (meta: no memory at all) and tasks written for CUDA run under the
+    interpreter. On ``cuda`` nothing is redirected: the task makes its inputs on the GPU,
+    as it was written to.
+    """
+    device = str(device)
+    with torch.device(device):
+        if device.startswith("cuda"):
+            yield
+            return
+        saved = torch.Generator
+        torch.Generator = _generator_on(device)
+        try:
+            with _CudaRedirect(device):
+                yield
+        finally:
+            torch.Generator = saved
+
+
+def rng_fork(device):
+    """``torch.random.fork_rng`` over the CPU and, for a CUDA device, that device's generator."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.random.fork_rng(devices=[device.index or 0], device_type="cuda")
+    return torch.random.fork_rng(devices=[])
 
 
 def tensor_bytes(values) -> int:
@@ -121,6 +189,12 @@ class ImportedOperation(Operation):
 
     def flops(self, case):
         return 0  # a task file carries no FLOP count
+
+    def parameter_bytes(self, case):
+        return int(self.info(case).get("parameter_bytes") or 0)
+
+    def writable_inputs(self, case) -> tuple[int, ...]:
+        return tuple(self.info(case).get("writable") or ())
 
     def tolerance(self, dtype):
         if self._tolerance is not None:

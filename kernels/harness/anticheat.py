@@ -27,12 +27,16 @@ name the torch functions it legitimately calls; every other check applies to it 
 from __future__ import annotations
 
 import ast
+import os
+import sys
+import time
 from typing import Callable
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 from kernels.harness.correctness import call_candidate, poisoned_outputs, stray_writes
+from kernels.null import is_null
 from kernels.ops import Case, Operation, mismatch
 from kernels.records import Candidate
 
@@ -52,8 +56,9 @@ def forbidden_calls(op: Operation, candidate: Candidate) -> frozenset[str]:
     """Names of torch functions this candidate may not call: the op's list, none for the eager baseline.
 
     The exemption goes by origin, not backend: a model-written kernel in plain torch may not
-    call the function it should replace either."""
-    if candidate.origin == "seed":
+    call the function it should replace either. The null candidate (the eager baseline
+    submitted as a candidate, kernels.null) is the baseline's code and exempt as it is."""
+    if candidate.origin == "seed" or is_null(op, candidate):
         return frozenset()
     return frozenset(getattr(op, "forbidden_calls", ()))
 
@@ -193,16 +198,30 @@ class CallGuard(TorchFunctionMode):
 STREAM_EVENTS: list[str] = []  # what the candidate did with CUDA streams in this child
 
 
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
+def _called_from_torch(depth: int = 2) -> bool:
+    """Whether the caller of the guarded function is torch's own code (CUDA graph capture, cudagraph trees)."""
+    return sys._getframe(depth).f_code.co_filename.startswith(_TORCH_DIR)
+
+
 def install_stream_guard() -> None:
     """Refuse stream creation and switching in this process: the timer measures the current stream only.
 
     Installed once in the child before the candidate's source is imported, so names the
-    source binds (``from torch.cuda import Stream``) are the guarded ones.
+    source binds (``from torch.cuda import Stream``) are the guarded ones. Torch's own
+    code may still make and switch streams for the candidate: capturing a CUDA graph
+    (``torch.cuda.graph``, ``torch.compile(mode="reduce-overhead")``) needs a side stream,
+    and the graph it captures is replayed on the current stream, where it is timed. The
+    candidate's own code may not.
     """
     cuda = torch.cuda
 
-    def refuse(what: str):
+    def refuse(what: str, original=None):
         def refused(*args, **kwargs):
+            if original is not None and _called_from_torch():
+                return original(*args, **kwargs)
             STREAM_EVENTS.append(what)
             raise Rejected(f"{what}: kernels must run on the harness's stream, where they are timed")
         return refused
@@ -213,16 +232,18 @@ def install_stream_guard() -> None:
     refuse_new = refuse("created a CUDA stream (Stream)")
 
     def stream_new(cls, *args, **kwargs):
-        if "stream_id" in kwargs:
+        if "stream_id" in kwargs or _called_from_torch():
             return make_stream(cls, *args, **kwargs)
         return refuse_new()
 
     cuda.Stream.__new__ = staticmethod(stream_new)
     cuda.ExternalStream.__new__ = staticmethod(refuse("created a CUDA stream (ExternalStream)"))
-    cuda.set_stream = refuse("switched the current CUDA stream (set_stream)")
-    cuda.StreamContext.__enter__ = refuse("switched the current CUDA stream (torch.cuda.stream)")
+    cuda.set_stream = refuse("switched the current CUDA stream (set_stream)", cuda.set_stream)
+    cuda.StreamContext.__enter__ = refuse("switched the current CUDA stream (torch.cuda.stream)",
+                                          cuda.StreamContext.__enter__)
     if hasattr(torch._C, "_cuda_setStream"):
-        torch._C._cuda_setStream = refuse("switched the current CUDA stream (_cuda_setStream)")
+        torch._C._cuda_setStream = refuse("switched the current CUDA stream (_cuda_setStream)",
+                                          torch._C._cuda_setStream)
 
 
 # ---- checked calls -------------------------------------------------------------------------------
@@ -233,6 +254,21 @@ def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.is_contiguous() and b.is_contiguous() and a.numel():
         return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
     return torch.equal(a, b)
+
+
+# Inputs up to this size are copied to check that a call left them unchanged; larger ones are made
+# again from their seed instead, so a check never holds two copies of a gigabyte case.
+COPY_INPUTS_BYTES = 256 << 20
+
+
+def _poison_writable(inputs, writable: set[int]) -> None:
+    """Fill output buffers passed among the inputs with NaN (or an extreme integer), so unwritten elements show."""
+    for i in writable:
+        t = inputs[i]
+        if t.dtype.is_floating_point:
+            t.fill_(float("nan"))
+        elif t.dtype != torch.bool and not t.dtype.is_complex:
+            t.fill_(torch.iinfo(t.dtype).max)
 
 
 def _untouched(t: torch.Tensor) -> bool:
@@ -248,13 +284,19 @@ class Checker:
     (and their reference result) can be rebuilt on demand instead of kept in memory.
     """
 
-    def __init__(self, op: Operation, candidate: Candidate, launch: Callable, device: str):
+    def __init__(self, op: Operation, candidate: Candidate, launch: Callable, device: str,
+                 on_inputs: Callable[[], None] = lambda: None):
         self.op, self.candidate, self.launch, self.device = op, candidate, launch, device
         self.seeds: dict[str, list[int]] = {}  # case -> seeds of the inputs it was called with, in order
         self.wrote: dict[str, bool] = {}  # case -> some earlier call wrote into the harness outputs
         self.calls = 0
+        self.first_call_seconds: dict[str, float] = {}  # case -> seconds its first call took
+        self._on_inputs = on_inputs  # told once, when the first inputs are made on the device
 
     def inputs(self, case: Case, seed: int) -> tuple[torch.Tensor, ...]:
+        if self._on_inputs is not None:
+            self._on_inputs()
+            self._on_inputs = None
         gen = torch.Generator(device=self.device)
         gen.manual_seed(seed)
         return self.op.make_inputs(case, gen, self.device)
@@ -266,27 +308,27 @@ class Checker:
         self.calls += 1
 
     def first_call(self, case: Case, seed: int = 0) -> None:
-        """The compile-stage call: guarded, but only recorded (its reference is not computed here)."""
+        """The first call per case: guarded, but only recorded (its reference is not computed here)."""
         inputs = self.inputs(case, seed)
+        writable = set(self.op.writable_inputs(case))
+        _poison_writable(inputs, writable)
         outputs = poisoned_outputs(self.op, case, self.device)
-        got = self._guarded(inputs, outputs)
-        self._sync()
+        got = self._timed_call(case, inputs, outputs)
         self.note(case, seed, wrote=any(not _untouched(o) for o in outputs))
-        self._aliasing(inputs, got)
+        self._aliasing(inputs, got, writable)
 
     def check(self, case: Case, seed: int) -> str | None:
         """One checked call: None when correct, a problem (``incorrect``) as text, or ``Rejected``."""
         inputs = self.inputs(case, seed)
-        before = tuple(t.clone() for t in inputs)
+        writable = set(self.op.writable_inputs(case))
+        _poison_writable(inputs, writable)
+        # Large inputs are not copied (a second copy of a gigabyte case): made again from their seed afterwards.
+        small = sum(t.numel() * t.element_size() for t in inputs) <= COPY_INPUTS_BYTES
+        before = tuple(None if i in writable else t.clone() for i, t in enumerate(inputs)) if small else None
         outputs = poisoned_outputs(self.op, case, self.device)
-        got = self._guarded(inputs, outputs)
-        self._sync()
-        for i, (now, then) in enumerate(zip(inputs, before)):
-            if not _same_bytes(now, then):
-                names = self.op.input_names()
-                raise Rejected(f"case {case.name}: changed its input {names[i] if i < len(names) else i}; "
-                               f"inputs are read-only")
-        self._aliasing(inputs, got)
+        got = self._timed_call(case, inputs, outputs)
+        self._unchanged(case, seed, inputs, before, writable)
+        self._aliasing(inputs, got, writable)
         earlier = list(self.seeds.get(case.name, ()))
         wrote_now = any(not _untouched(o) for o in outputs)
         self.note(case, seed, wrote=wrote_now)
@@ -306,6 +348,14 @@ class Checker:
                                f"the ones it was given: it caches its output across calls")
         return problem
 
+    def _timed_call(self, case: Case, inputs, outputs):
+        """A guarded call, finished on the device; the first per case is timed (wall clock, warm-up included)."""
+        t0 = time.perf_counter()
+        got = self._guarded(inputs, outputs)
+        self._sync()
+        self.first_call_seconds.setdefault(case.name, time.perf_counter() - t0)
+        return got
+
     def _guarded(self, inputs, outputs):
         guard = CallGuard(self.op, self.candidate)
         try:
@@ -321,9 +371,20 @@ class Checker:
             raise Rejected(f"{STREAM_EVENTS[0]}: kernels must run on the harness's stream, where they are timed")
         return got
 
+    def _unchanged(self, case: Case, seed: int, inputs, before, writable: set[int]) -> None:
+        """Refuse a call that changed a read-only input (compared with a copy, or with the inputs made again)."""
+        if before is None:
+            before = self.inputs(case, seed)
+        for i, (now, then) in enumerate(zip(inputs, before)):
+            if i not in writable and then is not None and not _same_bytes(now, then):
+                names = self.op.input_names()
+                raise Rejected(f"case {case.name}: changed its input {names[i] if i < len(names) else i}; "
+                               f"inputs are read-only")
+
     @staticmethod
-    def _aliasing(inputs, got) -> None:
-        storages = {t.untyped_storage().data_ptr(): i for i, t in enumerate(inputs) if t.numel()}
+    def _aliasing(inputs, got, writable: set[int] = frozenset()) -> None:
+        """Refuse returned tensors that share memory with a read-only input (an output buffer may be returned)."""
+        storages = {t.untyped_storage().data_ptr(): i for i, t in enumerate(inputs) if t.numel() and i not in writable}
         for j, g in enumerate(got):
             if isinstance(g, torch.Tensor) and g.numel() and g.untyped_storage().data_ptr() in storages:
                 raise Rejected(f"output {j} shares memory with input {storages[g.untyped_storage().data_ptr()]}: "

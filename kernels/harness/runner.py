@@ -1,9 +1,14 @@
 """The child process that evaluates one candidate, in stages, inside its own sandbox.
 
 Stages, each with its own failure status (after KernelBench's eval):
-  load     — source parses and defines ``launch``               -> compile_error
-  compile  — first call per case (Triton JIT-compiles here)     -> compile_error / runtime_error
   scan     — static anti-cheat scan of the source                 -> rejected
+  ahead    — on the CPU, outside the GPU lock: the first call per
+             case on meta tensors, Triton kernels compiled for the
+             GPU's target without running (kernels.harness.ahead) -> compile_error / rejected
+  load     — source parses and defines ``launch``               -> compile_error
+  fit      — the case's correctness check fits the device         -> rejected (names the bytes)
+  first    — under the lock: the first real call per case (a case
+             that could not be compiled ahead compiles here)      -> compile_error / runtime_error
   correct  — fresh seeded inputs, harness-allocated NaN-poisoned
              outputs, compared with the fp32 reference; inputs
              checked unchanged and unaliased, forbidden calls
@@ -11,37 +16,43 @@ Stages, each with its own failure status (after KernelBench's eval):
   time     — CUDA events, L2 flushed, adaptive repetitions       -> ok
   recheck  — fresh inputs and outputs once more, after timing:
              a kernel that stops computing is caught here        -> rejected / incorrect
-Load and compile run concurrently with other children on the CPU cores; correctness
-and timing hold the GPU lock (an flock, released by the kernel if the child dies), so
-exactly one candidate uses the GPU at a time and its timing is not disturbed.
+
+The GPU lock (an flock, released by the kernel if the child dies) is held from the first
+device allocation to the end: inputs are made, first calls, checks and timing run, and
+the child's device memory (inputs, outputs, cached models, the allocator's cache) is
+freed before the lock is released. Outside the lock a child uses the CPU only (a CUDA
+context, no allocations, no kernels), so children compiling at once never hold case
+data on the device and never run work beside the child being timed.
 
 The child enters its sandbox (kernels.harness.sandbox) before loading any candidate code,
-and reports to its parent over a pipe: ("sandbox", summary) once confined, ("gpu_stage", t)
-when it takes the lock, then ("result", dict). If it crashes or hangs, the parent classifies it from outside.
+and reports to its parent over a pipe: ("sandbox", summary) once confined, ("phase", name,
+detail, t) as it moves between phases (waiting for the lock, holding it, first calls done,
+timing, released), then ("result", dict). If it crashes or hangs, the parent classifies
+it from outside.
 """
 
 from __future__ import annotations
 
 import fcntl
+import gc
 import os
+import sys
 import time
 import traceback
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
 import triton  # imported here so the fork server preloads it
 import triton.language as tl
 
-from kernels.harness import sandbox
-from kernels.harness.anticheat import Checker, Rejected, install_stream_guard, scan_source
-from kernels.harness.correctness import CandidateLoadError, load_launch, poisoned_outputs
+from kernels.harness import ahead, budget, sandbox
+from kernels.harness.anticheat import CallGuard, Checker, Rejected, install_stream_guard, scan_source
+from kernels.harness.correctness import CandidateLoadError, call_candidate, load_launch, poisoned_outputs
 from kernels.harness.timing import l2_flush_buffer, time_call
 from kernels.ops import get_operation
 from kernels.records import Candidate
 
-# Device memory a timing run may spend on rotated input sets.
-_ROTATION_BYTES = 1 << 30
 # Seeds of the inputs: compile call 0, correctness 1..seeds, timing sets from 1000, recheck 9000.
 _TIMING_SEED, _RECHECK_SEED = 1000, 9000
 
@@ -60,6 +71,10 @@ class Job:
     cpu_seconds: int = 600
     address_space_bytes: int | None = 8 << 30  # interpreter mode only
     file_size_bytes: int = 512 << 20
+    compile_target: str = ""  # "cuda:90": compile ahead for this target with no CUDA call; "": ask the device
+    device_memory_bytes: int | None = None  # the device's memory for the fit check; None: ask the device
+    alone: bool = False  # a retry after running out of device memory, with no other child running
+    environment: tuple[tuple[str, str], ...] = ()  # variables the op's own code needs (set before CUDA starts)
 
     def policy(self) -> sandbox.SandboxPolicy:
         return sandbox.SandboxPolicy(scratch_dir=self.scratch_dir, triton_cache_dir=self.triton_cache_dir,
@@ -76,6 +91,7 @@ def scrub_environment() -> None:
 def enter_sandbox(job: Job) -> sandbox.SandboxReport:
     """Confine the child (see kernels.harness.sandbox), then send its output to a log in the scratch dir."""
     report = sandbox.enter(job.policy())
+    os.environ.update(dict(job.environment))
     if job.mode == "interpreter":
         os.environ["TRITON_INTERPRET"] = "1"
     log = os.open(os.path.join(job.scratch_dir, "child.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -109,6 +125,87 @@ def _describe(exc: BaseException) -> str:
     return text if len(text) <= 2000 else text[:2000] + " ..."
 
 
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or budget.is_out_of_memory(_describe(exc))
+
+
+def compile_ahead(job: Job, op, cases) -> dict[str, str]:
+    """The first call per case on meta tensors, outside the lock; returns case -> why it must be made under it.
+
+    Raises ``Rejected`` (a forbidden call, a stream) and Triton compile failures: those are
+    verdicts. Any other failure only means the case's first call is made under the lock.
+    """
+    gpu = job.mode == "gpu"
+    folder = os.path.join(job.scratch_dir, "ahead")
+    os.makedirs(folder, exist_ok=True)
+    try:
+        with ahead.DeviceGuard("cuda"):
+            launch = load_launch(job.candidate.source, folder, module_name="candidate_ahead")
+    except (CandidateLoadError, ahead.NeedsDevice) as exc:  # the load stage proper reports load failures
+        return {c.name: f"not loadable ahead: {exc}" for c in cases}
+    deferred: dict[str, str] = {}
+    compiled_frames = _dynamo_frames()
+    target = ahead.parse_target(job.compile_target) if gpu else None
+    with ahead.compile_only(target, interpreted=not gpu):
+        for case in cases:
+            try:
+                gen = torch.Generator()
+                gen.manual_seed(0)
+                inputs = op.make_inputs(case, gen, "meta")
+                outputs = poisoned_outputs(op, case, "meta")
+                guard = CallGuard(op, job.candidate)
+                with guard, ahead.DeviceGuard("cuda"):
+                    call_candidate(launch, inputs, outputs, job.candidate.params)
+                if guard.reason():
+                    raise Rejected(guard.reason())
+            except Rejected:
+                raise
+            except Exception as exc:  # noqa: BLE001 - sorted below: a compile failure is a verdict
+                if gpu and _is_compile_failure(exc):
+                    raise
+                deferred[case.name] = _describe(exc)
+    if _dynamo_frames() > compiled_frames:  # torch.compile: its real compile waits for real tensors
+        deferred.update({c.name: "torch.compile compiles at the first call on the device" for c in cases
+                         if c.name not in deferred})
+    return deferred
+
+
+def _dynamo_frames() -> int:
+    """Frames torch.compile has compiled in this process (0 when it was never imported)."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    return int(dynamo.counters["frames"]["total"]) if dynamo is not None else 0
+
+
+def _device_bytes(job: Job) -> int:
+    if job.device_memory_bytes is not None:
+        return job.device_memory_bytes
+    if job.mode != "gpu":
+        return 1 << 62  # the host: bounded by the address-space limit instead
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+
+
+def _warm_context() -> None:
+    """Create the CUDA context now, outside the lock: it allocates no tensors and runs no kernel."""
+    torch.cuda.init()
+    torch.cuda.synchronize()
+
+
+def _release_device(launch, op, gpu: bool) -> int:
+    """Free what this child holds on the device before the lock goes; returns the bytes still allocated."""
+    globals_ = getattr(launch, "__globals__", None)
+    if isinstance(globals_, dict):
+        globals_.clear()  # the candidate's module-level caches (models, buffers); it is not called again
+    op.clear_caches()
+    gc.collect()
+    if not gpu:
+        return 0
+    torch.cuda.synchronize()
+    if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):  # cuBLAS keeps its workspaces in the allocator
+        torch._C._cuda_clearCublasWorkspaces()
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_allocated()
+
+
 def evaluate(job: Job, notify=lambda *msg: None) -> dict:
     """Run the stages and return a flat result dict (status, error, per-case timings, seconds)."""
     cand = job.candidate
@@ -117,8 +214,12 @@ def evaluate(job: Job, notify=lambda *msg: None) -> dict:
     device = "cuda" if gpu else "cpu"
     cases = op.cases if gpu else op.interpret_cases
     result = {"status": "ok", "error": "", "case_names": [c.name for c in cases], "compile_seconds": 0.0,
-              "gpu_seconds": 0.0, "runtime_us_median": [], "runtime_us_iqr": [], "repetitions": []}
+              "gpu_seconds": 0.0, "runtime_us_median": [], "runtime_us_iqr": [], "repetitions": [],
+              "out_of_memory": False}
     t0 = time.perf_counter()
+
+    def phase(name: str, detail=None) -> None:
+        notify("phase", name, detail, time.monotonic())
 
     def fail(status: str, message: str) -> dict:
         result.update(status=status, error=message)
@@ -127,65 +228,130 @@ def evaluate(job: Job, notify=lambda *msg: None) -> dict:
     refused = scan_source(cand, op)
     if refused:
         return fail("rejected", refused)
+    # Outside the lock: CPU only.
     try:
-        launch = load_launch(cand.source, job.scratch_dir)
+        deferred = compile_ahead(job, op, cases)
+    except Rejected as exc:
+        return fail("rejected", str(exc))
+    except Exception as exc:  # a Triton compile failure
+        return fail("compile_error", f"compiling ahead: {_describe(exc)}")
+    load_under_lock = False
+    try:
+        with ahead.DeviceGuard("cuda") if gpu else nullcontext():
+            launch = load_launch(cand.source, job.scratch_dir)
+    except ahead.NeedsDevice:
+        load_under_lock = True  # it makes CUDA tensors when imported
     except CandidateLoadError as exc:
         return fail("compile_error", str(exc))
     except Rejected as exc:  # a stream made at import time
         return fail("rejected", str(exc))
-    checker = Checker(op, cand, launch, device)
-    for case in cases:  # compile stage: first call per case, outside the GPU lock
+    total = _device_bytes(job)
+    output_bytes: dict[str, int] = {}
+    for case in cases:
         try:
-            checker.first_call(case)
-        except Rejected as exc:
-            return fail("rejected", f"case {case.name}: {exc}")
-        except Exception as exc:
-            status = "compile_error" if _is_compile_failure(exc) else "runtime_error"
-            return fail(status, f"case {case.name}: {_describe(exc)}")
+            fp = budget.footprint(op, case)
+        except Exception:  # noqa: BLE001 - inputs that meta tensors cannot describe: measured under the lock
+            continue
+        output_bytes[case.name] = fp.output_bytes
+        too_big = budget.refusal(fp, total)
+        if too_big:
+            return fail("rejected", too_big)
+    if gpu:
+        _warm_context()
     result["compile_seconds"] = time.perf_counter() - t0
+    phase("ahead_done", {"deferred": sorted(deferred)})
 
+    phase("waiting")
     with gpu_lock(job.lock_path):
-        t_gpu = time.perf_counter()
-        notify("gpu_stage", time.time())
-        try:
-            for case in cases:
-                for seed in range(1, job.seeds + 1):
-                    problem = checker.check(case, seed)
-                    if problem:
-                        return fail("incorrect", f"seed {seed}: {problem}")
-            if gpu:
-                _time_cases(job, op, cases, launch, checker, result)
-            # Once more on fresh inputs and outputs, after all the calls above: a kernel that
-            # computes only on its first calls, or replays a cached answer, fails here.
-            for case in cases:
-                problem = checker.check(case, _RECHECK_SEED)
-                if problem:
-                    return fail("incorrect", f"after {checker.calls} calls, on fresh inputs: {problem}")
-        except Rejected as exc:
-            return fail("rejected", str(exc))
-        except Exception as exc:
-            return fail("runtime_error", _describe(exc))
-        finally:
-            result["gpu_seconds"] = time.perf_counter() - t_gpu
+        first_calls = cases if load_under_lock else [c for c in cases if c.name in deferred]
+        phase("locked", {"first_calls_to_compile": len(first_calls)})
+        _under_lock(job, op, cases, first_calls, device, None if load_under_lock else launch, result, phase,
+                    output_bytes)
+    phase("released")
     return result
 
 
-def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict) -> None:
+def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: dict, phase,
+                output_bytes: dict[str, int]) -> None:
+    """The device phase: first calls (of cases not compiled ahead), checks, timing, recheck; device memory
+    freed before returning."""
+    gpu = job.mode == "gpu"
+    cand = job.candidate
+    t_gpu = time.perf_counter()
+
+    def fail(status: str, message: str) -> None:
+        result.update(status=status, error=message)
+
+    checker = None
+    try:
+        if launch is None:
+            launch = load_launch(cand.source, job.scratch_dir)
+        checker = Checker(op, cand, launch, device, on_inputs=lambda: phase("first_inputs"))
+        for case in first_calls:  # the others compiled ahead: their first checked call loads what was built
+            try:
+                checker.first_call(case)
+            except Rejected as exc:
+                return fail("rejected", f"case {case.name}: {exc}")
+            except Exception as exc:
+                result["out_of_memory"] = _is_oom(exc)
+                status = "compile_error" if _is_compile_failure(exc) else "runtime_error"
+                return fail(status, f"case {case.name}: {_describe(exc)}")
+        phase("checks")
+        for case in cases:
+            for seed in range(1, job.seeds + 1):
+                problem = checker.check(case, seed)
+                if seed == 1:  # the worker scales a reference's limit by how long its calls take
+                    phase("call", {"case": case.name, "seconds": checker.first_call_seconds[case.name]})
+                if problem:
+                    return fail("incorrect", f"seed {seed}: {problem}")
+        if gpu:
+            _time_cases(job, op, cases, launch, checker, result, phase, output_bytes)
+        # Once more on fresh inputs and outputs, after all the calls above: a kernel that
+        # computes only on its first calls, or replays a cached answer, fails here.
+        for case in cases:
+            problem = checker.check(case, _RECHECK_SEED)
+            if problem:
+                return fail("incorrect", f"after {checker.calls} calls, on fresh inputs: {problem}")
+    except Rejected as exc:
+        return fail("rejected", str(exc))
+    except CandidateLoadError as exc:
+        return fail("compile_error", str(exc))
+    except Exception as exc:
+        result["out_of_memory"] = _is_oom(exc)
+        return fail("runtime_error", _describe(exc))
+    finally:
+        checker = None
+        try:
+            left = _release_device(launch, op, gpu)
+        except Exception:  # noqa: BLE001 - a broken context (illegal address): the process exit frees it
+            left = -1
+        result["gpu_seconds"] = time.perf_counter() - t_gpu
+        phase("releasing", {"device_bytes_left": left})
+
+
+def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, phase,
+                footprints: dict[str, int]) -> None:
     flush = l2_flush_buffer()
     stream = torch.cuda.current_stream()
     for case in cases:
         first = checker.inputs(case, _TIMING_SEED)
-        set_bytes = sum(t.numel() * t.element_size() for t in first) or 1
-        n_sets = max(2, min(8, _ROTATION_BYTES // set_bytes))
+        first_outs = poisoned_outputs(op, case, "cuda")
+        torch.cuda.synchronize()
+        free, _ = torch.cuda.mem_get_info()
+        # outputs the candidate returns (imported ops) are allocated by its calls: counted as the footprint's
+        out_bytes = max(budget.tensor_bytes(first_outs), footprints.get(case.name, 0))
+        n_sets = budget.rotation_sets(free, budget.tensor_bytes(first), out_bytes)
         sets = [first] + [checker.inputs(case, _TIMING_SEED + k) for k in range(1, n_sets)]
-        outs = [poisoned_outputs(op, case, "cuda") for _ in range(n_sets)]
+        outs = [first_outs] + [poisoned_outputs(op, case, "cuda") for _ in range(1, n_sets)]
         params = job.candidate.params
 
         def call(i: int, sets=sets, outs=outs) -> None:
             k = i % len(sets)
             launch(*sets[k], *outs[k], **params)
 
+        phase("timing", case.name)
         timing = time_call(call, flush, max_seconds=job.max_seconds_per_case)
+        phase("timed", case.name)
         if torch.cuda.current_stream() != stream:
             raise Rejected(f"case {case.name}: left another CUDA stream current; kernels must run on the "
                            f"harness's stream, where they are timed")
@@ -194,7 +360,9 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict) -> 
         result["runtime_us_median"].append(timing.runtime_us_median)
         result["runtime_us_iqr"].append(timing.runtime_us_iqr)
         result["repetitions"].append(timing.repetitions)
-        del sets, outs
+        result.setdefault("rotation_sets", []).append(n_sets)
+        del sets, outs, first, first_outs
+        torch.cuda.empty_cache()  # the next case starts from a clean pool
     del flush
     torch.cuda.empty_cache()
 

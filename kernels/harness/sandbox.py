@@ -4,7 +4,8 @@ Layers, strongest first, each attempted and reported (``SandboxReport``) so a wo
 can say which protections actually took effect on its platform:
 
   environment — variables whose names look like credentials are deleted; HOME,
-                TMPDIR and the Triton/CUDA caches point into the scratch directory.
+                TMPDIR, the Triton/CUDA caches and torch.compile's (Inductor) caches
+                point into the scratch directory or the worker's shared Triton cache.
   network     — a new user + network namespace (only a loopback that is down: no
                 route anywhere), else a seccomp filter that refuses every socket
                 except AF_UNIX, else nothing (reported as such).
@@ -30,6 +31,7 @@ import re
 import resource
 import signal
 import struct
+import tempfile
 from dataclasses import dataclass
 
 # Variables whose names look like credentials never reach candidate code.
@@ -233,7 +235,14 @@ def enter(policy: SandboxPolicy) -> SandboxReport:
     os.chdir(policy.scratch_dir)
     os.environ.update(HOME=policy.scratch_dir, TMPDIR=policy.scratch_dir, TRITON_HOME=policy.scratch_dir,
                       TRITON_CACHE_DIR=policy.triton_cache_dir,
-                      CUDA_CACHE_PATH=os.path.join(policy.triton_cache_dir, "nv"))
+                      CUDA_CACHE_PATH=os.path.join(policy.triton_cache_dir, "nv"),
+                      XDG_CACHE_HOME=os.path.join(policy.scratch_dir, "cache"),
+                      TORCH_HOME=os.path.join(policy.scratch_dir, "torch"),
+                      # torch.compile: Inductor's caches in the scratch directory (its default, /tmp/torchinductor_<user>,
+                      # is outside what the child may write), compiled in this process rather than a pool of workers
+                      TORCHINDUCTOR_CACHE_DIR=os.path.join(policy.scratch_dir, "inductor"),
+                      TORCHINDUCTOR_COMPILE_THREADS="1")
+    tempfile.tempdir = None  # recomputed from TMPDIR on next use: the fork server may have cached another
     os.umask(0o077)
     limits = _set_limits(policy)
     notes: list[str] = []

@@ -2,10 +2,17 @@
 
 Children come from a fork server that has already imported torch and Triton, so a
 child starts in milliseconds and with no CUDA state. Up to ``concurrency`` children
-load and compile at once on the CPU cores while one of them holds the GPU lock for
-correctness and timing. The worker watches every child from outside: a crash
-(segfault, illegal address that kills the process) becomes ``crashed``, a child past
-its time limit (overall, or once it holds the GPU) is killed and becomes ``timeout``.
+load and compile ahead at once on the CPU cores (no device memory, no kernels: see
+kernels.harness.runner) while one of them holds the GPU lock, from its first device
+allocation to the end of its timing. Each op's reference is measured first (all ops'
+references at once), so every candidate's limits can follow from the reference's
+runtime. The worker watches every child from outside: a crash (segfault, illegal
+address that kills the process) becomes ``crashed``, a child past its time limit is
+killed and becomes ``timeout``. Limits come per phase from kernels.harness.budget
+(compiling outside the lock; holding it), scale with the op's case sizes and the
+reference's runtime, and are the same for every candidate of one op; time spent
+waiting for the lock counts against none. A candidate that runs out of device memory
+is measured once more, alone, before its verdict.
 A child whose resident memory passes ``host_memory_gib`` is killed too (the GPU-mode
 guard against host OOM, where no address-space limit can be set), as is whatever it
 forked (its process group). Either way only that candidate is lost; the worker goes on
@@ -31,7 +38,7 @@ from dataclasses import dataclass, field, replace
 from multiprocessing.connection import wait
 from typing import Iterable, Iterator
 
-from kernels.harness import sandbox
+from kernels.harness import ahead, budget, sandbox
 from kernels.harness.runner import Job, child_main, probe_main
 from kernels.hardware import INTERPRETER
 from kernels.ops import get_operation
@@ -42,8 +49,8 @@ from kernels.records import Candidate, HardwareSpec, Measurement
 class WorkerConfig:
     mode: str = "gpu"  # "gpu" or "interpreter"
     concurrency: int = 4  # children loading/compiling at once
-    timeout_s: float = 300.0  # a child's whole life
-    gpu_timeout_s: float = 60.0  # from taking the GPU lock to its result
+    timeout_s: float = 300.0  # loading and compiling ahead, outside the lock (waiting for it not counted)
+    gpu_timeout_s: float = 60.0  # holding the GPU lock, for the smallest case; grows with case size and runtime
     seeds: int = 3  # seeded correctness inputs per case
     max_seconds_per_case: float = 1.0  # timing budget per case
     network: str = "namespace"  # strongest network protection to try: namespace, seccomp, off
@@ -52,7 +59,8 @@ class WorkerConfig:
     host_memory_gib: float = 32.0  # resident memory past which the worker kills a child
     file_size_mib: int = 512  # largest file a child may write
     # CPU seconds a child may use; the wall-clock limits normally fire first, this catches the rest.
-    cpu_seconds: int | None = None  # None: twice timeout_s
+    cpu_seconds: int | None = None  # None: twice the sum of the op's limits
+    device_memory_gib: float | None = None  # the device memory cases must fit in; None: the device's own
 
 
 @dataclass
@@ -62,6 +70,7 @@ class WorkerStats:
     children: int = 0
     crashed: int = 0  # died before reporting
     killed: int = 0  # killed by the worker: time or memory limit
+    retried_alone: int = 0  # ran out of device memory beside others; measured again alone
     sandboxes: Counter = field(default_factory=Counter)  # sandbox summary -> children that entered it
 
 
@@ -72,7 +81,13 @@ class _Running:
     conn: object
     scratch: str
     started: float
+    limits: budget.Limits
+    alone: bool = False
+    waiting_since: float | None = None
     gpu_started: float | None = None
+    compiles_under_lock: bool = False
+    checks_started: float | None = None
+    released: float | None = None
     result: dict | None = None
     peak_rss_bytes: int = 0
 
@@ -178,6 +193,12 @@ class MeasureWorker:
         self._probed = config.mode != "gpu"
         self.reference_us: dict[str, tuple[float, ...]] = {}  # op -> eager runtime per case
         self.busy_gpu_seconds = 0.0
+        self._case_bytes: dict[str, list[int]] = {}
+        self._first_attempt: dict[str, Measurement] = {}  # candidate id -> its out-of-memory attempt
+        self._reference_call_us: dict[str, dict[str, float]] = {}  # op -> case -> its reference's first call  # op -> per case, one set's bytes plus parameters
+        # (candidate id, attempt, phase, monotonic time, detail) for every phase of every child, in order
+        # (the latest 100,000): shows when each held the GPU lock and what ran beside it.
+        self.timeline: deque[tuple[str, int, str, float, object]] = deque(maxlen=100_000)
 
     def close(self) -> None:
         shutil.rmtree(self._root, ignore_errors=True)
@@ -189,22 +210,48 @@ class MeasureWorker:
         self.close()
 
     def measure(self, candidates: Iterable[Candidate]) -> Iterator[Measurement]:
-        """Measure each candidate (the op's eager reference first, once), yielding results as they finish."""
+        """Measure each candidate (each op's eager reference first, once), yielding results as they finish."""
         candidates = list(candidates)
         if not self._probed:
             self.probe_sandbox()
-        for op_name in dict.fromkeys(c.op for c in candidates):
+        ops = list(dict.fromkeys(c.op for c in candidates))
+        for op_name in ops:
             get_operation(op_name)  # fail on an unknown op before any child starts
-            if self.config.mode == "gpu" and op_name not in self.reference_us:
-                seed = get_operation(op_name).seed_candidates()[0]
-                for m in self._run([seed]):
-                    if m.status == "ok":
-                        self.reference_us[op_name] = m.runtime_us_median
-                    m = self._with_speedup(m)
-                    yield m
-                candidates = [c for c in candidates if c.candidate_id != seed.candidate_id]
-        for m in self._run(candidates):
+        seeds = [get_operation(o).seed_candidates()[0] for o in ops if o not in self.reference_us]
+        if self.config.mode != "gpu":  # no timing to anchor: only the references asked for, first all the same
+            asked = {c.candidate_id for c in candidates}
+            seeds = [c for c in seeds if c.candidate_id in asked]
+        for m in self._run(seeds):  # all references at once, before their candidates: their runtimes set limits
+            if m.status == "ok":
+                self.reference_us[m.op] = m.runtime_us_median
             yield self._with_speedup(m)
+        seed_ids = {s.candidate_id for s in seeds}
+        for m in self._run([c for c in candidates if c.candidate_id not in seed_ids]):
+            yield self._with_speedup(m)
+
+    def limits(self, op_name: str) -> budget.Limits:
+        """The limits of every candidate of ``op_name``: from its case sizes and, once measured, its reference's runtime."""
+        cfg = self.config
+        op = get_operation(op_name)
+        cases = op.cases if cfg.mode == "gpu" else op.interpret_cases
+        if op_name not in self._case_bytes:
+            sizes = []
+            for case in cases:
+                try:
+                    fp = budget.footprint(op, case)
+                    sizes.append(fp.set_bytes + fp.parameter_bytes)
+                except Exception:  # noqa: BLE001 - inputs meta tensors cannot describe: the bytes model
+                    sizes.append(op.bytes_moved(case))
+            self._case_bytes[op_name] = sizes
+        # The reference's runtime per case: its timed median, or (the larger) its first call, which its
+        # own measurement reports as it goes; the same figures for every candidate of the op.
+        medians = dict(zip((c.name for c in cases), self.reference_us.get(op_name, ())))
+        calls = self._reference_call_us.get(op_name, {})
+        runtime = [max(medians.get(c.name, 0.0), calls.get(c.name, 0.0)) for c in cases]
+        return budget.limits_for(self._case_bytes[op_name], mode=cfg.mode, seeds=cfg.seeds,
+                                 max_seconds_per_case=cfg.max_seconds_per_case,
+                                 reference_us=runtime if any(runtime) else None,
+                                 base_device_s=cfg.gpu_timeout_s, compile_s=cfg.timeout_s)
 
     def _with_speedup(self, m: Measurement) -> Measurement:
         ref = self.reference_us.get(m.op)
@@ -213,14 +260,19 @@ class MeasureWorker:
         speedup = geometric_mean(r / t for r, t in zip(ref, m.runtime_us_median))
         return replace(m, reference_us_median=tuple(ref), speedup=speedup)
 
-    def _job(self, cand: Candidate, scratch: str, network: str, filesystem: str) -> Job:
+    def _job(self, cand: Candidate, scratch: str, network: str, filesystem: str, limits: budget.Limits | None = None,
+             alone: bool = False) -> Job:
         cfg = self.config
+        whole = (limits.ahead_s + limits.first_calls_s + limits.device_s) if limits else cfg.timeout_s
         return Job(candidate=cand, mode=cfg.mode, scratch_dir=scratch, lock_path=self._lock_path,
                    triton_cache_dir=self._cache, seeds=cfg.seeds, max_seconds_per_case=cfg.max_seconds_per_case,
                    network=network, filesystem=filesystem,
-                   cpu_seconds=int(cfg.cpu_seconds or max(10, 2 * cfg.timeout_s)),
+                   cpu_seconds=int(cfg.cpu_seconds or max(10, 2 * whole)),
                    address_space_bytes=int(cfg.address_space_gib * 2**30) if cfg.address_space_gib else None,
-                   file_size_bytes=cfg.file_size_mib << 20)
+                   file_size_bytes=cfg.file_size_mib << 20,
+                   compile_target=ahead.target_of(self.hardware.compute_capability) if cfg.mode == "gpu" else "",
+                   device_memory_bytes=int(cfg.device_memory_gib * 2**30) if cfg.device_memory_gib else None,
+                   alone=alone, environment=tuple(sorted(get_operation(cand.op).environment.items())))
 
     def probe_sandbox(self) -> str:
         """Find the strongest protections under which CUDA and a Triton kernel still work; returns them.
@@ -256,23 +308,35 @@ class MeasureWorker:
         self._probed = True
         return self.probe_log[-1]
 
-    def _start(self, cand: Candidate) -> _Running:
+    def _start(self, cand: Candidate, alone: bool = False) -> _Running:
         scratch = tempfile.mkdtemp(prefix="cand-", dir=self._root)
-        job = self._job(cand, scratch, *self._protection)
+        limits = self.limits(cand.op)
+        job = self._job(cand, scratch, *self._protection, limits=limits, alone=alone)
         parent_conn, child_conn = self._ctx.Pipe(duplex=False)
         proc = self._ctx.Process(target=child_main, args=(job, child_conn), daemon=True,
                                  name=f"kernelcast-{cand.candidate_id}")
         proc.start()
         child_conn.close()
         self.stats.children += 1
-        return _Running(cand, proc, parent_conn, scratch, time.monotonic())
+        r = _Running(cand, proc, parent_conn, scratch, time.monotonic(), limits=limits, alone=alone)
+        self._note(r, "started", r.started, limits)
+        return r
+
+    def _note(self, r: _Running, phase: str, t: float, detail=None) -> None:
+        self.timeline.append((r.candidate.candidate_id, 2 if r.alone else 1, phase, t, detail))
 
     def _run(self, candidates: list[Candidate]) -> Iterator[Measurement]:
         pending = deque(candidates)
+        solo: deque[tuple[Candidate, Measurement]] = deque()  # ran out of device memory: again, alone
         running: list[_Running] = []
         try:
-            while pending or running:
-                while pending and len(running) < self.config.concurrency:
+            while pending or running or solo:
+                if solo and not running:
+                    cand, first = solo.popleft()
+                    running.append(self._start(cand, alone=True))
+                    self._first_attempt[cand.candidate_id] = first
+                alone = solo or any(r.alone for r in running)  # a retry runs with no other child beside it
+                while not alone and pending and len(running) < self.config.concurrency:
                     running.append(self._start(pending.popleft()))
                 wait([r.conn for r in running] + [r.process.sentinel for r in running], timeout=0.5)
                 still = []
@@ -280,8 +344,11 @@ class MeasureWorker:
                     done = self._poll(r)
                     if done is None:
                         still.append(r)
+                    elif not r.alone and self._out_of_memory(r, done):
+                        self.stats.retried_alone += 1
+                        solo.append((r.candidate, done))  # no verdict yet: others held the device beside it
                     else:
-                        yield done
+                        yield self._after_retry(r, done)
                 running = still
         finally:
             for r in running:  # the caller stopped early: leave no child behind
@@ -290,17 +357,34 @@ class MeasureWorker:
                 _kill_group(r.process.pid)
                 shutil.rmtree(r.scratch, ignore_errors=True)
 
+    @staticmethod
+    def _out_of_memory(r: _Running, m: Measurement) -> bool:
+        if m.status not in ("runtime_error", "crashed"):
+            return False
+        return bool((r.result or {}).get("out_of_memory")) or budget.is_out_of_memory(m.error)
+
+    def _after_retry(self, r: _Running, m: Measurement) -> Measurement:
+        """A retried candidate's verdict, charged for both attempts; others unchanged."""
+        first = self._first_attempt.pop(r.candidate.candidate_id, None)
+        if first is None:
+            return m
+        fields = {"gpu_seconds": m.gpu_seconds + first.gpu_seconds, "wall_seconds": m.wall_seconds + first.wall_seconds}
+        if self._out_of_memory(r, m):
+            fields["error"] = f"out of device memory even when measured alone: {m.error}"
+        return replace(m, **fields)
+
     def _poll(self, r: _Running) -> Measurement | None:
         """The finished measurement of a child, or None while it is still running within its limits."""
         try:
             while r.conn.poll():
-                kind, payload = r.conn.recv()
-                if kind == "gpu_stage":
-                    r.gpu_started = time.monotonic()
+                message = r.conn.recv()
+                kind = message[0]
+                if kind == "phase":
+                    self._phase(r, *message[1:])
                 elif kind == "sandbox":
-                    self.stats.sandboxes[payload] += 1
+                    self.stats.sandboxes[message[1]] += 1
                 elif kind == "result":
-                    r.result = payload
+                    r.result = message[1]
         except (EOFError, OSError):
             pass
         now = time.monotonic()
@@ -313,7 +397,7 @@ class MeasureWorker:
             r.process.join()
             code = r.process.exitcode
             if code == -signal.SIGXCPU:
-                limit = self._job(r.candidate, r.scratch, *self._protection).cpu_seconds
+                limit = self._job(r.candidate, r.scratch, *self._protection, limits=r.limits).cpu_seconds
                 return self._finish(r, status="timeout", error=f"candidate used its CPU-time limit of {limit} s; "
                                     f"killed by {_signal_name(code)}", gpu_seconds=self._gpu_held(r, now))
             how = f"killed by {_signal_name(code)}" if code and code < 0 else f"exited with code {code}"
@@ -330,10 +414,40 @@ class MeasureWorker:
             return self._finish(r, status="runtime_error", gpu_seconds=self._gpu_held(r, now),
                                 error=f"candidate used {rss / 2**30:.1f} GiB of host memory, over its limit of "
                                       f"{self.config.host_memory_gib:g} GiB; killed")
-        if now - r.started > self.config.timeout_s:
-            return self._kill(r, f"exceeded its time limit of {self.config.timeout_s:.0f} s", now)
-        if r.gpu_started is not None and now - r.gpu_started > self.config.gpu_timeout_s:
-            return self._kill(r, f"held the GPU past its limit of {self.config.gpu_timeout_s:.0f} s", now)
+        over = self._over_limit(r, now)
+        return self._kill(r, over, now) if over else None
+
+    def _phase(self, r: _Running, name: str, detail, t: float) -> None:
+        self._note(r, name, t, detail)
+        if name == "waiting":
+            r.waiting_since = t
+        elif name == "locked":
+            r.gpu_started = t
+            r.compiles_under_lock = bool((detail or {}).get("first_calls_to_compile"))
+        elif name == "checks":
+            r.checks_started = t
+        elif name == "call" and r.candidate.origin == "seed" and r.candidate.op not in self.reference_us:
+            # the reference, measuring: its limits grow with its own calls, as its candidates' will
+            self._reference_call_us.setdefault(r.candidate.op, {})[detail["case"]] = detail["seconds"] * 1e6
+            r.limits = self.limits(r.candidate.op)
+            self._note(r, "limits", t, r.limits)
+        elif name == "released":
+            r.released = t
+
+    def _over_limit(self, r: _Running, now: float) -> str | None:
+        """Which limit a running child has passed, or None. Waiting for the lock counts against none."""
+        lim = r.limits
+        if r.waiting_since is None and now - r.started > lim.ahead_s:
+            return f"exceeded its time limit of {lim.ahead_s:.0f} s for loading and compiling (outside the GPU lock)"
+        if r.released is not None and now - r.released > 30:
+            return "released the GPU but sent no result within the 30 s limit"
+        if r.checks_started is not None:
+            if now - r.checks_started > lim.device_s:
+                return f"held the GPU past its limit of {lim.device_s:.0f} s"
+        elif r.gpu_started is not None:
+            first = lim.first_calls_s if r.compiles_under_lock else lim.device_s
+            if now - r.gpu_started > first:
+                return f"held the GPU past its limit of {first:.0f} s for its first calls"
         return None
 
     def _gpu_held(self, r: _Running, now: float) -> float:
@@ -356,6 +470,7 @@ class MeasureWorker:
                 "gpu_seconds": float(res.get("gpu_seconds", 0.0))}
 
     def _finish(self, r: _Running, **fields) -> Measurement:
+        self._note(r, "ended", time.monotonic(), fields.get("status"))
         _kill_group(r.process.pid)
         shutil.rmtree(r.scratch, ignore_errors=True)
         try:

@@ -92,6 +92,8 @@ class Operation:
     tolerance_overrides: dict = {}
     # Torch functions a non-torch candidate may not call: the routes to the answer it should compute.
     forbidden_calls: tuple[str, ...] = ()
+    # Environment variables the op's own code needs in the measuring process (set before CUDA starts).
+    environment: dict = {}
     # The template space (searched by ``kernels.spaces``): one Algorithm per source template.
     # Empty for an operation without one (an imported task: its children come from an LLM).
     algorithms: tuple[Algorithm, ...] = ()
@@ -120,6 +122,14 @@ class Operation:
     def tolerance(self, dtype: torch.dtype) -> tuple[float, float]:
         return self.tolerance_overrides.get(dtype, DEFAULT_TOLERANCES.get(dtype, (0.0, 0.0)))
 
+    def parameter_bytes(self, case: Case) -> int:
+        """Device bytes a call needs besides its inputs and outputs (a model's weights); the memory budget counts them."""
+        return 0
+
+    def clear_caches(self) -> None:
+        """Drop what this process keeps between calls (built models): the harness frees device memory before it
+        releases the GPU."""
+
     def check(self, case: Case, inputs, got) -> str | None:
         """None when ``got`` (a candidate's outputs on ``inputs``) is correct, else what is wrong.
 
@@ -130,6 +140,14 @@ class Operation:
 
     def input_names(self) -> tuple[str, ...]:
         raise NotImplementedError
+
+    def writable_inputs(self, case: Case) -> tuple[int, ...]:
+        """Positions of inputs that are output buffers the kernel writes (a GPU MODE task's ``data``); the rest are read-only."""
+        return ()
+
+    def null_submission(self) -> str | None:
+        """The reference as a submission in the op's own format (imported ops); None: the eager baseline serves."""
+        return None
 
     def seed_candidates(self) -> list[Candidate]:
         """The eager PyTorch baseline as a measurable candidate (origin ``seed``)."""

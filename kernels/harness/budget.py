@@ -1,0 +1,156 @@
+"""Device memory and time, budgeted per case: what a case needs, what fits, how long it may take.
+
+Plain functions of sizes and runtimes, so the rules can be read and tested without a GPU:
+
+  footprint       — a case's bytes (inputs, outputs, model parameters), from meta tensors:
+                    nothing is allocated to find them.
+  refusal         — a case whose correctness check cannot fit in the device's memory is
+                    refused before any input is made, naming the bytes it needs and has.
+  rotation_sets   — how many input sets the timing loop rotates through: up to 1 GiB of
+                    inputs, as many as the device memory free after the checks holds.
+  limits_for      — the time a child may hold the GPU, from the op's case sizes and, once
+                    measured, the reference's own runtime. A function of the op alone: a
+                    reference and a candidate of the same op get the same limits.
+  is_out_of_memory — whether a failure was the device running out of memory (the worker
+                    then retries the candidate once, alone on the GPU).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import torch
+
+GIB = 1 << 30
+# Timing rotates through 2 to 8 input sets of about this many bytes of inputs in all: no call
+# finds its operands in the L2 (or TLB) left by the previous one.
+ROTATION_BYTES = 1 << 30
+MAX_ROTATION_SETS = 8
+# Device memory kept free beyond a case's own bytes: the L2 flush buffer (256 MiB), the
+# CUDA context's own allocations, library workspaces (cuBLAS, cuDNN) and allocator slack.
+RESERVE_BYTES = 1 * GIB
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """The device bytes of one case: one set of inputs, the outputs, the model's parameters."""
+
+    case: str
+    input_bytes: int
+    output_bytes: int
+    parameter_bytes: int = 0
+
+    @property
+    def set_bytes(self) -> int:
+        """One timed call's operands: its inputs and its outputs."""
+        return self.input_bytes + self.output_bytes
+
+    @property
+    def check_bytes(self) -> int:
+        """What a checked call holds at once: inputs and their read-only copy, the candidate's and
+        the reference's outputs, the candidate's and the reference's parameters."""
+        return 2 * (self.input_bytes + self.output_bytes + self.parameter_bytes)
+
+
+def tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def footprint(op, case) -> Footprint:
+    """The case's bytes from meta inputs (no memory), the op's output specs and its bytes model."""
+    gen = torch.Generator()
+    gen.manual_seed(0)
+    inputs = op.make_inputs(case, gen, "meta")
+    in_bytes = tensor_bytes(inputs)
+    spec_bytes = sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+                     for shape, dtype in op.output_specs(case))
+    # Ops whose candidates return their outputs declare none; their bytes model is inputs plus outputs.
+    out_bytes = max(spec_bytes, op.bytes_moved(case) - in_bytes, 0)
+    return Footprint(case.name, in_bytes, out_bytes, op.parameter_bytes(case))
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def refusal(fp: Footprint, total_bytes: int) -> str | None:
+    """Why a case cannot be checked on a device of ``total_bytes``, or None when it can.
+
+    Judged against the device's whole memory less a fixed reserve, not against what is free
+    at the moment: the verdict must not depend on what other processes hold.
+    """
+    usable = total_bytes - RESERVE_BYTES
+    if fp.check_bytes <= usable:
+        return None
+    parts = f"inputs {_gib(fp.input_bytes)}, outputs {_gib(fp.output_bytes)}"
+    if fp.parameter_bytes:
+        parts += f", parameters {_gib(fp.parameter_bytes)}"
+    return (f"case {fp.case} does not fit on the device: its correctness check needs {_gib(fp.check_bytes)} "
+            f"({fp.check_bytes} bytes: {parts}, each twice, the candidate's and the reference's) but the device "
+            f"has {_gib(usable)} usable ({usable} bytes: {_gib(total_bytes)} less {_gib(RESERVE_BYTES)} reserved)")
+
+
+def rotation_sets(free_bytes: int, input_bytes: int, output_bytes: int = 0,
+                  reserve_bytes: int = RESERVE_BYTES) -> int:
+    """Input sets to rotate through while timing: 2 to 8 whose inputs fill ROTATION_BYTES, as many of those
+    (with their outputs) as the free device memory holds beyond the reserve, at least 1."""
+    wanted = max(2, min(MAX_ROTATION_SETS, ROTATION_BYTES // max(1, input_bytes)))
+    room = max(0, free_bytes - reserve_bytes)
+    return max(1, min(wanted, room // max(1, input_bytes + output_bytes)))
+
+
+# ---- time limits -----------------------------------------------------------------------------------
+
+# Rates below which no healthy stage runs: making inputs (on the device: gigabytes in milliseconds),
+# copying and comparing them. Deliberately slow: a limit must not cut a correct reference short;
+# it only bounds what a hang costs. (A task that can only make its inputs on the host, at well under
+# a gigabyte per second, may pass it on huge cases: its reference and candidates alike.)
+GPU_FLOOR_BYTES_PER_S = 2e9
+INTERPRETER_FLOOR_BYTES_PER_S = 0.05e9
+# Calls of the candidate or the reference per case under the lock: first call, correctness
+# seeds with their reference calls, recheck, timing warm-up and minimum repetitions.
+CALLS_PER_CASE = 40
+# A candidate may be this many times slower than the reference and still be measured.
+RUNTIME_SLACK = 10.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How long a child may take, per phase. The same for every candidate of one op."""
+
+    ahead_s: float  # outside the lock: load, compile ahead (waiting for the lock is not counted)
+    first_calls_s: float  # under the lock, the first call per case when it could not be made ahead
+    device_s: float  # under the lock, from the first calls' end to the result
+
+
+def limits_for(case_bytes: list[int], *, mode: str, seeds: int, max_seconds_per_case: float,
+               reference_us: list[float] | None = None, base_device_s: float = 60.0,
+               compile_s: float = 300.0) -> Limits:
+    """Limits that grow with each case's bytes and, once it is known, the reference's runtime per case.
+
+    ``case_bytes``: per case, the bytes of one set of inputs and outputs (``Footprint.set_bytes``)
+    plus its parameters. ``compile_s`` bounds what happens outside the lock (and a first call
+    that had to compile under it).
+    """
+    floor = GPU_FLOOR_BYTES_PER_S if mode == "gpu" else INTERPRETER_FLOOR_BYTES_PER_S
+    device = base_device_s
+    for i, nbytes in enumerate(case_bytes):
+        # inputs made for the first call, each seed, the recheck and the rotation sets; copied and compared
+        device += (seeds + 4 + MAX_ROTATION_SETS) * 2 * nbytes / floor + max_seconds_per_case
+        if reference_us and i < len(reference_us) and reference_us[i] and math.isfinite(reference_us[i]):
+            device += CALLS_PER_CASE * RUNTIME_SLACK * reference_us[i] * 1e-6
+    first = compile_s + sum(2 * b / floor for b in case_bytes)
+    return Limits(ahead_s=compile_s, first_calls_s=first, device_s=device)
+
+
+# ---- out of memory -----------------------------------------------------------------------------------
+
+_OOM = re.compile(r"OutOfMemoryError|CUDA out of memory|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED|"
+                  r"cudaErrorMemoryAllocation|out of memory", re.I)
+
+
+def is_out_of_memory(error: str) -> bool:
+    """Whether a failure's message says the device ran out of memory."""
+    return bool(_OOM.search(error or ""))

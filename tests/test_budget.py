@@ -1,0 +1,189 @@
+"""Device memory and time budgets: footprints from meta tensors, refusals that name bytes, rotation sets, limits."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernels.harness import budget
+from kernels.harness.budget import GIB, Footprint, limits_for, refusal, rotation_sets
+from kernels.harness.worker import MeasureWorker, WorkerConfig
+from kernels.hardware import INTERPRETER
+from kernels.null import null_candidate
+from kernels.ops import get_operation
+from kernels.records import HardwareSpec
+
+CPU = HardwareSpec(gpu_type=INTERPRETER, device_name="Triton CPU interpreter")
+
+
+# ---- footprints ---------------------------------------------------------------------------------------
+
+
+def test_a_footprint_counts_inputs_and_outputs_from_meta_tensors_at_full_size():
+    op = get_operation("layernorm")
+    case = op.cases[0]  # bf16 8192 x 4096: x, weight, bias in; one (M, N) out
+    fp = budget.footprint(op, case)
+    m, n = case["M"], case["N"]
+    assert fp.input_bytes == 2 * (m * n + 2 * n) and fp.output_bytes == 2 * m * n
+    assert fp.check_bytes == 2 * (fp.input_bytes + fp.output_bytes)
+
+
+def test_every_operation_has_a_footprint_for_every_case():
+    from kernels.ops import OPERATIONS
+
+    for name in OPERATIONS:
+        op = get_operation(name)
+        for case in op.cases + op.interpret_cases:
+            fp = budget.footprint(op, case)
+            assert fp.input_bytes > 0 and fp.output_bytes > 0, (name, case.name)
+
+
+# ---- refusal and rotation ------------------------------------------------------------------------------
+
+
+def test_a_case_that_fits_is_not_refused():
+    assert refusal(Footprint("small", 1 * GIB, 1 * GIB), total_bytes=80 * GIB) is None
+
+
+def test_a_case_too_big_for_the_device_is_refused_naming_the_bytes_it_needs_and_has():
+    fp = Footprint("4096x393216-fp32", input_bytes=24 * GIB, output_bytes=24 * GIB, parameter_bytes=GIB // 2)
+    message = refusal(fp, total_bytes=80 * GIB)
+    assert message.startswith("case 4096x393216-fp32 does not fit on the device")
+    assert "needs 97.00 GiB" in message and "has 79.00 GiB usable" in message
+    assert "inputs 24.00 GiB" in message and "parameters 0.50 GiB" in message
+
+
+def test_the_refusal_depends_on_the_device_not_on_what_others_hold_now():
+    fp = Footprint("c", 30 * GIB, 0)
+    assert refusal(fp, total_bytes=80 * GIB) is None  # whatever is free at the moment
+    assert refusal(fp, total_bytes=40 * GIB) is not None
+
+
+@pytest.mark.parametrize("free, inputs, outputs, sets", [
+    (80 * GIB, 1 << 20, 1 << 20, 8),         # small sets: eight, as many as rotation wants
+    (80 * GIB, 300 << 20, 300 << 20, 3),     # 1 GiB of inputs in all
+    (80 * GIB, 4 * GIB, 4 * GIB, 2),         # big sets: two, when the device holds them
+    (10 * GIB, 4 * GIB, 4 * GIB, 1),         # ... one when it does not
+    (1 * GIB + (200 << 20), 32 << 20, 32 << 20, 3),  # little free memory beyond the reserve
+    (GIB // 2, 1 << 20, 0, 1),               # less than the reserve free: one set
+])
+def test_rotation_sets_follow_free_memory_and_set_size(free, inputs, outputs, sets):
+    assert rotation_sets(free, inputs, outputs) == sets
+
+
+# ---- limits --------------------------------------------------------------------------------------------
+
+
+def _limits(case_bytes, reference_us=None, mode="gpu"):
+    return limits_for(case_bytes, mode=mode, seeds=3, max_seconds_per_case=1.0, reference_us=reference_us)
+
+
+def test_the_device_limit_grows_with_case_size():
+    small, large, huge = (_limits([n]).device_s for n in (1 << 20, 4 * GIB, 32 * GIB))
+    assert 60 <= small < large < huge
+    assert huge > 300  # a 32 GiB case may take minutes to make, copy and compare at the floor rate
+
+
+def test_the_device_limit_grows_with_the_references_runtime():
+    unknown = _limits([1 << 20]).device_s
+    fast, slow = (_limits([1 << 20], reference_us=[us]).device_s for us in (100.0, 2e6))
+    assert unknown <= fast < slow and slow - unknown >= 2.0 * budget.CALLS_PER_CASE * budget.RUNTIME_SLACK * 0.99
+
+
+def test_limits_are_a_function_of_the_op_alone_so_reference_and_candidate_get_the_same():
+    op = get_operation("softmax")
+    with MeasureWorker(CPU, WorkerConfig(mode="interpreter")) as worker:
+        reference, null = op.seed_candidates()[0], null_candidate(op)
+        before = worker.limits(reference.op)
+        assert before == worker.limits(null.op)
+        worker.reference_us[op.name] = (50e3, 60e3, 70e3)  # once the reference is measured: for both again
+        after = worker.limits(op.name)
+    assert after.device_s > before.device_s and after.ahead_s == before.ahead_s
+
+
+def test_a_case_too_big_for_the_device_is_refused_by_the_child_before_any_input_is_made():
+    op = get_operation("softmax")
+    cands = [op.seed_candidates()[0], null_candidate(op)]
+    with MeasureWorker(CPU, WorkerConfig(mode="interpreter", concurrency=2, seeds=1, device_memory_gib=1.0)) as w:
+        results = list(w.measure(cands))
+        timeline = w.timeline
+    assert [m.status for m in results] == ["rejected", "rejected"]
+    assert all("does not fit on the device" in m.error and "0.00 GiB" in m.error for m in results)
+    assert not [phase for _, _, phase, _, _ in timeline if phase in ("locked", "first_inputs")]
+
+
+def test_the_same_code_gets_the_same_verdict_and_limits_in_the_worker():
+    op = get_operation("softmax")
+    reference, null = op.seed_candidates()[0], null_candidate(op)
+    with MeasureWorker(CPU, WorkerConfig(mode="interpreter", concurrency=2, seeds=1)) as worker:
+        results = {m.candidate_id: m for m in worker.measure([null, reference])}
+        limits = {}  # the last limits each child ran under
+        for cid, _, phase, _, detail in worker.timeline:
+            if phase in ("started", "limits"):
+                limits[cid] = detail
+    assert results[reference.candidate_id].status == results[null.candidate_id].status == "ok"
+    assert limits[reference.candidate_id] == limits[null.candidate_id]
+
+
+# ---- out of memory -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("error, oom", [
+    ("OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", True),
+    ("RuntimeError: CUDA error: out of memory", True),
+    ("RuntimeError: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate(handle)", True),
+    ("candidate used 40.0 GiB of host memory, over its limit of 32 GiB; killed", False),
+    ("MemoryError: ", False),
+    ("output 0 differs from the reference", False),
+])
+def test_device_out_of_memory_is_recognised_from_the_error(error, oom):
+    assert budget.is_out_of_memory(error) is oom
+
+
+SLOW_REFERENCE = '''
+import time
+
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """Doubles its input, slowly."""
+
+    def forward(self, x):
+        time.sleep(0.4)
+        return x * 2
+
+
+batch_size = 4
+dim = 8
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_slow_reference_is_not_cut_short_its_limit_grows_with_its_own_calls_and_its_twins_too(tmp_path):
+    from kernels.formats import import_task
+
+    path = tmp_path / "slow.py"
+    path.write_text(SLOW_REFERENCE)
+    op, _ = import_task("kernelbench", str(path), name="slow_double")
+    reference, null = op.seed_candidates()[0], null_candidate(op)
+    # a base limit shorter than the reference's device phase (four calls of 0.4 s, and their checks)
+    cfg = WorkerConfig(mode="interpreter", concurrency=2, seeds=1, gpu_timeout_s=1.0, max_seconds_per_case=0.1)
+    with MeasureWorker(CPU, cfg) as worker:
+        before = worker.limits(op.name)
+        results = {m.candidate_id: m for m in worker.measure([null, reference])}
+        after = worker.limits(op.name)
+        started = {cid: limits for cid, _, phase, _, limits in worker.timeline if phase == "started"}
+    assert results[reference.candidate_id].status == "ok", results[reference.candidate_id].error
+    assert results[null.candidate_id].status == "ok", results[null.candidate_id].error
+    assert before.device_s < 1.5 and after.device_s > 100  # 400 times the reference's 0.4 s call
+    assert started[null.candidate_id] == after  # the twin started after its reference, with its runtime
+    (last,) = [d for cid, _, phase, _, d in worker.timeline if phase == "limits" and cid == reference.candidate_id][-1:]
+    assert last == after  # and the reference itself ran under the same limits once its calls were seen

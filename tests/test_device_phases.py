@@ -1,0 +1,202 @@
+"""One child on the device at a time: compile ahead on the CPU, every device phase under the lock, memory budgeted.
+
+Run through the real worker and sandboxed children under Triton's interpreter: the
+worker's timeline records when each child took and released the GPU lock, when it
+made its first inputs, and what the others did meanwhile. Compiling ahead for a real
+GPU target is checked in a process without the interpreter (Triton compiles CUDA
+kernels with no GPU present).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from kernels.harness.worker import MeasureWorker, WorkerConfig
+from kernels.hardware import INTERPRETER
+from kernels.records import Candidate, HardwareSpec
+from kernels.spaces import get_space
+
+CPU = HardwareSpec(gpu_type=INTERPRETER, device_name="Triton CPU interpreter")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+OUT_OF_MEMORY = '''
+import torch
+
+
+def launch(x, out):
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+'''
+
+
+def _measure(cands, **config):
+    cfg = WorkerConfig(**{"mode": "interpreter", "concurrency": 3, "timeout_s": 60, "seeds": 1, **config})
+    with MeasureWorker(CPU, cfg) as worker:
+        results = {m.candidate_id: m for m in worker.measure(cands)}
+        return results, worker
+
+
+def _intervals(timeline, start: str, end: str) -> dict[tuple[str, int], tuple[float, float]]:
+    """(candidate, attempt) -> (time of phase ``start``, time of phase ``end``)."""
+    seen: dict[tuple[str, int], dict[str, float]] = {}
+    for cid, attempt, phase, t, _ in timeline:
+        seen.setdefault((cid, attempt), {})[phase] = t
+    return {k: (v[start], v[end]) for k, v in seen.items() if start in v and end in v}
+
+
+def _overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+@pytest.fixture(scope="module")
+def batch():
+    cands = get_space("softmax").spread_subset(6)
+    results, worker = _measure(cands)
+    return cands, results, worker
+
+
+def test_device_phases_never_overlap_while_others_compile_beside_them(batch):
+    cands, results, worker = batch
+    assert all(results[c.candidate_id].status == "ok" for c in cands), [m.error for m in results.values()]
+    # "releasing" is sent once the child's device memory is freed, just before it unlocks
+    locked = _intervals(worker.timeline, "locked", "releasing")
+    assert len(locked) == len(cands)
+    pairs = [(a, b) for a in locked for b in locked if a < b]
+    assert not [p for p in pairs if _overlap(locked[p[0]], locked[p[1]])]
+    # concurrency did happen: some child compiled ahead while another held the device
+    ahead = _intervals(worker.timeline, "started", "ahead_done")
+    assert any(_overlap(ahead[a], locked[b]) for a in ahead for b in locked if a != b)
+
+
+def test_first_inputs_are_made_only_while_holding_the_lock(batch):
+    _, _, worker = batch
+    locked = _intervals(worker.timeline, "locked", "releasing")
+    first = {(cid, n): t for cid, n, phase, t, _ in worker.timeline if phase == "first_inputs"}
+    assert set(first) == set(locked)
+    for key, t in first.items():
+        assert locked[key][0] <= t <= locked[key][1]
+
+
+def test_each_child_frees_its_device_memory_before_releasing_the_lock(batch):
+    _, _, worker = batch
+    releasing = [detail for _, _, phase, _, detail in worker.timeline if phase == "releasing"]
+    assert releasing and all(d["device_bytes_left"] == 0 for d in releasing)
+    order = [phase for _, _, phase, _, _ in worker.timeline if phase in ("releasing", "released")]
+    assert order == ["releasing", "released"] * (len(order) // 2)
+
+
+def test_a_first_call_that_cannot_run_on_meta_tensors_is_made_under_the_lock():
+    data_dependent = Candidate(op="softmax", backend="torch", origin="llm", source=textwrap.dedent('''
+        import torch
+
+
+        def launch(x, out):
+            if float(x.abs().max()) < 0:  # reads a value: impossible on meta tensors
+                raise ValueError("never")
+            e = (x.float() - x.float().amax(dim=-1, keepdim=True)).exp()
+            out.copy_((e / e.sum(dim=-1, keepdim=True)).to(x.dtype))
+        '''))
+    results, worker = _measure([data_dependent])
+    (m,) = results.values()
+    assert m.status == "ok", m.error
+    (ahead,) = [d for _, _, phase, _, d in worker.timeline if phase == "ahead_done"]
+    assert len(ahead["deferred"]) == 3  # every interpreter case: its first call moved under the lock
+    (locked,) = [d for _, _, phase, _, d in worker.timeline if phase == "locked"]
+    assert locked["first_calls_to_compile"] == 3
+
+
+def test_compiling_ahead_builds_cuda_kernels_without_a_gpu_or_cuda(tmp_path):
+    """Triton compiles a template's kernels for an H100 (sm_90) from meta inputs at the GPU cases' sizes."""
+    script = textwrap.dedent(f'''
+        import glob, json, os
+        os.environ.pop("TRITON_INTERPRET", None)
+        os.environ["TRITON_CACHE_DIR"] = {str(tmp_path)!r}
+        import torch
+        from kernels.harness.runner import Job, compile_ahead
+        from kernels.ops import get_operation
+        from kernels.spaces import get_space
+
+        (cand,) = get_space("softmax").spread_subset(1)
+        op = get_operation("softmax")
+        job = Job(candidate=cand, mode="gpu", scratch_dir={str(tmp_path)!r}, lock_path="/nonexistent",
+                  triton_cache_dir={str(tmp_path)!r}, compile_target="cuda:90")
+        deferred = compile_ahead(job, op, op.cases)
+        cubins = glob.glob({str(tmp_path)!r} + "/**/*.cubin", recursive=True)
+        print(json.dumps({{"deferred": deferred, "cuda": torch.cuda.is_initialized(), "cubins": len(cubins)}}))
+        ''')
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env={**env, "PYTHONPATH": REPO},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["deferred"] == {} and report["cuda"] is False
+    assert report["cubins"] >= 1
+
+
+def test_device_guard_refuses_cuda_before_torch_reaches_cuda():
+    import torch
+
+    from kernels.harness.ahead import DeviceGuard, NeedsDevice
+
+    with DeviceGuard("cuda"):
+        assert torch.empty(3, device="meta").shape == (3,)
+        with pytest.raises(NeedsDevice, match="empty uses the cuda device"):
+            torch.empty(3, device="cuda")
+        with pytest.raises(NeedsDevice):
+            torch.zeros(2).to("cuda:0")
+
+
+# ---- out of memory: retried once, alone -----------------------------------------------------------------
+
+
+def test_a_candidate_out_of_device_memory_is_retried_alone_before_its_verdict():
+    hog = Candidate(op="softmax", backend="torch", source=OUT_OF_MEMORY, origin="llm")
+    good = get_space("softmax").spread_subset(4)
+    results, worker = _measure([good[0], hog] + good[1:])
+    m = results[hog.candidate_id]
+    assert m.status == "runtime_error"
+    assert m.error.startswith("out of device memory even when measured alone") and "80.00 GiB" in m.error
+    assert worker.stats.retried_alone == 1
+    assert all(results[c.candidate_id].status == "ok" for c in good)
+    lives = _intervals(worker.timeline, "started", "ended")
+    (retry,) = [k for k in lives if k[1] == 2]
+    assert retry[0] == hog.candidate_id
+    assert not [k for k in lives if k != retry and _overlap(lives[k], lives[retry])]
+
+
+def test_a_good_candidate_is_never_retried(batch):
+    _, _, worker = batch
+    assert worker.stats.retried_alone == 0
+    assert {attempt for _, attempt, _, _, _ in worker.timeline} == {1}
+
+
+# ---- on a GPU (skipped without one) ---------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_templates_compile_ahead_and_device_phases_never_overlap():
+    from kernels.hardware import detect
+    from kernels.null import null_candidate
+    from kernels.ops import get_operation
+
+    op = get_operation("softmax")
+    cands = get_space("softmax").spread_subset(6) + [null_candidate(op)]
+    with MeasureWorker(detect(), WorkerConfig(mode="gpu", concurrency=4)) as worker:
+        results = {m.candidate_id: m for m in worker.measure(cands)}
+        timeline = list(worker.timeline)
+    assert all(m.status == "ok" for m in results.values()), [m.error for m in results.values()]
+    aheads = [d for _, _, phase, _, d in timeline if phase == "ahead_done"]
+    assert aheads and all(d["deferred"] == [] for d in aheads)  # every Triton kernel compiled before the lock
+    locked = _intervals(timeline, "locked", "releasing")
+    assert not [(a, b) for a in locked for b in locked if a < b and _overlap(locked[a], locked[b])]
+    first = {(cid, n): t for cid, n, phase, t, _ in timeline if phase == "first_inputs"}
+    assert all(locked[k][0] <= t <= locked[k][1] for k, t in first.items())
+    left = [d["device_bytes_left"] for _, _, phase, _, d in timeline if phase == "releasing"]
+    assert all(0 <= b < 64 << 20 for b in left), left  # what is left is not case data
+    null = results[null_candidate(op).candidate_id]
+    assert abs(1 - null.speedup) < 0.05, null.speedup

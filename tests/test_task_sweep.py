@@ -1,0 +1,103 @@
+"""The task sweep benchmark end to end on tiny tasks, under Triton's interpreter: import, measure, resume, report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.formats_for_tests import KB_ROW_SUM, write_gpumode, write_kernelbench
+from tests.test_real_size import GPUMODE_ADD_INTO
+
+REPO = Path(__file__).resolve().parents[1]
+
+SMALL_SPECS = '''
+tests:
+  - {"size": 16, "seed": 1}
+benchmarks:
+  - {"size": 64, "seed": 2}
+'''
+
+# Packages the measuring machine does not have: the sweep must not need them.
+ABSENT = ("prefect", "ray", "mlflow", "s3fs", "httpx", "jinja2", "yaml", "sklearn", "fsspec", "pydantic", "boto3",
+          "requests")
+
+RUN = f'''
+import sys
+
+
+class Absent:
+    """Makes the packages a measuring machine lacks unimportable here."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {ABSENT!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (not installed on the measuring machine)")
+        return None
+
+
+sys.meta_path.insert(0, Absent())
+sys.argv = ["task_sweep.py"] + sys.argv[1:]
+sys.path.insert(0, {str(REPO)!r})
+import runpy
+try:
+    runpy.run_path({str(REPO / "benchmarks" / "task_sweep.py")!r}, run_name="__main__")
+except SystemExit as exit:
+    code = exit.code
+print("IMPORTED", sorted({{m.split(".")[0] for m in sys.modules}} & set({ABSENT!r})))
+sys.exit(code)
+'''
+
+
+def _sweep(tasks: Path, out: Path, *extra: str) -> tuple[str, list[dict]]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", RUN, "--tasks", str(tasks), "--out", str(out), "--mode",
+                           "interpreter", "--concurrency", "2", *extra], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "sweep.jsonl").read_text().splitlines()]
+    return done.stdout, rows
+
+
+def _tasks(folder: Path) -> Path:
+    write_kernelbench(folder / "kernelbench" / "level1", reference=KB_ROW_SUM.replace("batch_size = 64", "batch_size = 3")
+                      .replace("dim = 4096", "dim = 40"))
+    (folder / "kernelbench" / "level1" / "broken.py").write_text(
+        "import torch\n\nclass Model:\n    pass\n\ndef get_inputs():\n    return [3.0]\n\ndef get_init_inputs():\n"
+        "    return []\n")
+    write_gpumode(folder / "gpumode" / "add_into_py", reference=GPUMODE_ADD_INTO, specs=SMALL_SPECS)
+    return folder
+
+
+def test_the_sweep_imports_measures_resumes_and_reports(tmp_path):
+    tasks = _tasks(tmp_path / "tasks")
+    out = tmp_path / "out"
+    stdout, rows = _sweep(tasks, out)
+    by_task = {r["task"]: r for r in rows}
+    assert set(by_task) == {"kernelbench/level1/row_sum.py", "kernelbench/level1/broken.py", "gpumode/add_into_py"}
+    broken = by_task["kernelbench/level1/broken.py"]
+    assert not broken["imported"] and "Model is not a torch.nn.Module subclass" in broken["import_error"]
+    for key in ("kernelbench/level1/row_sum.py", "gpumode/add_into_py"):
+        r = by_task[key]
+        assert r["imported"] and r["measured"], r
+        assert r["reference_status"] == r["null_status"] == "ok"
+        assert r["null_speedup"] is None  # the interpreter times nothing
+    assert by_task["kernelbench/level1/row_sum.py"]["op"] == "kb.l1_row_sum"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["fit"] == summary["measured"] == 2 and summary["measured_share"] == 1.0
+    assert summary["not_imported"] == 1 and summary["out_of_memory_verdicts"] == 0
+    assert "| gpumode/add_into_py | yes | ok |" in (out / "sweep.md").read_text()
+    assert "IMPORTED []" in stdout  # torch and triton were enough: PyYAML, Prefect, Ray, MLflow... stayed absent
+
+    stdout, again = _sweep(tasks, out)  # resumed: nothing measured twice
+    assert "3 tasks, 3 done before, 0 to go" in stdout and len(again) == 3
+
+
+def test_the_sweep_stops_starting_chunks_after_its_time_and_goes_on_next_call(tmp_path):
+    tasks = _tasks(tmp_path / "tasks")
+    out = tmp_path / "out"
+    stdout, rows = _sweep(tasks, out, "--chunk", "1", "--max-minutes", "0")
+    assert "stopping after 0 minutes" in stdout and rows == []
+    stdout, rows = _sweep(tasks, out, "--chunk", "1")
+    assert len(rows) == 3 and len({r["task"] for r in rows}) == 3
