@@ -4,7 +4,7 @@
         --concurrency 256 --max-tokens 400 [--json out.json]
 
 Each request is what the free-form generator sends: a system prompt, a Triton row-softmax
-kernel (the one-tile template of ``kernels/spaces/softmax.py``, read as text) and "write a
+kernel (the one-tile template of ``kernels/ops/softmax.py``, read as text) and "write a
 faster variant", each naming one optimisation to try and carrying its own seed. All go
 out ``--concurrency`` at a time; the clock runs from the first request sent to the last
 answer received. Prints completed kernels per minute, completion tokens per second,
@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE = ROOT / "kernels" / "spaces" / "softmax.py"
+SOURCE = ROOT / "kernels" / "ops" / "softmax.py"
 SYSTEM = ("You are an expert GPU kernel engineer. You improve Triton and PyTorch kernels for speed on "
           "NVIDIA GPUs while keeping their results correct.")
 IDEAS = ("process several rows per program", "use a persistent grid sized to the SMs",
