@@ -268,7 +268,7 @@ def cmd_generate(args) -> int:
 
 def cmd_measure(args) -> int:
     """Measure every stored candidate of the corpus not yet measured on this GPU, in chunks, until the deadline."""
-    from infra.measure import InterpreterMeasurer, LocalMeasurePool, LocalMeasurer
+    from infra.measure import LocalMeasurePool, LocalMeasurer
     from kernels.formats import install_from_root
     from storage.schema import candidates_from_frame
     from tasks.search import measure_and_store
@@ -277,7 +277,7 @@ def cmd_measure(args) -> int:
     for name in _imported(args.out):
         install_from_root(root, name)
     if args.interpreter:  # correctness only, under Triton's CPU interpreter: a check of the pipeline, no timings
-        measurer = InterpreterMeasurer(args.concurrency)
+        measurer = LocalMeasurer(concurrency=args.concurrency, timeout_s=args.timeout, mode="interpreter")
     else:
         measurer = LocalMeasurer(concurrency=args.concurrency, timeout_s=args.timeout, gpu_timeout_s=args.gpu_timeout)
     pool = LocalMeasurePool([measurer])

@@ -35,57 +35,35 @@ class Measurer(Protocol):
 
 
 class LocalMeasurer:
-    """The GPU (device ``index``) of this machine: compile, check and time in isolated children."""
+    """The GPU (device ``index``) of this machine: compile, check and time in isolated children.
+
+    ``mode="interpreter"`` runs the same isolated harness on the CPU under Triton's interpreter:
+    correctness only, no timings, GPU type ``interpreter`` (what a machine without a GPU can say
+    about a kernel nobody measured).
+    """
 
     def __init__(self, concurrency: int = 0, timeout_s: float = 300.0, gpu_timeout_s: float = 60.0,
-                 device_index: int = 0):
-        import os
-
-        import torch
-
-        from kernels.harness.worker import MeasureWorker, WorkerConfig
-        from kernels.hardware import detect
-
-        if not torch.cuda.is_available():
-            raise RuntimeError("no CUDA GPU is visible on this machine; use the replay backend "
-                               "(answers from a measured pool) or a Ray cluster with GPU workers")
-        self.hardware = detect(device_index)
-        self.gpu_type = self.hardware.gpu_type
-        config = WorkerConfig(mode="gpu", concurrency=concurrency or max(1, (os.cpu_count() or 2) - 1),
-                              timeout_s=timeout_s, gpu_timeout_s=gpu_timeout_s)
-        self._worker = MeasureWorker(self.hardware, config)
-
-    def prepare(self, op: str) -> HardwareSpec:
-        from kernels.ops import get_operation
-
-        get_operation(op)
-        return self.hardware
-
-    def measure(self, candidates: Sequence[Candidate]) -> Iterator[Measurement]:
-        return self._worker.measure(candidates)
-
-    def close(self) -> None:
-        self._worker.close()
-
-
-class InterpreterMeasurer:
-    """This machine's CPU through the same isolated harness under Triton's interpreter: correctness only, no
-    timings (GPU type ``interpreter``). What a machine without a GPU can say about a kernel nobody measured."""
-
-    gpu_type = "interpreter"
-
-    def __init__(self, concurrency: int = 0, timeout_s: float = 300.0):
+                 device_index: int = 0, mode: str = "gpu"):
         import os
 
         import torch
         import triton
 
         from kernels.harness.worker import MeasureWorker, WorkerConfig
+        from kernels.hardware import INTERPRETER, detect
 
-        self.hardware = HardwareSpec(gpu_type=self.gpu_type, device_name="Triton CPU interpreter",
-                                     torch_version=torch.__version__, triton_version=triton.__version__)
-        config = WorkerConfig(mode="interpreter", concurrency=concurrency or max(1, (os.cpu_count() or 2) - 1),
-                              timeout_s=timeout_s, seeds=1)
+        if mode == "interpreter":
+            self.hardware = HardwareSpec(gpu_type=INTERPRETER, device_name="Triton CPU interpreter",
+                                         torch_version=torch.__version__, triton_version=triton.__version__)
+        elif not torch.cuda.is_available():
+            raise RuntimeError("no CUDA GPU is visible on this machine; use the replay backend "
+                               "(answers from a measured pool) or a Ray cluster with GPU workers")
+        else:
+            self.hardware = detect(device_index)
+        self.gpu_type = self.hardware.gpu_type
+        config = WorkerConfig(mode=mode, concurrency=concurrency or max(1, (os.cpu_count() or 2) - 1),
+                              timeout_s=timeout_s, gpu_timeout_s=gpu_timeout_s,
+                              **({"seeds": 1} if mode == "interpreter" else {}))
         self._worker = MeasureWorker(self.hardware, config)
 
     def prepare(self, op: str) -> HardwareSpec:

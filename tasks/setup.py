@@ -54,7 +54,7 @@ def resolve(config: SearchConfig) -> SearchConfig:
 
 def measure_pool(config: SearchConfig):
     """The pool that measures ``config.gpu_type``: this GPU, the replay pool, or a Ray cluster."""
-    from infra.measure import InterpreterMeasurer, LocalMeasurePool, LocalMeasurer, ReplayMeasurer
+    from infra.measure import LocalMeasurePool, LocalMeasurer, ReplayMeasurer
     from kernels.hardware import INTERPRETER
 
     if config.backend == "replay":
@@ -64,7 +64,7 @@ def measure_pool(config: SearchConfig):
                               f"it has: {', '.join(measurer.available_gpu_types()) or 'none'}")
         return LocalMeasurePool([measurer])
     if config.backend == "local" and config.gpu_type == INTERPRETER:  # correctness on the CPU, no timings
-        return LocalMeasurePool([InterpreterMeasurer()])
+        return LocalMeasurePool([LocalMeasurer(mode=INTERPRETER)])
     if config.backend == "local":
         measurer = LocalMeasurer()
         if measurer.gpu_type != config.gpu_type:
