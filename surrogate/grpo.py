@@ -9,7 +9,10 @@ parser and scored against the pair's true bin:
 - ``crps``: correctness + (1 - ordinal CRPS of the 8 bin probabilities).
 
 Brier and CRPS are ``surrogate.metrics``'s definitions, so training optimises what
-``kernelcast evaluate`` reports. An answer that does not parse scores 0 on every term.
+``kernelcast evaluate`` reports. An answer that does not parse scores 0 on those terms and
+``PARSE_FAILURE`` on one more (``parse_failure``), so it scores below every parsed answer under
+every reward: the worst parsed answer, confident and wrong, scores -1 under ``brier``, and a
+failure scoring 0 had taught a model to stop answering (measured: docs/grpo.md).
 Answers open with ``{"probabilities": [`` already in place (``answer_prefix``), as a server
 decoding under the forecaster's JSON schema forces them: a small model then learns the
 numbers, not the format, and reads in training what it reads when served.
@@ -93,9 +96,17 @@ def one_minus_crps(completions, true_bin, answer_prefix=None, **_) -> list[float
             for p, b in zip(_parsed(completions, answer_prefix), true_bin)]
 
 
+PARSE_FAILURE = -2.0  # below the lowest parsed total of every reward (-1: brier's confident and wrong)
+
+
+def parse_failure(completions, true_bin, answer_prefix=None, **_) -> list[float]:
+    """``PARSE_FAILURE`` where the answer does not parse, 0.0 where it does."""
+    return [PARSE_FAILURE if p is None else 0.0 for p in _parsed(completions, answer_prefix)]
+
+
 # Each reward is a sum of terms; TRL logs each term as rewards/<term>/mean and their sum as reward.
-REWARDS = {"correctness": (correctness,), "brier": (correctness, one_minus_brier),
-           "crps": (correctness, one_minus_crps)}
+REWARDS = {"correctness": (correctness, parse_failure), "brier": (correctness, one_minus_brier, parse_failure),
+           "crps": (correctness, one_minus_crps, parse_failure)}
 
 
 def reward(name: str, completions, true_bin, answer_prefix: str = "") -> list[float]:

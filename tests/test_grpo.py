@@ -26,7 +26,7 @@ import pytest
 from storage.dataset import DataRoot
 from surrogate.bins import speedup_bin
 from surrogate.dataset import case_pairs, requests_from
-from surrogate.grpo import (ANSWER_OPENING, REWARDS, GRPOSettings, correctness, one_minus_brier, one_minus_crps,
+from surrogate.grpo import (ANSWER_OPENING, PARSE_FAILURE, REWARDS, GRPOSettings, correctness, one_minus_brier, one_minus_crps,
                             render_prompt, reward, sft_probabilities, sft_target)
 from surrogate.llm import build_messages, parse_probabilities
 from surrogate.pairs import PairSettings, balanced, build_pairs, read_pairs, request_of, requests_of, write_pairs
@@ -66,14 +66,18 @@ def test_rewards_match_hand_computed_values(answer, true_bin, expected):
 
 @pytest.mark.parametrize("answer", ["bin 4, I think", '{"probabilities": [0.1, 0.2', "",
                                     '{"probabilities": [0.5, 0.5]}', '{"probabilities": [-1, 2, 0, 0, 0, 0, 0, 0]}'])
-def test_an_answer_that_does_not_parse_scores_zero_on_every_term(answer):
+def test_an_answer_that_does_not_parse_scores_below_every_parsed_answer(answer):
     for fn in (correctness, one_minus_brier, one_minus_crps):
         assert fn([answer], [3]) == [0.0]
-    assert all(reward(name, [answer], [3]) == [0.0] for name in REWARDS)
+    for name in REWARDS:  # the worst parsed answers: confident and wrong, or spread evenly, for every true bin
+        worst = min(reward(name, [parsed], [b])[0] for parsed in (CONFIDENT_WRONG, CORRECT, UNNORMALISED)
+                    for b in range(1, 9))
+        assert reward(name, [answer], [3]) == [PARSE_FAILURE] and PARSE_FAILURE < worst, name
 
 
 def test_rewards_read_the_answer_after_its_prefix():
-    assert reward("crps", [" 0, 0, 0, 1, 0, 0, 0, 0]}", "0, 1]}"], [4, 4], answer_prefix=ANSWER_OPENING) == [2.0, 0.0]
+    assert reward("crps", [" 0, 0, 0, 1, 0, 0, 0, 0]}", "0, 1]}"], [4, 4], answer_prefix=ANSWER_OPENING) == \
+        [2.0, PARSE_FAILURE]
     assert correctness(["0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.3]}"], [8], answer_prefix=[ANSWER_OPENING]) == [1.0]
 
 
@@ -91,7 +95,7 @@ def test_the_model_reads_the_chat_template_then_the_answer_opening(pool_pairs, t
 
 def test_rewards_read_chat_completions_as_trl_passes_them():
     chat = [[{"role": "assistant", "content": CORRECT}], [{"role": "assistant", "content": "no idea"}]]
-    assert reward("brier", chat, [4, 4]) == [pytest.approx(1.5), 0.0]
+    assert reward("brier", chat, [4, 4]) == [pytest.approx(1.5), PARSE_FAILURE]
 
 
 def test_unknown_reward_and_missing_model_are_refused_by_name(tmp_path):
