@@ -50,17 +50,25 @@ def _root(uri: str):
 
 def pool_parents(pool: str, gpu_type: str, ops: list[str]) -> list[tuple[str, str, float]]:
     """(op, candidate_id, speedup) of each op's best, median and poor (10th percentile) template variant."""
-    root = _root(pool)
+    return [(op, c.candidate_id, speedup) for op, c, speedup in _pool_parents(_root(pool), gpu_type, ops)]
+
+
+def _pool_parents(root, gpu_type: str, ops: list[str]) -> list[tuple]:
+    """(op, Candidate, speedup) of each op's best, median and poor template variant, one read of each table."""
+    from storage.schema import candidates_from_frame
+
     chosen = []
     for op in ops:
         m = root.read_measurements(op=op, gpu_type=gpu_type)
         c = root.read_candidates(op=op)
         m = m[(m["status"] == "ok") & m["candidate_id"].isin(c.loc[c["origin"] == "template", "candidate_id"])]
         if m.empty:
-            raise ValueError(f"the pool {pool} has no measured {op} template variants on {gpu_type}")
+            raise ValueError(f"the pool {root.uri} has no measured {op} template variants on {gpu_type}")
         m = m.sort_values(["speedup", "candidate_id"]).reset_index(drop=True)
-        picks = {len(m) - 1, len(m) // 2, int(0.1 * (len(m) - 1))}
-        chosen += [(op, m.loc[i, "candidate_id"], float(m.loc[i, "speedup"])) for i in sorted(picks, reverse=True)]
+        picks = [m.loc[i] for i in sorted({len(m) - 1, len(m) // 2, int(0.1 * (len(m) - 1))}, reverse=True)]
+        by_id = {x.candidate_id: x for x in candidates_from_frame(c[c["candidate_id"].isin([r.candidate_id
+                                                                                           for r in picks])])}
+        chosen += [(op, by_id[r.candidate_id], float(r.speedup)) for r in picks]
     return chosen
 
 
@@ -80,16 +88,11 @@ def base_parents(args) -> list:
     """The round's base parents as ``Parent``s (without feedback): pool variants and imported references."""
     from kernels.formats import installed
     from kernels.ops import OPERATIONS, get_operation
-    from storage.schema import candidates_from_frame
     from tasks.llm_generator import Parent
 
     ops = [o for o in (args.ops.split(",") if args.ops else OPERATIONS)]
-    pool = _root(args.pool)
-    parents = []
-    for op, cid, speedup in pool_parents(args.pool, args.gpu_type, ops):
-        frame = pool.read_candidates(op=op)
-        [candidate] = candidates_from_frame(frame[frame["candidate_id"] == cid])
-        parents.append(Parent(candidate, speedup, "ok"))
+    parents = [Parent(candidate, speedup, "ok") for _, candidate, speedup in
+               _pool_parents(_root(args.pool), args.gpu_type, ops)]
     for name in installed():
         if name in _imported(args.out):
             parents.append(Parent(get_operation(name).seed_candidates()[0], 1.0, "ok"))
@@ -101,21 +104,19 @@ def _imported(out: str) -> set[str]:
     return {p.name for p in path.iterdir()} if path.is_dir() else set()
 
 
-def _feedback(root, gpu_type: str, parent) -> tuple[str, ...]:
-    """How the parent's measured children fared, most recent first (what its next prompt is told)."""
+def _feedback(root, gpu_type: str, op: str) -> dict[str, tuple[str, ...]]:
+    """Per parent id, how its measured children of ``op`` fared, most recent first (what its next prompt is
+    told); one read of each table per op."""
     from tasks.llm_generator import FEEDBACK_LINES, feedback_line
 
-    op = parent.candidate.op
-    cands = root.read_candidates(op=op)
-    if cands.empty:
-        return ()
-    kids = cands[cands["parent_id"] == parent.candidate.candidate_id]
-    m = _measured(root, op, gpu_type)
-    if m.empty:
-        return ()
-    rows = m[m["candidate_id"].isin(kids["candidate_id"])].sort_values("measured_at", ascending=False)
-    return tuple(feedback_line(r.status, r.speedup if r.speedup == r.speedup else None, r.error or "")
-                 for r in rows.head(FEEDBACK_LINES).itertuples())
+    cands, m = root.read_candidates(op=op), _measured(root, op, gpu_type)
+    if cands.empty or m.empty:
+        return {}
+    rows = m.merge(cands[["candidate_id", "parent_id"]], on="candidate_id").dropna(subset=["parent_id"])
+    rows = rows.sort_values("measured_at", ascending=False)
+    return {pid: tuple(feedback_line(r.status, r.speedup if r.speedup == r.speedup else None, r.error or "")
+                       for r in group.head(FEEDBACK_LINES).itertuples())
+            for pid, group in rows.groupby("parent_id", sort=False)}
 
 
 def best_children(root, gpu_type: str, ops: list[str], per_op: int, exclude: set[str]) -> list:
@@ -196,7 +197,9 @@ def cmd_generate(args) -> int:
     if args.round > 1:
         ops = sorted({p.candidate.op for p in base})
         parents = best_children(root, args.gpu_type, ops, args.best_children, {p.candidate.candidate_id for p in base})
-        parents += [Parent(p.candidate, p.speedup, p.status, _feedback(root, args.gpu_type, p)) for p in base]
+        feedback = {op: _feedback(root, args.gpu_type, op) for op in ops}
+        parents += [Parent(p.candidate, p.speedup, p.status, feedback[p.candidate.op].get(p.candidate.candidate_id, ()))
+                    for p in base]
     for p in parents:  # the parents themselves are measured in the corpus too, on the same machine
         root.write_candidates([p.candidate])
     temperatures = [float(t) for t in args.temperatures.split(",")]
