@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -129,6 +130,7 @@ FORECASTS = TableSpec(
         ("raw_sum", pa.float64()),
         ("latency_s", pa.float64()),
         ("raw_response", pa.string()),
+        ("failure_probability", pa.float64()),  # P(fails); null where not forecast (and in older stores)
         ("extra", pa.string()),  # JSON of the forecaster's named numbers (e.g. the log-speedup mean and sigma)
     ]),
     key=("run_id", "generation", "candidate_id", "surrogate"),
@@ -325,6 +327,7 @@ def forecasts_to_table(forecasts: Iterable[Forecast], run_id: str, generation: i
         "predicted_bin": f.predicted_bin, "expected_speedup": f.expected_speedup,
         "confidence": f.max_probability, "parsed": f.parsed, "raw_sum": f.raw_sum, "latency_s": f.latency_s,
         "raw_response": f.raw_response, "extra": json.dumps(dict(f.extra), sort_keys=True),
+        "failure_probability": None if math.isnan(f.failure_probability) else f.failure_probability,
     } for f in forecasts]
     return pa.Table.from_pylist(rows, schema=FORECASTS.schema)
 
@@ -333,5 +336,6 @@ def forecasts_from_frame(df: pd.DataFrame) -> list[Forecast]:
     return [Forecast(r["candidate_id"], r["anchor_id"], r["surrogate"], r["surrogate_version"],
                      tuple(r["probabilities"]), parsed=r["parsed"], raw_sum=r["raw_sum"],
                      latency_s=r["latency_s"], raw_response=r["raw_response"] or "",
-                     extra=json.loads(r["extra"] or "{}"))
+                     extra=json.loads(r["extra"] or "{}"),
+                     failure_probability=math.nan if r["failure_probability"] is None else r["failure_probability"])
             for r in _rows(df, FORECASTS)]

@@ -4,12 +4,16 @@ A ``Forecaster`` maps a batch of requests to a batch of forecasts. Every forecas
 distribution over the 8 speedup bins of the candidate relative to the anchor (the op's
 eager reference, or a measured parent), with the expected speedup, confidence scores,
 and whether the answer parsed at all. Unparsed forecasts are never trusted.
+
+A forecaster may also say how likely the candidate is to fail (not compile, crash, give a
+wrong result, time out): ``failure_probability``, "bin 0". The 8 bins are then its speed
+given that it runs. NaN means the forecaster says nothing about failure.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Protocol, Sequence
 
 import numpy as np
@@ -48,12 +52,30 @@ class Forecast:
     # continuous prediction (learned, roofline) give it, since two candidates in the same bin
     # are otherwise tied; the others get the one implied by the bins.
     expected_speedup: float = math.nan
+    failure_probability: float = math.nan  # P(the candidate fails); NaN: not forecast
 
     def __post_init__(self) -> None:
         if len(self.probabilities) != N_BINS:
             raise ValueError(f"a forecast has {N_BINS} bin probabilities, got {len(self.probabilities)}")
         if not self.expected_speedup > 0:  # NaN or unusable: the bins' own estimate
             object.__setattr__(self, "expected_speedup", speedup_of_bins(self.probabilities))
+        p = self.failure_probability
+        if p is None or (isinstance(p, float) and math.isnan(p)):
+            object.__setattr__(self, "failure_probability", math.nan)
+        elif not 0.0 <= p <= 1.0:
+            raise ValueError(f"a failure probability lies in [0, 1], got {p}")
+        else:
+            object.__setattr__(self, "failure_probability", float(p))
+
+    @property
+    def run_probability(self) -> float:
+        """P(the candidate runs correctly): 1 - failure_probability, or 1 where failure is not forecast."""
+        p = self.failure_probability
+        return 1.0 if math.isnan(p) else 1.0 - p
+
+    def with_failure(self, p: float) -> "Forecast":
+        """This forecast with its failure probability set to ``p``."""
+        return replace(self, failure_probability=p)
 
     @property
     def predicted_bin(self) -> int:

@@ -306,3 +306,37 @@ def test_a_reader_lists_again_through_many_files_vanishing_under_it(tmp_path):
     root.stale = 1000  # a file that never stops vanishing is an error naming the root
     with pytest.raises(StorageError, match="cannot read .*measurements: FileNotFoundError"):
         root.read("measurements")
+
+
+def test_a_forecasts_failure_probability_round_trips_and_older_stores_read_it_as_not_forecast(tmp_path):
+    import math
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from storage.dataset import DataRoot
+    from storage.schema import FORECASTS, forecasts_from_frame
+    from surrogate.forecast import Forecast
+
+    bins = (0.1, 0.1, 0.2, 0.2, 0.1, 0.1, 0.1, 0.1)
+    said = Forecast("c1", "a", "source", "v1", bins, failure_probability=0.7)
+    silent = Forecast("c2", "a", "source", "v1", bins)
+    assert math.isnan(silent.failure_probability) and silent.run_probability == 1.0
+    assert said.run_probability == pytest.approx(0.3) and said.with_failure(0.2).failure_probability == 0.2
+    with pytest.raises(ValueError, match="failure probability"):
+        Forecast("c3", "a", "source", "v1", bins, failure_probability=1.5)
+    root = DataRoot(str(tmp_path / "new"))
+    root.write_forecasts([said, silent], run_id="r", generation=0, op="softmax", gpu_type="h100")
+    back = {f.candidate_id: f for f in forecasts_from_frame(root.read("forecasts", op="softmax"))}
+    assert back["c1"].failure_probability == pytest.approx(0.7) and math.isnan(back["c2"].failure_probability)
+    # a store written before the column existed: its file lacks it, and it reads as null (not forecast)
+    old = DataRoot(str(tmp_path / "old"))
+    old.write_forecasts([silent], run_id="r", generation=0, op="softmax", gpu_type="h100")
+    for f in (tmp_path / "old").rglob("*.parquet"):
+        table = pq.read_table(f)
+        assert "failure_probability" in table.column_names
+        pq.write_table(table.drop(["failure_probability"]), f)
+    frame = old.read("forecasts", op="softmax")
+    assert frame["failure_probability"].isna().all()
+    assert math.isnan(forecasts_from_frame(frame)[0].failure_probability)
+    assert pa.types.is_floating(FORECASTS.schema.field("failure_probability").type)
