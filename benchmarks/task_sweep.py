@@ -147,7 +147,7 @@ def _row(task: Task, op, import_s: float, import_error: str, ref=None, null=None
 
 
 def sweep(tasks: list[Task], out: Path, *, mode: str, concurrency: int, max_minutes: float | None,
-          chunk_size: int) -> None:
+          chunk_size: int, reserve_timing_core: bool | None = None) -> None:
     """Import and measure the tasks not yet in ``out/sweep.jsonl``, appending a row per finished task."""
     from kernels.harness.worker import MeasureWorker, WorkerConfig
     from kernels.null import null_candidate
@@ -161,8 +161,10 @@ def sweep(tasks: list[Task], out: Path, *, mode: str, concurrency: int, max_minu
     started = time.monotonic()
     deadline = started + max_minutes * 60 if max_minutes is not None else None
     hardware = _hardware(mode)
-    config = WorkerConfig(mode=mode, concurrency=concurrency)
+    config = WorkerConfig(mode=mode, concurrency=concurrency, reserve_timing_core=reserve_timing_core)
     with MeasureWorker(hardware, config) as worker, journal.open("a") as sink:
+        print(f"cores: the lock holder on {list(worker.cores.timing)}, children compiling on "
+              f"{len(worker.cores.compile)} others" if worker.cores.reserved else "cores: none reserved", flush=True)
         def write(row: dict) -> None:
             sink.write(json.dumps(row) + "\n")
             sink.flush()
@@ -318,6 +320,8 @@ def main(argv=None) -> int:
                                                                "default in kernelcast measure)")
     p.add_argument("--chunk", type=int, default=0, help="tasks imported and measured together (default: 2 x "
                                                         "concurrency)")
+    p.add_argument("--no-reserve", action="store_true", help="no core kept for the child holding the GPU lock "
+                                                            "(to compare with the default, which keeps one)")
     p.add_argument("--report-only", action="store_true", help="print the table and summary of what is done")
     args = p.parse_args(argv)
     out = Path(args.out).resolve()
@@ -346,7 +350,7 @@ def main(argv=None) -> int:
     concurrency = args.concurrency or max(1, (os.cpu_count() or 2) - 1)
     if not args.report_only:
         sweep(tasks, out, mode=mode, concurrency=concurrency, max_minutes=args.max_minutes,
-              chunk_size=args.chunk or 2 * concurrency)
+              chunk_size=args.chunk or 2 * concurrency, reserve_timing_core=False if args.no_reserve else None)
     keys = {t.key for t in tasks}
     rows = [r for r in read_rows(out / "sweep.jsonl") if r["task"] in keys]
     summary = summarize(rows)

@@ -200,3 +200,35 @@ def test_on_a_gpu_templates_compile_ahead_and_device_phases_never_overlap():
     assert all(0 <= b < 64 << 20 for b in left), left  # what is left is not case data
     null = results[null_candidate(op).candidate_id]
     assert abs(1 - null.speedup) < 0.05, null.speedup
+
+
+def test_plan_keeps_the_last_core_and_its_hyperthreads_for_the_lock_holder():
+    from kernels.harness import cores
+
+    pairs = {0: {0, 4}, 4: {0, 4}, 1: {1, 5}, 5: {1, 5}, 2: {2, 6}, 6: {2, 6}, 3: {3, 7}, 7: {3, 7}}
+    p = cores.plan(range(8), siblings_of=pairs.__getitem__)
+    assert p == cores.CorePlan(timing=(3, 7), compile=(0, 1, 2, 4, 5, 6)) and p.reserved
+    assert cores.plan([0, 1], siblings_of=lambda c: {c}).timing == (1,)
+    # one core, or one core's hyperthreads: nothing to split; asked not to reserve: nothing either
+    assert not cores.plan([0, 4], siblings_of=pairs.__getitem__).reserved
+    assert cores.plan([5], siblings_of=pairs.__getitem__) == cores.CorePlan((5,), (5,))
+    assert not cores.plan(range(8), reserve=False, siblings_of=pairs.__getitem__).reserved
+    assert cores.parse_cpu_list("0-2,8,10-11\n") == {0, 1, 2, 8, 10, 11}
+    with pytest.raises(ValueError, match="no CPUs"):
+        cores.plan([])
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to reserve one")
+def test_the_lock_holder_runs_alone_on_the_reserved_core_and_compiling_children_never_do():
+    cands = get_space("softmax").spread_subset(3)
+    results, worker = _measure(cands, reserve_timing_core=True)
+    assert all(m.status == "ok" for m in results.values()), [m.error for m in results.values()]
+    plan = worker.cores
+    assert plan.reserved
+    cpus = {phase: [tuple(d["cpus"]) for _, _, p, _, d in worker.timeline if p == phase]
+            for phase in ("ahead_done", "locked")}
+    assert cpus["ahead_done"] == [plan.compile] * len(cands)
+    assert cpus["locked"] == [plan.timing] * len(cands)
+    # in interpreter mode nothing is timed, so by default nothing is reserved
+    _, plain = _measure(cands[:1])
+    assert not plain.cores.reserved

@@ -46,7 +46,7 @@ import torch
 import triton  # imported here so the fork server preloads it
 import triton.language as tl
 
-from kernels.harness import ahead, budget, sandbox
+from kernels.harness import ahead, budget, cores, sandbox
 from kernels.harness.anticheat import CallGuard, Checker, Rejected, install_stream_guard, scan_source
 from kernels.harness.correctness import CandidateLoadError, call_candidate, load_launch, poisoned_outputs
 from kernels.harness.timing import l2_flush_buffer, time_call
@@ -75,6 +75,8 @@ class Job:
     device_memory_bytes: int | None = None  # the device's memory for the fit check; None: ask the device
     alone: bool = False  # a retry after running out of device memory, with no other child running
     environment: tuple[tuple[str, str], ...] = ()  # variables the op's own code needs (set before CUDA starts)
+    compile_cpus: tuple[int, ...] = ()  # where the child runs until it holds the lock (kernels.harness.cores)
+    timing_cpus: tuple[int, ...] = ()  # where it runs while it holds the lock; () for both: wherever it may
 
     def policy(self) -> sandbox.SandboxPolicy:
         return sandbox.SandboxPolicy(scratch_dir=self.scratch_dir, triton_cache_dir=self.triton_cache_dir,
@@ -259,12 +261,13 @@ def evaluate(job: Job, notify=lambda *msg: None) -> dict:
     if gpu:
         _warm_context()
     result["compile_seconds"] = time.perf_counter() - t0
-    phase("ahead_done", {"deferred": sorted(deferred)})
+    phase("ahead_done", {"deferred": sorted(deferred), "cpus": sorted(os.sched_getaffinity(0))})
 
     phase("waiting")
     with gpu_lock(job.lock_path):
+        cpus = cores.pin(job.timing_cpus) if job.timing_cpus else sorted(os.sched_getaffinity(0))
         first_calls = cases if load_under_lock else [c for c in cases if c.name in deferred]
-        phase("locked", {"first_calls_to_compile": len(first_calls)})
+        phase("locked", {"first_calls_to_compile": len(first_calls), "cpus": list(cpus)})
         _under_lock(job, op, cases, first_calls, device, None if load_under_lock else launch, result, phase,
                     output_bytes)
     phase("released")
@@ -370,6 +373,8 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
 def child_main(job: Job, conn) -> None:
     """Entry point of the isolated child process."""
     try:
+        if job.compile_cpus:  # before any thread starts: the threads started later run there too
+            cores.pin(job.compile_cpus)
         report = enter_sandbox(job)
         conn.send(("sandbox", report.summary()))
         install_stream_guard()

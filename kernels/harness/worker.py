@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 from multiprocessing.connection import wait
 from typing import Iterable, Iterator
 
-from kernels.harness import ahead, budget, sandbox
+from kernels.harness import ahead, budget, cores, sandbox
 from kernels.harness.runner import Job, child_main, probe_main
 from kernels.hardware import INTERPRETER
 from kernels.ops import get_operation
@@ -61,6 +61,9 @@ class WorkerConfig:
     # CPU seconds a child may use; the wall-clock limits normally fire first, this catches the rest.
     cpu_seconds: int | None = None  # None: twice the sum of the op's limits
     device_memory_gib: float | None = None  # the device memory cases must fit in; None: the device's own
+    # A core (with its hyperthreads) kept for the child holding the lock, the others for compiling
+    # (kernels.harness.cores); None: in GPU mode, where host time is timed, and not in interpreter mode.
+    reserve_timing_core: bool | None = None
 
 
 @dataclass
@@ -189,6 +192,8 @@ class MeasureWorker:
         self._cache = os.path.join(self._root, "triton-cache")
         os.makedirs(self._cache, exist_ok=True)
         self.stats = WorkerStats()
+        reserve = config.reserve_timing_core if config.reserve_timing_core is not None else config.mode == "gpu"
+        self.cores = cores.plan(reserve=reserve)
         self._protection = (config.network, config.filesystem)  # in GPU mode, settled by a probe
         self._probed = config.mode != "gpu"
         self.reference_us: dict[str, tuple[float, ...]] = {}  # op -> eager runtime per case
@@ -272,7 +277,8 @@ class MeasureWorker:
                    file_size_bytes=cfg.file_size_mib << 20,
                    compile_target=ahead.target_of(self.hardware.compute_capability) if cfg.mode == "gpu" else "",
                    device_memory_bytes=int(cfg.device_memory_gib * 2**30) if cfg.device_memory_gib else None,
-                   alone=alone, environment=tuple(sorted(get_operation(cand.op).environment.items())))
+                   alone=alone, environment=tuple(sorted(get_operation(cand.op).environment.items())),
+                   compile_cpus=self.cores.compile, timing_cpus=self.cores.timing)
 
     def probe_sandbox(self) -> str:
         """Find the strongest protections under which CUDA and a Triton kernel still work; returns them.

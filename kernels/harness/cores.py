@@ -1,0 +1,72 @@
+"""CPU cores for measuring: one reserved for the child that holds the GPU lock, the rest for compiling.
+
+A kernel's measured runtime includes its host side: Python, argument handling, launches. A
+host-bound call (a few microseconds of GPU work under tens of microseconds of launches) is
+timed slower when the core it runs on is shared with children compiling ahead, and the
+children compiling at the moment differ from one measurement to the next: a reference
+measured while the whole batch compiles came out up to 1.5x slower than its own code
+measured later (docs/harness.md). So the worker splits the cores it may use: the last
+core (with its hyperthread siblings, which share its execution units) is kept for the lock
+holder, and every child runs on the others until it takes the lock. With a single core
+(or a single core's threads) there is nothing to split, and every child runs everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+_TOPOLOGY = "/sys/devices/system/cpu/cpu{}/topology/thread_siblings_list"
+
+
+@dataclass(frozen=True)
+class CorePlan:
+    """Where children run: ``compile`` until they hold the GPU lock, ``timing`` while they do."""
+
+    timing: tuple[int, ...]
+    compile: tuple[int, ...]
+
+    @property
+    def reserved(self) -> bool:
+        """Whether the lock holder has cores of its own."""
+        return not set(self.timing) & set(self.compile)
+
+
+def parse_cpu_list(text: str) -> set[int]:
+    """The CPUs of a kernel CPU list such as ``0-3,8,10-11``."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
+
+
+def siblings(cpu: int) -> set[int]:
+    """``cpu`` and the hyperthreads sharing its core (``{cpu}`` where the topology cannot be read)."""
+    try:
+        with open(_TOPOLOGY.format(cpu)) as f:
+            return parse_cpu_list(f.read()) | {cpu}
+    except (OSError, ValueError):
+        return {cpu}
+
+
+def plan(cpus: Iterable[int] | None = None, reserve: bool = True,
+         siblings_of: Callable[[int], set[int]] = siblings) -> CorePlan:
+    """Split ``cpus`` (default: those this process may run on) into a timing core and compile cores."""
+    allowed = sorted(set(os.sched_getaffinity(0) if cpus is None else cpus))
+    if not allowed:
+        raise ValueError("no CPUs to plan measurements on")
+    timing = sorted(siblings_of(allowed[-1]) & set(allowed))
+    rest = [c for c in allowed if c not in timing]
+    if not reserve or not rest:
+        return CorePlan(tuple(allowed), tuple(allowed))
+    return CorePlan(tuple(timing), tuple(rest))
+
+
+def pin(cpus: Iterable[int]) -> tuple[int, ...]:
+    """Run the calling thread (and the threads it starts later) on ``cpus``; returns where it now runs."""
+    os.sched_setaffinity(0, set(cpus))
+    return tuple(sorted(os.sched_getaffinity(0)))
