@@ -118,7 +118,7 @@ def _status_row(m) -> dict:
 
 
 def _row(task: Task, op, import_s: float, import_error: str, ref=None, null=None, chunk: str = "",
-         mode: str = "") -> dict:
+         mode: str = "", windows: dict | None = None) -> dict:
     from kernels.harness.budget import footprint
 
     row = {"task": task.key, "format": task.format, "op": op.name if op else "", "mode": mode,
@@ -138,6 +138,7 @@ def _row(task: Task, op, import_s: float, import_error: str, ref=None, null=None
         refused = "does not fit on the device" in r["error"]
         row.update({f"reference_{k}": v for k, v in r.items()})
         row.update({f"null_{k}": v for k, v in n.items()})
+        row.update({f"{role}_timing_windows": w for role, w in (windows or {}).items()})
         row.update(fits=not refused, measured=r["status"] == "ok" and n["status"] == "ok",
                    reference_us_geomean=_geomean(r["us"]), null_speedup=null.speedup,
                    wall_s=round(import_s + r["wall_s"] + n["wall_s"], 3))
@@ -195,7 +196,12 @@ def sweep(tasks: list[Task], out: Path, *, mode: str, concurrency: int, max_minu
                 task, op, seconds, got = pending[name]
                 got[role] = m
                 if len(got) == 2:
-                    write(_row(task, op, seconds, "", got["reference"], got["null"], chunk=chunk_id, mode=mode))
+                    # timing windows per case: more than one where a case was host-bound (timed again)
+                    windows = {role: sum(1 for cid, _, phase, _, _ in worker.timeline
+                                         if cid == got[role].candidate_id and phase == "timed")
+                               for role in got}
+                    write(_row(task, op, seconds, "", got["reference"], got["null"], chunk=chunk_id, mode=mode,
+                               windows=windows))
                 if deadline is not None and time.monotonic() > deadline + 60:  # a chunk far past the limit: cut it
                     print("past the time limit inside a chunk; its unfinished tasks run next time", flush=True)
                     break

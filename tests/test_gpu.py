@@ -44,3 +44,24 @@ def test_gpu_fault_costs_one_candidate(results, kind, statuses):
     m = out[ids[candidate(kind).source]]
     assert m.status in statuses, m.error
     assert m.error
+
+
+def test_a_host_bound_call_is_timed_in_several_windows_and_a_gpu_bound_one_in_one():
+    import torch
+
+    from kernels.harness.timing import flush_us, l2_flush_buffer, time_call
+
+    flush = l2_flush_buffer()
+    head_start = flush_us(flush)
+    x = torch.randn(8192, 8192, device="cuda")
+    small = torch.randn(64, 64, device="cuda")
+
+    def host_bound(i):  # hundreds of tiny launches: the host outlasts the flush
+        a = small
+        for _ in range(200):
+            a = a * 1.0001
+
+    gpu = time_call(lambda i: torch.softmax(x, dim=1), flush)
+    host = time_call(host_bound, flush)
+    assert not gpu.host_bound(head_start) and host.host_bound(head_start)
+    assert host.host_us_median > head_start > 0

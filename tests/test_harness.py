@@ -79,3 +79,16 @@ def test_candidate_environment_has_no_secrets(tmp_path, monkeypatch):
 
     scrub_environment()
     assert "AWS_SECRET_ACCESS_KEY" not in os.environ and "MY_API_TOKEN" not in os.environ
+
+
+def test_the_fastest_timing_window_counts_with_every_windows_repetitions():
+    from kernels.harness.timing import Timing, agree, fastest
+
+    slow, quick = Timing(700.0, 40.0, 20, host_us_median=690.0), Timing(450.0, 10.0, 30, host_us_median=440.0)
+    best = fastest([slow, quick, Timing(460.0, 12.0, 25, host_us_median=455.0)])
+    assert (best.runtime_us_median, best.runtime_us_iqr, best.host_us_median) == (450.0, 10.0, 440.0)
+    assert best.repetitions == 75 and best.windows == 3
+    assert quick.host_bound(flush_us=80.0) and not Timing(8.0, 0.1, 20, host_us_median=25.0).host_bound(80.0)
+    # windows are added until the two fastest agree within 1%: a slowed window does not hold it up
+    assert not agree([slow]) and not agree([slow, quick])
+    assert agree([slow, quick, Timing(453.0, 12.0, 25)])

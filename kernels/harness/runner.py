@@ -49,7 +49,7 @@ import triton.language as tl
 from kernels.harness import ahead, budget, cores, sandbox
 from kernels.harness.anticheat import CallGuard, Checker, Rejected, install_stream_guard, scan_source
 from kernels.harness.correctness import CandidateLoadError, call_candidate, load_launch, poisoned_outputs
-from kernels.harness.timing import l2_flush_buffer, time_call
+from kernels.harness.timing import agree, fastest, flush_us, l2_flush_buffer, time_call
 from kernels.ops import get_operation
 from kernels.records import Candidate
 
@@ -77,6 +77,7 @@ class Job:
     environment: tuple[tuple[str, str], ...] = ()  # variables the op's own code needs (set before CUDA starts)
     compile_cpus: tuple[int, ...] = ()  # where the child runs until it holds the lock (kernels.harness.cores)
     timing_cpus: tuple[int, ...] = ()  # where it runs while it holds the lock; () for both: wherever it may
+    host_bound_windows: int = 5  # timing windows for a case whose host side outlasts the flush (the fastest counts)
 
     def policy(self) -> sandbox.SandboxPolicy:
         return sandbox.SandboxPolicy(scratch_dir=self.scratch_dir, triton_cache_dir=self.triton_cache_dir,
@@ -334,9 +335,19 @@ def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: d
 
 def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, phase,
                 footprints: dict[str, int]) -> None:
+    """Time every case, one case's inputs on the device at a time; then time the host-bound cases again.
+
+    A case whose host side outlasts the flush's head start is timed by the host's speed, which
+    a shared machine varies from one second to the next. Such cases get ``job.host_bound_windows``
+    windows at most, in passes over the cases (so the windows of one case lie apart in time) while
+    they disagree by more than 1%, and the fastest window counts: the call's cost on a host that was
+    not slowed meanwhile."""
     flush = l2_flush_buffer()
     stream = torch.cuda.current_stream()
-    for case in cases:
+    head_start_us = flush_us(flush)
+    result["flush_us"] = head_start_us
+
+    def time_case(case, max_seconds: float = job.max_seconds_per_case):
         first = checker.inputs(case, _TIMING_SEED)
         first_outs = poisoned_outputs(op, case, "cuda")
         torch.cuda.synchronize()
@@ -348,24 +359,42 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
         outs = [first_outs] + [poisoned_outputs(op, case, "cuda") for _ in range(1, n_sets)]
         params = job.candidate.params
 
-        def call(i: int, sets=sets, outs=outs) -> None:
+        def call(i: int) -> None:
             k = i % len(sets)
             launch(*sets[k], *outs[k], **params)
 
         phase("timing", case.name)
-        timing = time_call(call, flush, max_seconds=job.max_seconds_per_case)
-        phase("timed", case.name)
+        timing = time_call(call, flush, max_seconds=max_seconds)
+        phase("timed", {"case": case.name, "us": timing.runtime_us_median, "host_us": timing.host_us_median,
+                        "flush_us": head_start_us})
         if torch.cuda.current_stream() != stream:
             raise Rejected(f"case {case.name}: left another CUDA stream current; kernels must run on the "
                            f"harness's stream, where they are timed")
         for k in range(n_sets):
             checker.note(case, _TIMING_SEED + k)
+        del sets, outs, first, first_outs
+        torch.cuda.empty_cache()  # the next case starts from a clean pool
+        return timing, n_sets
+
+    windows, rotation = {}, {}
+    for case in cases:
+        timing, rotation[case.name] = time_case(case)
+        windows[case.name] = [timing]
+    # Host-bound cases again, in passes over the cases, until their two fastest windows agree.
+    for _ in range(job.host_bound_windows - 1):
+        again = [c for c in cases if windows[c.name][0].host_bound(head_start_us)
+                 and not agree(windows[c.name])]
+        for case in again:
+            windows[case.name].append(time_case(case, max_seconds=job.max_seconds_per_case / 4)[0])
+    timings = {name: fastest(w) for name, w in windows.items()}
+    for case in cases:
+        timing = timings[case.name]
         result["runtime_us_median"].append(timing.runtime_us_median)
         result["runtime_us_iqr"].append(timing.runtime_us_iqr)
         result["repetitions"].append(timing.repetitions)
-        result.setdefault("rotation_sets", []).append(n_sets)
-        del sets, outs, first, first_outs
-        torch.cuda.empty_cache()  # the next case starts from a clean pool
+        result.setdefault("rotation_sets", []).append(rotation[case.name])
+        result.setdefault("host_us_median", []).append(timing.host_us_median)
+        result.setdefault("timing_windows", []).append(timing.windows)
     del flush
     torch.cuda.empty_cache()
 
