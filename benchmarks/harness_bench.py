@@ -72,6 +72,8 @@ def main() -> int:
     p.add_argument("--repeat-candidates", type=int, default=20)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--concurrency", type=int, default=12)
+    p.add_argument("--no-reserve", action="store_true", help="no core kept for the child holding the GPU lock")
+    p.add_argument("--timing-windows", type=int, default=5, help="timing windows at most for a host-bound case")
     p.add_argument("--json", default=None, help="also write the figures here")
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -83,7 +85,9 @@ def main() -> int:
     report.update(ceilings())
     print(f"device {hw.device_name}, driver {hw.driver_version}, torch {hw.torch_version}, triton {hw.triton_version}")
     print(f"copy bandwidth {report['copy_gbps']:.0f} GB/s, bf16 matmul {report['matmul_bf16_tflops']:.0f} TFLOP/s")
-    config = WorkerConfig(mode="gpu", concurrency=args.concurrency)
+    config = WorkerConfig(mode="gpu", concurrency=args.concurrency,
+                          reserve_timing_core=False if args.no_reserve else None,
+                          host_bound_windows=args.timing_windows)
 
     # 2. throughput over a fresh batch (the eager reference of each op is measured too and counted)
     batch = spread_batch(args.batch)

@@ -64,6 +64,7 @@ class WorkerConfig:
     # A core (with its hyperthreads) kept for the child holding the lock, the others for compiling
     # (kernels.harness.cores); None: in GPU mode, where host time is timed, and not in interpreter mode.
     reserve_timing_core: bool | None = None
+    host_bound_windows: int = 5  # timing windows at most for a case whose host side outlasts the L2 flush
 
 
 @dataclass
@@ -278,7 +279,8 @@ class MeasureWorker:
                    compile_target=ahead.target_of(self.hardware.compute_capability) if cfg.mode == "gpu" else "",
                    device_memory_bytes=int(cfg.device_memory_gib * 2**30) if cfg.device_memory_gib else None,
                    alone=alone, environment=tuple(sorted(get_operation(cand.op).environment.items())),
-                   compile_cpus=self.cores.compile, timing_cpus=self.cores.timing)
+                   compile_cpus=self.cores.compile, timing_cpus=self.cores.timing,
+                   host_bound_windows=cfg.host_bound_windows)
 
     def probe_sandbox(self) -> str:
         """Find the strongest protections under which CUDA and a Triton kernel still work; returns them.
