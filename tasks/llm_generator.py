@@ -232,6 +232,7 @@ class LLMGenerator:
     """Children of parents, proposed by a model behind an OpenAI-compatible chat endpoint."""
 
     name = "llm"
+    repeatable = False  # sampled: a resumed run takes the children the journal recorded
 
     def __init__(self, base_url: str, model: str, *, mode: str = "variant", temperature: float = 0.8,
                  concurrency: int = 4, timeout_s: float = 120.0, retries: int = 2, schema_style: str = "json_schema",
@@ -257,6 +258,9 @@ class LLMGenerator:
 
     def probe(self) -> None:
         self.client.probe()
+
+    def exhausted(self, parent_ids) -> bool:
+        return False  # a model can always be asked again
 
     # ---- prompts ------------------------------------------------------------------------------
 
