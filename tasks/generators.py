@@ -114,7 +114,8 @@ class ModelGenerator:
     def exhausted(self, space, archive) -> bool:
         if space is not None and not self.model.source_mode(space) and len(archive) < len(space.variants()):
             return False  # template children fill up a variant generation
-        return self.model.exhausted([e.candidate.candidate_id for e in archive.parents()])
+        # Parents from the archive while one can get a child; then the op's own kernels again.
+        return self.model.exhausted([e.candidate.candidate_id for e in archive.parents()]) and self.model.exhausted([])
 
 
 def _template(config) -> Generator:

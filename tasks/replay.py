@@ -71,8 +71,9 @@ def read_tree(corpus: str, op: str) -> RecordedTree:
     root = DataRoot(corpus)
     frame = root.read_candidates(op=op)
     if frame.empty:
-        raise ValueError(f"the replay corpus {corpus} holds no {op} candidates; corpus ops are listed by "
-                         f"`python -m benchmarks.llm_search --list`")
+        every = root.read_candidates()
+        held = ", ".join(sorted(every["op"].unique())) if not every.empty else "nothing"
+        raise ValueError(f"the replay corpus {corpus} holds no {op} candidates; it holds: {held}")
     candidates = {c.candidate_id: c for c in candidates_from_frame(frame)}
     rows = root.read("provenance", op=op)
     provenance = {p.candidate_id: p for p in records_from_frame(Provenance, rows)} if not rows.empty else {}

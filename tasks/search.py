@@ -95,6 +95,7 @@ class Search:
         self.calibration: list[tuple[Forecast, int]] = []  # (forecast, measured bin) of this run
         self.summaries: list[GenerationSummary] = []
         self.trajectory: list[float] = []  # measured speedups in the order they were charged (0: failed)
+        self.charges: list[float] = []  # the GPU-seconds each of those measurements charged
         self.budget_used = 0
         self.gpu_seconds = 0.0
         self.carry = 0  # budget a generation left unspent passes to the next
@@ -228,6 +229,7 @@ class Search:
         self.calibration += [(by_id[cid], b) for cid, b in measured_bins.items() if cid in by_id]
         charged = len(gen.measurements)
         self.trajectory += [m.speedup if m.status == "ok" and m.speedup else 0.0 for m in gen.measurements]
+        self.charges += [m.gpu_seconds for m in gen.measurements]
         gen_gpu = sum(m.gpu_seconds for m in gen.measurements)
         self.budget_used += charged
         self.gpu_seconds += gen_gpu
