@@ -112,8 +112,8 @@ class ModelGenerator:
                          [p for cid, p in self.model.provenance_.items() if cid in ids])
 
     def exhausted(self, space, archive) -> bool:
-        if space is not None and not self.model.source_mode(space) and len(archive) < len(space.variants()):
-            return False  # template children fill up a variant generation
+        if space is not None and not self.model.source_mode(space):
+            return len(archive) >= len(space.variants())  # the model picks variants of the space, as breeding does
         # Parents from the archive while one can get a child; then the op's own kernels again.
         return self.model.exhausted([e.candidate.candidate_id for e in archive.parents()]) and self.model.exhausted([])
 
