@@ -162,7 +162,12 @@ def write_summary(lines: list[str], markdown: str) -> int:
 
 def summary(rows: list[dict], trees: list[dict], args) -> list[str]:
     """Markdown tables: per (mode, surrogate, budget) the two goals, then what each op's tree allows."""
-    lines = ["| budget kind | surrogate | budget | runs | geomean best(surrogate) / best(baseline) | wins / ties / "
+    ops = sorted({r["op"] for r in rows})
+    seeds = len({r["seed"] for r in rows})
+    lines = [f"Replayed search on the corpus's recorded tree (generator replay, backend replay): {len(ops)} ops "
+             f"({', '.join(ops)}) x {seeds} seeds; made by `python -m benchmarks.llm_search --seeds {seeds} "
+             f"--budgets {' '.join(map(str, args.budgets))} --surrogates {' '.join(args.surrogates)}`.", "",
+             "| budget kind | surrogate | budget | runs | geomean best(surrogate) / best(baseline) | wins / ties / "
              "losses | reached the baseline's best | median share of the baseline's budget to get there | "
              "... of what the baseline spent | measurements (surrogate / baseline, mean) | failed measured "
              "(surrogate / baseline, mean) |",
