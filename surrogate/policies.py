@@ -2,6 +2,13 @@
 
 An unparsed forecast is never trusted. A confident forecast that would beat the best
 measured kernel is measured, never trusted, so the reported best is always measured.
+
+Failure-aware: a forecast's bins say how fast a kernel runs *if* it runs. Where the forecaster
+also says how likely it is to fail (``Forecast.failure_probability``), a confident bin is trusted
+only when the kernel is as sure to run (run probability at least the trust threshold), a child
+as sure to fail is dropped unmeasured, and the ranking of the unsure ones is discounted by their
+run probability (``run_weighted``). A forecaster that says nothing about failure (NaN) has run
+probability 1: every decision is what it was without this.
 """
 
 from __future__ import annotations
@@ -41,7 +48,13 @@ class ThresholdPolicy:
         self.threshold = threshold
 
     def trusted(self, forecast: Forecast) -> bool:
-        return forecast.parsed and confidence(forecast, self.score) >= self.threshold
+        """A parsed forecast whose bin is confident, of a kernel as sure to run."""
+        return (forecast.parsed and confidence(forecast, self.score) >= self.threshold
+                and forecast.run_probability >= self.threshold)
+
+    def sure_to_fail(self, forecast: Forecast) -> bool:
+        """A parsed forecast at least as sure the kernel fails as trusting a bin needs (never where failure is NaN)."""
+        return forecast.parsed and forecast.failure_probability >= self.threshold
 
 
 class ConformalRiskPolicy(ThresholdPolicy):
@@ -90,27 +103,38 @@ class ConformalRiskPolicy(ThresholdPolicy):
         return self
 
 
+def run_weighted(log_score: Callable[[Forecast], float]) -> Callable[[Forecast], float]:
+    """A log-scale ranking score (log expected improvement, a Thompson draw of log speedup) of a
+    kernel that gains nothing when it fails: the score times the run probability, in logs."""
+    return lambda f: log_score(f) + math.log(max(f.run_probability, 1e-300))
+
+
 class BudgetPolicy:
     """Spend at most ``budget`` measurements: the most promising uncertain children first.
 
     Trusted forecasts predicting a loss against ``best_speedup`` are dropped; a trusted
     forecast predicting a new best is measured (it takes precedence in the budget);
-    untrusted children are measured in order of ``rank`` (default: expected speedup; a
-    search passes expected improvement over its best) until the budget is spent, and
-    the rest are dropped for this generation.
+    forecasts as sure the kernel fails are dropped (``drop_failures``); other children
+    are measured in order of ``rank`` (default: expected speedup times run probability;
+    a search passes expected improvement over its best, ``run_weighted``) until the
+    budget is spent, and the rest are dropped for this generation.
     """
 
-    def __init__(self, budget: int, trust: ThresholdPolicy, rank: Callable[[Forecast], float] | None = None):
+    def __init__(self, budget: int, trust: ThresholdPolicy, rank: Callable[[Forecast], float] | None = None,
+                 drop_failures: bool = True):
         if budget < 0:
             raise ValueError(f"budget must be zero or more, got {budget}")
         self.budget = budget
         self.trust = trust
-        self.rank = rank or (lambda f: f.expected_speedup)
+        self.rank = rank or (lambda f: f.expected_speedup * f.run_probability)
+        self.drop_failures = drop_failures
 
     def select(self, forecasts: Sequence[Forecast], best_speedup: float = 0.0) -> Selection:
         would_be_best, unsure, trust, drop = [], [], [], []
         for f in forecasts:
-            if not self.trust.trusted(f):
+            if self.drop_failures and self.trust.sure_to_fail(f):
+                drop.append(f.candidate_id)
+            elif not self.trust.trusted(f):
                 unsure.append(f)
             elif f.expected_speedup > best_speedup:
                 would_be_best.append(f)

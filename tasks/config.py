@@ -17,9 +17,10 @@ from urllib.parse import urlparse
 # The measured pool shipped with the project: the replay backend's answers and the learned prior's data.
 PACKAGED_POOL = str(Path(__file__).resolve().parents[1] / "data" / "pools")
 
-# llm: a model picks template variants (tasks/llm_generator.py), template ones fill up; freeform: a model
-# rewrites the parent's whole source, for template operations and imported tasks alike.
-GENERATORS = ("template", "llm", "freeform")
+# The measured corpus of LLM-written children shipped with the project: the replay generator's answers.
+PACKAGED_CORPUS = str(Path(PACKAGED_POOL) / "llm")
+
+# Generators are named in tasks/generators.py (template, llm, freeform, replay); these two ask a model.
 LLM_GENERATORS = ("llm", "freeform")
 POLICIES = ("budget", "conformal")
 ACQUISITIONS = ("thompson", "ei")  # how unsure children are ranked for the budget (surrogate.online)
@@ -43,27 +44,29 @@ class SearchConfig:
     budget: int = 32  # measurements charged over the whole search
     generations: int = 4
     children: int = 256  # per generation (forecasts are cheap); with surrogate "none", children = the budget
-    generator: str = "template"  # children from the op's template space (mutation, crossover, fresh draws)
+    generator: str = "template"  # template | llm | freeform | replay (tasks/generators.py)
     generator_url: str = ""  # generator "llm": an OpenAI-compatible endpoint
     generator_model: str = ""
-    generator_children: int = 16  # generator "llm": children asked of the model per generation
+    generator_children: int = 16  # model generators (llm, freeform, replay): requests per generation
     generator_schema_style: str = "json_schema"  # json_object: llama-cpp-python's server takes the schema there
     generator_temperature: float = 0.8
     generator_model_sha256: str = ""  # the model's weights hash, recorded with every child it writes
+    replay_corpus: str = PACKAGED_CORPUS  # generator "replay": the corpus whose recorded children answer
     surrogate: str = "learned"  # learned | roofline | random | llm | none
     policy: str = "budget"  # budget: trust a confidence threshold; conformal: a certified risk
     trust_threshold: float = 0.9  # max-probability at which a forecast is trusted (policy budget)
     target_risk: float = 0.05  # trusted-and-wrong-by-more-than-one-bin rate (policy conformal)
     acquisition: str = "thompson"  # thompson: a draw from each child's forecast; ei: expected improvement
     explore: float = 0.2  # fraction of children drawn fresh from the space rather than bred from parents
-    gpu_seconds_budget: float = 0.0  # stop after the generation that spends this much GPU time (0: no limit)
+    gpu_seconds_budget: float = 0.0  # stop once this much GPU time is charged (0: no limit), checked wave by wave
+    measure_wave: int = 8  # with a GPU-seconds budget: candidates measured between two checks of it
     seed: int = 0
     run_id: str = ""  # "": a new one from op, GPU type, surrogate, budget, seed and the time; rerun an id to resume
     data: str = "kernelcast-data"
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     storage_retry_s: float = 120.0  # how long a storage outage (S3 restarting) is retried before the search fails
     backend: str = "auto"  # auto: the local GPU if there is one, else replay from replay_pool
-    replay_pool: str = PACKAGED_POOL
+    replay_pool: str = PACKAGED_POOL  # with generator "replay", the corpus itself unless set otherwise
     prior_data: str = PACKAGED_POOL  # measurements the learned surrogate is first fit on
     prior_scope: str = "other-ops"  # other-ops | other-gpus | all: what the prior saw of the searched op
     tracking_uri: str = ""  # "" : sqlite under a local data root, else ./kernelcast-mlflow.db
@@ -129,10 +132,11 @@ def check_settings(config: SearchConfig) -> None:
     """
     from kernels.hardware import INTERPRETER, KNOWN_GPU_TYPES
     from surrogate.registry import FACTORIES
+    from tasks.generators import GENERATORS
 
     if config.gpu_type != "auto" and config.gpu_type not in (*KNOWN_GPU_TYPES, INTERPRETER):
         raise ConfigError(f"unknown GPU type {config.gpu_type!r}; known: auto, {', '.join(KNOWN_GPU_TYPES)}")
-    for name in ("budget", "generations", "children"):
+    for name in ("budget", "generations", "children", "measure_wave", "generator_children"):
         value = getattr(config, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"{name} must be a positive whole number, got {value!r}")
@@ -157,13 +161,13 @@ def check_settings(config: SearchConfig) -> None:
         if config.generator_schema_style not in ("json_schema", "json_object"):
             raise ConfigError(f"unknown generator_schema_style {config.generator_schema_style!r}; known: "
                               "json_schema, json_object")
-        if not isinstance(config.generator_children, int) or config.generator_children < 1:
-            raise ConfigError(f"generator_children must be a positive whole number, got {config.generator_children!r}")
         if not (isinstance(config.generator_temperature, (int, float)) and 0 <= config.generator_temperature <= 2):
             raise ConfigError(f"generator_temperature must lie in [0, 2], got {config.generator_temperature!r}")
         if config.generator_model_sha256 and not re.fullmatch(r"[0-9a-f]{64}", config.generator_model_sha256):
             raise ConfigError(f"generator_model_sha256 must be 64 lowercase hex digits, got "
                               f"{config.generator_model_sha256!r}")
+    if config.generator == "replay" and not config.replay_corpus:
+        raise ConfigError("generator 'replay' needs replay_corpus (a measured corpus, e.g. data/pools/llm)")
     if config.surrogate == "llm" and not (config.llm_url and config.llm_model):
         raise ConfigError("surrogate 'llm' needs llm_url (an OpenAI-compatible endpoint) and llm_model")
     if not 0 < config.trust_threshold <= 1:

@@ -232,6 +232,7 @@ class LLMGenerator:
     """Children of parents, proposed by a model behind an OpenAI-compatible chat endpoint."""
 
     name = "llm"
+    repeatable = False  # sampled: a resumed run takes the children the journal recorded
 
     def __init__(self, base_url: str, model: str, *, mode: str = "variant", temperature: float = 0.8,
                  concurrency: int = 4, timeout_s: float = 120.0, retries: int = 2, schema_style: str = "json_schema",
@@ -257,6 +258,9 @@ class LLMGenerator:
 
     def probe(self) -> None:
         self.client.probe()
+
+    def exhausted(self, parent_ids) -> bool:
+        return False  # a model can always be asked again
 
     # ---- prompts ------------------------------------------------------------------------------
 
@@ -461,7 +465,9 @@ def mixed_children(generator: LLMGenerator | None, op_name: str, space: Template
                 children.append(c)
     k = min(n_llm, n - len(children)) if generator is not None else 0
     if k > 0:
-        chosen = [archive.select_parent(rng) for _ in range(k)]
+        # Only parents the model can still write for (a replayed corpus answers only what it recorded).
+        can_answer = lambda e: not generator.exhausted([e.candidate.candidate_id])  # noqa: E731
+        chosen = [archive.select_parent(rng, can_answer) for _ in range(k)]
         parents = parents_with_feedback(chosen, archive)
         if generator.source_mode(space):  # a rewrite needs a kernel: before any is measured, the op's own
             starts = (op.imported_candidates() if space is None else []) + op.seed_candidates()

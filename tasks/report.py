@@ -89,7 +89,8 @@ def summary_lines(result, data_uri: str, tracking_uri: str, prefect_ui: str | No
     speed = f"{result.best_speedup:.3f}x eager PyTorch" if result.best_speedup else "none succeeded"
     how = "replayed from the measured pool (no GPU here)" if result.replayed else "measured on this GPU"
     lines = [f"search {result.run_id}: {result.op} on {result.gpu_type}, {len(result.generations)} generations, "
-             f"{result.budget_used} measurements ({how}), {result.gpu_seconds:.1f} GPU-seconds charged",
+             f"{result.budget_used} measurements ({how}), {result.gpu_seconds:.1f} GPU-seconds charged; "
+             f"stopped: {result.stop_reason}",
              f"best measured kernel: {result.best_candidate_id} at {speed}; params {result.best_params}"]
     for s in result.generations:
         best = f"{s.best_speedup:.3f}" if s.best_speedup else "-"

@@ -31,11 +31,15 @@ from storage.schema import candidates_from_frame, forecasts_from_frame, measurem
 from surrogate.bins import speedup_bin
 from surrogate.forecast import Forecast
 from surrogate.online import SearchSurrogate, log_expected_improvement, thompson_draw
-from surrogate.policies import BudgetPolicy, ConformalRiskPolicy, Selection, ThresholdPolicy
-from tasks.config import LLM_GENERATORS, ConfigError, SearchConfig
-from tasks.state import Archive, breed
+from surrogate.policies import BudgetPolicy, ConformalRiskPolicy, Selection, ThresholdPolicy, run_weighted
+from tasks.config import ConfigError, SearchConfig
+from tasks.generators import make_generator
+from tasks.state import Archive
 
 _FLUSH_EVERY = 8  # measurements buffered before a write
+# Why a search ends: its measurement budget or GPU-seconds budget is spent, its generator has no
+# new candidates left (template space or replay corpus exhausted), or it ran all its generations.
+STOP_REASONS = ("budget", "gpu_seconds", "no candidates", "generations")
 
 
 @dataclass
@@ -68,6 +72,7 @@ class SearchResult:
     gpu_seconds: float
     generations: tuple[GenerationSummary, ...]
     replayed: bool  # measurements came from a measured pool, not a live GPU
+    stop_reason: str = "generations"  # one of STOP_REASONS: what ended the search
 
 
 class Search:
@@ -83,21 +88,14 @@ class Search:
         self.tracker = tracker
         # An imported task has no template space: its children come from the LLM generator alone.
         self.space = None if is_imported_name(config.op) else get_space(config.op)
-        self.generator = None
-        if config.generator in LLM_GENERATORS:
-            from tasks.llm_generator import LLMGenerator
-
-            self.generator = LLMGenerator(config.generator_url, config.generator_model,
-                                          mode="source" if config.generator == "freeform" else "variant",
-                                          temperature=config.generator_temperature,
-                                          schema_style=config.generator_schema_style,
-                                          model_sha256=config.generator_model_sha256)
-            self.generator.probe()  # an unreachable endpoint fails here, before any GPU time
+        self.generator = make_generator(config)
+        self.generator.probe()  # an unreachable endpoint or a missing corpus fails here, before any GPU time
         self.archive = Archive()
         self.candidates: dict[str, Candidate] = {}
         self.calibration: list[tuple[Forecast, int]] = []  # (forecast, measured bin) of this run
         self.summaries: list[GenerationSummary] = []
         self.trajectory: list[float] = []  # measured speedups in the order they were charged (0: failed)
+        self.charges: list[float] = []  # the GPU-seconds each of those measurements charged
         self.budget_used = 0
         self.gpu_seconds = 0.0
         self.carry = 0  # budget a generation left unspent passes to the next
@@ -150,23 +148,18 @@ class Search:
         n = c.children_for(gen.budget)
         # Children dropped in an earlier generation may come back: the surrogate knows more now.
         explore = c.explore if len(self.archive) else 1.0
-        if self.generator is None:
-            gen.children = breed(self.space, self.archive, n, rng, explore, exclude=set())
-        elif gen.index in self.completed:  # a model answers differently each time: take what it wrote then
-            gen.children = self._journal_children(gen.index)
+        provenance = []
+        if gen.index in self.completed and not self.generator.repeatable:
+            gen.children = self._journal_children(gen.index)  # a model answers differently each time
         else:
-            from tasks.llm_generator import mixed_children
-
-            gen.children = mixed_children(self.generator, c.op, self.space, self.archive, n,
-                                          min(n, c.generator_children), rng, explore, seed=c.seed * 1000 + gen.index,
-                                          run_id=c.run_id, generation=gen.index)
-            gen.generator_counts = self.generator.last_counts_
+            made = self.generator.children(c.op, self.space, self.archive, n, rng, explore, seed=c.seed,
+                                           run_id=c.run_id, generation=gen.index)
+            gen.children, gen.generator_counts, provenance = made.children, made.counts, made.provenance
         for child in gen.children:
             self.candidates.setdefault(child.candidate_id, child)
         self.root.write_candidates(gen.children)
-        if self.generator is not None and self.generator.provenance_ and gen.index not in self.completed:
-            self.root.write_records([p for cid, p in self.generator.provenance_.items()
-                                     if cid in {ch.candidate_id for ch in gen.children}])
+        if provenance and gen.index not in self.completed:
+            self.root.write_records(provenance)
         return gen.children
 
     def forecast(self, gen: Generation) -> list[Forecast]:
@@ -193,14 +186,31 @@ class Search:
             key = f"{self.config.seed}:{gen.index}"  # a resumed run draws what the interrupted one drew
             rank = (lambda f: log_expected_improvement(f, best or 0.0)) if self.config.acquisition == "ei" \
                 else (lambda f: thompson_draw(f, key))
+            rank = run_weighted(rank)  # a child that fails gains nothing (no change where failure is not forecast)
             policy = BudgetPolicy(gen.budget, self._trust_policy(), rank=rank)
             gen.selection = policy.select(gen.forecasts, best or 0.0)
         return gen.selection
 
     def measure(self, gen: Generation) -> list[Measurement]:
+        """The selected children, measured; with a GPU-seconds budget, in waves of ``measure_wave``, and
+        the children of the waves after the one that spends it dropped unmeasured."""
+        c = self.config
         t0 = time.perf_counter()
         wanted = [self.candidates[i] for i in gen.selection.measure]
-        gen.measurements, gen.reused = self._measure(wanted)
+        wave = c.measure_wave if c.gpu_seconds_budget else max(1, len(wanted))
+        gen.measurements, gen.reused = [], 0
+        spent = self.gpu_seconds
+        for start in range(0, len(wanted), wave):
+            if c.gpu_seconds_budget and spent >= c.gpu_seconds_budget:
+                break
+            measured, reused = self._measure(wanted[start: start + wave])
+            gen.measurements += measured
+            gen.reused += reused
+            spent += sum(m.gpu_seconds for m in measured)
+        if len(gen.measurements) < len(wanted):  # a measure decision is a charged measurement: the rest are drops
+            s = gen.selection
+            gen.selection = dataclasses.replace(s, measure=s.measure[: len(gen.measurements)],
+                                                drop=s.drop + s.measure[len(gen.measurements):])
         gen.measure_seconds = time.perf_counter() - t0
         return gen.measurements
 
@@ -219,6 +229,7 @@ class Search:
         self.calibration += [(by_id[cid], b) for cid, b in measured_bins.items() if cid in by_id]
         charged = len(gen.measurements)
         self.trajectory += [m.speedup if m.status == "ok" and m.speedup else 0.0 for m in gen.measurements]
+        self.charges += [m.gpu_seconds for m in gen.measurements]
         gen_gpu = sum(m.gpu_seconds for m in gen.measurements)
         self.budget_used += charged
         self.gpu_seconds += gen_gpu
@@ -257,14 +268,14 @@ class Search:
         return self.update(gen)
 
     def should_stop(self) -> str:
-        """Why the search ends early ('' if it goes on)."""
+        """Why the search ends before its next generation (one of ``STOP_REASONS``), or '' if it goes on."""
         c = self.config
         if self.budget_used >= c.budget:
-            return "budget spent"
+            return "budget"
         if c.gpu_seconds_budget and self.gpu_seconds >= c.gpu_seconds_budget:
-            return f"GPU-seconds budget ({c.gpu_seconds_budget:g} s) spent"
-        if self.space is not None and len(self.archive) >= len(self.space.variants()):
-            return "template space exhausted"
+            return "gpu_seconds"
+        if self.generator.exhausted(self.space, self.archive):
+            return "no candidates"
         return ""
 
     def run(self) -> SearchResult:
@@ -276,16 +287,19 @@ class Search:
         return self.finish()
 
     def finish(self) -> SearchResult:
+        """The run's result: its best measured kernel, what it spent, and why it stopped."""
         best_id, best = self.archive.best()
         best_c = self.candidates.get(best_id) if best_id else None
         result = SearchResult(self.config.run_id, self.config.op, self.config.gpu_type, best_id, best,
                               best_c.source if best_c else "", dict(best_c.params) if best_c else {},
-                              self.budget_used, self.gpu_seconds, tuple(self.summaries), self.replayed)
+                              self.budget_used, self.gpu_seconds, tuple(self.summaries), self.replayed,
+                              self.should_stop() or "generations")
         if self.tracker is not None and self.mlflow_run:
             from tasks.report import search_artifacts
 
             self.tracker.log_files(self.mlflow_run, search_artifacts(result, self.root))
             self.tracker.finish(self.mlflow_run, tags={"best_candidate_id": best_id or "",
+                                                       "stop_reason": result.stop_reason,
                                                        "best_speedup": f"{best:.4f}" if best else ""})
         return result
 

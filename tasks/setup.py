@@ -16,7 +16,7 @@ from threadpoolctl import threadpool_limits
 
 from storage.dataset import DataRoot, RetryPolicy
 from storage.tracking import Tracker, default_tracking_uri
-from tasks.config import NO_SURROGATE, ConfigError, SearchConfig, validate
+from tasks.config import NO_SURROGATE, PACKAGED_POOL, ConfigError, SearchConfig, validate
 
 MODEL_FOLDER = "models"  # fitted surrogate priors under the data root, reused across runs
 
@@ -31,6 +31,8 @@ def data_root(config: SearchConfig) -> DataRoot:
 def resolve(config: SearchConfig) -> SearchConfig:
     """Validate, then settle backend 'auto' and GPU type 'auto' against what this machine has."""
     config = validate(config)
+    if config.generator == "replay" and config.replay_pool == PACKAGED_POOL:
+        config = config.replace(replay_pool=config.replay_corpus)  # replayed children replay their own measurements
     backend = config.backend
     if backend == "auto":
         import torch
@@ -152,7 +154,6 @@ def grpo_pairs(prior_data: str, pairs_file: str = "", gpu_type: str | None = Non
     """The pairs an LLM surrogate trains on: a ``kernelcast pairs`` file, or pairs drawn from the
     ``gpu_type`` measurements under ``prior_data`` (the committed pool when empty)."""
     from surrogate.pairs import PairSettings, build_pairs, read_pairs
-    from tasks.config import PACKAGED_POOL
 
     if pairs_file:
         return read_pairs(pairs_file)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from typing import Callable
 
 from kernels.records import Candidate, Measurement
 from kernels.spaces import TemplateSpace
@@ -71,9 +72,9 @@ class Archive:
     def parents(self) -> list[Entry]:
         return [e for e in self.entries.values() if e.value is not None]
 
-    def select_parent(self, rng: random.Random) -> Entry | None:
-        """The parent with the highest upper confidence bound; ties broken at random."""
-        eligible = self.parents()
+    def select_parent(self, rng: random.Random, allowed: Callable[[Entry], bool] | None = None) -> Entry | None:
+        """The parent with the highest upper confidence bound (among those ``allowed``); ties broken at random."""
+        eligible = [e for e in self.parents() if allowed is None or allowed(e)]
         if not eligible:
             return None
         values = [e.value for e in eligible]

@@ -255,7 +255,7 @@ def test_a_freeform_search_counts_each_generations_drops_in_the_journal_and_mlfl
     def run():  # backend local on GPU type interpreter: the harness under Triton's CPU interpreter
         search = Search(config, DataRoot(config.data), measure_pool(config), RooflineForecaster().fit(),
                         tracker=Tracker(uri, "freeform", data=DataRoot(config.data)))
-        search.generator.max_tokens_source = 48  # the tiny model writes noise; no need to read much of it
+        search.generator.model.max_tokens_source = 48  # the tiny model writes noise; no need to read much of it
         try:
             return search, search.start().run()
         finally:
@@ -274,5 +274,5 @@ def test_a_freeform_search_counts_each_generations_drops_in_the_journal_and_mlfl
     assert sorted((m.step, m.value) for m in history) == [(0, 3.0), (1, 3.0)]
     # a rerun of the id replays both generations from the journal: the model is not asked again
     again, result_again = run()
-    assert again.generator.counts_.asked == 0
+    assert again.generator.model.counts_.asked == 0
     assert [g.generator_asked for g in result_again.generations] == [3, 3]

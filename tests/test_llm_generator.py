@@ -123,7 +123,7 @@ def test_a_replay_search_with_the_llm_generator_journals_llm_children(server, tm
     llm = table[table["origin"] == "llm"]
     assert len(llm) >= 1 and llm["parent_id"].notna().any()  # the second generation's have measured parents
     assert set(table["origin"]) <= {"llm", "template", "seed"} and "template" in set(table["origin"])
-    assert search.generator.counts_.asked == 8 and search.generator.counts_.failed == 0
+    assert search.generator.model.counts_.asked == 8 and search.generator.model.counts_.failed == 0
 
 
 def test_an_unreachable_generator_endpoint_fails_before_anything_is_measured(tmp_path):
@@ -182,7 +182,7 @@ def test_an_imported_task_is_searched_its_own_candidates_first(server, tmp_path)
     config = validate(_config(tmp_path, server.base_url, op=op.name, gpu_type="interpreter", backend="local",
                               budget=2, generations=1, children=3, generator_children=2, run_id="imported-1"))
     search = Search(config, root, InterpreterPool(), RooflineForecaster().fit())
-    search.generator.max_tokens_source = 48  # the tiny model writes noise; no need to read much of it
+    search.generator.model.max_tokens_source = 48  # the tiny model writes noise; no need to read much of it
     try:
         result = search.start().run()
     finally:
@@ -191,4 +191,4 @@ def test_an_imported_task_is_searched_its_own_candidates_first(server, tmp_path)
     assert generation.generated == 1 and generation.measured == 1 and generation.failed == 0
     measured = root.read_measurements(op=op.name)
     assert imported.candidate_id in set(measured["candidate_id"])
-    assert search.generator.counts_.asked == 2 and search.generator.counts_.invalid == 2
+    assert search.generator.model.counts_.asked == 2 and search.generator.model.counts_.invalid == 2

@@ -77,3 +77,59 @@ def test_bad_policy_settings_are_clear_errors():
         ConformalRiskPolicy(target_risk=1.5)
     with pytest.raises(ValueError, match="budget must be zero or more"):
         BudgetPolicy(budget=-1, trust=ThresholdPolicy())
+
+
+# ---- failure-aware selection ------------------------------------------------------------------
+
+
+def test_a_confident_bin_is_not_trusted_when_the_kernel_is_not_as_sure_to_run():
+    trust = ThresholdPolicy(threshold=0.9)
+    sure = forecast("a", 3, 0.95)
+    assert trust.trusted(sure)
+    assert trust.trusted(sure.with_failure(0.05)) and not trust.trusted(sure.with_failure(0.2))
+
+
+def test_a_child_as_sure_to_fail_as_trust_needs_is_dropped_unmeasured():
+    fs = [forecast("doomed", 7, 0.4).with_failure(0.95), forecast("maybe", 5, 0.4).with_failure(0.5),
+          forecast("plain", 5, 0.4)]
+    sel = BudgetPolicy(budget=3, trust=ThresholdPolicy(threshold=0.9)).select(fs, best_speedup=1.0)
+    assert sel.drop == ["doomed"] and sorted(sel.measure) == ["maybe", "plain"]
+    kept = BudgetPolicy(budget=3, trust=ThresholdPolicy(threshold=0.9), drop_failures=False).select(fs, 1.0)
+    assert "doomed" in kept.measure
+
+
+def test_rankings_are_weighted_by_run_probability():
+    from surrogate.online import log_expected_improvement, thompson_draw
+    from surrogate.policies import run_weighted
+
+    fast_but_fragile = forecast("fragile", 7, 0.4).with_failure(0.8)
+    slower_but_sound = forecast("sound", 6, 0.4).with_failure(0.1)
+    for score in (lambda f: log_expected_improvement(f, 1.0), lambda f: thompson_draw(f, "0:1")):
+        assert score(fast_but_fragile) > score(slower_but_sound)
+        assert run_weighted(score)(slower_but_sound) > run_weighted(score)(fast_but_fragile)
+    sel = BudgetPolicy(budget=1, trust=ThresholdPolicy(threshold=0.9)).select([fast_but_fragile, slower_but_sound])
+    assert sel.measure == ["sound"]
+
+
+def test_forecasts_that_say_nothing_about_failure_are_selected_as_before():
+    import math
+
+    from surrogate.online import log_expected_improvement
+    from surrogate.policies import run_weighted
+
+    rng = np.random.default_rng(3)
+    fs = [forecast(str(i), int(b), float(s)) for i, (b, s) in enumerate(zip(rng.integers(1, 9, 40),
+                                                                         rng.uniform(0.2, 1.0, 40)))]
+    assert all(math.isnan(f.failure_probability) and f.run_probability == 1.0 for f in fs)
+    score = lambda f: log_expected_improvement(f, 1.2)  # noqa: E731
+    assert [run_weighted(score)(f) for f in fs] == [score(f) for f in fs]
+    trust = ThresholdPolicy(threshold=0.8)
+    sel = BudgetPolicy(budget=6, trust=trust, rank=run_weighted(score)).select(fs, best_speedup=1.2)
+    # What the policy did before failure was forecast, spelled out: confident new bests first, then the
+    # unsure by score; confident losers dropped, confident ties trusted.
+    sure = [f for f in fs if f.max_probability >= 0.8]
+    queue = sorted([f for f in sure if f.expected_speedup > 1.2], key=lambda f: -f.expected_speedup) + \
+        sorted([f for f in fs if f.max_probability < 0.8], key=lambda f: -score(f))
+    assert sel.measure == [f.candidate_id for f in queue[:6]]
+    assert set(sel.drop) == {f.candidate_id for f in sure if f.expected_speedup < 1.2} | \
+        {f.candidate_id for f in queue[6:] if f.max_probability < 0.8}

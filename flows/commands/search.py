@@ -15,20 +15,26 @@ _SEARCH_FLAGS = {
                                                           "when replaying without one)"),
     "budget": (int, "measurements charged over the whole search (default 32)"),
     "generations": (int, "generations (default 4)"), "children": (int, "children per generation (default 256)"),
-    "generator": (str, "template; llm (a model picks template variants; template ones fill up); or freeform (a "
-                       "model rewrites the parent's whole source)"),
+    "generator": (str, "template; llm (a model picks template variants; template ones fill up); freeform (a "
+                       "model rewrites the parent's whole source); or replay (a measured corpus's recorded "
+                       "children answer for the model)"),
+    "replay_corpus": (str, "generator replay: the corpus whose recorded children answer (default: the packaged "
+                           "data/pools/llm); the replay backend then answers from its measurements"),
     "generator_url": (str, "OpenAI-compatible endpoint (generator llm)"),
     "generator_model": (str, "model name at that endpoint (generator llm)"),
     "generator_temperature": (float, "sampling temperature of the generator's model (default 0.8)"),
     "generator_model_sha256": (str, "SHA-256 of the generator model's weights, recorded with each child"),
-    "generator_children": (int, "children asked of the model per generation (generator llm, default 16)"), "surrogate": (str, "learned, roofline, random, llm, or none (the "
+    "generator_children": (int, "children asked of the model per generation (generators llm, freeform, replay; "
+                                "default 16)"), "surrogate": (str, "learned, roofline, random, llm, or none (the "
                                                              "equal-budget baseline: every child measured)"),
     "policy": (str, "budget (confidence threshold) or conformal (certified risk)"),
     "trust_threshold": (float, "max-probability at which a forecast is trusted (policy budget)"),
     "target_risk": (float, "risk of trusting a forecast off by more than one bin (policy conformal)"),
     "acquisition": (str, "how unsure children are chosen: thompson (a draw from each forecast, default) or ei "
                          "(expected improvement)"),
-    "gpu_seconds_budget": (float, "also stop once this many GPU-seconds are charged"),
+    "gpu_seconds_budget": (float, "also stop once this many GPU-seconds are charged (checked after each wave "
+                                  "of measurements)"),
+    "measure_wave": (int, "with --gpu-seconds-budget: measurements between two checks of it (default 8)"),
     "seed": (int, "random seed"), "run_id": (str, "run id; rerun the same id to resume"),
     "backend": (str, "auto, local, replay or ray"), "replay_pool": (str, "measured pool the replay backend answers from"),
     "prior_data": (str, "measurements the learned surrogate's prior is fit on"),

@@ -1,0 +1,206 @@
+"""The search in the LLM regime: surrogate-filtered against the equal-budget random baseline, on a replayed corpus.
+
+Every search here uses ``--generator replay``: the children are the ones a model wrote for
+each parent when the corpus (``data/pools/llm`` by default) was made, and their measurements
+(failures included) are the corpus's own, so this runs on a CPU and walks the tree a live
+search would have met. For each operation with at least one parent in the corpus, seed and
+budget, three kinds of run:
+
+- the baseline (``surrogate none``): every child it asks for is measured, in the order the
+  model answered, until the budget is spent; that is random selection among the children;
+- one run per surrogate (``--surrogates``): 16 children asked per generation, forecast, and
+  only what the policy selects measured;
+
+under two budgets: ``measurements`` (``--budgets`` measurements each) and ``gpu-seconds`` (both
+capped at the GPU-seconds the baseline spent at that budget, measurements no longer binding).
+Per surrogate and budget it prints the geometric mean over (op, seed) of best(surrogate) /
+best(baseline) (goal >= 1.10) and the median share of the baseline's budget the surrogate run
+needed to reach the baseline's final best (goal <= 1/3; a run that never did counts as 2), and
+per operation what the corpus's tree allows: children per parent, how many beat their parent,
+and the headroom (best kernel in the tree over the best of its roots).
+
+    python -m benchmarks.llm_search --seeds 3 --budgets 16 32 64 --surrogates learned roofline \\
+        --json docs/measured/llm_search_replay.json --markdown docs/measured/llm_search_replay.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import statistics
+import sys
+import time
+
+from tasks.config import PACKAGED_CORPUS, SearchConfig
+from tasks.setup import open_search
+
+BASELINE = "none"
+MODES = ("measurements", "gpu-seconds")
+
+
+def corpus_ops(corpus: str) -> list[str]:
+    """The corpus's operations whose tree has at least one parent with recorded children."""
+    from storage.dataset import DataRoot
+    from tasks.replay import read_tree
+
+    frame = DataRoot(corpus).read_candidates()
+    ops = []
+    for op in sorted(frame["op"].unique()) if not frame.empty else []:
+        tree = read_tree(corpus, op)
+        if any(tree.children.get(r.candidate_id) for r in tree.roots):
+            ops.append(op)
+    return ops
+
+
+def tree_stats(corpus: str, op: str, gpu_type: str) -> dict:
+    """What the recorded tree of ``op`` holds: parents, children per parent (before and after today's static
+    checks), how many run, how many beat their parent, and the headroom over the best root."""
+    from kernels.formats import submission_of
+    from kernels.ops import get_operation
+    from kernels.screen import screen
+    from storage.dataset import DataRoot
+    from tasks.replay import read_tree
+
+    tree = read_tree(corpus, op)
+    m = DataRoot(corpus).read_measurements(op=op, gpu_type=gpu_type).set_index("candidate_id")
+    speed = {cid: float(r.speedup) if r.status == "ok" and r.speedup else 0.0 for cid, r in m.iterrows()}
+    parents = [p for p in tree.nodes() if tree.children.get(p.candidate_id)]
+    kids = [k for p in parents for k in tree.children[p.candidate_id]]
+    passing = [k for k in kids if screen(get_operation(op), k, submission_of(k.source), set())[0] is None]
+    runs = [k for k in passing if speed.get(k.candidate_id, 0) > 0]
+    beat = [k for k in runs if speed[k.candidate_id] > speed.get(k.parent_id, 0)]
+    best_root = max(speed.get(r.candidate_id, 0) for r in tree.roots)
+    best_all = max([best_root] + [speed.get(k.candidate_id, 0) for k in kids])
+    return {"op": op, "roots": len(tree.roots), "parents": len(parents), "children": len(kids),
+            "children_per_parent": len(kids) / len(parents), "pass_static_checks": len(passing), "run_ok": len(runs),
+            "beat_parent": len(beat),
+            "beat_parent_by_2pct": sum(speed[k.candidate_id] > 1.02 * speed.get(k.parent_id, 0) for k in runs),
+            "best_root": best_root, "best_in_tree": best_all, "headroom": best_all / best_root if best_root else None}
+
+
+def run_one(config: SearchConfig) -> dict:
+    search = open_search(config, track=False)
+    t0 = time.perf_counter()
+    result = search.run()
+    search.pool.close()
+    return {"best": result.best_speedup or 0.0, "measurements": result.budget_used, "gpu_seconds": result.gpu_seconds,
+            "stop_reason": result.stop_reason, "trajectory": search.trajectory, "charges": search.charges,
+            "trusted": sum(s.trusted for s in result.generations), "dropped": sum(s.dropped for s in result.generations),
+            "failed": sum(s.failed for s in result.generations), "seconds": time.perf_counter() - t0}
+
+
+def to_reach(run: dict, target: float, mode: str) -> float | None:
+    """Measurements (mode measurements) or GPU-seconds (mode gpu-seconds) the run charged until its best
+    reached ``target``; None when it never did."""
+    spent = itertools.accumulate(run["charges"]) if mode == "gpu-seconds" else itertools.count(1)
+    for best, used in zip(itertools.accumulate(run["trajectory"], max), spent):
+        if best >= target:
+            return used
+    return None
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--corpus", default=PACKAGED_CORPUS)
+    p.add_argument("--ops", default="corpus", help="comma-separated, or 'corpus': every op with a parent in it")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64])
+    p.add_argument("--surrogates", nargs="+", default=["learned", "roofline"],
+                   help="surrogates to compare with the baseline (any name the search takes)")
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument("--generations", type=int, default=4)
+    p.add_argument("--gpu-type", default="h100")
+    p.add_argument("--data", default="/tmp/kernelcast-llm-search")
+    p.add_argument("--json", default="", help="write every run's numbers here")
+    p.add_argument("--markdown", default="", help="write the tables here")
+    p.add_argument("--summary-only", action="store_true", help="only redo the tables from the runs in --json")
+    args = p.parse_args(argv)
+    if args.summary_only:
+        with open(args.json) as f:
+            stored = json.load(f)
+        return write_summary(summary(stored["runs"], stored["trees"], args), args.markdown)
+    ops = corpus_ops(args.corpus) if args.ops == "corpus" else args.ops.split(",")
+    trees = [tree_stats(args.corpus, op, args.gpu_type) for op in ops]
+    rows = []
+    for op, budget, seed in itertools.product(ops, args.budgets, range(args.seeds)):
+        base = dict(op=op, gpu_type=args.gpu_type, generations=args.generations, seed=seed, data=args.data,
+                    backend="replay", generator="replay", replay_corpus=args.corpus)
+        baseline = run_one(SearchConfig(**base, budget=budget, surrogate=BASELINE))
+        for mode in args.modes:
+            # At equal GPU-seconds: both capped at what the baseline spent, the measurement budget out of the way.
+            limits = dict(budget=budget) if mode == "measurements" else \
+                dict(budget=4 * budget, gpu_seconds_budget=max(baseline["gpu_seconds"], 1e-9))
+            ref = baseline if mode == "measurements" else run_one(SearchConfig(**base, surrogate=BASELINE, **limits))
+            scale = budget if mode == "measurements" else limits["gpu_seconds_budget"]
+            for name in args.surrogates:
+                run = run_one(SearchConfig(**base, surrogate=name, **limits))
+                reached = to_reach(run, ref["best"], mode) if ref["best"] else None
+                row = {"op": op, "budget": budget, "seed": seed, "mode": mode, "surrogate": name,
+                       "surrogate_best": run["best"], "baseline_best": ref["best"],
+                       "ratio": run["best"] / ref["best"] if ref["best"] else None,
+                       "to_baseline_best": reached, "share_of_baseline_budget": (reached / scale) if reached else None,
+                       **{f"surrogate_{k}": run[k] for k in ("measurements", "gpu_seconds", "stop_reason", "trusted",
+                                                             "dropped", "failed", "seconds")},
+                       **{f"baseline_{k}": ref[k] for k in ("measurements", "gpu_seconds", "stop_reason", "failed")}}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"trees": trees, "runs": rows}, f, indent=1)
+    return write_summary(summary(rows, trees, args), args.markdown)
+
+
+def write_summary(lines: list[str], markdown: str) -> int:
+    print("\n".join(lines))
+    if markdown:
+        with open(markdown, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return 0
+
+
+def summary(rows: list[dict], trees: list[dict], args) -> list[str]:
+    """Markdown tables: per (mode, surrogate, budget) the two goals, then what each op's tree allows."""
+    ops = sorted({r["op"] for r in rows})
+    seeds = len({r["seed"] for r in rows})
+    lines = [f"Replayed search on the corpus's recorded tree (generator replay, backend replay): {len(ops)} ops "
+             f"({', '.join(ops)}) x {seeds} seeds; made by `python -m benchmarks.llm_search --seeds {seeds} "
+             f"--budgets {' '.join(map(str, args.budgets))} --surrogates {' '.join(args.surrogates)}`.", "",
+             "| budget kind | surrogate | budget | runs | geomean best(surrogate) / best(baseline) | wins / ties / "
+             "losses | reached the baseline's best | median share of the baseline's budget to get there | "
+             "... of what the baseline spent | measurements (surrogate / baseline, mean) | failed measured "
+             "(surrogate / baseline, mean) |",
+             "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for mode, name, budget in itertools.product(args.modes, args.surrogates, args.budgets):
+        mine = [r for r in rows if (r["mode"], r["surrogate"], r["budget"]) == (mode, name, budget) and r["ratio"]]
+        if not mine:
+            continue
+        ratio = math.exp(statistics.mean(math.log(r["ratio"]) if r["ratio"] > 0 else math.log(1e-9) for r in mine))
+        wins = sum(r["ratio"] > 1.0005 for r in mine)
+        losses = sum(r["ratio"] < 0.9995 for r in mine)
+        reached = sum(r["to_baseline_best"] is not None for r in mine)
+        share = statistics.median(r["share_of_baseline_budget"] if r["share_of_baseline_budget"] is not None else 2.0
+                                  for r in mine)
+        # The baseline rarely spends its whole budget on these small trees: the same, against what it spent.
+        unit = "baseline_measurements" if mode == "measurements" else "baseline_gpu_seconds"
+        spent = statistics.median(r["to_baseline_best"] / r[unit] if r["to_baseline_best"] and r[unit] else 2.0
+                                  for r in mine)
+        lines.append(f"| {mode} | {name} | {budget} | {len(mine)} | **{ratio:.3f}** | {wins} / "
+                     f"{len(mine) - wins - losses} / {losses} | {reached}/{len(mine)} | {share:.2f} | {spent:.2f} | "
+                     f"{statistics.mean(r['surrogate_measurements'] for r in mine):.1f} / "
+                     f"{statistics.mean(r['baseline_measurements'] for r in mine):.1f} | "
+                     f"{statistics.mean(r['surrogate_failed'] for r in mine):.1f} / "
+                     f"{statistics.mean(r['baseline_failed'] for r in mine):.1f} |")
+    lines += ["", "| op | roots | parents | children | per parent | pass today's static checks | run ok | "
+              "beat their parent (by > 2%) | best root | best in tree | headroom |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for t in trees:
+        lines.append(f"| {t['op']} | {t['roots']} | {t['parents']} | {t['children']} | {t['children_per_parent']:.1f} "
+                     f"| {t['pass_static_checks']} | {t['run_ok']} | {t['beat_parent']} ({t['beat_parent_by_2pct']}) | "
+                     f"{t['best_root']:.3f} | {t['best_in_tree']:.3f} | {t['headroom']:.3f} |")
+    return lines
+
+
+if __name__ == "__main__":
+    sys.exit(main())

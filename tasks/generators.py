@@ -1,0 +1,158 @@
+"""Generators: where a generation's children come from, behind one small protocol and one registry.
+
+A search names its generator (``SearchConfig.generator``); ``make_generator`` builds it and
+the search's generate step calls ``children`` once per generation, whichever it is:
+
+- ``template``: mutations, crossovers and fresh draws from the op's template space;
+- ``llm``: a model picks template variants (``tasks/llm_generator.py``); template children fill up;
+- ``freeform``: a model rewrites parents' whole sources;
+- ``replay``: a measured corpus answers for the model (``tasks/replay.py``): a parent's children
+  are the ones a model wrote for it when the corpus was made, so a search without a model or a
+  GPU walks the corpus's recorded tree.
+
+The three model generators share one path, ``ModelGenerator``: parents chosen from the archive,
+one request per parent, the same static checks, counts and provenance rows. Only the model differs.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+from kernels.records import Candidate, Provenance
+
+
+@dataclass(frozen=True)
+class Offspring:
+    """What one generation's generate step produced."""
+
+    children: list[Candidate]
+    counts: object = None  # tasks.llm_generator.GeneratorCounts of a model's answers; None: no model asked
+    provenance: list[Provenance] = field(default_factory=list)  # who wrote each child (model generators)
+
+
+class Generator(Protocol):
+    """Children of the archive's parents, one generation at a time."""
+
+    name: str
+    # True: the same archive, seed and generation give the same children, so a resumed run makes
+    # them again; False (a sampled model): a resumed run takes what the journal recorded instead.
+    repeatable: bool
+
+    def probe(self) -> None:
+        """Reach whatever the generator needs (a model endpoint, a corpus); fail before any GPU time."""
+
+    def children(self, op: str, space, archive, n: int, rng: random.Random, explore: float, *,
+                 seed: int, run_id: str, generation: int) -> Offspring:
+        """Up to ``n`` new children of the archive's parents (and fresh ones, where the generator makes them)."""
+
+    def exhausted(self, space, archive) -> bool:
+        """Whether no generation could bring a new child any more (the search then stops: 'no candidates')."""
+
+
+class Model(Protocol):
+    """What writes children for ``ModelGenerator``: one answer per parent (``tasks.llm_generator.LLMGenerator``
+    asks a model; ``tasks.replay.ReplayModel`` replays what a model wrote)."""
+
+    repeatable: bool
+    last_counts_: object  # GeneratorCounts of the last ``propose``
+    provenance_: dict[str, Provenance]  # candidate id -> who wrote it, for the last ``propose``
+
+    def probe(self) -> None: ...
+
+    def source_mode(self, space) -> bool: ...
+
+    def exhausted(self, parent_ids: Sequence[str]) -> bool:
+        """Whether none of these parents (ids; none: the op's own kernels, which parent a search until one
+        of its children runs) can get a child any more."""
+
+    def propose(self, op_name: str, parents: Sequence, space=None, measured: Sequence = (), seed: int = 0,
+                seen: set[str] | None = None, temperature: float | None = None, run_id: str = "",
+                generation: int = 0) -> list[Candidate]: ...
+
+
+class TemplateGenerator:
+    """Children bred from the op's template space: no model, no answers to count."""
+
+    name = "template"
+    repeatable = True
+
+    def probe(self) -> None:
+        pass
+
+    def children(self, op, space, archive, n, rng, explore, *, seed, run_id, generation) -> Offspring:
+        from tasks.state import breed
+
+        return Offspring(breed(space, archive, n, rng, explore, exclude=set()))
+
+    def exhausted(self, space, archive) -> bool:
+        return len(archive) >= len(space.variants())
+
+
+class ModelGenerator:
+    """Children a ``Model`` writes for parents chosen from the archive, ``per_generation`` requests a generation."""
+
+    def __init__(self, name: str, model: Model, per_generation: int):
+        self.name = name
+        self.model = model
+        self.per_generation = per_generation
+        self.repeatable = model.repeatable
+
+    def probe(self) -> None:
+        self.model.probe()
+
+    def children(self, op, space, archive, n, rng, explore, *, seed, run_id, generation) -> Offspring:
+        from tasks.llm_generator import mixed_children
+
+        kids = mixed_children(self.model, op, space, archive, n, min(n, self.per_generation), rng, explore,
+                              seed=seed * 1000 + generation, run_id=run_id, generation=generation)
+        ids = {ch.candidate_id for ch in kids}
+        return Offspring(kids, self.model.last_counts_,
+                         [p for cid, p in self.model.provenance_.items() if cid in ids])
+
+    def exhausted(self, space, archive) -> bool:
+        if space is not None and not self.model.source_mode(space):
+            return len(archive) >= len(space.variants())  # the model picks variants of the space, as breeding does
+        # Parents from the archive while one can get a child; then the op's own kernels again.
+        return self.model.exhausted([e.candidate.candidate_id for e in archive.parents()]) and self.model.exhausted([])
+
+
+def _template(config) -> Generator:
+    return TemplateGenerator()
+
+
+def _llm_model(config, mode: str):
+    from tasks.llm_generator import LLMGenerator
+
+    return LLMGenerator(config.generator_url, config.generator_model, mode=mode,
+                        temperature=config.generator_temperature, schema_style=config.generator_schema_style,
+                        model_sha256=config.generator_model_sha256)
+
+
+def _llm(config) -> Generator:
+    return ModelGenerator("llm", _llm_model(config, "variant"), config.generator_children)
+
+
+def _freeform(config) -> Generator:
+    return ModelGenerator("freeform", _llm_model(config, "source"), config.generator_children)
+
+
+def _replay(config) -> Generator:
+    from tasks.replay import ReplayModel
+
+    return ModelGenerator("replay", ReplayModel(config.replay_corpus, config.op, seed=config.seed),
+                          config.generator_children)
+
+
+GENERATORS: dict[str, Callable[[object], Generator]] = {
+    "template": _template, "llm": _llm, "freeform": _freeform, "replay": _replay}
+
+
+def make_generator(config) -> Generator:
+    """The generator ``config.generator`` names, built from the config's settings; a clear error for an unknown name."""
+    try:
+        factory = GENERATORS[config.generator]
+    except KeyError:
+        raise ValueError(f"unknown generator {config.generator!r}; known: {', '.join(GENERATORS)}") from None
+    return factory(config)
