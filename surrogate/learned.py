@@ -198,7 +198,7 @@ class LearnedForecaster:
         raw_sums = probs.sum(axis=1)  # 1 plus the few 1e-9 the clipped tails add
         probs /= raw_sums[:, None]
         latency = (time.perf_counter() - t0) / max(1, len(requests))
-        version, ids = self.version, _CandidateIds()
+        version, ids = self.version, CandidateIds()
         return [Forecast(ids(req.candidate), ids(req.anchor), self.name, version, tuple(p.tolist()),
                          raw_sum=float(r), latency_s=latency, expected_speedup=math.exp(m),
                          extra={"log_speedup_mean": float(m), "log_speedup_sigma": float(s)})
@@ -211,7 +211,7 @@ def _mean_shape(standardised) -> np.ndarray:
     return np.mean(curves, axis=0) if curves else np.zeros_like(_SHAPE_GRID)
 
 
-class _CandidateIds:
+class CandidateIds:
     """candidate_id hashes the whole source; within one batch each distinct object is hashed once
     (a batch shares its anchors, and a candidate may come with several cases)."""
 
