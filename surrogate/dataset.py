@@ -188,11 +188,39 @@ def _source_row(r, base) -> dict | None:
     return row
 
 
+def by_candidate(pairs: pd.DataFrame) -> pd.DataFrame:
+    """``case_pairs`` rows as ``source_pairs`` rows: one per (candidate, GPU type), its cases' speedups
+    over the eager reference (its anchor) combined as their geometric mean."""
+    from kernels.ops import get_operation
+
+    if pairs.empty:
+        return pd.DataFrame()
+    rows, seeds = [], {}
+    for (_, _), g in pairs.groupby(["candidate_id", "gpu_type"], sort=False):
+        first = g.iloc[0]
+        if first["op"] not in seeds:
+            seeds[first["op"]] = get_operation(first["op"]).seed_candidates()[0]
+        seed = seeds[first["op"]]
+        ran = g["speedup"].notna() & (g["speedup"] > 0)
+        speedup = float(np.exp(np.log(g.loc[ran, "speedup"]).mean())) if first["status"] == "ok" and ran.any() \
+            else math.nan
+        rows.append({**{k: first[k] for k in ("op", "gpu_type", "candidate_id", "source", "params", "template",
+                                              "status", *HARDWARE_FIELDS)},
+                     "origin": "template", "backend": "triton", "failed": first["status"] != "ok",
+                     "case_names": tuple(g["case_name"]), "runtime_us": tuple(g["runtime_us"]),
+                     "anchor_runtime_us": tuple(g["anchor_runtime_us"]), "anchor_id": first["anchor_id"],
+                     "anchor_source": seed.source, "anchor_params": dict(seed.params), "anchor_template": None,
+                     "anchor_origin": seed.origin, "anchor_backend": seed.backend, "anchor_speedup": 1.0,
+                     "speedup": speedup, "true_bin": speedup_bin(speedup if first["status"] == "ok" else None)})
+    return pd.DataFrame(rows)
+
+
 def source_requests(rows: pd.DataFrame) -> list[ForecastRequest]:
-    """One ForecastRequest per ``source_pairs`` row: the candidate against its own anchor, on all
-    its cases; rows of ``case_pairs`` (no anchor source) go through ``requests_from``."""
-    if "anchor_source" not in rows.columns:
-        return requests_from(rows)
+    """One ForecastRequest per ``source_pairs`` row: the candidate against its own anchor, on all its cases."""
+    missing = [c for c in ("anchor_source", "case_names", "anchor_speedup") if c not in rows.columns]
+    if missing:
+        raise ValueError(f"source rows lack columns {missing}: build them with source_pairs (or by_candidate "
+                         "from case_pairs)")
     kernels: dict[tuple, Candidate] = {}
 
     def kernel(op, backend, source, params, template, origin) -> Candidate:

@@ -73,13 +73,13 @@ _SETTINGS = {"block": re.compile(r"\bBLOCK\w*\s*(?::\s*tl\.constexpr\s*)?=\s*(\d
 _JIT = {"jit", "autotune", "heuristics"}
 
 CODE_FEATURES = (
-    "parses", "log_chars", "n_lines", "n_tokens", "n_ast_nodes", "n_functions", "n_jit", "n_loops",
+    "parses", "log_chars", "n_lines", "n_tokens", "n_ast_nodes", "n_functions", "n_jit", "n_loop_nodes",
     *_TL_CALLS, "n_masks", "n_casts", "n_torch_calls",
     "log2_block_written", "log2_warps_written", "log2_stages_written",
     "undefined_name", "missing_tl_attributes", "unjitted_launches", "jit_called_from_host", "has_launch",
 )
 CHANGE_FEATURES = (
-    "anchor_is_parent", "token_edit_ratio", "same_as_anchor", "log_length_ratio", "constants_changed",
+    "token_edit_ratio", "same_as_anchor", "log_length_ratio", "constants_changed",
     "calls_added", "calls_removed", "block_change", "warps_change", "anchor_undefined_name",
 )
 SOURCE_FEATURE_NAMES = FEATURE_NAMES + ("log_anchor_speedup",) + CODE_FEATURES + CHANGE_FEATURES
@@ -184,7 +184,7 @@ _BLOCK, _WARPS = CODE_FEATURES.index("log2_block_written"), CODE_FEATURES.index(
 
 
 @lru_cache(maxsize=8192)
-def change_features(source: str, anchor_source: str, anchor_is_parent: bool) -> tuple[float, ...]:
+def change_features(source: str, anchor_source: str) -> tuple[float, ...]:
     """CHANGE_FEATURES of ``source`` against its anchor's source."""
     mine, theirs = _tokens(source), _tokens(anchor_source)
     # autojunk off: in a kernel the common tokens (parentheses, "tl") are the structure itself
@@ -196,8 +196,7 @@ def change_features(source: str, anchor_source: str, anchor_is_parent: bool) -> 
     calls.subtract(_CALL.findall(_COMMENT.sub("", anchor_source)))
     a, b = code_features(source), code_features(anchor_source)
     return (
-        1.0 if anchor_is_parent else 0.0, edit,
-        1.0 if same is not None and same == fingerprint(anchor_source) else 0.0,
+        edit, 1.0 if same is not None and same == fingerprint(anchor_source) else 0.0,
         math.log((len(source) + 1) / (len(anchor_source) + 1)),
         float(sum(abs(v) for v in constants.values())),
         float(sum(v for v in calls.values() if v > 0)), float(-sum(v for v in calls.values() if v < 0)),
@@ -212,12 +211,12 @@ class SourceFeatures:
     names = SOURCE_FEATURE_NAMES
 
     def of(self, req: ForecastRequest) -> list[float]:
-        parent = req.anchor.origin != "seed"
-        anchor_speedup = req.anchor_speedup if parent else 1.0  # the reference is as fast as itself
+        # the reference is as fast as itself
+        anchor_speedup = 1.0 if req.anchor.origin == "seed" else req.anchor_speedup
         return [*request_features(req),
                 math.log(anchor_speedup) if anchor_speedup > 0 else math.nan,
                 *code_features(req.candidate.source),
-                *change_features(req.candidate.source, req.anchor.source, parent)]
+                *change_features(req.candidate.source, req.anchor.source)]
 
     def matrix(self, requests: Sequence[ForecastRequest]) -> np.ndarray:
         """(n, len(names)) features of ``requests``."""
@@ -257,8 +256,12 @@ class SourceForecaster:
                     random_state=self.random_state)
 
     def fit(self, pairs: pd.DataFrame) -> "SourceForecaster":
-        from surrogate.dataset import source_requests
+        """Fit on ``source_pairs`` rows (failed kernels included); ``case_pairs`` rows are taken one
+        per candidate (``by_candidate``)."""
+        from surrogate.dataset import by_candidate, source_requests
 
+        if pairs is not None and "anchor_source" not in pairs.columns:
+            pairs = by_candidate(pairs)
         if pairs is None or len(pairs) < 20:
             raise ValueError(f"the source forecaster needs at least 20 measured kernels, got "
                              f"{0 if pairs is None else len(pairs)}")
@@ -304,8 +307,15 @@ class SourceForecaster:
         self.spread_model_ = HistGradientBoostingRegressor(**self._params()).fit(
             X, np.abs(y - oof) * math.sqrt(math.pi / 2))
 
+    def predict_failure(self, requests: Sequence[ForecastRequest]) -> np.ndarray:
+        """P(the kernel fails) per request."""
+        return self._predict(requests, speed=False)[0]
+
     def predict(self, requests: Sequence[ForecastRequest]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(failure probability, mean, spread of log speedup against the anchor) per request."""
+        return self._predict(requests, speed=True)
+
+    def _predict(self, requests: Sequence[ForecastRequest], speed: bool) -> tuple[np.ndarray, ...]:
         if not hasattr(self, "speed_model_"):
             raise RuntimeError("SourceForecaster used before fit")
         if not requests:
@@ -315,6 +325,8 @@ class SourceForecaster:
             p_fail = np.full(len(X), self.failure_rate_)
         else:
             p_fail = self.platt_.predict_proba(_logit(self.failure_model_.predict_proba(X)[:, 1])[:, None])[:, 1]
+        if not speed:
+            return (p_fail,)
         sigma = np.maximum(self.spread_model_.predict(X), _MIN_SIGMA)
         return p_fail, self.speed_model_.predict(X), sigma
 
