@@ -84,6 +84,7 @@ CHANGE_FEATURES = (
 )
 SOURCE_FEATURE_NAMES = FEATURE_NAMES + ("log_anchor_speedup",) + CODE_FEATURES + CHANGE_FEATURES
 _MIN_SIGMA = 0.03
+_MIN_RAN = 5  # the learned forecaster fits on as few as 7 candidates (20 per-case pairs)
 # An absent feature (NaN) as a value below every real one: features here may be negative, and a
 # column that is absent for a whole training fold must still bin (scikit-learn cannot bin all-NaN).
 _ABSENT = -1e9
@@ -262,15 +263,15 @@ class SourceForecaster:
 
         if pairs is not None and "anchor_source" not in pairs.columns:
             pairs = by_candidate(pairs)
-        if pairs is None or len(pairs) < 20:
-            raise ValueError(f"the source forecaster needs at least 20 measured kernels, got "
-                             f"{0 if pairs is None else len(pairs)}")
-        X = _encode(SourceFeatures().matrix(source_requests(pairs)))
+        if pairs is None or len(pairs) == 0:
+            raise ValueError("the source forecaster needs measured kernels to fit on, got none")
         failed = (pairs["status"] != "ok").to_numpy()
         speedup = pairs["speedup"].to_numpy(dtype=float)
         ran = ~failed & (speedup > 0)
-        if ran.sum() < 10:
-            raise ValueError(f"the source forecaster needs at least 10 kernels that ran, got {int(ran.sum())}")
+        if ran.sum() < _MIN_RAN:
+            raise ValueError(f"the source forecaster needs at least {_MIN_RAN} measured kernels that ran, "
+                             f"got {int(ran.sum())}")
+        X = _encode(SourceFeatures().matrix(source_requests(pairs)))
         ops = pairs["op"].to_numpy()
         groups = ops if len(set(ops)) >= 2 else pairs["candidate_id"].to_numpy()
         self._fit_failure(X, failed, groups)

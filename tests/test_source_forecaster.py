@@ -171,8 +171,8 @@ def test_failure_probability_moves_with_a_failing_feature(fitted, corpus):
 def test_the_source_forecaster_refuses_too_little_data(corpus):
     from surrogate.source import SourceForecaster
 
-    with pytest.raises(ValueError, match="at least 20 measured kernels, got 5"):
-        SourceForecaster().fit(corpus.head(5))
+    with pytest.raises(ValueError, match="at least 5 measured kernels that ran, got 3"):
+        SourceForecaster().fit(corpus.head(5))  # two of the five call a dropped helper
 
 
 def test_source_is_a_registered_surrogate():
