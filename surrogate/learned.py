@@ -168,7 +168,7 @@ class LearnedForecaster:
     def predict_log_speedup(self, requests: Sequence[ForecastRequest]) -> tuple[np.ndarray, np.ndarray]:
         """(mean, spread) of log speedup per request; the spread is the whole forecast error,
         the pool's level included."""
-        mu, (sigma,) = self._predict(requests, (self.spread_model_,))
+        mu, (sigma,) = self._predict(requests, (self.spread_model_,), feature_matrix(list(requests)))
         return mu, sigma
 
     def predict_log_speedup_split(self, requests: Sequence[ForecastRequest]) -> tuple[np.ndarray, ...]:
@@ -177,13 +177,16 @@ class LearnedForecaster:
         The within-pool spread is the error of the candidate's place within its pool alone:
         what separates candidates of one operation on one GPU once a search has measured a
         few and so knows the level (``surrogate.online``)."""
-        mu, (sigma, within) = self._predict(requests, (self.spread_model_, self.within_model_))
+        mu, (sigma, within) = self._predict(requests, (self.spread_model_, self.within_model_),
+                                            feature_matrix(list(requests)))
         return mu, sigma, within
 
-    def _predict(self, requests: Sequence[ForecastRequest], spread_models) -> tuple[np.ndarray, list[np.ndarray]]:
+    def _predict(self, requests: Sequence[ForecastRequest], spread_models,
+                 features: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+        """(mean, spreads) of log speedup; ``features`` is ``feature_matrix(requests)``."""
         if not requests:
             return np.empty(0), [np.empty(0) for _ in spread_models]
-        X = _encode(feature_matrix(list(requests)))
+        X = _encode(features)
         pools, which = np.unique(X[:, _POOL_COLUMNS], axis=0, return_inverse=True)
         which = which.ravel()
         mu = self._mean(self.level_model_.predict(pools)[which], self.scale_model_.predict(pools)[which],
@@ -193,7 +196,7 @@ class LearnedForecaster:
         # and the within-pool one alike (it has no pool level of its own to separate out).
         novel = np.flatnonzero([not r.candidate.template for r in requests])
         if len(novel):
-            _, source_mu, source_sigma = self.source_.predict([requests[i] for i in novel])
+            _, source_mu, source_sigma = self.source_.predict([requests[i] for i in novel], features[novel])
             mu[novel] = source_mu
             for sigma in spreads:
                 sigma[novel] = source_sigma
@@ -206,8 +209,9 @@ class LearnedForecaster:
             return []
         t0 = time.perf_counter()
         requests = list(requests)
-        mu, sigma = self.predict_log_speedup(requests)
-        failure = self.source_.predict_failure(requests)
+        features = feature_matrix(requests)
+        mu, (sigma,) = self._predict(requests, (self.spread_model_,), features)
+        failure = self.source_.predict_failure(requests, features)
         probs = bin_probabilities(mu, sigma)
         raw_sums = probs.sum(axis=1)  # 1 plus the few 1e-9 the clipped tails add
         probs /= raw_sums[:, None]

@@ -211,19 +211,22 @@ class SourceFeatures:
 
     names = SOURCE_FEATURE_NAMES
 
-    def of(self, req: ForecastRequest) -> list[float]:
+    def of(self, req: ForecastRequest, base: Sequence[float] | None = None) -> list[float]:
+        """The features of ``req``; ``base``, its ``surrogate.features`` row when already computed."""
         # the reference is as fast as itself
         anchor_speedup = 1.0 if req.anchor.origin == "seed" else req.anchor_speedup
-        return [*request_features(req),
+        return [*(request_features(req) if base is None else base),
                 math.log(anchor_speedup) if anchor_speedup > 0 else math.nan,
                 *code_features(req.candidate.source),
                 *change_features(req.candidate.source, req.anchor.source)]
 
-    def matrix(self, requests: Sequence[ForecastRequest]) -> np.ndarray:
-        """(n, len(names)) features of ``requests``."""
+    def matrix(self, requests: Sequence[ForecastRequest], base: np.ndarray | None = None) -> np.ndarray:
+        """(n, len(names)) features of ``requests``; ``base``, their ``surrogate.features.feature_matrix``
+        when the caller has it (the learned forecaster), so it is not computed twice."""
         if not requests:
             return np.empty((0, len(self.names)))
-        return np.array([self.of(r) for r in requests], dtype=np.float64)
+        rows = [self.of(r) for r in requests] if base is None else [self.of(r, b) for r, b in zip(requests, base)]
+        return np.array(rows, dtype=np.float64)
 
 
 def _group_folds(groups: np.ndarray, folds: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -308,20 +311,22 @@ class SourceForecaster:
         self.spread_model_ = HistGradientBoostingRegressor(**self._params()).fit(
             X, np.abs(y - oof) * math.sqrt(math.pi / 2))
 
-    def predict_failure(self, requests: Sequence[ForecastRequest]) -> np.ndarray:
-        """P(the kernel fails) per request."""
-        return self._predict(requests, speed=False)[0]
+    def predict_failure(self, requests: Sequence[ForecastRequest], base: np.ndarray | None = None) -> np.ndarray:
+        """P(the kernel fails) per request (``base``: as in ``SourceFeatures.matrix``)."""
+        return self._predict(requests, base, speed=False)[0]
 
-    def predict(self, requests: Sequence[ForecastRequest]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def predict(self, requests: Sequence[ForecastRequest],
+                base: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(failure probability, mean, spread of log speedup against the anchor) per request."""
-        return self._predict(requests, speed=True)
+        return self._predict(requests, base, speed=True)
 
-    def _predict(self, requests: Sequence[ForecastRequest], speed: bool) -> tuple[np.ndarray, ...]:
+    def _predict(self, requests: Sequence[ForecastRequest], base: np.ndarray | None,
+                 speed: bool) -> tuple[np.ndarray, ...]:
         if not hasattr(self, "speed_model_"):
             raise RuntimeError("SourceForecaster used before fit")
         if not requests:
             return np.empty(0), np.empty(0), np.empty(0)
-        X = _encode(SourceFeatures().matrix(list(requests)))
+        X = _encode(SourceFeatures().matrix(list(requests), base))
         if self.failure_model_ is None:
             p_fail = np.full(len(X), self.failure_rate_)
         else:
