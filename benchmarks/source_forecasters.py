@@ -216,6 +216,9 @@ def _goals(table: pd.DataFrame) -> list[str]:
     for r in table[table["forecaster"] == "source"].to_dict("records"):
         for key, (sense, bound) in GOALS.items():
             value = r.get(key, float("nan"))
+            if not np.isfinite(value):
+                lines.append(f"source on {r['set']}: {key} undefined (no kernel of this set failed)")
+                continue
             met = value >= bound if sense == ">=" else value <= bound
             interval = f" [{r[key + '_lo']:.3f}, {r[key + '_hi']:.3f}]" if key + "_lo" in r else ""
             lines.append(f"source on {r['set']}: {key} {value:.3f}{interval} (goal {sense} {bound}): "
