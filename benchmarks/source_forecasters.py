@@ -190,6 +190,9 @@ def main() -> int:
                 if r["set"] == subset:
                     r["aurc_over_random_forecaster"] = r["aurc"] / random_aurc
     table = pd.DataFrame(rows)
+    telling = _telling_features(kernels[SUBSETS["llm"](kernels)])
+    print("the language model's children, mean of features that tell failure:")
+    print(telling.round(3).to_string())
     with pd.option_context("display.width", 250, "display.max_columns", 40):
         print(table[["set", "forecaster", *[c for c in COLUMNS if c in table]]].round(3).to_string(index=False))
     goals = _goals(table)
@@ -204,10 +207,25 @@ def main() -> int:
                 "split": "leave-one-operation-out", "operations": sorted(kernels["op"].unique())}
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out + ".json", "w") as fh:
-            json.dump({**meta, "rows": table.to_dict("records"), "goals": goals}, fh, indent=1, default=float)
+            json.dump({**meta, "rows": table.to_dict("records"), "goals": goals,
+                       "telling_features_llm": telling.to_dict()}, fh, indent=1, default=float)
         with open(args.out + ".md", "w") as fh:
             fh.write(_markdown(table, goals, meta))
     return 0
+
+
+TELLING = ("undefined_name", "calls_removed", "token_edit_ratio", "unjitted_launches", "missing_tl_attributes",
+           "parses")
+
+
+def _telling_features(kernels: pd.DataFrame) -> pd.DataFrame:
+    """Mean of a few source features over the kernels that failed and those that ran."""
+    from surrogate.dataset import source_requests
+    from surrogate.source import SourceFeatures
+
+    X = pd.DataFrame(SourceFeatures().matrix(source_requests(kernels)), columns=SourceFeatures.names)
+    failed = kernels["failed"].to_numpy()
+    return pd.DataFrame({"failed": X[failed][list(TELLING)].mean(), "ran": X[~failed][list(TELLING)].mean()})
 
 
 def _goals(table: pd.DataFrame) -> list[str]:
