@@ -46,7 +46,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import GroupKFold
 
 from kernels.screen import fingerprint, undefined_name
-from surrogate.features import FEATURE_NAMES, request_features
+from surrogate.features import FEATURE_NAMES, feature_matrix
 from surrogate.forecast import Forecast, ForecastRequest
 from surrogate.learned import CandidateIds, bin_probabilities
 
@@ -211,22 +211,19 @@ class SourceFeatures:
 
     names = SOURCE_FEATURE_NAMES
 
-    def of(self, req: ForecastRequest, base: Sequence[float] | None = None) -> list[float]:
-        """The features of ``req``; ``base``, its ``surrogate.features`` row when already computed."""
-        # the reference is as fast as itself
-        anchor_speedup = 1.0 if req.anchor.origin == "seed" else req.anchor_speedup
-        return [*(request_features(req) if base is None else base),
-                math.log(anchor_speedup) if anchor_speedup > 0 else math.nan,
-                *code_features(req.candidate.source),
-                *change_features(req.candidate.source, req.anchor.source)]
-
     def matrix(self, requests: Sequence[ForecastRequest], base: np.ndarray | None = None) -> np.ndarray:
         """(n, len(names)) features of ``requests``; ``base``, their ``surrogate.features.feature_matrix``
         when the caller has it (the learned forecaster), so it is not computed twice."""
         if not requests:
             return np.empty((0, len(self.names)))
-        rows = [self.of(r) for r in requests] if base is None else [self.of(r, b) for r, b in zip(requests, base)]
-        return np.array(rows, dtype=np.float64)
+        base = feature_matrix(list(requests)) if base is None else base
+        # the reference is as fast as itself
+        anchor = np.array([1.0 if r.anchor.origin == "seed" else r.anchor_speedup for r in requests], dtype=float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            log_anchor = np.where(anchor > 0, np.log(anchor), np.nan)
+        code = np.array([code_features(r.candidate.source) for r in requests], dtype=float)
+        change = np.array([change_features(r.candidate.source, r.anchor.source) for r in requests], dtype=float)
+        return np.hstack([base, log_anchor[:, None], code, change])
 
 
 def _group_folds(groups: np.ndarray, folds: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -326,6 +323,8 @@ class SourceForecaster:
             raise RuntimeError("SourceForecaster used before fit")
         if not requests:
             return np.empty(0), np.empty(0), np.empty(0)
+        if not speed and self.failure_model_ is None:  # fit where nothing (or everything) failed: no features needed
+            return (np.full(len(requests), self.failure_rate_),)
         X = _encode(SourceFeatures().matrix(list(requests), base))
         if self.failure_model_ is None:
             p_fail = np.full(len(X), self.failure_rate_)
