@@ -124,7 +124,8 @@ def prior_pairs(config: SearchConfig, pairs):
 
 
 def fit_prior(config: SearchConfig, root: DataRoot):
-    """The learned (or source) surrogate fit on the prior data (as much of it as ``prior_scope`` allows), cached under the root."""
+    """The learned (or source) surrogate fit on the prior data (as much of it as ``prior_scope``
+    allows), cached under the root."""
     from surrogate.dataset import case_pairs
     from surrogate.registry import get_forecaster_factory
 
