@@ -11,6 +11,8 @@ import bisect
 import math
 from typing import Sequence
 
+import numpy as np
+
 UPPER_EDGES = (0.25, 0.5, 0.71, 1.0, 1.41, 2.0, 4.0, math.inf)
 N_BINS = len(UPPER_EDGES)  # 8 speedup bins, numbered 1..8
 FAILURE_BIN = 0
@@ -36,3 +38,19 @@ def expected_speedup(probabilities: Sequence[float]) -> float:
     if not total > 0:
         raise ValueError("bin probabilities sum to zero")
     return math.exp(sum(p * math.log(s) for p, s in zip(probabilities, BIN_SPEEDUP)) / total)
+
+
+def first_bin(probs) -> int:
+    """The bin of column 0: 1 for the 8 speedup bins, 0 (failure) when failure is a ninth column."""
+    width = np.shape(probs)[-1]
+    if width == N_BINS:
+        return 1
+    if width == N_BINS + 1:
+        return FAILURE_BIN
+    raise ValueError(f"bin probabilities have {N_BINS} columns (bins 1..8) or {N_BINS + 1} (bins 0..8), "
+                     f"got {width}")
+
+
+def predicted_bins(probs) -> np.ndarray:
+    """The most probable bin of each forecast, numbered as its columns are."""
+    return np.asarray(probs).argmax(axis=1) + first_bin(probs)

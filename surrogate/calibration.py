@@ -1,6 +1,7 @@
 """Recalibrating a surrogate's bin distributions on measured forecasts.
 
-The confidence calibrators take ``probs`` (n, 8) and ``true_bins`` (n,) in 1..8, learn from
+The confidence calibrators take ``probs`` (n, 8) and ``true_bins`` (n,) in 1..8 (or (n, 9) and
+bins 0..8, failure included: ``surrogate.metrics.with_failure``), learn from
 them in ``fit`` and map new distributions with ``transform``. Temperature scaling changes how
 peaked every distribution is, keeping its ranking of bins; isotonic and Platt calibration map
 the confidence (max probability) onto the accuracy observed at that confidence, isotonic with
@@ -20,21 +21,25 @@ import numpy as np
 from scipy.optimize import minimize, minimize_scalar
 from scipy.special import expit, logit
 
+from surrogate.bins import first_bin, predicted_bins
+
 _FLOOR = 1e-12  # log(0) guard: a bin the surrogate rules out still gets a sliver
 
 
 def _check(probs, true_bins=None) -> tuple[np.ndarray, np.ndarray | None]:
     probs = np.asarray(probs, dtype=float)
-    if probs.ndim != 2 or probs.shape[1] != 8:
-        raise ValueError(f"probabilities must have shape (n, 8), got {probs.shape}")
+    if probs.ndim != 2:
+        raise ValueError(f"probabilities must have shape (n, 8) or (n, 9), got {probs.shape}")
+    first = first_bin(probs)
     if true_bins is None:
         return probs, None
     true_bins = np.asarray(true_bins, dtype=int)
     if len(true_bins) != len(probs) or len(probs) == 0:
         raise ValueError(f"need one true bin per forecast and at least one: {len(probs)} forecasts, "
                          f"{len(true_bins)} bins")
-    if true_bins.min() < 1 or true_bins.max() > 8:
-        raise ValueError("true bins must lie in 1..8 (failed candidates, bin 0, have no speedup to calibrate)")
+    if true_bins.min() < first or true_bins.max() > 8:
+        raise ValueError(f"true bins must lie in {first}..8 (with 8 columns, failed candidates, bin 0, "
+                         "have no speedup to calibrate)")
     return probs, true_bins
 
 
@@ -50,7 +55,7 @@ class TemperatureCalibrator:
     def fit(self, probs, true_bins) -> "TemperatureCalibrator":
         probs, true_bins = _check(probs, true_bins)
         logp = np.log(np.clip(probs, _FLOOR, None))
-        picked = (np.arange(len(probs)), true_bins - 1)
+        picked = (np.arange(len(probs)), true_bins - first_bin(probs))
 
         def nll(log_t: float) -> float:
             z = logp / np.exp(log_t)
@@ -84,9 +89,9 @@ class IsotonicCalibrator:
 
         probs, true_bins = _check(probs, true_bins)
         probs = probs / probs.sum(axis=1, keepdims=True)
-        correct = (probs.argmax(axis=1) + 1 == true_bins).astype(float)
-        # Never down to uniform: a top bin at 1/8 or below could not stay the top bin.
-        self.regressor_ = IsotonicRegression(y_min=1 / 8 + 1e-6, y_max=1.0, out_of_bounds="clip")
+        correct = (predicted_bins(probs) == true_bins).astype(float)
+        # Never down to uniform: a top bin at 1/k or below could not stay the top bin.
+        self.regressor_ = IsotonicRegression(y_min=1 / probs.shape[1] + 1e-6, y_max=1.0, out_of_bounds="clip")
         self.regressor_.fit(probs.max(axis=1), correct)
         return self
 
@@ -108,7 +113,7 @@ class PlattCalibrator:
     def fit(self, probs, true_bins) -> "PlattCalibrator":
         probs, true_bins = _check(probs, true_bins)
         probs = probs / probs.sum(axis=1, keepdims=True)
-        correct = probs.argmax(axis=1) + 1 == true_bins
+        correct = predicted_bins(probs) == true_bins
         hits, misses = int(correct.sum()), int((~correct).sum())
         target = np.where(correct, (hits + 1) / (hits + 2), 1 / (misses + 2))
         x = _logit_confidence(probs)
@@ -126,8 +131,9 @@ class PlattCalibrator:
     def confidence(self, probs) -> np.ndarray:
         probs, _ = _check(probs)
         probs = probs / probs.sum(axis=1, keepdims=True)
-        # Never down to uniform: a top bin at 1/8 or below could not stay the top bin.
-        return np.clip(expit(self.slope_ * _logit_confidence(probs) + self.intercept_), 1 / 8 + 1e-6, 1.0)
+        # Never down to uniform: a top bin at 1/k or below could not stay the top bin.
+        return np.clip(expit(self.slope_ * _logit_confidence(probs) + self.intercept_), 1 / probs.shape[1] + 1e-6,
+                       1.0)
 
     def transform(self, probs) -> np.ndarray:
         probs, _ = _check(probs)
@@ -140,24 +146,25 @@ def _logit_confidence(probs: np.ndarray) -> np.ndarray:
 
 
 def with_confidence(probs: np.ndarray, conf: np.ndarray) -> np.ndarray:
-    """``probs`` (rows summing to 1) with each top bin set to ``conf`` (> 1/8).
+    """``probs`` (rows summing to 1, k bins) with each top bin set to ``conf`` (> 1/k).
 
     The other bins share 1 - conf in their original proportions, flattened toward uniform
     just enough that none exceeds conf, so the predicted bin and the others' order are kept.
     """
     rows, top = np.arange(len(probs)), probs.argmax(axis=1)
+    even = 1 / (probs.shape[1] - 1)  # an even share of the other bins
     others = probs.copy()
     others[rows, top] = 0.0
     rest = others.sum(axis=1, keepdims=True)
     # A forecast that was all on one bin has no proportions to keep: the rest is uniform.
-    share = np.where(rest > 0, others / np.where(rest > 0, rest, 1.0), 1 / 7)
+    share = np.where(rest > 0, others / np.where(rest > 0, rest, 1.0), even)
     share[rows, top] = 0.0
     # Mix the others' shares with uniform (weight lam) until the largest, times 1 - c, is at
-    # most c; c > 1/8 makes that reachable. The margin keeps the top bin strictly on top.
-    cap = np.maximum(conf * (1 - 1e-9) / (1 - conf + 1e-12), 1 / 7)
+    # most c; c > 1/k makes that reachable. The margin keeps the top bin strictly on top.
+    cap = np.maximum(conf * (1 - 1e-9) / (1 - conf + 1e-12), even)
     biggest = share.max(axis=1)
-    lam = np.clip((biggest - cap) / np.maximum(biggest - 1 / 7, 1e-12), 0.0, 1.0)
-    uniform = np.full_like(share, 1 / 7)
+    lam = np.clip((biggest - cap) / np.maximum(biggest - even, 1e-12), 0.0, 1.0)
+    uniform = np.full_like(share, even)
     uniform[rows, top] = 0.0
     share = (1 - lam)[:, None] * share + lam[:, None] * uniform
     out = share * (1 - conf)[:, None]

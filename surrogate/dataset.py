@@ -1,8 +1,11 @@
 """Measured pairs for training and evaluating surrogates, built from the Parquet pool.
 
-One row per (candidate, op case, GPU type): the candidate's runtime on that case, the
-anchor's runtime (the eager reference, or a measured parent) and the true speedup and
-bin. Splits hold out whole operations, whole GPU types, or a random fraction.
+``case_pairs``: one row per (candidate, op case, GPU type): the candidate's runtime on that
+case, the anchor's runtime (the eager reference, or a measured parent) and the true speedup
+and bin. ``source_pairs``: one row per measured candidate, failed ones included, with its
+source and its anchor's (a language model's child against the parent it rewrote), for
+forecasters that read source. Splits hold out whole operations, whole GPU types, or a
+random fraction.
 """
 
 from __future__ import annotations
@@ -84,6 +87,158 @@ def requests_from(pairs: pd.DataFrame, anchors: dict[str, Candidate] | None = No
                 origin="template")
         out.append(ForecastRequest(anchor=anchor, candidate=cand, op=r["op"], hardware=hardware_of(r),
                                    case_names=(r["case_name"],), anchor_runtime_us=(r["anchor_runtime_us"],)))
+    return out
+
+
+ANCHORS = ("parent", "reference")
+
+
+def source_pairs(*roots, gpu_type: str = "h100", anchor: str = "parent") -> pd.DataFrame:
+    """One row per candidate measured on ``gpu_type`` under ``roots`` (data roots), with its anchor.
+
+    The anchor is the op's eager reference (its seed candidate), or with ``anchor="parent"`` the
+    parent a child was written from (``provenance``, else the candidate's ``parent_id``) where
+    that parent ran on ``gpu_type``. A candidate in several roots counts once, from the first
+    root; an anchor is looked up in the candidate's own root first (a parent measured beside its
+    children), then in the others. Columns: op, gpu_type, candidate_id, source, params, template,
+    origin, backend, status, failed, the anchor's (anchor_id, anchor_source, anchor_params,
+    anchor_template, anchor_origin, anchor_backend), case_names, runtime_us and anchor_runtime_us
+    (per case), speedup (anchor / candidate runtime, geometric mean over their shared cases; NaN
+    unless both ran), anchor_speedup (the anchor's over the reference), true_bin (0 if failed),
+    bytes_moved and flops (summed over the cases), and the hardware fields. A candidate whose op
+    has no measured reference (nor, with ``anchor="parent"``, a parent that ran) is left out, and
+    so is one that ran on no case its anchor ran on (no speedup to learn).
+    """
+    if anchor not in ANCHORS:
+        raise ValueError(f"unknown anchor {anchor!r}; known: {', '.join(ANCHORS)}")
+    if not roots:
+        raise ValueError("source_pairs needs at least one data root")
+    tables = [_measured_kernels(root, gpu_type) for root in roots]
+    references = [{k["op"]: k for k in t[(t["origin"] == "seed") & (t["status"] == "ok")].to_dict("records")}
+                  for t in tables]
+    rows, seen = [], set()
+    for i, kernels in enumerate(tables):
+        order = [i] + [j for j in range(len(tables)) if j != i]
+        for r in kernels.itertuples(index=False):
+            if r.origin == "seed" or r.candidate_id in seen:
+                continue
+            base = _anchor_of(r, [tables[j] for j in order], [references[j] for j in order], anchor)
+            row = None if base is None else _source_row(r, base)
+            if row is not None:
+                seen.add(r.candidate_id)
+                rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _measured_kernels(root, gpu_type: str) -> pd.DataFrame:
+    """Measurements on ``gpu_type`` joined with their candidates and, where written, provenance."""
+    m = root.read_measurements(gpu_type=gpu_type)
+    if m.empty:
+        return pd.DataFrame(columns=["candidate_id", "op", "origin", "status", "parent_id"])
+    m = m.sort_values("measured_at").drop_duplicates("candidate_id", keep="last")
+    c = root.read_candidates()[["candidate_id", "source", "params", "template", "origin", "backend", "parent_id"]]
+    m = m.merge(c, on="candidate_id")
+    provenance = root.read("provenance")  # empty in template pools: parents come from candidates
+    if not provenance.empty:
+        written = provenance.drop_duplicates("candidate_id", keep="last").set_index("candidate_id")["parent_id"]
+        m["parent_id"] = m["candidate_id"].map(written).fillna(m["parent_id"])
+    return m.set_index("candidate_id", drop=False)
+
+
+def _anchor_of(r, tables: list[pd.DataFrame], references: list[dict], anchor: str):
+    """The measured row of ``r``'s anchor, searched in ``tables`` in order; None if none ran."""
+    if anchor == "parent" and isinstance(r.parent_id, str) and r.parent_id:
+        for kernels in tables:
+            if r.parent_id in kernels.index:
+                parent = kernels.loc[r.parent_id]
+                if parent["status"] == "ok":
+                    return parent
+    return next((refs[r.op] for refs in references if r.op in refs), None)
+
+
+def _source_row(r, base) -> dict | None:
+    """The ``source_pairs`` row of measured kernel ``r`` against its anchor's measured row ``base``;
+    None when it ran but shares no timed case with the anchor."""
+    from kernels.ops import get_operation
+
+    names = tuple(r.case_names)
+    runtimes = dict(zip(names, r.runtime_us_median)) if r.status == "ok" else {}
+    row = {"op": r.op, "gpu_type": r.gpu_type, "candidate_id": r.candidate_id, "source": r.source,
+           "params": json.loads(r.params), "template": r.template, "origin": r.origin, "backend": r.backend,
+           "status": r.status, "failed": r.status != "ok", "case_names": names,
+           "runtime_us": tuple(runtimes.get(n, math.nan) for n in names),
+           **{f: getattr(r, f) for f in HARDWARE_FIELDS}}
+    theirs = dict(zip(base["case_names"], base["runtime_us_median"]))
+    names = names or tuple(base["case_names"])  # a failed candidate may have no case names of its own
+    ratios = [theirs[n] / runtimes[n] for n in names if n in theirs and runtimes.get(n, 0) > 0]
+    row.update({"case_names": names, "anchor_runtime_us": tuple(float(theirs.get(n, math.nan)) for n in names),
+                "anchor_id": base["candidate_id"], "anchor_source": base["source"],
+                "anchor_params": json.loads(base["params"]), "anchor_template": base["template"],
+                "anchor_origin": base["origin"], "anchor_backend": base["backend"],
+                "anchor_speedup": 1.0 if base["origin"] == "seed" else float(base["speedup"] or math.nan)})
+    if r.status == "ok" and not ratios:
+        return None
+    speedup = math.exp(np.mean(np.log(ratios))) if ratios else math.nan
+    op = get_operation(r.op)
+    cases = [c for c in op.cases if c.name in set(row["case_names"])]
+    row.update({"speedup": speedup,
+                "true_bin": speedup_bin(speedup if r.status == "ok" else None),
+                "bytes_moved": float(sum(op.bytes_moved(c) for c in cases)),
+                "flops": float(sum(op.flops(c) for c in cases))})
+    return row
+
+
+def by_candidate(pairs: pd.DataFrame) -> pd.DataFrame:
+    """``case_pairs`` rows as ``source_pairs`` rows: one per (candidate, GPU type), its cases' speedups
+    over the eager reference (its anchor) combined as their geometric mean."""
+    from kernels.ops import get_operation
+
+    if pairs.empty:
+        return pd.DataFrame()
+    rows, seeds = [], {}
+    for (_, _), g in pairs.groupby(["candidate_id", "gpu_type"], sort=False):
+        first = g.iloc[0]
+        if first["op"] not in seeds:
+            seeds[first["op"]] = get_operation(first["op"]).seed_candidates()[0]
+        seed = seeds[first["op"]]
+        ran = g["speedup"].notna() & (g["speedup"] > 0)
+        speedup = float(np.exp(np.log(g.loc[ran, "speedup"]).mean())) if first["status"] == "ok" and ran.any() \
+            else math.nan
+        rows.append({**{k: first[k] for k in ("op", "gpu_type", "candidate_id", "source", "params", "template",
+                                              "status", *HARDWARE_FIELDS)},
+                     "origin": "template", "backend": "triton", "failed": first["status"] != "ok",
+                     "case_names": tuple(g["case_name"]), "runtime_us": tuple(g["runtime_us"]),
+                     "anchor_runtime_us": tuple(g["anchor_runtime_us"]), "anchor_id": first["anchor_id"],
+                     "anchor_source": seed.source, "anchor_params": dict(seed.params), "anchor_template": None,
+                     "anchor_origin": seed.origin, "anchor_backend": seed.backend, "anchor_speedup": 1.0,
+                     "speedup": speedup, "true_bin": speedup_bin(speedup if first["status"] == "ok" else None)})
+    return pd.DataFrame(rows)
+
+
+def source_requests(rows: pd.DataFrame) -> list[ForecastRequest]:
+    """One ForecastRequest per ``source_pairs`` row: the candidate against its own anchor, on all its cases."""
+    missing = [c for c in ("anchor_source", "case_names", "anchor_speedup") if c not in rows.columns]
+    if missing:
+        raise ValueError(f"source rows lack columns {missing}: build them with source_pairs (or by_candidate "
+                         "from case_pairs)")
+    kernels: dict[tuple, Candidate] = {}
+
+    def kernel(op, backend, source, params, template, origin) -> Candidate:
+        key = (op, backend, source, json.dumps(params, sort_keys=True), template, origin)
+        if key not in kernels:
+            kernels[key] = Candidate(op=op, backend=backend or "triton", source=source, params=params,
+                                     template=template if isinstance(template, str) else None, origin=origin)
+        return kernels[key]
+
+    out = []
+    for r in rows.to_dict("records"):
+        cand = kernel(r["op"], r["backend"], r["source"], r["params"], r["template"], r["origin"])
+        anchor = kernel(r["op"], r["anchor_backend"], r["anchor_source"], r["anchor_params"], r["anchor_template"],
+                        r["anchor_origin"])
+        out.append(ForecastRequest(anchor=anchor, candidate=cand, op=r["op"], hardware=hardware_of(r),
+                                   case_names=tuple(r["case_names"]),
+                                   anchor_runtime_us=tuple(r["anchor_runtime_us"]),
+                                   anchor_speedup=float(r["anchor_speedup"])))
     return out
 
 

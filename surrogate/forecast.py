@@ -34,6 +34,8 @@ class ForecastRequest:
     case_names: tuple[str, ...] = ()
     # What is known of the anchor's runtime per case (us), when it has been measured.
     anchor_runtime_us: tuple[float, ...] = ()
+    # The anchor's measured speedup over the op's eager reference, when known (1 for the reference).
+    anchor_speedup: float = math.nan
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,12 @@ that operation shares, and which a search learns from its first measurements. Th
 integrated over the 8 bin edges to give the bin distribution, and its median is the
 forecast's expected speedup. Refitting on a few thousand rows takes seconds, so it refits
 as measurements arrive.
+
+A kernel that is no template variant (a language model's rewrite, an imported submission)
+has launch-parameter features unlike any the rank model was fit on. Its bins come from the
+source model (``surrogate.source.SourceForecaster``), which reads its code against its
+anchor's; the source model also gives every forecast, template variants' included, its
+failure probability.
 """
 
 from __future__ import annotations
@@ -44,7 +50,6 @@ from surrogate.forecast import Forecast, ForecastRequest
 
 _LOG_EDGES = np.log(np.array(UPPER_EDGES[:-1]))
 _MIN_SIGMA = 0.03
-_NOVEL_SIGMA = 1.0  # log-speedup spread for kernels unlike any seen: no bin above ~0.15 probability
 _MIN_SCALE = 0.01  # a pool whose variants all run alike still has a measurable spread
 _SHAPE_GRID = np.linspace(0.0, 1.0, 101)
 # What every candidate of one (op, case, GPU) pool shares: the pool-level model sees only
@@ -72,7 +77,7 @@ class LearnedForecaster:
     name = "learned"
 
     def __init__(self, max_iter: int = 300, learning_rate: float = 0.05, max_leaf_nodes: int = 31,
-                 folds: int = 4, random_state: int = 0, held_out: str = "op"):
+                 folds: int = 4, random_state: int = 0, held_out: str = "op", source_max_iter: int = 100):
         if held_out not in ("op", "gpu_type"):
             raise ValueError(f"held_out must be 'op' or 'gpu_type', got {held_out!r}")
         self.max_iter = max_iter
@@ -81,6 +86,7 @@ class LearnedForecaster:
         self.folds = folds
         self.random_state = random_state
         self.held_out = held_out
+        self.source_max_iter = source_max_iter
 
     @property
     def version(self) -> str:
@@ -90,8 +96,12 @@ class LearnedForecaster:
         return HistGradientBoostingRegressor(max_iter=self.max_iter, learning_rate=self.learning_rate,
                                              max_leaf_nodes=self.max_leaf_nodes, random_state=self.random_state)
 
-    def fit(self, pairs: pd.DataFrame) -> "LearnedForecaster":
-        """Fit on measured pairs (``surrogate.dataset.case_pairs``); failed candidates are skipped."""
+    def fit(self, pairs: pd.DataFrame, sources: pd.DataFrame | None = None) -> "LearnedForecaster":
+        """Fit on measured pairs (``surrogate.dataset.case_pairs``; the rank models skip failed
+        candidates). The source model fits on ``sources`` (``surrogate.dataset.source_pairs``:
+        written kernels, failed ones included) when given, else on ``pairs``."""
+        from surrogate.source import SourceForecaster
+
         ok = pairs[pairs["speedup"].notna() & (pairs["speedup"] > 0)]
         if len(ok) < 20:
             raise ValueError(f"the learned forecaster needs at least 20 measured pairs, got {len(ok)}")
@@ -124,6 +134,8 @@ class LearnedForecaster:
         self.rank_model_ = self._model().fit(X, rank)
         self.spread_model_ = self._model().fit(X[use], np.abs(y - oof)[use] * math.sqrt(math.pi / 2))
         self.within_model_ = self._model().fit(X[use], np.abs(y - oof_within)[use] * math.sqrt(math.pi / 2))
+        self.source_ = SourceForecaster(max_iter=self.source_max_iter, random_state=self.random_state).fit(
+            pairs if sources is None else sources)
         self.n_train_ = len(ok)
         return self
 
@@ -156,7 +168,7 @@ class LearnedForecaster:
     def predict_log_speedup(self, requests: Sequence[ForecastRequest]) -> tuple[np.ndarray, np.ndarray]:
         """(mean, spread) of log speedup per request; the spread is the whole forecast error,
         the pool's level included."""
-        mu, (sigma,) = self._predict(requests, (self.spread_model_,))
+        mu, (sigma,) = self._predict(requests, (self.spread_model_,), feature_matrix(list(requests)))
         return mu, sigma
 
     def predict_log_speedup_split(self, requests: Sequence[ForecastRequest]) -> tuple[np.ndarray, ...]:
@@ -165,27 +177,30 @@ class LearnedForecaster:
         The within-pool spread is the error of the candidate's place within its pool alone:
         what separates candidates of one operation on one GPU once a search has measured a
         few and so knows the level (``surrogate.online``)."""
-        mu, (sigma, within) = self._predict(requests, (self.spread_model_, self.within_model_))
+        mu, (sigma, within) = self._predict(requests, (self.spread_model_, self.within_model_),
+                                            feature_matrix(list(requests)))
         return mu, sigma, within
 
-    def _predict(self, requests: Sequence[ForecastRequest], spread_models) -> tuple[np.ndarray, list[np.ndarray]]:
+    def _predict(self, requests: Sequence[ForecastRequest], spread_models,
+                 features: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+        """(mean, spreads) of log speedup; ``features`` is ``feature_matrix(requests)``."""
         if not requests:
             return np.empty(0), [np.empty(0) for _ in spread_models]
-        X = _encode(feature_matrix(list(requests)))
+        X = _encode(features)
         pools, which = np.unique(X[:, _POOL_COLUMNS], axis=0, return_inverse=True)
         which = which.ravel()
         mu = self._mean(self.level_model_.predict(pools)[which], self.scale_model_.predict(pools)[which],
                         self.rank_model_.predict(X))
-        # A kernel that is no template variant (an imported submission, free-form source) has
-        # launch-parameter and code features unlike any the models were fit on. What is known
-        # of it a priori: nothing beyond the anchor's speed. So: as fast as the anchor, and
-        # unsure enough that no bin is likely, which makes every policy measure it.
-        novel = np.array([not r.candidate.template for r in requests])
-        spreads = []
-        for model in spread_models:
-            sigma = np.maximum(model.predict(X), _MIN_SIGMA)
-            spreads.append(np.where(novel, np.maximum(sigma, _NOVEL_SIGMA), sigma))
-        return np.where(novel, 0.0, mu), spreads
+        spreads = [np.maximum(model.predict(X), _MIN_SIGMA) for model in spread_models]
+        # A kernel that is no template variant: the source model's Gaussian, for the whole spread
+        # and the within-pool one alike (it has no pool level of its own to separate out).
+        novel = np.flatnonzero([not r.candidate.template for r in requests])
+        if len(novel):
+            _, source_mu, source_sigma = self.source_.predict([requests[i] for i in novel], features[novel])
+            mu[novel] = source_mu
+            for sigma in spreads:
+                sigma[novel] = source_sigma
+        return mu, spreads
 
     def forecast(self, requests: Sequence[ForecastRequest]) -> list[Forecast]:
         if not hasattr(self, "level_model_"):
@@ -193,16 +208,20 @@ class LearnedForecaster:
         if not requests:
             return []
         t0 = time.perf_counter()
-        mu, sigma = self.predict_log_speedup(requests)
+        requests = list(requests)
+        features = feature_matrix(requests)
+        mu, (sigma,) = self._predict(requests, (self.spread_model_,), features)
+        failure = self.source_.predict_failure(requests, features)
         probs = bin_probabilities(mu, sigma)
         raw_sums = probs.sum(axis=1)  # 1 plus the few 1e-9 the clipped tails add
         probs /= raw_sums[:, None]
         latency = (time.perf_counter() - t0) / max(1, len(requests))
-        version, ids = self.version, _CandidateIds()
+        version, ids = self.version, CandidateIds()
         return [Forecast(ids(req.candidate), ids(req.anchor), self.name, version, tuple(p.tolist()),
                          raw_sum=float(r), latency_s=latency, expected_speedup=math.exp(m),
+                         failure_probability=float(f),
                          extra={"log_speedup_mean": float(m), "log_speedup_sigma": float(s)})
-                for req, p, r, m, s in zip(requests, probs, raw_sums, mu, sigma)]
+                for req, p, r, m, s, f in zip(requests, probs, raw_sums, mu, sigma, failure)]
 
 
 def _mean_shape(standardised) -> np.ndarray:
@@ -211,7 +230,7 @@ def _mean_shape(standardised) -> np.ndarray:
     return np.mean(curves, axis=0) if curves else np.zeros_like(_SHAPE_GRID)
 
 
-class _CandidateIds:
+class CandidateIds:
     """candidate_id hashes the whole source; within one batch each distinct object is hashed once
     (a batch shares its anchors, and a candidate may come with several cases)."""
 

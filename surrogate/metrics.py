@@ -1,15 +1,37 @@
 """The paper's yardsticks for a surrogate, over arrays of bin distributions and measured outcomes.
 
-``probs`` is (n, 8); ``true_bins`` holds bins 1..8; ``speedups`` the measured speedups.
+``probs`` is (n, 8) over the speedup bins 1..8, with ``true_bins`` in 1..8; or (n, 9) over bins
+0..8, bin 0 being failure (``with_failure`` builds it from a forecast's 8 bins and its failure
+probability), with ``true_bins`` in 0..8. Every metric of bins reads which from the number of
+columns. ``speedups`` are the measured speedups.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import pandas as pd
-from scipy.stats import kendalltau, spearmanr
+from scipy.stats import kendalltau, rankdata, spearmanr
 
-from surrogate.bins import BIN_SPEEDUP
+from surrogate.bins import BIN_SPEEDUP, FAILURE_BIN, first_bin, predicted_bins
+
+
+def with_failure(probs, failure_probability) -> np.ndarray:
+    """(n, 9) probabilities of bins 0..8: P(fail), then the 8 speedup bins scaled by P(runs)."""
+    probs = np.asarray(probs, dtype=float)
+    p_fail = np.asarray(failure_probability, dtype=float)
+    if first_bin(probs) != 1 or p_fail.shape != (len(probs),):
+        raise ValueError(f"need (n, 8) bin probabilities and n failure probabilities, got {probs.shape} "
+                         f"and {p_fail.shape}")
+    if not np.all((p_fail >= 0) & (p_fail <= 1)):
+        raise ValueError("every failure probability must lie in [0, 1] (a NaN is no forecast: fill it first)")
+    runs = probs / probs.sum(axis=1, keepdims=True)
+    return np.hstack([p_fail[:, None], runs * (1 - p_fail)[:, None]])
+
+
+def _onehot(probs, true_bins) -> np.ndarray:
+    return np.eye(np.shape(probs)[1])[np.asarray(true_bins) - first_bin(probs)]
 
 
 def expected_speedups(probs: np.ndarray) -> np.ndarray:
@@ -17,30 +39,33 @@ def expected_speedups(probs: np.ndarray) -> np.ndarray:
 
 
 def bin_accuracy(probs, true_bins) -> float:
-    return float(np.mean(probs.argmax(axis=1) + 1 == true_bins))
+    return float(np.mean(predicted_bins(probs) == np.asarray(true_bins)))
 
 
 def brier(probs, true_bins) -> float:
-    onehot = np.eye(8)[np.asarray(true_bins) - 1]
-    return float(np.mean(np.sum((probs - onehot) ** 2, axis=1)))
+    return float(np.mean(np.sum((np.asarray(probs) - _onehot(probs, true_bins)) ** 2, axis=1)))
 
 
 def ordinal_crps(probs, true_bins) -> float:
-    """Ranked probability score over the 8 ordered bins, normalised to [0, 1]."""
+    """Ranked probability score over the ordered bins, normalised to [0, 1]."""
+    probs = np.asarray(probs)
+    k = probs.shape[1] - 1
     cdf = np.cumsum(probs, axis=1)[:, :-1]
-    truth = (np.arange(1, 8)[None, :] >= np.asarray(true_bins)[:, None]).astype(float)
-    return float(np.mean(np.sum((cdf - truth) ** 2, axis=1) / 7))
+    first = first_bin(probs)
+    truth = (np.arange(first, first + k)[None, :] >= np.asarray(true_bins)[:, None]).astype(float)
+    return float(np.mean(np.sum((cdf - truth) ** 2, axis=1) / k))
 
 
 def nll(probs, true_bins) -> float:
-    p = probs[np.arange(len(probs)), np.asarray(true_bins) - 1]
+    p = np.asarray(probs)[np.arange(len(probs)), np.asarray(true_bins) - first_bin(probs)]
     return float(-np.mean(np.log(np.clip(p, 1e-12, None))))
 
 
 def ece(probs, true_bins, n_bins: int = 15) -> float:
     """Expected calibration error of the max-probability against bin correctness."""
+    probs = np.asarray(probs)
     conf = probs.max(axis=1)
-    correct = probs.argmax(axis=1) + 1 == np.asarray(true_bins)
+    correct = predicted_bins(probs) == np.asarray(true_bins)
     edges = np.linspace(0, 1, n_bins + 1)
     total = 0.0
     for lo, hi in zip(edges[:-1], edges[1:]):
@@ -76,8 +101,10 @@ LOSSES = ("bin_off_by_more_than_one", "bin_error")
 
 def selective_loss(probs, true_bins, loss: str = "bin_off_by_more_than_one") -> np.ndarray:
     """Per forecast, 1 where trusting it would be wrong: its bin off by more than one
-    (the default), or simply not the true bin ('bin_error')."""
-    off = np.abs(np.asarray(probs).argmax(axis=1) + 1 - np.asarray(true_bins))
+    (the default), or simply not the true bin ('bin_error'). Failure (bin 0) is no neighbour of
+    bin 1: forecasting a failure for a kernel that runs, or the reverse, is always wrong."""
+    pred, true_bins = predicted_bins(probs), np.asarray(true_bins)
+    off = np.where((pred == FAILURE_BIN) != (true_bins == FAILURE_BIN), np.inf, np.abs(pred - true_bins))
     if loss == "bin_off_by_more_than_one":
         return (off > 1).astype(float)
     if loss == "bin_error":
@@ -112,7 +139,7 @@ def reliability(probs, true_bins, n_bins: int = 15) -> pd.DataFrame:
     max-probability and bin accuracy (empty bins are left out)."""
     probs = np.asarray(probs)
     conf = probs.max(axis=1)
-    correct = probs.argmax(axis=1) + 1 == np.asarray(true_bins)
+    correct = predicted_bins(probs) == np.asarray(true_bins)
     edges = np.linspace(0, 1, n_bins + 1)
     rows = []
     for lo, hi in zip(edges[:-1], edges[1:]):
@@ -165,3 +192,82 @@ def summary(probs, true_bins, speedups, groups, parsed=None, coverages=(0.25, 0.
         f"{k}_within_5pct": float(np.mean(rec >= 0.95)), f"{k}_within_20pct": float(np.mean(rec >= 0.80)),
         "pools": len(rec),
     }
+
+
+def auroc(scores, labels) -> float:
+    """Area under the ROC curve: the chance that a random positive (``labels`` true) scores above a
+    random negative, ties counting half (the Mann-Whitney statistic); NaN without both kinds."""
+    scores, labels = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
+    positives, negatives = int(labels.sum()), int((~labels).sum())
+    if positives == 0 or negatives == 0:
+        return float("nan")
+    ranks = rankdata(scores)  # ties share their mean rank
+    return float((ranks[labels].sum() - positives * (positives + 1) / 2) / (positives * negatives))
+
+
+def random_aurc(losses) -> float:
+    """AURC of trusting in a random order, in expectation: at every coverage the expected risk of
+    a random subset is the mean loss."""
+    return float(np.mean(losses)) if len(losses) else float("nan")
+
+
+def bootstrap_interval(statistic: Callable[..., float], *arrays, draws: int = 1000, level: float = 0.95,
+                       seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of ``statistic(*arrays)``, resampling rows (all arrays alike);
+    draws where the statistic is undefined (NaN) are left out."""
+    arrays = [np.asarray(a) for a in arrays]
+    n = len(arrays[0])
+    if n == 0 or any(len(a) != n for a in arrays):
+        raise ValueError(f"need equally long, non-empty arrays, got lengths {[len(a) for a in arrays]}")
+    rng = np.random.default_rng(seed)
+    values = np.array([statistic(*(a[idx] for a in arrays)) for idx in rng.integers(0, n, size=(draws, n))])
+    values = values[np.isfinite(values)]
+    if len(values) == 0:
+        return float("nan"), float("nan")
+    tail = 100 * (1 - level) / 2
+    return float(np.percentile(values, tail)), float(np.percentile(values, 100 - tail))
+
+
+def _spearman(pred, truth) -> float:
+    if len(pred) < 3 or np.ptp(pred) == 0 or np.ptp(truth) == 0:
+        return float("nan")
+    return float(spearmanr(pred, truth).statistic)
+
+
+def outcome_summary(probs, true_bins, expected, speedups, recalibrated=None, draws: int = 1000,
+                    seed: int = 0) -> dict:
+    """The failure-aware yardsticks of forecasts over bins 0..8, each with a bootstrap 95% interval
+    (keys ``<metric>_lo``, ``<metric>_hi``).
+
+    ``probs`` (n, 9) as ``with_failure`` builds it; ``expected`` the forecasts' expected speedups
+    given that the kernel runs; ``speedups`` the measured ones (NaN where it failed).
+    ``recalibrated`` (n, 9), when given, adds ``ece_recalibrated``. Failure AUROC ranks by
+    P(fail); Spearman is over the kernels that ran; AURC trusts the most confident (max
+    probability) first, a forecast being wrong when its bin is off by more than one or it
+    mistakes failure for running or the reverse.
+    """
+    probs, true_bins = np.asarray(probs, dtype=float), np.asarray(true_bins)
+    expected, speedups = np.asarray(expected, dtype=float), np.asarray(speedups, dtype=float)
+    if first_bin(probs) != FAILURE_BIN:
+        raise ValueError("outcome_summary scores bins 0..8: build the probabilities with with_failure")
+    failed = true_bins == FAILURE_BIN
+    ran = ~failed
+    losses = selective_loss(probs, true_bins)
+    confidence = probs.max(axis=1)
+    statistics = {
+        "failure_auroc": (lambda p, f: auroc(p, f), (probs[:, 0], failed)),
+        "spearman_valid": (_spearman, (expected[ran], speedups[ran])),
+        "bin_accuracy": (lambda p, t: bin_accuracy(p, t), (probs, true_bins)),
+        "ece": (lambda p, t: ece(p, t), (probs, true_bins)),
+        "aurc": (aurc, (confidence, losses)),
+        "random_aurc": (lambda loss: random_aurc(loss), (losses,)),
+    }
+    if recalibrated is not None:
+        statistics["ece_recalibrated"] = (lambda p, t: ece(p, t), (np.asarray(recalibrated, dtype=float), true_bins))
+    out = {"n": len(probs), "failed": int(failed.sum()), "ran": int(ran.sum())}
+    for name, (fn, args) in statistics.items():
+        out[name] = fn(*args) if len(args[0]) else float("nan")
+        out[f"{name}_lo"], out[f"{name}_hi"] = (bootstrap_interval(fn, *args, draws=draws, seed=seed)
+                                                if len(args[0]) else (float("nan"), float("nan")))
+    out["aurc_over_random"] = out["aurc"] / out["random_aurc"] if out["random_aurc"] > 0 else float("nan")
+    return out

@@ -11,6 +11,12 @@ def _learned():
     return LearnedForecaster()
 
 
+def _source():
+    from surrogate.source import SourceForecaster
+
+    return SourceForecaster()
+
+
 def _random():
     from surrogate.baselines import RandomForecaster
 
@@ -23,7 +29,8 @@ def _roofline():
     return RooflineForecaster()
 
 
-FACTORIES: dict[str, Callable[[], object]] = {"learned": _learned, "random": _random, "roofline": _roofline}
+FACTORIES: dict[str, Callable[[], object]] = {"learned": _learned, "source": _source, "random": _random,
+                                               "roofline": _roofline}
 
 
 def get_forecaster_factory(name: str) -> Callable[[], object]:

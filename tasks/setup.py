@@ -84,9 +84,10 @@ def _code_version() -> str:
     """The surrogate's own code: a pickled model is only reused by the code that fitted it."""
     import surrogate.features
     import surrogate.learned
+    import surrogate.source
 
     return hashlib.sha256(b"".join(open(m.__file__, "rb").read()
-                                   for m in (surrogate.learned, surrogate.features))).hexdigest()
+                                   for m in (surrogate.learned, surrogate.features, surrogate.source))).hexdigest()
 
 
 def _prior_key(config: SearchConfig, prior: DataRoot) -> str:
@@ -125,7 +126,8 @@ def prior_pairs(config: SearchConfig, pairs):
 
 
 def fit_prior(config: SearchConfig, root: DataRoot):
-    """The learned surrogate fit on the prior data (as much of it as ``prior_scope`` allows), cached under the root."""
+    """The learned (or source) surrogate fit on the prior data (as much of it as ``prior_scope``
+    allows), cached under the root."""
     from surrogate.dataset import case_pairs
     from surrogate.registry import get_forecaster_factory
 
@@ -172,7 +174,7 @@ def forecaster(config: SearchConfig, root: DataRoot):
         from surrogate.llm import OpenAIForecaster
 
         return OpenAIForecaster(config.llm_url, config.llm_model)
-    if config.surrogate == "learned":
+    if config.surrogate in ("learned", "source"):  # the forecasters fit on measurements first
         return fit_prior(config, root)
     from surrogate.registry import get_forecaster_factory
 

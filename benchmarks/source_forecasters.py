@@ -1,0 +1,268 @@
+"""Forecasters of written kernels, failure included, held out by operation: source, learned, roofline, random.
+
+    python benchmarks/source_forecasters.py --data data/pools --llm data/pools/llm --gpu-type h100 \
+        [--draws 1000] [--out docs/measured/source_forecasters]
+
+Every measured kernel of the corpus with source (``surrogate.dataset.source_pairs``: the template
+variants against the op's eager reference, the language model's children against the parent they
+rewrote, failed ones included) is forecast by a forecaster fit on the other operations only
+(leave-one-operation-out). The learned forecaster's rank models fit on the other operations'
+per-case pairs (``case_pairs``), its source model on their kernels. Roofline and random say
+nothing of failure: roofline is given the training kernels' failure rate (the best constant),
+random a uniform draw.
+
+The scores are over bins 0..8 (``surrogate.metrics.outcome_summary``), on three sets: all
+kernels, the language model's children only, and the template variants only; each with a
+bootstrap 95% interval. ECE after recalibration, two ways, each scored on kernels its fit did
+not see. ``ece_recalibrated``: as a search does it (``surrogate.evaluate``'s protocol), a random
+20% of the held-out operation's kernels count as measured; a forecaster with a Gaussian over log
+speedup is recentred per operation on those that ran (``surrogate.evaluate.recentred``), then a
+Platt map of the 9-bin confidence is fit on them; ECE is scored on the other 80%.
+``ece_recalibrated_other_ops``: a Platt map fit on the other operations' forecasts of the same
+set, nothing of the held-out operation seen. Forecasts per second: forecast calls on cold
+feature caches, one thread.
+
+Prints the table and writes ``<out>.json`` and ``<out>.md``.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+GOALS = {"failure_auroc": (">=", 0.85), "spearman_valid": (">=", 0.5), "ece_recalibrated": ("<=", 0.05),
+         "aurc_over_random_forecaster": ("<=", 0.5)}
+FORECASTERS = ("source", "learned", "roofline", "random")
+SUBSETS = {"all": lambda f: np.ones(len(f), bool), "llm": lambda f: (f["origin"] == "llm").to_numpy(),
+           "template": lambda f: (f["origin"] == "template").to_numpy()}
+COLUMNS = ("n", "failed", "failure_auroc", "spearman_valid", "bin_accuracy", "ece", "ece_recalibrated",
+           "ece_recalibrated_other_ops", "aurc", "random_aurc", "aurc_over_random_forecaster", "forecasts_per_s")
+MEASURED_FRACTION = 0.2
+
+
+def _clear_caches() -> None:
+    from surrogate.features import clear_feature_caches
+    from surrogate.source import change_features, code_features
+
+    clear_feature_caches()
+    code_features.cache_clear()
+    change_features.cache_clear()
+
+
+def _fit(name: str, cases: pd.DataFrame, kernels: pd.DataFrame):
+    from surrogate.registry import get_forecaster_factory
+
+    forecaster = get_forecaster_factory(name)()
+    if name == "learned":
+        return forecaster.fit(cases, sources=kernels)
+    return forecaster.fit(kernels)
+
+
+def held_out_forecasts(kernels: pd.DataFrame, cases: pd.DataFrame, name: str, seed: int = 0) -> dict:
+    """Leave-one-operation-out forecasts of ``name`` for every row of ``kernels``: (n, 9) probabilities,
+    expected speedups, the seconds spent forecasting, and each row's held-out operation."""
+    from surrogate.dataset import source_requests
+    from surrogate.metrics import with_failure
+
+    n = len(kernels)
+    probs, expected, seconds = np.zeros((n, 9)), np.zeros(n), 0.0
+    mean, sigma = np.full(n, np.nan), np.full(n, np.nan)
+    rng = np.random.default_rng(seed)
+    for op in sorted(kernels["op"].unique()):
+        test = (kernels["op"] == op).to_numpy()
+        train = kernels[~test]
+        forecaster = _fit(name, cases[cases["op"] != op], train)
+        requests = source_requests(kernels[test])
+        _clear_caches()
+        t0 = time.perf_counter()
+        out = forecaster.forecast(requests)
+        seconds += time.perf_counter() - t0
+        p_fail = np.array([f.failure_probability for f in out])
+        if name == "roofline":
+            p_fail = np.full(len(out), train["failed"].mean())
+        elif name == "random":
+            p_fail = rng.random(len(out))
+        probs[test] = with_failure(np.array([f.probabilities for f in out]), p_fail)
+        expected[test] = [f.expected_speedup for f in out]
+        mean[test] = [f.extra.get("log_speedup_mean", np.nan) for f in out]
+        sigma[test] = [f.extra.get("log_speedup_sigma", np.nan) for f in out]
+        print(f"  {name} held out {op}: {int(test.sum())} kernels", flush=True)
+    return {"probs": probs, "expected": expected, "mean": mean, "sigma": sigma, "seconds": seconds}
+
+
+def recalibrated_on_measured(probs: np.ndarray, mean: np.ndarray, sigma: np.ndarray, frame: pd.DataFrame,
+                             seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(9-bin probabilities recalibrated per operation on a random 20% of its kernels, mask of the rows
+    scored: those not measured, in operations where a fit was possible)."""
+    from surrogate.calibration import PlattCalibrator
+    from surrogate.evaluate import measured_candidates, recentred
+
+    out, scored = probs.copy(), np.zeros(len(frame), bool)
+    true_bins, ran = frame["true_bin"].to_numpy(), (frame["true_bin"] > 0).to_numpy()
+    for k, op in enumerate(sorted(frame["op"].unique())):
+        mine = (frame["op"] == op).to_numpy()
+        if mine.sum() < 2:
+            continue  # nothing would be left to score
+        measured = np.zeros(len(frame), bool)
+        measured[mine] = measured_candidates(frame[mine], MEASURED_FRACTION, seed + k)
+        speed = probs[:, 1:] / probs[:, 1:].sum(axis=1, keepdims=True)
+        rows = mine & ran
+        if rows.any():  # the speed bins of the kernels that ran, recentred where enough of them were measured
+            speed[rows] = recentred(speed[rows], mean[rows], sigma[rows], frame[rows], measured[rows])[0]
+        nine = np.hstack([probs[:, :1], speed * (1 - probs[:, :1])])
+        out[mine & ~measured] = PlattCalibrator().fit(nine[measured], true_bins[measured]).transform(
+            nine[mine & ~measured])
+        scored |= mine & ~measured
+    return out, scored
+
+
+def recalibrated(probs: np.ndarray, true_bins: np.ndarray, ops: np.ndarray) -> np.ndarray:
+    """Each operation's 9-bin forecasts Platt-recalibrated by a fit on the other operations' forecasts."""
+    from surrogate.calibration import PlattCalibrator
+
+    out = probs.copy()
+    for op in np.unique(ops):
+        mine = ops == op
+        if (~mine).sum() >= 2:
+            out[mine] = PlattCalibrator().fit(probs[~mine], true_bins[~mine]).transform(probs[mine])
+    return out
+
+
+def main() -> int:
+    from threadpoolctl import threadpool_limits
+
+    from storage.dataset import DataRoot
+    from surrogate.dataset import case_pairs, source_pairs
+    from surrogate import metrics
+    from surrogate.metrics import outcome_summary
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", default="data/pools")
+    p.add_argument("--llm", default="data/pools/llm")
+    p.add_argument("--gpu-type", default="h100")
+    p.add_argument("--forecasters", default=",".join(FORECASTERS))
+    p.add_argument("--draws", type=int, default=1000, help="bootstrap draws per interval")
+    p.add_argument("--out", default=None, help="path stem of the JSON and Markdown results")
+    args = p.parse_args()
+
+    t0 = time.perf_counter()
+    kernels = source_pairs(DataRoot(args.data), DataRoot(args.llm), gpu_type=args.gpu_type)
+    cases = case_pairs(DataRoot(args.data), gpu_type=args.gpu_type)
+    print(f"{len(kernels)} kernels ({int(kernels['failed'].sum())} failed, "
+          f"{int((kernels['origin'] == 'llm').sum())} written by the language model), "
+          f"{kernels['op'].nunique()} operations, {args.gpu_type}; {len(cases)} per-case pairs for the rank models",
+          flush=True)
+    true_bins, speedups = kernels["true_bin"].to_numpy(), kernels["speedup"].to_numpy(dtype=float)
+    ops = kernels["op"].to_numpy()
+    forecasts = {}
+    with threadpool_limits(1):
+        for name in args.forecasters.split(","):
+            t = time.perf_counter()
+            forecasts[name] = held_out_forecasts(kernels, cases, name)
+            print(f"{name}: {time.perf_counter() - t:.0f} s", flush=True)
+
+    rows = []
+    for subset, pick in SUBSETS.items():
+        mask = pick(kernels)
+        for name, f in forecasts.items():
+            probs = f["probs"][mask]
+            summary = outcome_summary(probs, true_bins[mask], f["expected"][mask], speedups[mask],
+                                      recalibrated=recalibrated(probs, true_bins[mask], ops[mask]), draws=args.draws)
+            summary = {k.replace("ece_recalibrated", "ece_recalibrated_other_ops"): v for k, v in summary.items()}
+            cal, scored = recalibrated_on_measured(probs, f["mean"][mask], f["sigma"][mask], kernels[mask])
+            summary["ece_recalibrated"] = metrics.ece(cal[scored], true_bins[mask][scored])
+            summary["ece_recalibrated_lo"], summary["ece_recalibrated_hi"] = metrics.bootstrap_interval(
+                lambda p, t: metrics.ece(p, t), cal[scored], true_bins[mask][scored], draws=args.draws)
+            summary["ece_raw_on_those"] = metrics.ece(probs[scored], true_bins[mask][scored])
+            rows.append({"set": subset, "forecaster": name, **summary, "forecasts_per_s": len(kernels) / f["seconds"]})
+        if "random" in forecasts:
+            random_aurc = next(r["aurc"] for r in rows if r["set"] == subset and r["forecaster"] == "random")
+            for r in rows:
+                if r["set"] == subset:
+                    r["aurc_over_random_forecaster"] = r["aurc"] / random_aurc
+    table = pd.DataFrame(rows)
+    telling = _telling_features(kernels[SUBSETS["llm"](kernels)])
+    print("the language model's children, mean of features that tell failure:")
+    print(telling.round(3).to_string())
+    with pd.option_context("display.width", 250, "display.max_columns", 40):
+        print(table[["set", "forecaster", *[c for c in COLUMNS if c in table]]].round(3).to_string(index=False))
+    goals = _goals(table)
+    for line in goals:
+        print(line)
+    print(f"total {time.perf_counter() - t0:.0f} s")
+    if args.out:
+        meta = {"command": "python benchmarks/source_forecasters.py " + " ".join(
+                    f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None),
+                "kernels": len(kernels), "failed": int(kernels["failed"].sum()),
+                "llm_children": int((kernels["origin"] == "llm").sum()), "gpu_type": args.gpu_type,
+                "split": "leave-one-operation-out", "operations": sorted(kernels["op"].unique())}
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out + ".json", "w") as fh:
+            json.dump({**meta, "rows": table.to_dict("records"), "goals": goals,
+                       "telling_features_llm": telling.to_dict()}, fh, indent=1, default=float)
+        with open(args.out + ".md", "w") as fh:
+            fh.write(_markdown(table, goals, meta))
+    return 0
+
+
+TELLING = ("undefined_name", "calls_removed", "token_edit_ratio", "unjitted_launches", "missing_tl_attributes",
+           "parses")
+
+
+def _telling_features(kernels: pd.DataFrame) -> pd.DataFrame:
+    """Mean of a few source features over the kernels that failed and those that ran."""
+    from surrogate.dataset import source_requests
+    from surrogate.source import SourceFeatures
+
+    X = pd.DataFrame(SourceFeatures().matrix(source_requests(kernels)), columns=SourceFeatures.names)
+    failed = kernels["failed"].to_numpy()
+    return pd.DataFrame({"failed": X[failed][list(TELLING)].mean(), "ran": X[~failed][list(TELLING)].mean()})
+
+
+def _goals(table: pd.DataFrame) -> list[str]:
+    """One line per goal for the source forecaster on each set: met or not, with the interval."""
+    lines = []
+    for r in table[table["forecaster"] == "source"].to_dict("records"):
+        for key, (sense, bound) in GOALS.items():
+            value = r.get(key, float("nan"))
+            if not np.isfinite(value):
+                lines.append(f"source on {r['set']}: {key} undefined (no kernel of this set failed)")
+                continue
+            met = value >= bound if sense == ">=" else value <= bound
+            interval = f" [{r[key + '_lo']:.3f}, {r[key + '_hi']:.3f}]" if key + "_lo" in r else ""
+            lines.append(f"source on {r['set']}: {key} {value:.3f}{interval} (goal {sense} {bound}): "
+                         f"{'met' if met else 'NOT met'}")
+    return lines
+
+
+def _cell(r: dict, key: str) -> str:
+    value = r.get(key, float("nan"))
+    if key + "_lo" in r and np.isfinite(r[key + "_lo"]):
+        return f"{value:.3f} [{r[key + '_lo']:.2f}, {r[key + '_hi']:.2f}]"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def _markdown(table: pd.DataFrame, goals: list[str], meta: dict) -> str:
+    keys = ("failure_auroc", "spearman_valid", "bin_accuracy", "ece", "ece_recalibrated",
+            "ece_recalibrated_other_ops", "aurc", "aurc_over_random_forecaster")
+    lines = [f"`{meta['command']}`", "",
+             "| set | forecaster | kernels (failed) | failure AUROC | Spearman (ran) | 9-bin acc. | ECE | "
+             "ECE recal. (20% measured) | ECE recal. (other ops) | AURC | AURC / random's | forecasts/s |",
+             "|" + "---|" * 12]
+    for r in table.to_dict("records"):
+        lines.append(f"| {r['set']} | {r['forecaster']} | {r['n']} ({r['failed']}) | "
+                     + " | ".join(_cell(r, k) for k in keys) + f" | {r['forecasts_per_s']:.0f} |")
+    return "\n".join(lines + ["", *[f"- {g}" for g in goals], ""])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
