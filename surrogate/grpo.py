@@ -323,7 +323,8 @@ def evaluate_pairs(forecaster, pairs: pd.DataFrame) -> dict[str, float]:
     start = time.perf_counter()
     forecasts = forecaster.forecast(requests_of(pairs))
     seconds = time.perf_counter() - start
-    groups = (pairs["op"] + "/" + pairs["case_name"] + "/" + pairs["gpu_type"] + "/" + pairs["anchor_id"]).to_numpy()
+    cases = pairs["case_names"].map(",".join)
+    groups = (pairs["op"] + "/" + cases + "/" + pairs["gpu_type"] + "/" + pairs["anchor_id"]).to_numpy()
     out = metrics.summary(np.array([f.probabilities for f in forecasts]), pairs["true_bin"].to_numpy(),
                           pairs["speedup"].to_numpy(), groups, parsed=[f.parsed for f in forecasts],
                           expected=[f.expected_speedup for f in forecasts])

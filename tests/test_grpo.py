@@ -173,17 +173,19 @@ def test_pairs_are_flatter_over_bins_than_the_measured_pool(pool_pairs):
 def test_pair_true_bin_is_the_bin_of_anchor_over_candidate_runtime(pool_pairs):
     m = DataRoot(str(POOL)).read_measurements(gpu_type="h100").set_index("candidate_id")
     for row in pool_pairs.sample(20, random_state=1).to_dict("records"):
-        anchor = m.loc[row["anchor_id"], "runtime_us_median"][row["case_index"]]
-        candidate = m.loc[row["candidate_id"], "runtime_us_median"][row["case_index"]]
-        assert m.loc[row["candidate_id"], "case_names"][row["case_index"]] == row["case_name"]
-        assert row["speedup"] == pytest.approx(anchor / candidate)
+        (case,) = row["case_names"]
+        at = list(m.loc[row["candidate_id"], "case_names"]).index(case)
+        anchor = m.loc[row["anchor_id"], "runtime_us_median"][at]
+        candidate = m.loc[row["candidate_id"], "runtime_us_median"][at]
+        assert list(row["anchor_runtime_us"]) == [anchor] and list(row["runtime_us"]) == [candidate]
+        assert row["speedup"] == pytest.approx(anchor / candidate) and row["status"] == "ok"
         assert row["true_bin"] == speedup_bin(anchor / candidate)
 
 
 def test_a_reference_pair_asks_exactly_the_forecasters_prompt(pool_pairs):
     row = pool_pairs[pool_pairs["anchor_kind"] == "reference"].iloc[0]
     cases = case_pairs(DataRoot(str(POOL)), gpu_type="h100", op=row["op"])
-    same = cases[(cases["candidate_id"] == row["candidate_id"]) & (cases["case_name"] == row["case_name"])]
+    same = cases[(cases["candidate_id"] == row["candidate_id"]) & (cases["case_name"] == row["case_names"][0])]
     assert build_messages(request_of(row)) == build_messages(requests_from(same)[0])
 
 
