@@ -26,8 +26,9 @@ import pytest
 from storage.dataset import DataRoot
 from surrogate.bins import speedup_bin
 from surrogate.dataset import case_pairs, requests_from
-from surrogate.grpo import (ANSWER_OPENING, PARSE_FAILURE, REWARDS, GRPOSettings, correctness, one_minus_brier, one_minus_crps,
-                            render_prompt, reward, sft_probabilities, sft_target)
+from surrogate.grpo import (ANSWER_OPENING, PARSE_FAILURE, REWARDS, GRPOSettings, correctness, one_minus_brier,
+                            one_minus_crps, outcome_reward, outcomes, render_prompt, reward, sft_probabilities,
+                            sft_target)
 from surrogate.llm import build_messages, parse_probabilities
 from surrogate.pairs import PairSettings, balanced, build_pairs, read_pairs, request_of, requests_of, write_pairs
 
@@ -52,12 +53,19 @@ UNNORMALISED = 'Memory-bound. {"probabilities": [2, 2, 0, 0, 0, 0, 0, 0]}'
 
 
 @pytest.mark.parametrize("answer, true_bin, expected", [
-    # Brier: (0.5 - 1)^2 + 0.5^2 = 0.5. CRPS: the CDF misses the step at bin 4 by 0.5 -> 0.25 / 7.
-    (CORRECT, 4, {"correctness": 1.0, "brier": 1.0 + 0.5, "crps": 1.0 + 1 - 0.25 / 7}),
-    # Brier: 1^2 + 1^2 = 2. CRPS: the CDF is 0 at bins 2..7 where the truth is 1 -> 6 / 7.
-    (CONFIDENT_WRONG, 2, {"correctness": 0.0, "brier": 0.0 + 1 - 2.0, "crps": 0.0 + 1 - 6 / 7}),
-    # Renormalised to [0.5, 0.5, 0, ...]: Brier 0.25 + 0.25; CRPS 0.5^2 at bin 1 -> 0.25 / 7.
-    (UNNORMALISED, 1, {"correctness": 1.0, "brier": 1.0 + 0.5, "crps": 1.0 + 1 - 0.25 / 7}),
+    # Over the 9 outcomes 0..8 (P(fail) 0: the answer names none); CRPS sums 8 CDF steps.
+    # Brier: (0.5 - 1)^2 + 0.5^2 = 0.5. CRPS: the CDF misses the step at bin 4 by 0.5 -> 0.25 / 8.
+    (CORRECT, 4, {"correctness": 1.0, "brier": 1.0 + 0.5, "crps": 1.0 + 1 - 0.25 / 8}),
+    # Brier: 1^2 + 1^2 = 2. CRPS: the CDF is 0 at bins 2..7 where the truth is 1 -> 6 / 8.
+    (CONFIDENT_WRONG, 2, {"correctness": 0.0, "brier": 0.0 + 1 - 2.0, "crps": 0.0 + 1 - 6 / 8}),
+    # Renormalised to [0.5, 0.5, 0, ...]: Brier 0.25 + 0.25; CRPS 0.5^2 at bin 1 -> 0.25 / 8.
+    (UNNORMALISED, 1, {"correctness": 1.0, "brier": 1.0 + 0.5, "crps": 1.0 + 1 - 0.25 / 8}),
+    # A failed pair (bin 0): an answer that names no failure says the kernel runs, so it is wrong.
+    # Brier: 1^2 (bin 0) + 0.5^2 + 0.5^2 = 1.5. CRPS: the truth's CDF is 1 from bin 0 on; the
+    # answer's is 0 at bins 0..3 and 0.5 at bin 4 -> (4 + 0.25) / 8.
+    (CORRECT, 0, {"correctness": 0.0, "brier": 0.0 + 1 - 1.5, "crps": 0.0 + 1 - 4.25 / 8}),
+    # Brier: 1 + 1 = 2. CRPS: the answer's CDF is 0 at bins 0..7 -> 8 / 8.
+    (CONFIDENT_WRONG, 0, {"correctness": 0.0, "brier": 0.0 + 1 - 2.0, "crps": 0.0 + 1 - 1.0}),
 ])
 def test_rewards_match_hand_computed_values(answer, true_bin, expected):
     for name, value in expected.items():
@@ -71,8 +79,40 @@ def test_an_answer_that_does_not_parse_scores_below_every_parsed_answer(answer):
         assert fn([answer], [3]) == [0.0]
     for name in REWARDS:  # the worst parsed answers: confident and wrong, or spread evenly, for every true bin
         worst = min(reward(name, [parsed], [b])[0] for parsed in (CONFIDENT_WRONG, CORRECT, UNNORMALISED)
-                    for b in range(1, 9))
+                    for b in range(0, 9))
         assert reward(name, [answer], [3]) == [PARSE_FAILURE] and PARSE_FAILURE < worst, name
+
+
+@pytest.mark.parametrize("outcome, true_bin, expected", [
+    # Most mass on failure, and the pair failed. Brier: 0.3^2 + 0.3^2 = 0.18. CRPS: the CDF is 0.7
+    # at bins 0..3 where the truth's is 1 -> 4 * 0.09 / 8 = 0.045.
+    ([0.7, 0, 0, 0, 0.3, 0, 0, 0, 0], 0, {"correctness": 1.0, "brier": 1.0 + 1 - 0.18, "crps": 1.0 + 1 - 0.045}),
+    # Most mass on bin 4, and the pair failed. Brier: 0.8^2 + 0.8^2 = 1.28. CRPS: 4 * 0.8^2 / 8 = 0.32.
+    ([0.2, 0, 0, 0, 0.8, 0, 0, 0, 0], 0, {"correctness": 0.0, "brier": 0.0 + 1 - 1.28, "crps": 0.0 + 1 - 0.32}),
+    # The same answer on a pair that ran in bin 4. Brier: 0.2^2 + 0.2^2 = 0.08. CRPS: the CDF is 0.2
+    # at bins 0..3 where the truth's is 0 -> 4 * 0.04 / 8 = 0.02.
+    ([0.2, 0, 0, 0, 0.8, 0, 0, 0, 0], 4, {"correctness": 1.0, "brier": 1.0 + 1 - 0.08, "crps": 1.0 + 1 - 0.02}),
+])
+def test_rewards_score_failure_as_the_ninth_outcome(outcome, true_bin, expected):
+    for name, value in expected.items():
+        assert outcome_reward(name, [outcome], [true_bin]) == [pytest.approx(value)], name
+
+
+@pytest.mark.parametrize("answer", [CORRECT, CONFIDENT_WRONG, UNNORMALISED])
+def test_rewards_of_answers_are_the_rewards_of_their_outcomes(answer):
+    for name in REWARDS:
+        for true_bin in range(9):
+            assert reward(name, [answer], [true_bin]) == \
+                pytest.approx(outcome_reward(name, outcomes(answer), [true_bin])), (name, true_bin)
+
+
+def test_no_parsed_answer_scores_as_low_as_a_parse_failure_on_any_true_bin():
+    rng = np.random.default_rng(0)
+    answers = np.vstack([np.eye(9), rng.dirichlet(np.full(9, 0.3), 500), np.full((1, 9), 1 / 9)])
+    for name in REWARDS:
+        for true_bin in range(9):
+            worst = min(outcome_reward(name, answers, [true_bin] * len(answers)))
+            assert worst > PARSE_FAILURE, (name, true_bin, worst)
 
 
 def test_rewards_read_the_answer_after_its_prefix():
