@@ -102,7 +102,8 @@ SCORES = {
 
 
 def _scored(term: str, completions, true_bin, answer_prefix) -> list[float]:
-    return [0.0 if p is None else SCORES[term](p, int(b)) for p, b in zip(_parsed(completions, answer_prefix), true_bin)]
+    score = SCORES[term]
+    return [0.0 if p is None else score(p, int(b)) for p, b in zip(_parsed(completions, answer_prefix), true_bin)]
 
 
 def correctness(completions, true_bin, answer_prefix=None, **_) -> list[float]:

@@ -308,7 +308,8 @@ def test_pairs_command_writes_corpus_pairs_as_json_lines(corpus, tmp_path, capsy
     out = tmp_path / "corpus.jsonl"
     assert main(["pairs", "--corpus", "--data", str(CORPUS), "--eval-ops", "softmax,transpose",
                  "--out", str(out)]) == 0
-    assert f"{len(corpus)} pairs written to {out}; held out for evaluation: softmax, transpose" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"{len(corpus)} pairs written to {out}; held out for evaluation: softmax, transpose" in printed
     first = json.loads(out.read_text().splitlines()[0])
     assert first["runtime_us"] == [None, None, None] or all(isinstance(t, float) for t in first["runtime_us"])
     pd.testing.assert_frame_equal(read_pairs(str(out)), corpus, check_dtype=False)

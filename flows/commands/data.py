@@ -212,15 +212,15 @@ def cmd_import(args) -> int:
 
 
 def cmd_pairs(args) -> int:
+    only = ("max_failure_share",) if not args.corpus else ("per_op", "parent_fraction")
+    given = [f"--{n.replace('_', '-')}" for n in only if getattr(args, n) is not None]
+    if given:
+        raise UsageError(f"{', '.join(given)}: only " + ("with --corpus" if not args.corpus else "without --corpus"))
     import pandas as pd
 
     from surrogate.pairs import CorpusSettings, PairSettings, build_pairs, corpus_pairs, write_pairs
 
     eval_ops = tuple(o.strip() for o in args.eval_ops.split(",") if o.strip()) if args.eval_ops else ()
-    only = ("max_failure_share",) if not args.corpus else ("per_op", "parent_fraction")
-    given = [f"--{n.replace('_', '-')}" for n in only if getattr(args, n) is not None]
-    if given:
-        raise UsageError(f"{', '.join(given)}: only " + ("with --corpus" if not args.corpus else "without --corpus"))
     if args.corpus:
         share = CorpusSettings.max_failure_share if args.max_failure_share is None else args.max_failure_share
         settings = CorpusSettings(gpu_type=args.gpu_type or CorpusSettings.gpu_type, eval_ops=eval_ops,
