@@ -135,9 +135,9 @@ class SearchSurrogate:
             return ForecastRequest(anchor=kernel, candidate=candidate, op=self.op, hardware=self.hardware,
                                    case_names=names, anchor_speedup=speedup,
                                    anchor_runtime_us=tuple(runtime_us[i] for i in cases) if runtime_us else ())
+        reference_us = tuple(self.reference_us[i] for i in cases) if self.reference_us else ()
         return ForecastRequest(anchor=self.reference, candidate=candidate, op=self.op, hardware=self.hardware,
-                               case_names=names,
-                               anchor_runtime_us=tuple(self.reference_us[i] for i in cases) if self.reference_us else ())
+                               case_names=names, anchor_runtime_us=reference_us)
 
     def _shift(self, candidates: Sequence[Candidate]) -> np.ndarray:
         """Per candidate, what moves its forecast against its anchor onto the reference's scale: the log
