@@ -19,13 +19,18 @@ needed to reach the baseline's final best (goal <= 1/3; a run that never did cou
 per operation what the corpus's tree allows: children per parent, how many beat their parent,
 and the headroom (best kernel in the tree over the best of its roots).
 
-    python -m benchmarks.llm_search --seeds 3 --budgets 16 32 64 --surrogates learned roofline \\
+    python -m benchmarks.llm_search --seeds 3 --budgets 16 32 64 --surrogates learned source roofline \\
         --json docs/measured/llm_search_replay.json --markdown docs/measured/llm_search_replay.md
+
+``--failure-costs`` reads back the data roots such runs wrote (``--data``, one or more) and prints,
+per budget kind, search and budget, what each run measured and what it charged to children that
+failed: how much of the budget a forecast of failure kept for kernels that run.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import json
 import math
@@ -116,7 +121,11 @@ def main(argv=None) -> int:
     p.add_argument("--json", default="", help="write every run's numbers here")
     p.add_argument("--markdown", default="", help="write the tables here")
     p.add_argument("--summary-only", action="store_true", help="only redo the tables from the runs in --json")
+    p.add_argument("--failure-costs", nargs="+", default=[], metavar="DATA",
+                   help="only print what the runs stored under these data roots charged to failures")
     args = p.parse_args(argv)
+    if args.failure_costs:
+        return write_summary(failure_costs(args.failure_costs), args.markdown)
     if args.summary_only:
         with open(args.json) as f:
             stored = json.load(f)
@@ -158,6 +167,38 @@ def write_summary(lines: list[str], markdown: str) -> int:
         with open(markdown, "w") as f:
             f.write("\n".join(lines) + "\n")
     return 0
+
+
+def failure_costs(data: list[str]) -> list[str]:
+    """Per (budget kind, search, budget): the mean over finished runs (the latest of each op and seed)
+    of children measured, of those that failed, of GPU-seconds charged, and of those charged to failures."""
+    from storage.dataset import DataRoot
+
+    costs = collections.defaultdict(list)
+    for uri in data:
+        root = DataRoot(uri)
+        finished = set(root.read("generations")["run_id"])
+        measured = root.read("decisions").query("decision == 'measure'")
+        kernels = root.read_measurements().drop_duplicates("candidate_id").set_index("candidate_id")
+        latest = {}
+        for r in root.read("runs").sort_values("created_at").itertuples():
+            c = json.loads(r.config)
+            mode = "gpu-seconds" if c.get("gpu_seconds_budget") else "measurements"
+            budget = c["budget"] // 4 if mode == "gpu-seconds" else c["budget"]  # main's limits at equal GPU time
+            if r.run_id in finished:
+                latest[(mode, c["surrogate"], budget, r.op, c["seed"])] = r.run_id
+        for (mode, name, budget, _, _), run_id in latest.items():
+            mine = kernels.loc[measured.loc[measured["run_id"] == run_id, "candidate_id"]]
+            failed = mine[mine["status"] != "ok"]
+            costs[(mode, name, budget)].append((len(mine), len(failed), mine["gpu_seconds"].sum(),
+                                                failed["gpu_seconds"].sum()))
+    lines = ["| budget kind | search | budget | runs | measured | failed | GPU-seconds charged | ... to failures |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for (mode, name, budget), runs in sorted(costs.items(), key=lambda kv: (MODES.index(kv[0][0]), kv[0][1:])):
+        means = [statistics.mean(column) for column in zip(*runs)]
+        lines.append(f"| {mode} | {name} | {budget} | {len(runs)} | {means[0]:.1f} | {means[1]:.1f} | "
+                     f"{means[2]:.2f} | {means[3]:.2f} |")
+    return lines
 
 
 def summary(rows: list[dict], trees: list[dict], args) -> list[str]:

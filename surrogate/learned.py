@@ -181,6 +181,10 @@ class LearnedForecaster:
                                             feature_matrix(list(requests)))
         return mu, sigma, within
 
+    def predict_failure(self, requests: Sequence[ForecastRequest]) -> np.ndarray:
+        """P(the kernel fails) per request, from the source model (``surrogate.source``)."""
+        return self.source_.predict_failure(list(requests))
+
     def _predict(self, requests: Sequence[ForecastRequest], spread_models,
                  features: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
         """(mean, spreads) of log speedup; ``features`` is ``feature_matrix(requests)``."""

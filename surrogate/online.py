@@ -26,10 +26,19 @@ choosing what to measure uses the within-pool part alone (``thompson_draw``,
 ``log_expected_improvement``), since a level error shifts every child of a generation
 alike. Ranked by the whole spread, the children the prior is least sure of, which on
 these spaces are mostly slow ones, were measured first.
+
+A forecaster that reads source (``predict_failure``: the learned and source ones) learned on
+children written from a parent, against that parent. A free-form child (no template) whose
+parent this search measured is forecast the same way, against its parent, and the forecast is
+shifted by the parent's measured speedup onto the reference's scale. Every forecast keeps the
+failure probability of the forecaster's, corrected online as well: a logit shift, fit to the
+failures measured so far and shrunk towards none, moves the probabilities of an operation
+whose children fail more (or less) often than the prior's corpus.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import time
@@ -38,7 +47,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from scipy.special import log_ndtr
+from scipy.special import expit, log_ndtr, logit
 from scipy.stats import norm
 
 from kernels.ops import get_operation
@@ -50,6 +59,7 @@ _SHRINK = 4.0  # pseudo-observations pulling the level correction towards none
 _NEIGHBOUR_SHRINK = 1.0  # kernel weight of the prior in the neighbourhood correction
 _BANDWIDTH2 = 2.0  # squared distance at which a neighbour's weight falls to 1/e
 _OTHER_ALGORITHM = 4.0  # squared distance added between different algorithms
+_FAILURE_PRIOR_SD = 1.0  # the failure correction's prior: a logit shift of about +-1 before any evidence
 
 
 def _coordinates(c: Candidate) -> tuple[str, dict[str, float]]:
@@ -88,6 +98,9 @@ class SearchSurrogate:
         self.scale_ = 1.0
         self._residuals: list[tuple[float, float]] = []  # (log measured - prior mean, prior within-pool sigma)
         self._coordinates: list[tuple[str, dict[str, float]]] = []  # of each residual's candidate
+        self.failure_shift_ = 0.0
+        self._failures: list[tuple[float, bool]] = []  # (logit of the forecast failure probability, failed)
+        self._measured: dict[str, tuple[Candidate, float, tuple[float, ...]]] = {}  # ran: (kernel, speedup, us)
 
     @property
     def name(self) -> str:
@@ -101,10 +114,44 @@ class SearchSurrogate:
     def gaussian(self) -> bool:
         return hasattr(self.forecaster, "predict_log_speedup")
 
+    @property
+    def reads_source(self) -> bool:
+        """Whether the forecaster reads a kernel against its parent (and so says how likely it fails)."""
+        return hasattr(self.forecaster, "predict_failure")
+
+    def _parent(self, candidate: Candidate) -> tuple[Candidate, float, tuple[float, ...]] | None:
+        """(parent, its measured speedup, its runtimes per case) where ``candidate`` is forecast against
+        its parent: a free-form child, of a parent this search measured running, by a forecaster that
+        reads source; None where it is forecast against the reference."""
+        if not self.reads_source or candidate.template or not candidate.parent_id:
+            return None
+        return self._measured.get(candidate.parent_id)
+
     def _request(self, candidate: Candidate, cases: tuple[int, ...]) -> ForecastRequest:
+        names = tuple(self.case_names[i] for i in cases)
+        parent = self._parent(candidate)
+        if parent is not None:
+            kernel, speedup, runtime_us = parent
+            return ForecastRequest(anchor=kernel, candidate=candidate, op=self.op, hardware=self.hardware,
+                                   case_names=names, anchor_speedup=speedup,
+                                   anchor_runtime_us=tuple(runtime_us[i] for i in cases) if runtime_us else ())
+        reference_us = tuple(self.reference_us[i] for i in cases) if self.reference_us else ()
         return ForecastRequest(anchor=self.reference, candidate=candidate, op=self.op, hardware=self.hardware,
-                               case_names=tuple(self.case_names[i] for i in cases),
-                               anchor_runtime_us=tuple(self.reference_us[i] for i in cases) if self.reference_us else ())
+                               case_names=names, anchor_runtime_us=reference_us)
+
+    def _shift(self, candidates: Sequence[Candidate]) -> np.ndarray:
+        """Per candidate, what moves its forecast against its anchor onto the reference's scale: the log
+        of its parent's measured speedup where it is forecast against its parent, else 0."""
+        return np.array([math.log(p[1]) if (p := self._parent(c)) is not None else 0.0 for c in candidates])
+
+    def failure_probability(self, candidates: Sequence[Candidate]) -> np.ndarray:
+        """P(each candidate fails): the forecaster's, logit-shifted by what this search measured fail
+        (``update``); NaN for a forecaster that says nothing about failure."""
+        if not self.reads_source:
+            return np.full(len(candidates), math.nan)
+        everything = tuple(range(len(self.case_names)))
+        p = np.asarray(self.forecaster.predict_failure([self._request(c, everything) for c in candidates]), float)
+        return expit(_logit(p) + self.failure_shift_) if self.failure_shift_ else p
 
     def prior_log_speedup(self, candidates: Sequence[Candidate]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The uncorrected (mean, sigma, within-pool sigma) of each candidate's log speedup, averaged
@@ -117,15 +164,16 @@ class SearchSurrogate:
             mu, sigma = self.forecaster.predict_log_speedup(requests)
             within = sigma
         sigma, within = (np.asarray(v).reshape(-1, k).mean(axis=1) for v in (sigma, within))
-        return np.asarray(mu).reshape(-1, k).mean(axis=1), sigma, np.minimum(within, sigma)
+        mu = np.asarray(mu).reshape(-1, k).mean(axis=1) + self._shift(candidates)
+        return mu, sigma, np.minimum(within, sigma)
 
     def forecast(self, candidates: Sequence[Candidate]) -> list[Forecast]:
         if not candidates:
             return []
         if not self.gaussian:
-            everything = tuple(range(len(self.case_names)))
-            return self.forecaster.forecast([self._request(c, everything) for c in candidates])
+            return self._forecast_whole(candidates)
         t0 = time.perf_counter()
+        failure = self.failure_probability(candidates)
         prior_mu, prior_sigma, prior_within = self.prior_log_speedup(candidates)
         local, weight = self._neighbourhood(candidates)
         mu = prior_mu + self.bias_ + local
@@ -137,15 +185,38 @@ class SearchSurrogate:
         probs = bin_probabilities(mu, sigma)
         latency = (time.perf_counter() - t0) / len(candidates)
         out = []
-        for c, p, m, s, w, pm, ps, pw in zip(candidates, probs, mu, sigma, within, prior_mu, prior_sigma,
-                                             prior_within):
+        for c, p, m, s, w, pm, ps, pw, f in zip(candidates, probs, mu, sigma, within, prior_mu, prior_sigma,
+                                                prior_within, failure):
             pr, raw = normalise(p)
             out.append(Forecast(c.candidate_id, self.reference.candidate_id, self.name, self.version, pr,
-                                raw_sum=raw, latency_s=latency,
+                                raw_sum=raw, latency_s=latency, failure_probability=float(f),
                                 extra={"log_speedup_mean": float(m), "log_speedup_sigma": float(s),
                                        "log_speedup_sigma_within": float(w),
                                        "prior_log_speedup_mean": float(pm), "prior_log_speedup_sigma": float(ps),
                                        "prior_log_speedup_sigma_within": float(pw)}))
+        return out
+
+    def _forecast_whole(self, candidates: Sequence[Candidate]) -> list[Forecast]:
+        """One request per candidate naming all cases (a forecaster without a per-case Gaussian). Where a
+        child was forecast against its parent, its Gaussian is shifted onto the reference's scale; every
+        forecast keeps its failure probability, corrected as ``failure_probability`` says."""
+        everything = tuple(range(len(self.case_names)))
+        forecasts = self.forecaster.forecast([self._request(c, everything) for c in candidates])
+        if not self.reads_source:
+            return forecasts
+        out = []
+        for f, shift in zip(forecasts, self._shift(candidates)):
+            if self.failure_shift_ and not math.isnan(f.failure_probability):
+                f = f.with_failure(float(expit(_logit(f.failure_probability) + self.failure_shift_)))
+            if shift and "log_speedup_mean" in f.extra:
+                mu = np.array([f.extra["log_speedup_mean"] + shift])
+                sigma = np.array([f.extra["log_speedup_sigma"]])
+                probabilities, raw = normalise(bin_probabilities(mu, sigma)[0])
+                f = dataclasses.replace(f, anchor_id=self.reference.candidate_id, probabilities=probabilities,
+                                        raw_sum=raw, expected_speedup=math.exp(mu[0]),
+                                        extra={**f.extra, "log_speedup_mean": float(mu[0]),
+                                               "anchor_log_speedup": float(shift)})
+            out.append(f)
         return out
 
     def _neighbourhood(self, candidates: Sequence[Candidate]) -> tuple[np.ndarray, np.ndarray]:
@@ -163,7 +234,13 @@ class SearchSurrogate:
 
     def update(self, candidates: Mapping[str, Candidate], forecasts: Sequence[Forecast],
                measurements: Sequence[Measurement]) -> "SearchSurrogate":
-        """Correct the prior with the measured speedups of forecast candidates (failures carry no speedup)."""
+        """Correct the prior with the measured speedups of forecast candidates (failures carry no speedup),
+        and the failure probabilities with which of them failed."""
+        for m in measurements:
+            if m.status == "ok" and m.speedup and m.speedup > 0 and m.candidate_id in candidates:
+                self._measured[m.candidate_id] = (candidates[m.candidate_id], float(m.speedup),
+                                                  tuple(m.runtime_us_median))
+        self._update_failure(forecasts, measurements)
         if not self.gaussian:
             return self
         by_id = {f.candidate_id: f for f in forecasts if "prior_log_speedup_mean" in f.extra}
@@ -181,6 +258,39 @@ class SearchSurrogate:
             z2 = ((r - self.bias_) / s) ** 2
             self.scale_ = float(math.sqrt((z2.sum() + _SHRINK) / (n + _SHRINK)))
         return self
+
+
+    def _update_failure(self, forecasts: Sequence[Forecast], measurements: Sequence[Measurement]) -> None:
+        """Refit the logit shift of the failure probability to every measured child whose forecast gave one.
+
+        The shift b maximises the likelihood of the measured outcomes under sigmoid(logit p + b) with a
+        Gaussian prior on b (sd ``_FAILURE_PRIOR_SD``), by Newton's method; the forecasts' p are the
+        uncorrected ones (the shift in force when they were made is taken back out), so a refit never
+        compounds."""
+        by_id = {f.candidate_id: f for f in forecasts if not math.isnan(f.failure_probability)}
+        for m in measurements:
+            f = by_id.get(m.candidate_id)
+            if f is not None:
+                self._failures.append((float(_logit(f.failure_probability)) - self.failure_shift_, m.status != "ok"))
+        if self._failures:
+            self.failure_shift_ = logit_shift(*map(np.array, zip(*self._failures)), prior_sd=_FAILURE_PRIOR_SD)
+
+
+def logit_shift(logits: np.ndarray, failed: np.ndarray, prior_sd: float = _FAILURE_PRIOR_SD) -> float:
+    """The maximum a posteriori b of outcomes ``failed`` under P(fail) = sigmoid(logits + b), b ~ N(0, prior_sd²)."""
+    y = np.asarray(failed, dtype=float)
+    b = 0.0
+    for _ in range(50):  # the log posterior is strictly concave: Newton's method converges in a few steps
+        p = expit(logits + b)
+        step = (np.sum(y - p) - b / prior_sd ** 2) / (np.sum(p * (1 - p)) + 1 / prior_sd ** 2)
+        b += step
+        if abs(step) < 1e-10:
+            break
+    return float(b)
+
+
+def _logit(p) -> np.ndarray:
+    return logit(np.clip(p, 1e-6, 1 - 1e-6))
 
 
 def log_expected_improvement(forecast: Forecast, best_speedup: float) -> float:

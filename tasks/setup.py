@@ -90,10 +90,23 @@ def _code_version() -> str:
                                    for m in (surrogate.learned, surrogate.features, surrogate.source))).hexdigest()
 
 
+def prior_corpus(config: SearchConfig) -> str:
+    """The written corpus the prior's source model also learns from: the replay corpus of a replayed
+    search, else ``prior_data``'s ``llm`` folder where one holds measurements; "" when there is none."""
+    if config.generator == "replay":
+        return config.replay_corpus
+    corpus = posixpath.join(config.prior_data.rstrip("/"), "llm")
+    return corpus if DataRoot(corpus).fingerprint("measurements") else ""
+
+
 def _prior_key(config: SearchConfig, prior: DataRoot) -> str:
+    corpus = prior_corpus(config)
+    # The op is in the key whenever the prior leaves some of its rows out: the scope's, or a corpus's.
+    op = config.op if config.prior_scope != "all" or corpus else ""
     h = hashlib.sha256()
-    for part in (config.surrogate, _code_version(), prior.uri, config.gpu_type, config.prior_scope,
-                 "" if config.prior_scope == "all" else config.op, *sorted(prior.fingerprint("measurements"))):
+    for part in (config.surrogate, _code_version(), prior.uri, config.gpu_type, config.prior_scope, op,
+                 *sorted(prior.fingerprint("measurements")), corpus,
+                 *(sorted(DataRoot(corpus).fingerprint("measurements")) if corpus else ())):
         h.update(part.encode() + b"\0")
     return h.hexdigest()[:16]
 
@@ -125,9 +138,33 @@ def prior_pairs(config: SearchConfig, pairs):
     return pairs if config.prior_scope == "all" else pairs[~op]
 
 
+def prior_sources(config: SearchConfig):
+    """The kernels, failed ones included, the prior's source model is fit on: the template pool's
+    and the written corpus's (``prior_corpus``) on the searched GPU type, each against its anchor
+    (``surrogate.dataset.source_pairs``); None when there are none.
+
+    The searched operation's kernels are left out unless ``prior_scope`` is all, and its corpus
+    kernels are left out even then when the search replays that corpus: the children it will
+    forecast are those very kernels, and a forecast of a child from its own measurement says
+    nothing of how the source model does on children it has not seen.
+    """
+    from surrogate.dataset import source_pairs
+
+    corpus = prior_corpus(config)
+    roots = [DataRoot(config.prior_data)] + ([DataRoot(corpus)] if corpus else [])
+    rows = source_pairs(*roots, gpu_type=config.gpu_type)
+    if rows.empty:
+        return None
+    if config.prior_scope != "all":
+        rows = rows[rows["op"] != config.op]
+    elif config.generator == "replay":
+        rows = rows[(rows["op"] != config.op) | (rows["origin"] == "template")]
+    return rows if not rows.empty else None
+
+
 def fit_prior(config: SearchConfig, root: DataRoot):
     """The learned (or source) surrogate fit on the prior data (as much of it as ``prior_scope``
-    allows), cached under the root."""
+    allows) and, for its source model, the written corpus (``prior_sources``); cached under the root."""
     from surrogate.dataset import case_pairs
     from surrogate.registry import get_forecaster_factory
 
@@ -139,13 +176,17 @@ def fit_prior(config: SearchConfig, root: DataRoot):
     pairs = prior_pairs(config, case_pairs(prior))
     if pairs.empty:
         raise ConfigError(f"no measured pairs under {config.prior_data} to fit the {config.surrogate} surrogate on")
+    sources = prior_sources(config)
     # One OpenMP thread: gradient boosting's thread pool spins for its share of cores, and on a
     # busy machine (pytest, a Ray worker, a GPU harness compiling) that made fitting 20x slower.
     with threadpool_limits(limits=1, user_api="openmp"):
         forecaster = get_forecaster_factory(config.surrogate)()
         if config.prior_scope == "other-gpus" and hasattr(forecaster, "held_out"):
             forecaster.held_out = "gpu_type"  # its spread: the error of porting an op, not of a new op
-        forecaster = forecaster.fit(pairs)
+        if config.surrogate == "source":
+            forecaster = forecaster.fit(pairs if sources is None else sources)
+        else:
+            forecaster = forecaster.fit(pairs, sources=sources)
     buffer = io.BytesIO()
     pickle.dump(forecaster, buffer)
     root.put_object(path, buffer.getvalue())

@@ -1,5 +1,7 @@
 """A search's surrogate: the split of its spread into the operation's level and the within-pool
-part, the level learned from measurements, and ranking children by log expected improvement."""
+part, the level learned from measurements, ranking children by log expected improvement, and
+failure: carried from the forecaster, children forecast against their measured parent, and the
+failure probability corrected by what the search measured fail."""
 
 import math
 
@@ -8,10 +10,10 @@ import pytest
 from scipy.stats import norm
 
 from kernels.ops import get_operation
-from kernels.records import HardwareSpec, Measurement
+from kernels.records import Candidate, HardwareSpec, Measurement
 from kernels.spaces import get_space
 from surrogate.forecast import Forecast
-from surrogate.online import SearchSurrogate, log_expected_improvement, thompson_draw
+from surrogate.online import SearchSurrogate, log_expected_improvement, logit_shift, thompson_draw
 
 H100 = HardwareSpec(gpu_type="h100", device_name="NVIDIA H100 80GB HBM3")
 LEVEL_ERROR = 0.7  # the prior's level is this far below the truth, for every child alike
@@ -127,3 +129,117 @@ def test_thompson_draws_follow_the_within_pool_gaussian():
     a, b = _gaussian("a", 0.0, 0.1), _gaussian("b", 0.1, 0.1)
     wins = np.mean([thompson_draw(b, f"s:{k}") > thompson_draw(a, f"s:{k}") for k in range(4000)])
     assert wins == pytest.approx(norm.cdf(0.1 / math.hypot(0.1, 0.1)), abs=0.03)
+
+
+CHILD_GAIN = 0.1  # a written child's log speedup over the anchor it is forecast against
+BROKEN = "# BROKEN"  # a written child whose source says it fails (test-only)
+
+
+class _ReadsSource:
+    """A forecaster that, like the learned and source ones, reads a kernel against its anchor and says
+    how likely it fails: 0.95 for a source marked BROKEN, 0.2 otherwise; it records the anchors it was
+    asked against (test-only)."""
+
+    name, version = "reads-source", "1"
+
+    def __init__(self):
+        self.anchors = []
+
+    def _gaussian(self, requests):
+        self.anchors += [r.anchor.candidate_id for r in requests]
+        mu = np.array([CHILD_GAIN if r.candidate.template is None else true_log_speedup(r.candidate)
+                       for r in requests])
+        return mu, np.full(len(requests), 0.3)
+
+    def predict_failure(self, requests):
+        return np.array([0.95 if BROKEN in r.candidate.source else 0.2 for r in requests])
+
+
+class SourceReadingForecaster(_ReadsSource):
+    """Per-case Gaussians, as the learned forecaster gives."""
+
+    def predict_log_speedup(self, requests):
+        return self._gaussian(requests)
+
+    def predict_log_speedup_split(self, requests):
+        mu, sigma = self._gaussian(requests)
+        return mu, sigma, sigma
+
+
+class WholeSourceForecaster(_ReadsSource):
+    """Whole forecasts with their Gaussian in ``extra``, as the source forecaster gives."""
+
+    def forecast(self, requests):
+        mu, sigma = self._gaussian(requests)
+        return [Forecast(r.candidate.candidate_id, r.anchor.candidate_id, self.name, self.version, (1 / 8,) * 8,
+                         expected_speedup=math.exp(m), failure_probability=float(p),
+                         extra={"log_speedup_mean": float(m), "log_speedup_sigma": float(s)})
+                for r, m, s, p in zip(requests, mu, sigma, self.predict_failure(requests))]
+
+
+def written_children(parent, n: int, broken: int = 0) -> list[Candidate]:
+    return [Candidate(op="softmax", backend="triton", source=parent.source + f"\n# rewrite {i}" +
+                      (f"\n{BROKEN}" if i < broken else ""), params=dict(parent.params), parent_id=parent.candidate_id,
+                      origin="llm") for i in range(n)]
+
+
+def test_the_forecasters_failure_probability_survives_the_search_surrogate(children):
+    kids = written_children(children[0], 4, broken=2)
+    forecasts = surrogate_for(SourceReadingForecaster()).forecast(kids)
+    assert [f.failure_probability for f in forecasts] == pytest.approx([0.95, 0.95, 0.2, 0.2])
+    # a forecaster that says nothing of failure still says nothing
+    assert all(math.isnan(f.failure_probability) for f in surrogate_for(SplitSpreadForecaster()).forecast(kids))
+
+
+@pytest.mark.parametrize("forecaster", [SourceReadingForecaster, WholeSourceForecaster])
+def test_a_written_child_of_a_measured_parent_is_forecast_against_it_and_shifted_by_its_speedup(children,
+                                                                                                forecaster):
+    forecaster = forecaster()
+    surrogate = surrogate_for(forecaster)
+    parent = children[0]
+    kids = written_children(parent, 3, broken=1)
+    before = surrogate.forecast(kids)  # the parent is not measured yet: against the reference
+    assert set(forecaster.anchors) == {surrogate.reference.candidate_id}
+    assert [f.extra["log_speedup_mean"] for f in before] == pytest.approx([CHILD_GAIN] * 3)
+    surrogate.update({parent.candidate_id: parent}, [], [Measurement(
+        parent.candidate_id, "softmax", "h100", "ok", "replay", speedup=2.0,
+        runtime_us_median=(5.0,) * len(surrogate.case_names))])
+    forecaster.anchors.clear()
+    after = surrogate.forecast(kids)
+    assert set(forecaster.anchors) == {parent.candidate_id}
+    assert [f.extra["log_speedup_mean"] for f in after] == pytest.approx([CHILD_GAIN + math.log(2.0)] * 3)
+    assert all(f.anchor_id == surrogate.reference.candidate_id for f in after)
+    assert after[0].failure_probability == pytest.approx(0.95) and after[1].failure_probability == pytest.approx(0.2)
+    # a template variant is forecast against the reference still, parent or none
+    forecaster.anchors.clear()
+    surrogate.forecast([children[1]])
+    assert set(forecaster.anchors) == {surrogate.reference.candidate_id}
+
+
+def test_the_logit_shift_is_the_map_estimate_and_shrinks_towards_none():
+    logits = np.zeros(200)
+    failed = np.arange(200) < 160  # 80% failed where 50% was forecast
+    assert logit_shift(logits, failed, prior_sd=1e6) == pytest.approx(math.log(0.8 / 0.2), rel=1e-6)
+    few = logit_shift(logits[:5], failed[:5], prior_sd=1.0)  # 5 of 5 failed: shrunk well short of +inf
+    assert 0.5 < few < 2.0
+    assert logit_shift(logits, failed, prior_sd=1.0) < math.log(4.0)  # the prior pulls towards 0
+    assert logit_shift(np.array([]), np.array([], dtype=bool)) == 0.0
+
+
+def test_measured_failures_move_the_failure_probabilities_and_a_refit_never_compounds(children):
+    surrogate = surrogate_for(SourceReadingForecaster())
+    kids = written_children(children[0], 40)  # all forecast 0.2; 30 of them fail
+    first = surrogate.forecast(kids[:20])
+    outcome = ["ok"] * 5 + ["compile_error"] * 15
+    measurements = [Measurement(c.candidate_id, "softmax", "h100", s, "replay", speedup=1.0 if s == "ok" else None)
+                    for c, s in zip(kids, outcome)]
+    surrogate.update({c.candidate_id: c for c in kids}, first, measurements)
+    once = surrogate.failure_shift_
+    second = surrogate.forecast(kids[20:])
+    assert once > 0 and all(0.2 < f.failure_probability < 0.75 for f in second)
+    # the same 20 outcomes again, from forecasts made under the shift: the shift is taken back out first
+    surrogate.update({c.candidate_id: c for c in kids}, second, [
+        Measurement(c.candidate_id, "softmax", "h100", s, "replay", speedup=1.0 if s == "ok" else None)
+        for c, s in zip(kids[20:], outcome)])
+    assert surrogate.failure_shift_ == pytest.approx(logit_shift(np.full(40, math.log(0.25)),
+                                                                 np.array([s != "ok" for s in outcome * 2])))
