@@ -11,8 +11,8 @@ from kernels.screen import screen
 from storage.dataset import DataRoot
 from tasks.config import PACKAGED_CORPUS, ConfigError, SearchConfig
 from tasks.replay import ReplayModel, read_tree
-from tasks.setup import open_search, resolve
-from tests.test_search import FailingPool
+from tasks.setup import resolve
+from tests.test_search import FailingPool, run
 
 OP = "softmax"  # 3 roots, 42 recorded children, 14 of them pass today's static checks
 
@@ -23,12 +23,6 @@ def config(tmp_path, **changes) -> SearchConfig:
     return SearchConfig(**{**base, **changes})
 
 
-def run(cfg: SearchConfig):
-    search = open_search(cfg, track=False)
-    try:
-        return search, search.run()
-    finally:
-        search.pool.close()
 
 
 def passing_nodes() -> dict[str, str | None]:
