@@ -22,6 +22,15 @@ Platt map of the 9-bin confidence is fit on them; ECE is scored on the other 80%
 set, nothing of the held-out operation seen. Forecasts per second: forecast calls on cold
 feature caches, one thread.
 
+With ``--llm-url URL --llm-model NAME --llm-sample N`` (``--llm-url``/``--llm-model`` may repeat,
+one language model each) the scores are instead over one set, ``llm_sample``: N of the language
+model's children, stratified by operation and status with a fixed seed (``llm_sample``), forecast
+zero-shot by each model through ``OpenAIForecaster`` (the search's own client and prompt) beside
+the forecasters above, whose leave-one-operation-out forecasts of the same kernels are scored.
+A forecast that says nothing of failure (an answer without it, or none that parsed) counts as
+P(fail) 0.5; parse rate and the share of answers that gave a failure probability are reported.
+``--llm-cache DIR`` keeps the answers (and each one's server seconds): a rerun asks nothing again.
+
 Prints the table and writes ``<out>.json`` and ``<out>.md``.
 """
 
@@ -35,6 +44,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
@@ -44,7 +54,7 @@ GOALS = {"failure_auroc": (">=", 0.85), "spearman_valid": (">=", 0.5), "ece_reca
 FORECASTERS = ("source", "learned", "roofline", "random")
 SUBSETS = {"all": lambda f: np.ones(len(f), bool), "llm": lambda f: (f["origin"] == "llm").to_numpy(),
            "template": lambda f: (f["origin"] == "template").to_numpy()}
-COLUMNS = ("n", "failed", "failure_auroc", "spearman_valid", "bin_accuracy", "ece", "ece_recalibrated",
+COLUMNS = ("n", "failed", "parse_rate", "failure_given", "failure_auroc", "spearman_valid", "bin_accuracy", "ece", "ece_recalibrated",
            "ece_recalibrated_other_ops", "aurc", "random_aurc", "aurc_over_random_forecaster", "forecasts_per_s")
 MEASURED_FRACTION = 0.2
 
@@ -97,6 +107,56 @@ def held_out_forecasts(kernels: pd.DataFrame, cases: pd.DataFrame, name: str, se
         sigma[test] = [f.extra.get("log_speedup_sigma", np.nan) for f in out]
         print(f"  {name} held out {op}: {int(test.sum())} kernels", flush=True)
     return {"probs": probs, "expected": expected, "mean": mean, "sigma": sigma, "seconds": seconds}
+
+
+def llm_sample(kernels: pd.DataFrame, n: int, seed: int = 0) -> np.ndarray:
+    """Row positions of ``n`` of the language model's children, stratified by (op, status): every
+    stratum gets one kernel when ``n`` allows, the rest go by stratum size (largest remainder);
+    within a stratum a seeded draw. Small strata (the children that ran) are thus over-represented."""
+    children = np.flatnonzero((kernels["origin"] == "llm").to_numpy())
+    if not 0 < n <= len(children):
+        raise ValueError(f"--llm-sample must lie in 1..{len(children)} (the language model's children), got {n}")
+    strata = kernels.iloc[children].groupby(["op", "status"]).indices  # (op, status) -> positions in children
+    keys = sorted(strata)
+    sizes = np.array([len(strata[k]) for k in keys])
+    take = np.ones(len(keys), int) if n >= len(keys) else np.zeros(len(keys), int)
+    share = (n - take.sum()) * (sizes - take) / (sizes - take).sum()
+    take += np.floor(share).astype(int)
+    for i in np.argsort(-(share - np.floor(share)), kind="stable")[:n - take.sum()]:
+        take[i] += 1
+    rng = np.random.default_rng(seed)
+    picked = [children[strata[k]][rng.permutation(len(strata[k]))[:t]] for k, t in zip(keys, take)]
+    return np.sort(np.concatenate(picked))
+
+
+def llm_forecasts(kernels: pd.DataFrame, rows: np.ndarray, url: str, model: str, cache_dir: str | None,
+                  schema_style: str) -> dict:
+    """Zero-shot forecasts of the kernels at ``rows`` by ``model`` served at ``url``, over bins 0..8,
+    with the server seconds they took, the parse rate and the share that gave a failure probability."""
+    from benchmarks.llm_forecaster import timed_forecasts
+    from surrogate.dataset import source_requests
+    from surrogate.llm import OpenAIForecaster
+    from surrogate.metrics import with_failure
+
+    cache = os.path.join(cache_dir, model) if cache_dir else None
+    llm = OpenAIForecaster(url, model, schema_style=schema_style, concurrency=1, timeout_s=900, retries=1,
+                           cache_dir=cache)
+    llm.probe()
+    # Children of one parent back to back: the server reuses the encoded prompt up to the parent's code.
+    order = np.lexsort((kernels["candidate_id"].to_numpy()[rows], kernels["anchor_id"].to_numpy()[rows]))
+    ordered, seconds = timed_forecasts(llm, source_requests(kernels.iloc[rows[order]]), Path(cache) if cache else None)
+    out, back = [None] * len(rows), np.empty(len(rows))
+    for i, f, s in zip(order, ordered, seconds):
+        out[i], back[i] = f, s
+    seconds = back
+    p_fail = np.array([f.failure_probability for f in out])
+    given = np.isfinite(p_fail)
+    for f in [f for f in out if not f.parsed][:3]:
+        print(f"  {model} unparsed: {f.raw_response[:160]!r}", flush=True)
+    return {"probs": with_failure(np.array([f.probabilities for f in out]), np.where(given, p_fail, 0.5)),
+            "expected": np.array([f.expected_speedup for f in out]), "mean": np.full(len(out), np.nan),
+            "sigma": np.full(len(out), np.nan), "seconds": float(seconds.sum()),
+            "parse_rate": float(np.mean([f.parsed for f in out])), "failure_given": float(given.mean())}
 
 
 def recalibrated_on_measured(probs: np.ndarray, mean: np.ndarray, sigma: np.ndarray, frame: pd.DataFrame,
@@ -152,7 +212,15 @@ def main() -> int:
     p.add_argument("--forecasters", default=",".join(FORECASTERS))
     p.add_argument("--draws", type=int, default=1000, help="bootstrap draws per interval")
     p.add_argument("--out", default=None, help="path stem of the JSON and Markdown results")
+    p.add_argument("--llm-url", action="append", default=[], help="an OpenAI-compatible server (repeatable)")
+    p.add_argument("--llm-model", action="append", default=[], help="the model each --llm-url serves")
+    p.add_argument("--llm-sample", type=int, default=40, help="children the language models forecast")
+    p.add_argument("--llm-schema-style", default="json_object",
+                   help="how the server is asked for the answer schema (json_object: llama-cpp-python's server)")
+    p.add_argument("--llm-cache", default=None, help="folder of the language models' answers, reused on a rerun")
     args = p.parse_args()
+    if len(args.llm_url) != len(args.llm_model):
+        p.error(f"each --llm-url needs its --llm-model: got {len(args.llm_url)} URLs, {len(args.llm_model)} models")
 
     t0 = time.perf_counter()
     kernels = source_pairs(DataRoot(args.data), DataRoot(args.llm), gpu_type=args.gpu_type)
@@ -169,9 +237,23 @@ def main() -> int:
             t = time.perf_counter()
             forecasts[name] = held_out_forecasts(kernels, cases, name)
             print(f"{name}: {time.perf_counter() - t:.0f} s", flush=True)
+    subsets = SUBSETS
+    if args.llm_url:
+        sample = llm_sample(kernels, args.llm_sample)
+        mask = np.zeros(len(kernels), bool)
+        mask[sample] = True
+        subsets = {"llm_sample": lambda f: mask}
+        print(f"language models: {len(sample)} children ({int(kernels['failed'].to_numpy()[sample].sum())} failed)"
+              f", stratified by operation and status", flush=True)
+        for url, model in zip(args.llm_url, args.llm_model):
+            t = time.perf_counter()
+            f = llm_forecasts(kernels, sample, url, model, args.llm_cache, args.llm_schema_style)
+            forecasts[model] = {k: _scattered(v, mask) if isinstance(v, np.ndarray) else v for k, v in f.items()}
+            print(f"{model}: {time.perf_counter() - t:.0f} s, parse rate {f['parse_rate']:.3f}, "
+                  f"failure given {f['failure_given']:.3f}", flush=True)
 
     rows = []
-    for subset, pick in SUBSETS.items():
+    for subset, pick in subsets.items():
         mask = pick(kernels)
         for name, f in forecasts.items():
             probs = f["probs"][mask]
@@ -183,7 +265,9 @@ def main() -> int:
             summary["ece_recalibrated_lo"], summary["ece_recalibrated_hi"] = metrics.bootstrap_interval(
                 lambda p, t: metrics.ece(p, t), cal[scored], true_bins[mask][scored], draws=args.draws)
             summary["ece_raw_on_those"] = metrics.ece(probs[scored], true_bins[mask][scored])
-            rows.append({"set": subset, "forecaster": name, **summary, "forecasts_per_s": len(kernels) / f["seconds"]})
+            per_s = (mask.sum() if "parse_rate" in f else len(kernels)) / f["seconds"] if f["seconds"] else np.nan
+            rows.append({"set": subset, "forecaster": name, **summary, "forecasts_per_s": per_s,
+                         "parse_rate": f.get("parse_rate", 1.0), "failure_given": f.get("failure_given", np.nan)})
         if "random" in forecasts:
             random_aurc = next(r["aurc"] for r in rows if r["set"] == subset and r["forecaster"] == "random")
             for r in rows:
@@ -195,16 +279,20 @@ def main() -> int:
     print(telling.round(3).to_string())
     with pd.option_context("display.width", 250, "display.max_columns", 40):
         print(table[["set", "forecaster", *[c for c in COLUMNS if c in table]]].round(3).to_string(index=False))
-    goals = _goals(table)
+    goals = _goals(table, ["source", *args.llm_model])
     for line in goals:
         print(line)
     print(f"total {time.perf_counter() - t0:.0f} s")
     if args.out:
+        flags = [(k, x) for k, v in vars(args).items() for x in (v if isinstance(v, list) else [v]) if x is not None]
         meta = {"command": "python benchmarks/source_forecasters.py " + " ".join(
-                    f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None),
+                    f"--{k.replace('_', '-')} {v}" for k, v in flags),
                 "kernels": len(kernels), "failed": int(kernels["failed"].sum()),
                 "llm_children": int((kernels["origin"] == "llm").sum()), "gpu_type": args.gpu_type,
                 "split": "leave-one-operation-out", "operations": sorted(kernels["op"].unique())}
+        if args.llm_url:
+            meta |= {"llm_sample": [kernels["candidate_id"].iloc[i] for i in sample],
+                     "llm_sample_failed": int(kernels["failed"].to_numpy()[sample].sum())}
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out + ".json", "w") as fh:
             json.dump({**meta, "rows": table.to_dict("records"), "goals": goals,
@@ -228,18 +316,25 @@ def _telling_features(kernels: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"failed": X[failed][list(TELLING)].mean(), "ran": X[~failed][list(TELLING)].mean()})
 
 
-def _goals(table: pd.DataFrame) -> list[str]:
-    """One line per goal for the source forecaster on each set: met or not, with the interval."""
+def _scattered(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """``values`` of the rows where ``mask`` holds, at their place among all rows (NaN elsewhere)."""
+    out = np.full((len(mask), *values.shape[1:]), np.nan)
+    out[mask] = values
+    return out
+
+
+def _goals(table: pd.DataFrame, forecasters: list[str]) -> list[str]:
+    """One line per goal for each of ``forecasters`` on each set: met or not, with the interval."""
     lines = []
-    for r in table[table["forecaster"] == "source"].to_dict("records"):
+    for r in table[table["forecaster"].isin(forecasters)].to_dict("records"):
         for key, (sense, bound) in GOALS.items():
             value = r.get(key, float("nan"))
             if not np.isfinite(value):
-                lines.append(f"source on {r['set']}: {key} undefined (no kernel of this set failed)")
+                lines.append(f"{r['forecaster']} on {r['set']}: {key} undefined (no kernel of this set failed)")
                 continue
             met = value >= bound if sense == ">=" else value <= bound
             interval = f" [{r[key + '_lo']:.3f}, {r[key + '_hi']:.3f}]" if key + "_lo" in r else ""
-            lines.append(f"source on {r['set']}: {key} {value:.3f}{interval} (goal {sense} {bound}): "
+            lines.append(f"{r['forecaster']} on {r['set']}: {key} {value:.3f}{interval} (goal {sense} {bound}): "
                          f"{'met' if met else 'NOT met'}")
     return lines
 
@@ -255,12 +350,14 @@ def _markdown(table: pd.DataFrame, goals: list[str], meta: dict) -> str:
     keys = ("failure_auroc", "spearman_valid", "bin_accuracy", "ece", "ece_recalibrated",
             "ece_recalibrated_other_ops", "aurc", "aurc_over_random_forecaster")
     lines = [f"`{meta['command']}`", "",
-             "| set | forecaster | kernels (failed) | failure AUROC | Spearman (ran) | 9-bin acc. | ECE | "
-             "ECE recal. (20% measured) | ECE recal. (other ops) | AURC | AURC / random's | forecasts/s |",
-             "|" + "---|" * 12]
+             "| set | forecaster | kernels (failed) | parse rate | failure given | failure AUROC | Spearman (ran) | "
+             "9-bin acc. | ECE | ECE recal. (20% measured) | ECE recal. (other ops) | AURC | AURC / random's | "
+             "forecasts/s |",
+             "|" + "---|" * 14]
     for r in table.to_dict("records"):
-        lines.append(f"| {r['set']} | {r['forecaster']} | {r['n']} ({r['failed']}) | "
-                     + " | ".join(_cell(r, k) for k in keys) + f" | {r['forecasts_per_s']:.0f} |")
+        lines.append(f"| {r['set']} | {r['forecaster']} | {r['n']} ({r['failed']}) | {r['parse_rate']:.3f} | "
+                     f"{r['failure_given']:.3f} | " + " | ".join(_cell(r, k) for k in keys)
+                     + f" | {r['forecasts_per_s']:.3g} |")
     return "\n".join(lines + ["", *[f"- {g}" for g in goals], ""])
 
 
