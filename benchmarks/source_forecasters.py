@@ -22,14 +22,16 @@ Platt map of the 9-bin confidence is fit on them; ECE is scored on the other 80%
 set, nothing of the held-out operation seen. Forecasts per second: forecast calls on cold
 feature caches, one thread.
 
-With ``--llm-url URL --llm-model NAME --llm-sample N`` (``--llm-url``/``--llm-model`` may repeat,
-one language model each) the scores are instead over one set, ``llm_sample``: N of the language
-model's children, stratified by operation and status with a fixed seed (``llm_sample``), forecast
-zero-shot by each model through ``OpenAIForecaster`` (the search's own client and prompt) beside
-the forecasters above, whose leave-one-operation-out forecasts of the same kernels are scored.
-A forecast that says nothing of failure (an answer without it, or none that parsed) counts as
-P(fail) 0.5; parse rate and the share of answers that gave a failure probability are reported.
-``--llm-cache DIR`` keeps the answers (and each one's server seconds): a rerun asks nothing again.
+With ``--llm-url URL --llm-model NAME --llm-sample N`` (each may repeat: one model per URL, one
+sample size for all or one per model) the scores are instead over sets ``llm_sample_<N>``: the
+first N of the language model's children in one order stratified by operation and status with a
+fixed seed (``llm_sample``), forecast zero-shot by each model whose sample holds them, through
+``OpenAIForecaster`` (the search's own client and prompt), beside the forecasters above, whose
+leave-one-operation-out forecasts of the same kernels are scored. A forecast that says nothing
+of failure (an answer without it, or none that parsed) counts as P(fail) 0.5; parse rate and the
+share of answers that gave a failure probability are reported, and forecasts per second of
+server time. ``--llm-cache DIR`` keeps the answers and each one's server seconds: a rerun, or a
+larger sample, asks nothing again.
 
 Prints the table and writes ``<out>.json`` and ``<out>.md``.
 """
@@ -43,6 +45,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import time  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -111,29 +114,28 @@ def held_out_forecasts(kernels: pd.DataFrame, cases: pd.DataFrame, name: str, se
 
 
 def llm_sample(kernels: pd.DataFrame, n: int, seed: int = 0) -> np.ndarray:
-    """Row positions of ``n`` of the language model's children, stratified by (op, status): every
-    stratum gets one kernel when ``n`` allows, the rest go by stratum size (largest remainder);
-    within a stratum a seeded draw. Small strata (the children that ran) are thus over-represented."""
+    """Row positions of ``n`` of the language model's children, stratified by (op, status), in the
+    order they are asked: round-robin over the strata (visited in a seeded order), a seeded draw
+    within each. Any first k are a stratified sample of k: one kernel per stratum before any
+    stratum gets a second, so a run cut short still scores a spread of operations and statuses,
+    and small strata (the children that ran) are over-represented against the corpus."""
     children = np.flatnonzero((kernels["origin"] == "llm").to_numpy())
     if not 0 < n <= len(children):
         raise ValueError(f"--llm-sample must lie in 1..{len(children)} (the language model's children), got {n}")
-    strata = kernels.iloc[children].groupby(["op", "status"]).indices  # (op, status) -> positions in children
-    keys = sorted(strata)
-    sizes = np.array([len(strata[k]) for k in keys])
-    take = np.ones(len(keys), int) if n >= len(keys) else np.zeros(len(keys), int)
-    share = (n - take.sum()) * (sizes - take) / (sizes - take).sum()
-    take += np.floor(share).astype(int)
-    for i in np.argsort(-(share - np.floor(share)), kind="stable")[:n - take.sum()]:
-        take[i] += 1
     rng = np.random.default_rng(seed)
-    picked = [children[strata[k]][rng.permutation(len(strata[k]))[:t]] for k, t in zip(keys, take)]
-    return np.sort(np.concatenate(picked))
+    strata = kernels.iloc[children].groupby(["op", "status"]).indices  # (op, status) -> positions in children
+    queues = [list(children[strata[k]][rng.permutation(len(strata[k]))]) for k in sorted(strata)]
+    queues = [queues[i] for i in rng.permutation(len(queues))]
+    order = [q[depth] for depth in range(max(map(len, queues))) for q in queues if depth < len(q)]
+    return np.array(order[:n])
 
 
 def llm_forecasts(kernels: pd.DataFrame, rows: np.ndarray, url: str, model: str, cache_dir: str | None,
-                  schema_style: str) -> dict:
-    """Zero-shot forecasts of the kernels at ``rows`` by ``model`` served at ``url``, over bins 0..8,
-    with the server seconds they took, the parse rate and the share that gave a failure probability."""
+                  schema_style: str, deadline: float = math.inf) -> dict:
+    """Zero-shot forecasts of the kernels at ``rows`` by ``model`` served at ``url``, over bins 0..8, and
+    per kernel: the server seconds its answer took, whether it parsed, whether it gave a failure probability.
+    Asked in order until ``time.monotonic()`` passes ``deadline``: the kernels answered by then are
+    the first k of ``rows`` (cached answers are free), and only those are returned."""
     from benchmarks.llm_forecaster import timed_forecasts
     from surrogate.dataset import source_requests
     from surrogate.llm import OpenAIForecaster
@@ -143,21 +145,25 @@ def llm_forecasts(kernels: pd.DataFrame, rows: np.ndarray, url: str, model: str,
     llm = OpenAIForecaster(url, model, schema_style=schema_style, concurrency=1, timeout_s=900, retries=1,
                            cache_dir=cache)
     llm.probe()
-    # Children of one parent back to back: the server reuses the encoded prompt up to the parent's code.
-    order = np.lexsort((kernels["candidate_id"].to_numpy()[rows], kernels["anchor_id"].to_numpy()[rows]))
-    ordered, seconds = timed_forecasts(llm, source_requests(kernels.iloc[rows[order]]), Path(cache) if cache else None)
-    out, back = [None] * len(rows), np.empty(len(rows))
-    for i, f, s in zip(order, ordered, seconds):
-        out[i], back[i] = f, s
-    seconds = back
+    out, seconds = [], []
+    for request in source_requests(kernels.iloc[rows]):
+        if time.monotonic() > deadline:
+            print(f"  {model}: the time for language models ran out after {len(out)} of {len(rows)} kernels",
+                  flush=True)
+            break
+        [forecast], [spent] = timed_forecasts(llm, [request], Path(cache) if cache else None)
+        out.append(forecast)
+        seconds.append(spent)
+        print(f"  {model}: {len(out)}/{len(rows)} answered, {spent:.0f} s", flush=True)
     p_fail = np.array([f.failure_probability for f in out])
     given = np.isfinite(p_fail)
     for f in [f for f in out if not f.parsed][:3]:
         print(f"  {model} unparsed: {f.raw_response[:160]!r}", flush=True)
-    return {"probs": with_failure(np.array([f.probabilities for f in out]), np.where(given, p_fail, 0.5)),
+    bins = np.array([f.probabilities for f in out]).reshape(len(out), 8)
+    return {"probs": with_failure(bins, np.where(given, p_fail, 0.5)),
             "expected": np.array([f.expected_speedup for f in out]), "mean": np.full(len(out), np.nan),
-            "sigma": np.full(len(out), np.nan), "seconds": float(seconds.sum()),
-            "parse_rate": float(np.mean([f.parsed for f in out])), "failure_given": float(given.mean())}
+            "sigma": np.full(len(out), np.nan), "seconds": np.asarray(seconds, dtype=float),
+            "parsed": np.array([f.parsed for f in out], dtype=float), "failure_given": given.astype(float)}
 
 
 def recalibrated_on_measured(probs: np.ndarray, mean: np.ndarray, sigma: np.ndarray, frame: pd.DataFrame,
@@ -215,13 +221,20 @@ def main() -> int:
     p.add_argument("--out", default=None, help="path stem of the JSON and Markdown results")
     p.add_argument("--llm-url", action="append", default=[], help="an OpenAI-compatible server (repeatable)")
     p.add_argument("--llm-model", action="append", default=[], help="the model each --llm-url serves")
-    p.add_argument("--llm-sample", type=int, default=40, help="children the language models forecast")
+    p.add_argument("--llm-sample", type=int, action="append", default=[],
+                   help="children the language models forecast (40): one for all, or one per --llm-model")
     p.add_argument("--llm-schema-style", default="json_object",
                    help="how the server is asked for the answer schema (json_object: llama-cpp-python's server)")
     p.add_argument("--llm-cache", default=None, help="folder of the language models' answers, reused on a rerun")
+    p.add_argument("--llm-minutes", type=float, default=math.inf,
+                   help="stop asking the language models after this long; each is scored on what it answered")
     args = p.parse_args()
     if len(args.llm_url) != len(args.llm_model):
         p.error(f"each --llm-url needs its --llm-model: got {len(args.llm_url)} URLs, {len(args.llm_model)} models")
+    sizes = args.llm_sample or [40]
+    if len(sizes) not in (1, len(args.llm_model)):
+        p.error(f"give one --llm-sample, or one per --llm-model: got {len(sizes)} for {len(args.llm_model)} models")
+    sizes = dict(zip(args.llm_model, sizes * len(args.llm_model) if len(sizes) == 1 else sizes))
 
     t0 = time.perf_counter()
     kernels = source_pairs(DataRoot(args.data), DataRoot(args.llm), gpu_type=args.gpu_type)
@@ -234,15 +247,19 @@ def main() -> int:
     ops = kernels["op"].to_numpy()
     subsets, asked = SUBSETS, None
     if args.llm_url:
-        sample = llm_sample(kernels, args.llm_sample)
-        mask = np.zeros(len(kernels), bool)
-        mask[sample] = True
-        subsets = {"llm_sample": lambda f: mask}
-        print(f"language models: {len(sample)} children ({int(kernels['failed'].to_numpy()[sample].sum())} failed)"
-              f", stratified by operation and status", flush=True)
+        # One set per sample size, each the first n of one stratified order: every model is scored on
+        # the sets no larger than its own sample, beside the other forecasters on the same kernels.
+        sample = llm_sample(kernels, max(sizes.values()))
+        subsets = {f"llm_sample_{n}": _first(sample, n, len(kernels)) for n in sorted(set(sizes.values()))}
+        for name, pick in subsets.items():
+            mask = pick(kernels)
+            print(f"{name}: {int(mask.sum())} children ({int(kernels['failed'].to_numpy()[mask].sum())} failed), "
+                  f"stratified by operation and status", flush=True)
         # The servers answer while the other forecasters fit here: the client thread only waits on HTTP.
+        deadline = time.monotonic() + 60 * args.llm_minutes
         asked = ThreadPoolExecutor(max_workers=1).submit(
-            lambda: {model: llm_forecasts(kernels, sample, url, model, args.llm_cache, args.llm_schema_style)
+            lambda: {model: llm_forecasts(kernels, sample[:sizes[model]], url, model, args.llm_cache,
+                                          args.llm_schema_style, deadline)
                      for url, model in zip(args.llm_url, args.llm_model)})
     forecasts = {}
     with threadpool_limits(1):
@@ -251,26 +268,40 @@ def main() -> int:
             forecasts[name] = held_out_forecasts(kernels, cases, name)
             print(f"{name}: {time.perf_counter() - t:.0f} s", flush=True)
     for model, f in (asked.result() if asked else {}).items():
-        forecasts[model] = {k: _scattered(v, mask) if isinstance(v, np.ndarray) else v for k, v in f.items()}
-        print(f"{model}: {f['seconds']:.0f} s of server time, parse rate {f['parse_rate']:.3f}, "
-              f"failure given {f['failure_given']:.3f}", flush=True)
+        sizes[model] = len(f["probs"])  # what it answered in time
+        forecasts[model] = {k: _scattered(v, sample[:sizes[model]], len(kernels)) for k, v in f.items()}
+        print(f"{model}: {np.nansum(f['seconds']):.0f} s of server time, parse rate {f['parsed'].mean():.3f}, "
+              f"failure given {f['failure_given'].mean():.3f}", flush=True)
 
+    if args.llm_url:  # the sets again: a model that ran out of time is scored on what it answered
+        subsets = {f"llm_sample_{n}": _first(sample, n, len(kernels)) for n in sorted(set(sizes.values())) if n}
     rows = []
     for subset, pick in subsets.items():
         mask = pick(kernels)
         for name, f in forecasts.items():
+            if not np.isfinite(f["expected"][mask]).all():
+                continue  # a language model's sample is smaller than this set
             probs = f["probs"][mask]
             summary = outcome_summary(probs, true_bins[mask], f["expected"][mask], speedups[mask],
                                       recalibrated=recalibrated(probs, true_bins[mask], ops[mask]), draws=args.draws)
             summary = {k.replace("ece_recalibrated", "ece_recalibrated_other_ops"): v for k, v in summary.items()}
             cal, scored = recalibrated_on_measured(probs, f["mean"][mask], f["sigma"][mask], kernels[mask])
-            summary["ece_recalibrated"] = metrics.ece(cal[scored], true_bins[mask][scored])
-            summary["ece_recalibrated_lo"], summary["ece_recalibrated_hi"] = metrics.bootstrap_interval(
-                lambda p, t: metrics.ece(p, t), cal[scored], true_bins[mask][scored], draws=args.draws)
-            summary["ece_raw_on_those"] = metrics.ece(probs[scored], true_bins[mask][scored])
-            per_s = (mask.sum() if "parse_rate" in f else len(kernels)) / f["seconds"] if f["seconds"] else np.nan
-            rows.append({"set": subset, "forecaster": name, **summary, "forecasts_per_s": per_s,
-                         "parse_rate": f.get("parse_rate", 1.0), "failure_given": f.get("failure_given", np.nan)})
+            if scored.any():  # no operation of a small set may have two kernels to fit on
+                summary["ece_recalibrated"] = metrics.ece(cal[scored], true_bins[mask][scored])
+                summary["ece_recalibrated_lo"], summary["ece_recalibrated_hi"] = metrics.bootstrap_interval(
+                    lambda p, t: metrics.ece(p, t), cal[scored], true_bins[mask][scored], draws=args.draws)
+                summary["ece_raw_on_those"] = metrics.ece(probs[scored], true_bins[mask][scored])
+            else:
+                summary |= {k: np.nan for k in ("ece_recalibrated", "ece_recalibrated_lo", "ece_recalibrated_hi",
+                                                "ece_raw_on_those")}
+            if "parsed" in f:  # a language model: rates and server seconds of the set's own answers
+                seconds = f["seconds"][mask]
+                timed = seconds > 0  # a cached answer whose first run's seconds were not kept counts out
+                summary |= {"parse_rate": f["parsed"][mask].mean(), "failure_given": f["failure_given"][mask].mean(),
+                            "forecasts_per_s": timed.sum() / seconds[timed].sum() if timed.any() else np.nan}
+            else:
+                summary |= {"parse_rate": 1.0, "failure_given": np.nan, "forecasts_per_s": len(kernels) / f["seconds"]}
+            rows.append({"set": subset, "forecaster": name, **summary})
         if "random" in forecasts:
             random_aurc = next(r["aurc"] for r in rows if r["set"] == subset and r["forecaster"] == "random")
             for r in rows:
@@ -294,8 +325,8 @@ def main() -> int:
                 "llm_children": int((kernels["origin"] == "llm").sum()), "gpu_type": args.gpu_type,
                 "split": "leave-one-operation-out", "operations": sorted(kernels["op"].unique())}
         if args.llm_url:
-            meta |= {"llm_sample": [kernels["candidate_id"].iloc[i] for i in sample],
-                     "llm_sample_failed": int(kernels["failed"].to_numpy()[sample].sum())}
+            meta |= {"llm_sample": [kernels["candidate_id"].iloc[i] for i in sample], "llm_sample_sizes": sizes,
+                     "llm_sample_status": kernels["status"].to_numpy()[sample].tolist()}
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out + ".json", "w") as fh:
             json.dump({**meta, "rows": table.to_dict("records"), "goals": goals,
@@ -319,10 +350,17 @@ def _telling_features(kernels: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"failed": X[failed][list(TELLING)].mean(), "ran": X[~failed][list(TELLING)].mean()})
 
 
-def _scattered(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """``values`` of the rows where ``mask`` holds, at their place among all rows (NaN elsewhere)."""
-    out = np.full((len(mask), *values.shape[1:]), np.nan)
-    out[mask] = values
+def _first(sample: np.ndarray, n: int, size: int):
+    """The set of the first ``n`` kernels of ``sample``: a function of the frame, as SUBSETS are."""
+    mask = np.zeros(size, bool)
+    mask[sample[:n]] = True
+    return lambda f: mask
+
+
+def _scattered(values: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
+    """``values`` of ``rows`` (positions, in that order) at their place among ``n`` rows (NaN elsewhere)."""
+    out = np.full((n, *values.shape[1:]), np.nan)
+    out[rows] = values
     return out
 
 
@@ -333,7 +371,8 @@ def _goals(table: pd.DataFrame, forecasters: list[str]) -> list[str]:
         for key, (sense, bound) in GOALS.items():
             value = r.get(key, float("nan"))
             if not np.isfinite(value):
-                lines.append(f"{r['forecaster']} on {r['set']}: {key} undefined (no kernel of this set failed)")
+                lines.append(f"{r['forecaster']} on {r['set']}: {key} undefined on this set (one outcome only, "
+                             "or no operation with kernels to fit on)")
                 continue
             met = value >= bound if sense == ">=" else value <= bound
             interval = f" [{r[key + '_lo']:.3f}, {r[key + '_hi']:.3f}]" if key + "_lo" in r else ""
