@@ -546,3 +546,24 @@ def test_a_real_instruct_model_answers_parsed_forecasts():
     finally:
         smol.stop()
     assert forecast.parsed, forecast.raw_response
+
+
+# ---------------------------------------------------------------- the benchmark's sample
+
+
+def test_the_language_models_sample_covers_every_operation_and_status_before_repeating_one():
+    from benchmarks.source_forecasters import llm_sample
+    import pandas as pd
+
+    strata = {("softmax", "ok"): 5, ("softmax", "compile_error"): 9, ("matmul", "runtime_error"): 1,
+              ("matmul", "ok"): 2, ("row_sum", "incorrect"): 3}
+    kernels = pd.DataFrame([{"op": op, "status": status, "origin": "llm"}
+                            for (op, status), n in strata.items() for _ in range(n)]
+                           + [{"op": "softmax", "status": "ok", "origin": "template"}] * 4)
+    order = llm_sample(kernels, 20)
+    assert len(set(order)) == 20 and set(kernels["origin"].iloc[order]) == {"llm"}
+    first = [tuple(kernels[["op", "status"]].iloc[i]) for i in order[:len(strata)]]
+    assert set(first) == set(strata)  # one of each before any second
+    assert list(llm_sample(kernels, 7)) == list(order[:7]) == list(llm_sample(kernels, 7))  # nested, seeded
+    with pytest.raises(ValueError, match="--llm-sample must lie in 1..20"):
+        llm_sample(kernels, 21)
