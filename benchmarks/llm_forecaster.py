@@ -85,10 +85,10 @@ def timed_forecasts(llm: OpenAIForecaster, requests, cache_dir: Path | None):
         if not forecast.extra.get("cached"):
             spent[key] = time.perf_counter() - t0
         out.append(forecast)
+        if timing:  # after every answer: a run stopped early keeps the seconds of those it got
+            timing.write_text(json.dumps(spent))
         if (i + 1) % 20 == 0:
             print(f"  {i + 1}/{len(requests)} forecasts, {sum(spent.values()):.0f} s of server time", flush=True)
-            if timing:
-                timing.write_text(json.dumps(spent))
     if timing:
         timing.write_text(json.dumps(spent))
     keys = [llm.cache_key(build_messages(r)) for r in requests]

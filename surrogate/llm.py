@@ -6,10 +6,14 @@ Two backends share one prompt (Jinja2 templates in ``surrogate/prompts/``) and o
   llama.cpp's server) over HTTP, a bounded thread pool deep, with retries and a cache;
 - ``VLLMForecaster`` runs a vLLM engine in-process and generates a whole batch at once.
 
-The answer is a JSON object ``{"probabilities": [8 numbers]}``, asked for with a JSON schema
-so that servers with constrained decoding cannot answer anything else. An answer that still
-does not parse becomes an ``unparsed`` forecast (a forced deferral) with the raw text kept:
-one bad answer, or an unreachable server, never loses the rest of the batch.
+The answer is a JSON object ``{"failure": p0, "probabilities": [8 numbers]}``: the probability
+that the candidate fails (does not compile, crashes, gives a wrong result or times out), then
+its speed bins given that it runs. Failure comes first so that a model commits to it before
+the bins. It is asked for with a JSON schema so that servers with constrained decoding cannot
+answer anything else. An answer without ``failure`` (the format before it was asked for) still
+parses, its failure probability NaN. An answer that does not parse becomes an ``unparsed``
+forecast (a forced deferral) with the raw text kept: one bad answer, or an unreachable server,
+never loses the rest of the batch.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
@@ -45,13 +50,16 @@ FACTORS = (
     "vendor libraries: cuBLAS, cuDNN or fused PyTorch kernels the anchor may already use",
     "data types: precision of loads, stores and accumulation, vector widths, tensor cores",
 )
-# The answer the model must give; servers with schema-constrained decoding enforce it.
+# The answer the model must give; servers with schema-constrained decoding enforce it, in this
+# property order (failure first). No numeric bounds: not every server's strict mode accepts them,
+# and the parser checks the range.
 ANSWER_SCHEMA = {
     "type": "object",
     "properties": {
+        "failure": {"type": "number"},
         "probabilities": {"type": "array", "items": {"type": "number"}, "minItems": N_BINS, "maxItems": N_BINS},
     },
-    "required": ["probabilities"],
+    "required": ["failure", "probabilities"],
     "additionalProperties": False,
 }
 
@@ -70,7 +78,17 @@ MAX_ANSWER_CHARS = 20_000
 
 
 class AnswerError(ValueError):
-    """A model answer that does not hold 8 usable bin probabilities."""
+    """A model answer that does not hold 8 usable bin probabilities (and, if it says, a usable failure probability)."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A parsed model answer: P(failure) (NaN when the answer does not say), the 8 speed bins given
+    that the candidate runs, renormalised, and their raw sum (a health signal)."""
+
+    failure: float
+    probabilities: tuple[float, ...]
+    raw_sum: float
 
 
 @lru_cache(maxsize=1)
@@ -144,8 +162,23 @@ def _json_objects(text: str):
         start = text.find("{", start + 1)
 
 
-def parse_probabilities(text: str) -> tuple[tuple[float, ...], float]:
-    """(8 renormalised probabilities, their raw sum) from a model answer; ``AnswerError`` otherwise."""
+def _number(value, what: str) -> float:
+    """``value`` as a finite, non-negative float; ``AnswerError`` naming ``what`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise AnswerError(f"{what} is not a number: {value!r}")
+    if not math.isfinite(value):
+        raise AnswerError(f"{what} is not finite: {value!r}")
+    if value < 0:
+        raise AnswerError(f"{what} is negative: {value!r}")
+    return float(value)
+
+
+def parse_answer(text: str) -> Answer:
+    """The ``Answer`` in a model's text; ``AnswerError`` naming what is wrong otherwise.
+
+    ``failure`` is optional (NaN when absent), but one that is given must be a number in [0, 1]:
+    a model that says 80 for 80% says something the parser cannot trust, and the forecast defers.
+    """
     if not isinstance(text, str):
         raise AnswerError(f"the answer is not text: {type(text).__name__}")
     if not text.strip():
@@ -159,30 +192,37 @@ def parse_probabilities(text: str) -> tuple[tuple[float, ...], float]:
     if not isinstance(values, list) or len(values) != N_BINS:
         got = len(values) if isinstance(values, list) else type(values).__name__
         raise AnswerError(f"expected {N_BINS} probabilities, got {got}")
-    for i, p in enumerate(values, start=1):
-        if isinstance(p, bool) or not isinstance(p, (int, float)):
-            raise AnswerError(f"probability of bin {i} is not a number: {p!r}")
-        if not math.isfinite(p):
-            raise AnswerError(f"probability of bin {i} is not finite: {p!r}")
-        if p < 0:
-            raise AnswerError(f"probability of bin {i} is negative: {p!r}")
+    values = [_number(p, f"probability of bin {i}") for i, p in enumerate(values, start=1)]
     if not sum(values) > 0:
         raise AnswerError("probabilities sum to zero")
+    failure = math.nan
+    if "failure" in answer:
+        failure = _number(answer["failure"], "the failure probability")
+        if failure > 1:
+            raise AnswerError(f"the failure probability is above 1: {failure!r}")
     # Models rarely make their numbers sum to exactly 1; the raw sum is kept as a health signal.
-    return normalise(values)
+    probabilities, raw_sum = normalise(values)
+    return Answer(failure, probabilities, raw_sum)
+
+
+def parse_probabilities(text: str) -> tuple[tuple[float, ...], float]:
+    """(8 renormalised probabilities, their raw sum) from a model answer; ``AnswerError`` otherwise."""
+    answer = parse_answer(text)
+    return answer.probabilities, answer.raw_sum
 
 
 def forecast_from_answer(request: ForecastRequest, answer: str, surrogate: str, version: str,
                          latency_s: float = 0.0, **extra: float) -> Forecast:
     """The forecast an answer gives, or an ``unparsed`` one that keeps the answer."""
     try:
-        probabilities, raw_sum = parse_probabilities(answer)
+        parsed = parse_answer(answer)
     except AnswerError:
         # A huge answer is kept only in part: the forecasts table is no place for megabytes.
         kept = answer[:MAX_ANSWER_CHARS] if isinstance(answer, str) else repr(answer)[:MAX_ANSWER_CHARS]
         return unparsed(request, surrogate, version, raw_response=kept, latency_s=latency_s)
     return Forecast(request.candidate.candidate_id, request.anchor.candidate_id, surrogate, version,
-                    probabilities, raw_sum=raw_sum, latency_s=latency_s, raw_response=answer, extra=extra)
+                    parsed.probabilities, raw_sum=parsed.raw_sum, latency_s=latency_s, raw_response=answer,
+                    extra=extra, failure_probability=parsed.failure)
 
 
 class _RetryableError(Exception):
