@@ -54,7 +54,7 @@ import pandas as pd
 
 from surrogate import metrics
 from surrogate.forecast import Forecast, ForecastRequest
-from surrogate.llm import AnswerError, build_messages, forecast_from_answer, parse_probabilities, prompt_version
+from surrogate.llm import AnswerError, build_messages, forecast_from_answer, parse_answer, prompt_version
 from surrogate.pairs import request_of, requests_of
 
 ADAPTER_FOLDER = "adapter"
@@ -74,11 +74,12 @@ def _text(completion) -> str:
 
 def outcomes(text: str) -> np.ndarray:
     """(1, 9) probabilities of bins 0..8 in an answer (``metrics.with_failure``): P(fail), then the 8
-    speed bins scaled by P(runs). The forecaster's parser gives the 8 speed bins; P(fail) is read
-    as 0, the answer saying the kernel runs, so a failed pair's answers earn nothing on bin 0.
+    speed bins scaled by P(runs), read by the forecaster's own parser. An answer that names no
+    failure says the kernel runs (P(fail) 0), so it earns nothing on a failed pair's bin 0.
     ``AnswerError`` when the answer does not parse."""
-    probabilities, _ = parse_probabilities(text)
-    return metrics.with_failure([probabilities], [0.0])
+    answer = parse_answer(text)
+    failure = 0.0 if math.isnan(answer.failure) else answer.failure
+    return metrics.with_failure([answer.probabilities], [failure])
 
 
 def _parsed(completions, prefixes) -> list[np.ndarray | None]:
