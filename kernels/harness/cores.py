@@ -1,14 +1,14 @@
 """CPU cores for measuring: one reserved for the child that holds the GPU lock, the rest for compiling.
 
 A kernel's measured runtime includes its host side: Python, argument handling, launches. A
-host-bound call (a few microseconds of GPU work under tens of microseconds of launches) is
-timed slower when the core it runs on is shared with children compiling ahead, and the
-children compiling at the moment differ from one measurement to the next: a reference
-measured while the whole batch compiles came out up to 1.5x slower than its own code
-measured later (docs/harness.md). So the worker splits the cores it may use: the last
-core (with its hyperthread siblings, which share its execution units) is kept for the lock
-holder, and every child runs on the others until it takes the lock. With a single core
-(or a single core's threads) there is nothing to split, and every child runs everywhere.
+host-bound call is timed slower when the core it runs on is shared with children compiling
+ahead, and the children compiling at the moment differ from one measurement to the next. So
+the worker splits the cores it may use: the last core (with its hyperthread siblings, which
+share its execution units) is kept for the lock holder, and every child runs on the others
+until it takes the lock. With a single core (or a single core's threads) there is nothing to
+split, and every child runs everywhere. (On the H100 machine measured in docs/harness.md this
+alone did not bring the null candidate to 1.00: that host's own speed moves from outside it;
+``kernels.harness.timing`` re-times host-bound cases for that.)
 """
 
 from __future__ import annotations

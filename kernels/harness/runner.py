@@ -345,7 +345,6 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
     flush = l2_flush_buffer()
     stream = torch.cuda.current_stream()
     head_start_us = flush_us(flush)
-    result["flush_us"] = head_start_us
 
     def time_case(case, max_seconds: float = job.max_seconds_per_case):
         first = checker.inputs(case, _TIMING_SEED)
@@ -393,8 +392,6 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
         result["runtime_us_iqr"].append(timing.runtime_us_iqr)
         result["repetitions"].append(timing.repetitions)
         result.setdefault("rotation_sets", []).append(rotation[case.name])
-        result.setdefault("host_us_median", []).append(timing.host_us_median)
-        result.setdefault("timing_windows", []).append(timing.windows)
     del flush
     torch.cuda.empty_cache()
 
