@@ -189,7 +189,8 @@ def cmd_generate(args) -> int:
 
     def generator() -> LLMGenerator:  # one per job: a generator's counts and provenance are per call
         return LLMGenerator(args.url, args.model, mode="source", concurrency=args.job_size,
-                            max_tokens_source=args.max_tokens, timeout_s=args.timeout, model_sha256=args.model_sha256)
+                            max_tokens_source=args.max_tokens, timeout_s=args.timeout, model_sha256=args.model_sha256,
+                            measure_anyway=frozenset(filter(None, args.measure_anyway.split(","))))
 
     generator().probe()
     base = base_parents(args)
@@ -390,6 +391,9 @@ def main(argv=None) -> int:
     sp.add_argument("--jobs", type=int, default=40, help="jobs in flight (jobs x job size: the engine's batch)")
     sp.add_argument("--max-minutes", type=float, default=0.0, help="start no job after this (0: no limit)")
     sp.add_argument("--max-tokens", type=int, default=1024)
+    sp.add_argument("--measure-anyway", default="undefined",
+                    help="static checks whose children are measured rather than dropped (comma-separated; the "
+                         "corpus measures them so that forecasters learn real failures; '' drops them as a search does)")
     sp.add_argument("--timeout", type=float, default=600.0)
     sp.add_argument("--pool", default=DEFAULT_POOL)
     sp.add_argument("--ops", default="", help="comma-separated template ops (default: all)")

@@ -6,13 +6,13 @@ llama.cpp is (a GPU image with torch and transformers only), this one serves a G
 
     python -m infra.engine --model qwen2.5-coder-1.5b-instruct-q4_k_m.gguf --port 8000
 
-Concurrent requests queue up; one worker thread takes up to ``max_batch`` of them (waiting
-a few milliseconds for more to arrive) and generates them in one batch: a left-padded
-prefill, then a decode loop over the KV cache. Each row keeps its own temperature, top_p,
+Concurrent requests queue up; one worker thread keeps up to ``max_batch`` of them decoding
+together, each in a slot of a KV cache allocated once (``infra/slots.py``). A request is
+prefilled into a free slot, decodes one token a step beside the others, and is answered the
+moment it ends; its slot then takes the next queued request (continuous batching), so a
+batch never waits for its longest answer. Each row keeps its own temperature, top_p,
 max_tokens, stop strings and seeded random stream, so a request's text depends on its own
-seed, not on what shares its batch; rows that finish leave the batch. The worker starts the
-next batch when every row of this one is done (no refill of freed rows: the generator
-and forecaster send a generation's worth of requests at once and wait for all of them).
+seed, not on what shares the batch.
 
 Only the standard library, torch and transformers (with the ``gguf`` package for GGUF
 files) are imported, so it runs where kernelcast's other dependencies are missing.
@@ -43,6 +43,9 @@ os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 import torch  # noqa: E402 - after the allocator setting, which CUDA reads once at start
 
+from infra.slots import SlotCache, register  # noqa: E402
+from infra.slots import masks as slots_masks  # noqa: E402
+
 # Qwen2 instruct models are trained on ChatML; some GGUF exports of them carry no
 # ``tokenizer.chat_template``, and then this one stands in (for qwen2 models only: another
 # family's prompt format cannot be guessed, and a wrong one silently ruins its answers).
@@ -56,6 +59,8 @@ UNSUPPORTED = {"stream": False, "logprobs": False, "tools": None, "tool_choice":
 # A batch waits for stragglers at most this long, so that a steady stream of requests still gets
 # served; short beside a batch's generation, long enough for hundreds of requests to be tokenized.
 GATHER_LIMIT_S = 1.0
+# Slot lengths are rounded up to this many tokens, so that bursts of similar requests share a cache size.
+SLOT_ROUNDING = 128
 
 
 class RequestError(ValueError):
@@ -204,18 +209,6 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
     return chosen
 
 
-def _concat_caches(caches, config):
-    """One KV cache holding the rows of ``caches`` (prefilled in chunks, all padded to one length)."""
-    from transformers import DynamicCache
-
-    merged = DynamicCache(config=config)
-    for i in range(len(caches[0].layers)):
-        keys = torch.cat([c.layers[i].keys for c in caches])
-        values = torch.cat([c.layers[i].values for c in caches])
-        merged.update(keys, values, i)
-    return merged
-
-
 # ----------------------------------------------------------------------------------------- engine
 
 
@@ -243,28 +236,28 @@ class Engine:
         self.end_ids = end_token_ids(tokenizer, model)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.end_ids)
         self.stats = {"batches": 0, "requests": 0, "prompt_tokens": 0, "completion_tokens": 0,
-                      "decode_steps": 0, "row_steps": 0, "prefill_s": 0.0, "generate_s": 0.0}
+                      "decode_steps": 0, "row_steps": 0, "slot_steps": 0, "prefill_s": 0.0, "generate_s": 0.0}
         self.batch_sizes: deque[int] = deque(maxlen=1000)  # of the latest batches, oldest first
         self._tokenizer_lock = threading.Lock()  # fast tokenizers are not safe to share across threads
         self._pending: list[Job] = []
         self._cond = threading.Condition()
         self._closed = False
+        register(model)
+        self._slot_cache: SlotCache | None = None  # allocated when requests arrive, given back when idle
+        self._slots: list[Job | None] = []  # the job decoding in each slot
+        self._streams: list[random.Random | None] = []
+        self.slot_tokens = 0
         self._worker = threading.Thread(target=self._run, name="engine-worker", daemon=True)
         self._worker.start()
 
-    def _kv_bytes_per_token(self) -> int:
-        cfg = self.model.config
-        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        return 2 * cfg.num_hidden_layers * heads * head_dim * next(self.model.parameters()).element_size()
-
     def _default_batch_tokens(self) -> int:
-        """Tokens (prompt + new, padded) one batch may hold: half the free memory as KV cache."""
+        """Tokens (prompt + new) the slots may hold together: half the free memory as KV cache."""
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
         else:
             free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        return max(self.context, int(0.5 * free / self._kv_bytes_per_token()))
+        per_token = SlotCache.bytes_per_token(self.model.config, next(self.model.parameters()).dtype)
+        return max(self.context, int(0.5 * free / per_token))
 
     # ---- requests -------------------------------------------------------------------------------
 
@@ -341,127 +334,181 @@ class Engine:
     # ---- the worker ----------------------------------------------------------------------------
 
     def _run(self) -> None:
+        """Admit queued requests into free slots, decode every busy slot one token a step, hand each
+        request back the moment it ends; the slot cache is given back whenever the engine goes idle."""
         while True:
-            jobs = self._next_batch()
-            if jobs is None:
+            admitted = self._admit()
+            if admitted is None:
                 return
             try:
-                self.generate(jobs)
-            except Exception as e:  # noqa: BLE001 - a failed batch fails its requests, not the server
-                for job in jobs:
-                    job.error = f"generation failed: {type(e).__name__}: {e}"
-                if self.device.type == "cuda":
-                    torch.cuda.empty_cache()
-            finally:
-                for job in jobs:
-                    job.done.set()
-                if self.device.type == "cuda" and not self._pending:
-                    torch.cuda.empty_cache()  # idle: give the cache back, for whatever runs next on this GPU
+                if admitted:
+                    self._prefill(admitted)
+                if any(self._slots):
+                    self._step()
+            except Exception as e:  # noqa: BLE001 - a failed step fails the requests in flight, not the server
+                self._fail(f"generation failed: {type(e).__name__}: {e}")
+            if not any(self._slots):
+                self._release()  # idle (or the queue needs longer slots): the next admission sizes a new cache
 
-    def _next_batch(self) -> list[Job] | None:
-        """The next batch: requests that keep arriving within ``gather_s`` of each other, oldest first,
-        up to ``max_batch`` rows and ``max_batch_tokens`` padded tokens; None once closed."""
+    def _admit(self) -> list[tuple[int, Job]] | None:
+        """Queued jobs paired with the free slots they go to (lowest first); None once closed.
+
+        Idle, it waits for requests and gathers those that keep arriving within ``gather_s`` of each
+        other (at most ``GATHER_LIMIT_S``), so that a client's burst is prefilled together, then sizes
+        the slot cache for them. Busy, it admits the queued jobs that fit a slot, when all of them can
+        go in or a sixteenth of the slots are free: each admission is a prefill forward, and one per
+        finished row would cost more than the rows gain."""
         with self._cond:
-            while not self._pending and not self._closed:
+            while not self._pending and not any(self._slots) and not self._closed:
                 self._cond.wait()
             if self._closed:
-                for job in self._pending:
-                    job.error = "the engine is shutting down"
-                    job.done.set()
+                self._fail("the engine is shutting down", pending=True)
                 return None
-            deadline = time.monotonic() + max(GATHER_LIMIT_S, self.gather_s)
-            while len(self._pending) < self.max_batch and time.monotonic() < deadline:
-                seen = len(self._pending)
-                self._cond.wait(timeout=self.gather_s)
-                if len(self._pending) == seen:
-                    break
-            batch, longest, most_new = [], 0, 0
-            for job in self._pending[: self.max_batch]:
-                length, new = max(longest, len(job.prompt_ids)), max(most_new, job.sampling.max_tokens)
-                if batch and (len(batch) + 1) * (length + new) > self.max_batch_tokens:
-                    break
-                batch.append(job)
-                longest, most_new = length, new
-            del self._pending[: len(batch)]
-            return batch
-
-    @torch.inference_mode()
-    def generate(self, jobs: list[Job]) -> None:
-        """Generate every job of ``jobs`` in one batch, filling in their tokens, text and finish reason."""
-        start = time.perf_counter()
-        n, length = len(jobs), max(len(j.prompt_ids) for j in jobs)
-        with self._cond:
+            if self._slot_cache is None and self._pending:
+                deadline = time.monotonic() + max(GATHER_LIMIT_S, self.gather_s)
+                while len(self._pending) < self.max_batch and time.monotonic() < deadline:
+                    seen = len(self._pending)
+                    self._cond.wait(timeout=self.gather_s)
+                    if len(self._pending) == seen:
+                        break
+                self._allocate(max(_need(job) for job in self._pending))
+            free = [slot for slot, job in enumerate(self._slots) if job is None]
+            fitting = [job for job in self._pending if _need(job) <= self.slot_tokens]
+            if not fitting or not free:
+                return []
+            if len(fitting) > len(free) and len(free) < max(1, len(self._slots) // 16) and any(self._slots):
+                return []
+            jobs = fitting[: len(free)]
+            taken = set(map(id, jobs))
+            self._pending = [job for job in self._pending if id(job) not in taken]
             batch_id = self.stats["batches"]
             self.stats["batches"] += 1
-            self.batch_sizes.append(n)
-        ids = torch.full((n, length), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((n, length), dtype=torch.long)
-        for row, job in enumerate(jobs):  # left padding: every row's next token goes in the same column
-            job.batch_id, job.batch_size = batch_id, n
-            ids[row, length - len(job.prompt_ids):] = torch.tensor(job.prompt_ids)
-            mask[row, length - len(job.prompt_ids):] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits, cache = self._prefill(ids, mask, positions)
+            self.batch_sizes.append(len(jobs))
+        for job in jobs:
+            job.batch_id, job.batch_size = batch_id, len(jobs)
+        return list(zip(free, jobs))
+
+    def _allocate(self, need: int) -> None:
+        """A slot cache whose slots hold ``need`` tokens (rounded up), as many slots as ``max_batch_tokens``
+        allows, at most ``max_batch``. A later job that needs longer slots waits until the engine is idle."""
+        room = min(self.context, self.max_batch_tokens)
+        self.slot_tokens = min(room, -(-need // SLOT_ROUNDING) * SLOT_ROUNDING)
+        slots = max(1, min(self.max_batch, self.max_batch_tokens // self.slot_tokens))
+        param = next(self.model.parameters())
+        self._slot_cache = SlotCache(self.model.config, slots, self.slot_tokens, device=self.device, dtype=param.dtype)
+        self._slots = [None] * slots
+        self._streams = [None] * slots
+        self._lengths = torch.zeros(slots, dtype=torch.long, device=self.device)
+        self._temperature = torch.zeros(slots, device=self.device)
+        self._top_p = torch.ones(slots, device=self.device)
+        self._logits = None
+
+    @torch.inference_mode()
+    def _prefill(self, admitted: list[tuple[int, Job]]) -> None:
+        """Prefill the prompts of ``admitted`` into their slots, in row chunks of at most ``prefill_tokens``
+        padded tokens so that the activations stay bounded, and set their next-token logits."""
+        start = time.perf_counter()
+        cache = self._slot_cache
+        admitted = sorted(admitted, key=lambda pair: len(pair[1].prompt_ids))  # little padding per chunk
+        lo = 0
+        while lo < len(admitted):
+            hi = lo + 1
+            while hi < len(admitted) and (hi + 1 - lo) * len(admitted[hi][1].prompt_ids) <= self.prefill_tokens:
+                hi += 1
+            chunk = admitted[lo:hi]
+            length = len(chunk[-1][1].prompt_ids)
+            ids = torch.full((len(chunk), length), self.pad_id, dtype=torch.long)
+            for row, (_, job) in enumerate(chunk):  # right padding: real tokens from column 0
+                ids[row, :len(job.prompt_ids)] = torch.tensor(job.prompt_ids)
+            slots = torch.tensor([slot for slot, _ in chunk], device=self.device)
+            cache.prefilling(slots)
+            hidden = self.model.base_model(input_ids=ids.to(self.device), attention_mask=slots_masks(self.model, None),
+                                           position_ids=torch.arange(length, device=self.device)[None].expand(len(chunk), -1),
+                                           past_key_values=cache, use_cache=True).last_hidden_state
+            last = torch.tensor([len(job.prompt_ids) - 1 for _, job in chunk], device=self.device)
+            logits = self.model.get_output_embeddings()(hidden[torch.arange(len(chunk), device=self.device), last])
+            if self._logits is None:
+                self._logits = logits.new_zeros((len(self._slots), logits.shape[-1]))
+            self._logits[slots] = logits
+            self._lengths[slots] = last + 1
+            self._temperature[slots] = torch.tensor([job.sampling.temperature for _, job in chunk], device=self.device)
+            self._top_p[slots] = torch.tensor([job.sampling.top_p for _, job in chunk], device=self.device)
+            for slot, job in chunk:
+                self._slots[slot] = job
+                self._streams[slot] = random.Random(job.sampling.seed)
+            lo = hi
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # once a batch, so that prefill_s times the prefill
-        prefill_s = time.perf_counter() - start
+            torch.cuda.synchronize(self.device)  # so that prefill_s times the prefill
+        self.stats["prefill_s"] += time.perf_counter() - start
+        self.stats["generate_s"] += time.perf_counter() - start
 
-        def column(values, dtype=torch.float32):
-            return torch.tensor(values, dtype=dtype, device=self.device)
+    @torch.inference_mode()
+    def _step(self) -> None:
+        """Sample a token for every busy slot, hand back the jobs that end, and run one decode forward."""
+        start = time.perf_counter()
+        rows = max(slot for slot, job in enumerate(self._slots) if job is not None) + 1
+        busy = [slot for slot in range(rows) if self._slots[slot] is not None]
+        uniform = torch.zeros(rows, device=self.device)
+        uniform[busy] = torch.tensor([self._streams[slot].random() for slot in busy], device=self.device)
+        temperature = self._temperature[:rows].clone()
+        idle = [slot for slot in range(rows) if self._slots[slot] is None]
+        if idle:
+            temperature[idle] = 0.0  # an idle slot's token is never read: the cheapest one will do
+        tokens = sample(self._logits[:rows], temperature, self._top_p[:rows], uniform)
+        values = tokens.tolist()
+        for slot in busy:
+            job = self._slots[slot]
+            if self._extend(job, values[slot]):
+                self._finish(slot)
+        self.stats["decode_steps"] += 1
+        self.stats["row_steps"] += len(busy)
+        self.stats["slot_steps"] += rows
+        if any(self._slots):
+            rows = max(slot for slot, job in enumerate(self._slots) if job is not None) + 1
+            mask = self._slot_cache.decoding(self._lengths, rows)
+            out = self.model(input_ids=tokens[:rows, None], attention_mask=slots_masks(self.model, mask),
+                             position_ids=self._lengths[:rows, None], past_key_values=self._slot_cache,
+                             use_cache=True, logits_to_keep=1)
+            self._logits[:rows] = out.logits[:, -1]
+            self._lengths[:rows] += 1
+        self.stats["generate_s"] += time.perf_counter() - start
 
-        rows = list(range(n))  # the jobs still generating, by row of the current batch
-        streams = [random.Random(j.sampling.seed) for j in jobs]
-        temperature = column([j.sampling.temperature for j in jobs])
-        top_p = column([j.sampling.top_p for j in jobs])
-        position = positions[:, -1:] + 1
-        steps = row_steps = 0
-        while True:
-            uniform = column([streams[r].random() for r in rows])
-            tokens = sample(logits, temperature, top_p, uniform)
-            keep = [i for i, (r, token) in enumerate(zip(rows, tokens.tolist())) if not self._extend(jobs[r], token)]
-            steps, row_steps = steps + 1, row_steps + len(rows)
-            if not keep:
-                break
-            if len(keep) < len(rows):  # finished rows leave the batch
-                index = torch.tensor(keep, device=self.device)
-                cache.reorder_cache(index)
-                tokens, mask, position = tokens[index], mask[index], position[index]
-                temperature, top_p = temperature[index], top_p[index]
-                rows = [rows[i] for i in keep]
-            mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
-            out = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=position,
-                             past_key_values=cache, use_cache=True)
-            logits, cache, position = out.logits[:, -1], out.past_key_values, position + 1
-        with self._tokenizer_lock:
-            for job in jobs:
-                if job.text is None:
-                    job.text = self.tokenizer.decode(job.token_ids, skip_special_tokens=True)
+    def _finish(self, slot: int) -> None:
+        """Hand ``self._slots[slot]``'s job back to its client and free the slot."""
+        job = self._slots[slot]
+        self._slots[slot] = None
+        self._lengths[slot] = 0
+        if job.text is None:
+            with self._tokenizer_lock:
+                job.text = self.tokenizer.decode(job.token_ids, skip_special_tokens=True)
         with self._cond:
-            self.stats["requests"] += n
-            self.stats["prompt_tokens"] += sum(len(j.prompt_ids) for j in jobs)
-            self.stats["completion_tokens"] += sum(len(j.token_ids) for j in jobs)
-            self.stats["decode_steps"] += steps
-            self.stats["row_steps"] += row_steps
-            self.stats["prefill_s"] += prefill_s
-            self.stats["generate_s"] += time.perf_counter() - start
+            self.stats["requests"] += 1
+            self.stats["prompt_tokens"] += len(job.prompt_ids)
+            self.stats["completion_tokens"] += len(job.token_ids)
+        job.done.set()
 
-    def _prefill(self, ids, mask, positions):
-        """(last-position logits, KV cache) of the padded prompts, in row chunks of at most ``prefill_tokens``
-        tokens so that the prefill's activations stay bounded however large the batch."""
-        from transformers import DynamicCache
+    def _fail(self, error: str, pending: bool = False) -> None:
+        """Fail every job in a slot (and, with ``pending``, every queued one) with ``error``."""
+        jobs = [job for job in self._slots if job is not None]
+        self._slots = [None] * len(self._slots)
+        if pending:
+            with self._cond:  # the caller may hold it already: Condition's lock is reentrant
+                jobs += self._pending
+                self._pending = []
+        for job in jobs:
+            job.error = error
+            job.done.set()
+        self._release()
 
-        n, length = ids.shape
-        chunk = max(1, self.prefill_tokens // length)
-        logits, caches = [], []
-        for lo in range(0, n, chunk):
-            out = self.model(input_ids=ids[lo:lo + chunk], attention_mask=mask[lo:lo + chunk],
-                             position_ids=positions[lo:lo + chunk], use_cache=True, logits_to_keep=1,
-                             past_key_values=DynamicCache(config=self.model.config))
-            logits.append(out.logits[:, -1])
-            caches.append(out.past_key_values)
-        cache = caches[0] if len(caches) == 1 else _concat_caches(caches, self.model.config)
-        return torch.cat(logits), cache
+    def _release(self) -> None:
+        """Give the slot cache back: idle, the GPU is left to whatever runs next on it."""
+        if self._slot_cache is None:
+            return
+        self._slot_cache = self._logits = None
+        self._slots = self._streams = []
+        self.slot_tokens = 0
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def _extend(self, job: Job, token: int) -> bool:
         """Add ``token`` to ``job``; True when the job is finished (end of turn, a stop string, max_tokens)."""
@@ -494,7 +541,14 @@ class Engine:
         with self._cond:
             return {**self.stats, "pending": len(self._pending), "batch_sizes": list(self.batch_sizes),
                     "max_batch": self.max_batch, "max_batch_tokens": self.max_batch_tokens,
+                    "slots": len(self._slots), "slots_busy": sum(job is not None for job in self._slots),
+                    "slot_tokens": self.slot_tokens,
                     "context": self.context, "device": str(self.device)}
+
+
+def _need(job: Job) -> int:
+    """Tokens ``job`` occupies in its slot at most: its prompt and every token it may generate."""
+    return len(job.prompt_ids) + job.sampling.max_tokens
 
 
 def _check_number(name: str, value, *, integer: bool = False, low=None, high=None, open_low: bool = False):

@@ -50,13 +50,23 @@ def _is_docstring(node: ast.AST) -> bool:
     return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
 
 
-def screen(op, child: Candidate, code: str, seen: set[str]) -> tuple[str | None, str]:
+# Reasons a caller may choose to measure rather than drop: the kernel can still be run (and fails
+# there, as the check foresees). A corpus measures them, so that forecasters learn from real failures
+# and the check's own precision is measured; a search drops them, since running them buys nothing.
+MEASURABLE = frozenset({"undefined"})
+
+
+def screen(op, child: Candidate, code: str, seen: set[str],
+           measure_anyway: frozenset[str] = frozenset()) -> tuple[str | None, str]:
     """(reason, detail) when ``child`` is dropped before forecasting, else (None, "").
 
     ``code`` is what the model wrote (for an imported task, the submission before the
     harness's wrapper); ``seen`` holds the fingerprints of every kernel the run already
-    knows, and this child's is added when it passes.
+    knows, and this child's is added when it passes. Checks named in ``measure_anyway``
+    (a subset of ``MEASURABLE``) let a child through.
     """
+    if not measure_anyway <= MEASURABLE:
+        raise ValueError(f"only {sorted(MEASURABLE)} may be measured anyway, got {sorted(measure_anyway)}")
     try:
         tree = ast.parse(code)
     except SyntaxError as exc:
@@ -71,7 +81,7 @@ def screen(op, child: Candidate, code: str, seen: set[str]) -> tuple[str | None,
         problem = _signature_problem(defined[entry], op, child.params)
         if problem:
             return "signature", problem
-    missing = undefined_name(code)
+    missing = undefined_name(code) if "undefined" not in measure_anyway else None
     if missing:
         return "undefined", f"uses {missing}, which the module never defines or imports"
     from kernels.harness.anticheat import scan_source  # torch-heavy; only once the cheap checks pass

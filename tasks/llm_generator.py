@@ -43,7 +43,7 @@ from typing import Mapping, Sequence
 from kernels.formats import TaskFormatError, backend_of, submission_of, top_level_names
 from kernels.ops import get_operation
 from kernels.records import Candidate, Provenance
-from kernels.screen import SCREEN_REASONS, fingerprint, screen
+from kernels.screen import MEASURABLE, SCREEN_REASONS, fingerprint, screen
 from kernels.spaces import TemplateSpace
 from surrogate.llm import OpenAIChat, code_fence
 
@@ -237,8 +237,10 @@ class LLMGenerator:
     def __init__(self, base_url: str, model: str, *, mode: str = "variant", temperature: float = 0.8,
                  concurrency: int = 4, timeout_s: float = 120.0, retries: int = 2, schema_style: str = "json_schema",
                  max_tokens_variant: int = 256, max_tokens_source: int = 2048, max_source_chars: int = 6000,
-                 model_sha256: str = ""):
+                 model_sha256: str = "", measure_anyway: frozenset[str] = frozenset()):
         response_format({}, schema_style)  # an unknown style fails here
+        if not frozenset(measure_anyway) <= MEASURABLE:
+            raise ValueError(f"only {sorted(MEASURABLE)} may be measured anyway, got {sorted(measure_anyway)}")
         if mode not in MODES:
             raise ValueError(f"unknown generator mode {mode!r}; known: {', '.join(MODES)}")
         if concurrency < 1:
@@ -252,6 +254,7 @@ class LLMGenerator:
         self.max_tokens_source = max_tokens_source
         self.max_source_chars = max_source_chars
         self.model_sha256 = model_sha256
+        self.measure_anyway = frozenset(measure_anyway)  # static checks whose children are measured, not dropped
         self.counts_ = GeneratorCounts()  # over the generator's life
         self.last_counts_ = GeneratorCounts()  # of the last ``propose``
         self.provenance_: dict[str, Provenance] = {}  # candidate id -> who wrote it, for the last ``propose``
@@ -413,7 +416,7 @@ class LLMGenerator:
         else:
             child = Candidate(op=op.name, backend=backend_of(code), source=code, params=dict(parent.params),
                               parent_id=parent_id, origin="llm")
-        reason, _ = screen(op, child, code, seen)
+        reason, _ = screen(op, child, code, seen, self.measure_anyway)
         return (None, reason) if reason else (child, "")
 
 

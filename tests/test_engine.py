@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from surrogate.llm import OpenAIChat
 
@@ -314,22 +315,111 @@ def test_a_body_that_is_not_json_is_refused(server):
     assert status == 400 and "not JSON" in answer["error"]["message"]
 
 
+def _generate_all(engine, jobs) -> None:
+    """Submit ``jobs`` at once, as concurrent clients do, and wait for every one."""
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        list(pool.map(engine.submit, jobs))
+
+
 def test_a_prefill_in_row_chunks_gives_the_same_tokens_as_one_prefill(tiny_model):
     from infra.engine import Engine, load
 
     tokenizer, model = load(tiny_model, device="cpu")
     replies = []
-    for prefill_tokens in (16384, 40):  # 40: one or two rows per chunk, the chunks' caches joined
+    for prefill_tokens in (16384, 40):  # 40: one or two rows per prefill forward
         engine = Engine(model, tokenizer, name="tiny", prefill_tokens=prefill_tokens)
         try:
             jobs = [engine.job({"messages": [{"role": "user", "content": "kernel " * k}], "max_tokens": 10,
                                 "temperature": 0.8 * (k % 2), "seed": k}) for k in (1, 2, 5, 9, 3)]
-            engine.generate(jobs)
+            _generate_all(engine, jobs)
         finally:
             engine.close()
         replies.append([job.token_ids for job in jobs])
     assert replies[0] == replies[1]
     assert len({len(j.prompt_ids) for j in jobs}) == len(jobs) and max(len(j.prompt_ids) for j in jobs) > 20
+
+
+def test_greedy_decoding_over_the_slots_matches_transformers_own_generate(tiny_model):
+    """The slot cache and its attention (per-row lengths, grouped heads read in place) compute what the
+    model's own attention computes: greedy tokens equal ``model.generate``'s, one prompt at a time."""
+    from transformers import AutoModelForCausalLM
+
+    from infra.engine import Engine, load
+
+    tokenizer, model = load(tiny_model, device="cpu")
+    reference = AutoModelForCausalLM.from_pretrained(str(tiny_model.parent), gguf_file=tiny_model.name,
+                                                     torch_dtype=torch.float32, attn_implementation="eager")
+    assert model.config.num_key_value_heads < model.config.num_attention_heads, "the tiny model must use GQA"
+    engine = Engine(model, tokenizer, name="tiny", max_batch=3)
+    try:
+        jobs = [engine.job({"messages": [{"role": "user", "content": text}], "max_tokens": 12, "temperature": 0})
+                for text in ("softmax", "a longer prompt about layernorm " * 3, "x", "rms " * 7)]
+        _generate_all(engine, jobs)
+    finally:
+        engine.close()
+    for job in jobs:
+        out = reference.generate(torch.tensor([job.prompt_ids]), max_new_tokens=12, do_sample=False,
+                                 eos_token_id=sorted(engine.end_ids), pad_token_id=engine.pad_id)
+        expected = [t for t in out[0, len(job.prompt_ids):].tolist() if t not in engine.end_ids]
+        assert job.token_ids == expected[: len(job.token_ids)] and len(job.token_ids) == len(expected)
+
+
+def test_a_freed_slot_takes_the_next_request_while_the_others_still_decode(tiny_model):
+    """Continuous batching: with two slots, short requests queued behind a long one are admitted as slots
+    free up and answered before the long one ends; a seeded text is the same as when it runs alone."""
+    from infra.engine import Engine, load
+
+    tokenizer, model = load(tiny_model, device="cpu")
+
+    def request(content, max_tokens, seed):
+        return {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+                "temperature": 0.9, "seed": seed}
+
+    engine = Engine(model, tokenizer, name="tiny", max_batch=2)
+    try:
+        alone = engine.submit(engine.job(request("short 3", 4, 3)))
+        long = engine.job(request("long", 200, 1))
+        short = [engine.job(request(f"short {k}", 4, k)) for k in range(2, 6)]
+        ends = {}
+
+        def submit(job):
+            engine.submit(job, 120)
+            ends[id(job)] = time.monotonic()
+
+        with ThreadPoolExecutor(5) as pool:
+            futures = [pool.submit(submit, long)]
+            time.sleep(0.2)
+            futures += [pool.submit(submit, job) for job in short]
+            for f in futures:
+                f.result()
+        stats = engine.snapshot()
+    finally:
+        engine.close()
+    assert all(ends[id(job)] < ends[id(long)] for job in short), "short requests waited for the long one"
+    assert short[1].token_ids == alone.token_ids
+    assert len(long.token_ids) == 200 and long.finish_reason == "length"
+    assert stats["batches"] >= 3, "each freed slot should admit queued requests in later admissions"
+    assert stats["slots"] == 0, "an idle engine gives its slot cache back"
+
+
+def test_a_request_needing_longer_slots_waits_for_the_next_cache_and_is_served(tiny_model):
+    from infra.engine import Engine, load
+
+    tokenizer, model = load(tiny_model, device="cpu")
+    engine = Engine(model, tokenizer, name="tiny", max_batch=4)
+    try:
+        small = [engine.job({"messages": [{"role": "user", "content": "a"}], "max_tokens": 30, "seed": k})
+                 for k in range(3)]
+        big = engine.job({"messages": [{"role": "user", "content": "b"}], "max_tokens": 300, "seed": 9})
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(engine.submit, job, 120) for job in small]
+            time.sleep(0.1)
+            futures.append(pool.submit(engine.submit, big, 120))
+            results = [f.result() for f in futures]
+    finally:
+        engine.close()
+    assert all(job.error is None and job.finish_reason in ("stop", "length") for job in results)
+    assert big.finish_reason == "stop" or len(big.token_ids) == 300
 
 
 # ------------------------------------------------------------------------------------ templates

@@ -276,3 +276,18 @@ def test_a_freeform_search_counts_each_generations_drops_in_the_journal_and_mlfl
     again, result_again = run()
     assert again.generator.model.counts_.asked == 0
     assert [g.generator_asked for g in result_again.generations] == [3, 3]
+
+
+def test_a_corpus_may_measure_children_the_undefined_check_would_drop_but_never_forbidden_ones():
+    op = get_operation("softmax")
+    undefined = "def launch(x, out):\n    _vec(x, out)\n"
+    child = _softmax_child(undefined)
+    assert screen(op, child, undefined, set())[0] == "undefined"
+    assert screen(op, child, undefined, set(), frozenset({"undefined"})) == (None, "")
+    forbidden = "import torch\n\ndef launch(x, out, **kw):\n    out.copy_(torch.softmax(x, -1))\n"
+    child = _softmax_child(forbidden)
+    assert screen(op, child, forbidden, set(), frozenset({"undefined"}))[0] == "forbidden"
+    with pytest.raises(ValueError, match="may be measured anyway"):
+        screen(op, child, forbidden, set(), frozenset({"forbidden"}))
+    with pytest.raises(ValueError, match="may be measured anyway"):
+        LLMGenerator("http://127.0.0.1:9/v1", "m", mode="source", measure_anyway=frozenset({"duplicate"}))
