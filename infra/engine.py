@@ -389,10 +389,12 @@ class Engine:
         return list(zip(free, jobs))
 
     def _allocate(self, need: int) -> None:
-        """A slot cache whose slots hold ``need`` tokens (rounded up), as many slots as ``max_batch_tokens``
-        allows, at most ``max_batch``. A later job that needs longer slots waits until the engine is idle."""
+        """A slot cache of up to ``max_batch`` slots within ``max_batch_tokens``: each slot holds a full share
+        of them, or ``need`` tokens (rounded up) when that is more, and then fewer slots fit. A later job that
+        needs longer slots than the cache has waits until the engine is idle, when the cache is sized again."""
         room = min(self.context, self.max_batch_tokens)
-        self.slot_tokens = min(room, -(-need // SLOT_ROUNDING) * SLOT_ROUNDING)
+        share = self.max_batch_tokens // self.max_batch
+        self.slot_tokens = min(room, max(share, -(-need // SLOT_ROUNDING) * SLOT_ROUNDING))
         slots = max(1, min(self.max_batch, self.max_batch_tokens // self.slot_tokens))
         param = next(self.model.parameters())
         self._slot_cache = SlotCache(self.model.config, slots, self.slot_tokens, device=self.device, dtype=param.dtype)

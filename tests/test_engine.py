@@ -406,20 +406,25 @@ def test_a_request_needing_longer_slots_waits_for_the_next_cache_and_is_served(t
     from infra.engine import Engine, load
 
     tokenizer, model = load(tiny_model, device="cpu")
-    engine = Engine(model, tokenizer, name="tiny", max_batch=4)
+    # 400 tokens for 4 slots: a share of 100, so the small requests get 3 slots of 128 tokens and the big
+    # one (its prompt and 300 new tokens) fits none of them; it gets a cache of its own once they are done.
+    engine = Engine(model, tokenizer, name="tiny", max_batch=4, max_batch_tokens=400)
     try:
-        small = [engine.job({"messages": [{"role": "user", "content": "a"}], "max_tokens": 30, "seed": k})
+        small = [engine.job({"messages": [{"role": "user", "content": "a"}], "max_tokens": 100, "seed": k})
                  for k in range(3)]
         big = engine.job({"messages": [{"role": "user", "content": "b"}], "max_tokens": 300, "seed": 9})
+        sizes = []
         with ThreadPoolExecutor(4) as pool:
             futures = [pool.submit(engine.submit, job, 120) for job in small]
             time.sleep(0.1)
+            sizes.append((engine.snapshot()["slots"], engine.snapshot()["slot_tokens"]))
             futures.append(pool.submit(engine.submit, big, 120))
             results = [f.result() for f in futures]
     finally:
         engine.close()
     assert all(job.error is None and job.finish_reason in ("stop", "length") for job in results)
     assert big.finish_reason == "stop" or len(big.token_ids) == 300
+    assert sizes == [(3, 128)] and big.batch_id > max(job.batch_id for job in small)
 
 
 # ------------------------------------------------------------------------------------ templates
