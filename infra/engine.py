@@ -21,6 +21,8 @@ files) are imported, so it runs where kernelcast's other dependencies are missin
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import importlib.util
 import inspect
 import json
@@ -61,6 +63,9 @@ UNSUPPORTED = {"stream": False, "logprobs": False, "tools": None, "tool_choice":
 GATHER_LIMIT_S = 1.0
 # Slot lengths are rounded up to this many tokens, so that bursts of similar requests share a cache size.
 SLOT_ROUNDING = 128
+# With a shared GPU lock, the engine waits this long after each step before taking it again: a child
+# of the harness blocked on the lock is woken when it is released and needs a moment to take it.
+LOCK_PAUSE_S = 0.002
 
 
 class RequestError(ValueError):
@@ -217,7 +222,8 @@ class Engine:
 
     def __init__(self, model, tokenizer, *, name: str, template: str | None = None, max_batch: int = 256,
                  max_batch_tokens: int | None = None, prefill_tokens: int = 16384, context: int | None = None,
-                 default_max_tokens: int = 1024, gather_s: float = 0.02, ignore_response_format: bool = False):
+                 default_max_tokens: int = 1024, gather_s: float = 0.02, ignore_response_format: bool = False,
+                 gpu_lock: str | None = None):
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self.model = model
@@ -233,6 +239,7 @@ class Engine:
         self.default_max_tokens = default_max_tokens
         self.gather_s = gather_s
         self.ignore_response_format = ignore_response_format
+        self.gpu_lock = gpu_lock  # a lock file shared with the measurement harness (see _gpu)
         self.end_ids = end_token_ids(tokenizer, model)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.end_ids)
         self.stats = {"batches": 0, "requests": 0, "prompt_tokens": 0, "completion_tokens": 0,
@@ -341,14 +348,35 @@ class Engine:
             if admitted is None:
                 return
             try:
-                if admitted:
-                    self._prefill(admitted)
-                if any(self._slots):
-                    self._step()
+                with self._gpu():
+                    if admitted:
+                        self._prefill(admitted)
+                    if any(self._slots):
+                        self._step()
             except Exception as e:  # noqa: BLE001 - a failed step fails the requests in flight, not the server
                 self._fail(f"generation failed: {type(e).__name__}: {e}")
             if not any(self._slots):
                 self._release()  # idle (or the queue needs longer slots): the next admission sizes a new cache
+
+    @contextlib.contextmanager
+    def _gpu(self):
+        """Hold the shared GPU lock (``gpu_lock``) for one prefill and decode step, if there is one.
+
+        The measurement harness's children take the same lock to time a kernel, so that the engine
+        never runs beside a kernel being timed. The step's GPU work is finished before the lock
+        goes, and the engine pauses a moment after it, so that a waiting child gets the lock."""
+        if self.gpu_lock is None:
+            yield
+            return
+        with open(self.gpu_lock, "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+        time.sleep(LOCK_PAUSE_S)
 
     def _admit(self) -> list[tuple[int, Job]] | None:
         """Queued jobs paired with the free slots they go to (lowest first); None once closed.
@@ -674,6 +702,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gather-ms", type=float, default=20.0, help="wait this long for more requests before a batch")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
     p.add_argument("--chat-template", type=Path, default=None, help="a Jinja chat template file to use instead")
+    p.add_argument("--gpu-lock", default=os.environ.get("KERNELCAST_GPU_LOCK") or None,
+                   help="a lock file shared with kernelcast's measurement on this GPU (the harness's children take "
+                        "it to time a kernel; the engine holds it for each step): generation and measurement can "
+                        "then share one GPU without disturbing timings (default: $KERNELCAST_GPU_LOCK)")
     p.add_argument("--ignore-response-format", action="store_true",
                    help="answer requests that ask for a response_format unconstrained instead of refusing them")
     args = p.parse_args(argv)
@@ -686,7 +718,7 @@ def main(argv: list[str] | None = None) -> int:
                     max_batch=args.max_batch, max_batch_tokens=args.max_batch_tokens,
                     prefill_tokens=args.prefill_tokens, context=args.max_context,
                     default_max_tokens=args.default_max_tokens, gather_s=args.gather_ms / 1000,
-                    ignore_response_format=args.ignore_response_format)
+                    ignore_response_format=args.ignore_response_format, gpu_lock=args.gpu_lock)
     server = make_server(engine, args.host, args.port)
     print(f"serving {engine.name} on http://{args.host}:{server.server_address[1]}/v1 "
           f"({engine.device}, {next(model.parameters()).dtype}, loaded in {time.perf_counter() - start:.1f} s; "

@@ -232,3 +232,41 @@ def test_the_lock_holder_runs_alone_on_the_reserved_core_and_compiling_children_
     # in interpreter mode nothing is timed, so by default nothing is reserved
     _, plain = _measure(cands[:1])
     assert not plain.cores.reserved
+
+
+def test_a_shared_gpu_lock_held_by_another_process_keeps_every_child_off_the_device_until_released(tmp_path):
+    """With ``gpu_lock`` (an inference engine's lock file), children wait for that lock like for their own:
+    while another process holds it no child enters its device phase, and all finish once it is released."""
+    import fcntl
+    import threading
+    import time
+
+    lock = tmp_path / "gpu.lock"
+    cands = get_space("softmax").spread_subset(2)
+    holder = open(lock, "a")
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    found = {}
+
+    def measure():
+        results, worker = _measure(cands, gpu_lock=str(lock))
+        found.update(results=results, timeline=list(worker.timeline))
+
+    thread = threading.Thread(target=measure)
+    thread.start()
+    time.sleep(10.0)  # both compile ahead and queue for the lock meanwhile
+    released_at = time.monotonic()
+    fcntl.flock(holder, fcntl.LOCK_UN)
+    holder.close()
+    thread.join(120)
+    assert len(found["results"]) == 2 and all(m.status == "ok" for m in found["results"].values())
+    locked = [t for _, _, phase, t, _ in found["timeline"] if phase == "locked"]
+    waiting = [t for _, _, phase, t, _ in found["timeline"] if phase == "waiting"]
+    assert min(waiting) < released_at, "no child was ready before the lock was released: the test shows nothing"
+    assert len(locked) == 2 and min(locked) >= released_at, "a child took the device while the lock was held"
+
+
+def test_the_shared_gpu_lock_comes_from_the_environment_by_default(monkeypatch, tmp_path):
+    monkeypatch.setenv("KERNELCAST_GPU_LOCK", str(tmp_path / "shared.lock"))
+    assert WorkerConfig().gpu_lock == str(tmp_path / "shared.lock")
+    monkeypatch.delenv("KERNELCAST_GPU_LOCK")
+    assert WorkerConfig().gpu_lock is None

@@ -461,3 +461,28 @@ def test_on_a_gpu_a_greedy_reply_is_the_same_alone_and_beside_longer_and_shorter
         gpu.stop()
     assert batched[0]["engine"]["batch_size"] > 1
     assert text_of(batched[0]) == text_of(alone)
+
+
+def test_with_a_shared_gpu_lock_the_engine_generates_only_while_it_holds_it(tiny_model, tmp_path):
+    """The engine takes the harness's GPU lock for each step: while a kernel is timed (another process holds
+    it) no token is generated, and generation goes on once the lock is released."""
+    import fcntl
+
+    from infra.engine import Engine, load
+
+    tokenizer, model = load(tiny_model, device="cpu")
+    lock = tmp_path / "gpu.lock"
+    holder = open(lock, "a")
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    engine = Engine(model, tokenizer, name="tiny", gpu_lock=str(lock))
+    try:
+        job = engine.job({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0})
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(engine.submit, job, 60)
+            time.sleep(1.5)
+            assert not job.done.is_set() and job.token_ids == [], "the engine generated while the lock was held"
+            fcntl.flock(holder, fcntl.LOCK_UN)
+            assert answer.result().error is None and job.token_ids
+    finally:
+        holder.close()
+        engine.close()

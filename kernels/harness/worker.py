@@ -45,6 +45,9 @@ from kernels.ops import get_operation
 from kernels.records import Candidate, HardwareSpec, Measurement
 
 
+GPU_LOCK_ENV = "KERNELCAST_GPU_LOCK"
+
+
 @dataclass(frozen=True)
 class WorkerConfig:
     mode: str = "gpu"  # "gpu" or "interpreter"
@@ -65,6 +68,10 @@ class WorkerConfig:
     # (kernels.harness.cores); None: in GPU mode, where host time is timed, and not in interpreter mode.
     reserve_timing_core: bool | None = None
     host_bound_windows: int = 5  # timing windows at most for a case whose host side outlasts the L2 flush
+    # A lock file shared with the machine's other GPU users (an inference engine started with the same
+    # --gpu-lock): children take it for their GPU work as they take the worker's own, so nothing else runs
+    # on the GPU while a kernel is timed. None: the worker's private lock. Default: $KERNELCAST_GPU_LOCK.
+    gpu_lock: str | None = field(default_factory=lambda: os.environ.get(GPU_LOCK_ENV) or None)
 
 
 @dataclass
@@ -188,7 +195,7 @@ class MeasureWorker:
         self.config = config
         self._ctx = _context()
         self._root = tempfile.mkdtemp(prefix="kernelcast-worker-")
-        self._lock_path = os.path.join(self._root, "gpu.lock")
+        self._lock_path = config.gpu_lock or os.path.join(self._root, "gpu.lock")
         open(self._lock_path, "a").close()  # children open it read-only: they may not create files here
         self._cache = os.path.join(self._root, "triton-cache")
         os.makedirs(self._cache, exist_ok=True)
