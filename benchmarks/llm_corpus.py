@@ -274,7 +274,6 @@ def cmd_measure(args) -> int:
     """Measure every stored candidate of the corpus not yet measured on this GPU, in chunks, until the deadline."""
     from infra.measure import LocalMeasurePool, LocalMeasurer
     from kernels.formats import install_from_root
-    from storage.schema import candidates_from_frame
     from tasks.search import measure_and_store
 
     root = _root(args.out)
@@ -287,34 +286,48 @@ def cmd_measure(args) -> int:
     pool = LocalMeasurePool([measurer])
     gpu_type = measurer.gpu_type
     deadline = time.monotonic() + 60 * args.max_minutes
-    frame = root.read_candidates()
-    done = set(root.read_measurements(gpu_type=gpu_type)["candidate_id"]) if not root.read_measurements().empty \
-        else set()
-    todo = [c for c in candidates_from_frame(frame.sort_values(["created_at", "candidate_id"]))
-            if c.candidate_id not in done]
-    print(f"{len(todo)} candidates to measure on {gpu_type}", flush=True)
     t0, measured = time.perf_counter(), 0
     try:
-        by_op: dict[str, list] = {}
-        for c in todo:
-            by_op.setdefault(c.op, []).append(c)
-        batches = [(op, cs[i:i + args.chunk]) for op, cs in by_op.items() for i in range(0, len(cs), args.chunk)]
-        batches.sort(key=lambda b: min(c.created_at for c in b[1]))
-        for op, batch in batches:
-            if time.monotonic() > deadline:
-                print("deadline reached; rerun to continue", flush=True)
-                break
-            pool.prepare(op, gpu_type)
-            found, _ = measure_and_store(root, pool, batch, gpu_type)
-            measured += len(batch)
-            statuses = Counter(m.status for m in found.values())
-            print(f"{op}: {len(batch)} measured ({dict(statuses)}); {measured} in "
-                  f"{time.perf_counter() - t0:.0f} s", flush=True)
+        while time.monotonic() < deadline:
+            batches = _unmeasured(root, gpu_type, args.chunk)
+            if not batches:
+                if not args.follow:
+                    break
+                time.sleep(5)  # a generate run beside this one stores more children as its jobs end
+                continue
+            for op, batch in batches:
+                if time.monotonic() > deadline:
+                    break
+                pool.prepare(op, gpu_type)
+                found, _ = measure_and_store(root, pool, batch, gpu_type)
+                measured += len(batch)
+                statuses = Counter(m.status for m in found.values())
+                print(f"{op}: {len(batch)} measured ({dict(statuses)}); {measured} in "
+                      f"{time.perf_counter() - t0:.0f} s", flush=True)
+        if _unmeasured(root, gpu_type, args.chunk):
+            print("deadline reached; rerun to continue", flush=True)
     finally:
         pool.close()
     elapsed = time.perf_counter() - t0
     print(f"measured {measured} candidates in {elapsed:.0f} s ({60 * measured / max(elapsed, 1e-9):.0f}/min)")
     return 0
+
+
+def _unmeasured(root, gpu_type: str, chunk: int) -> list[tuple[str, list]]:
+    """(op, candidates) chunks of what is stored and not measured on ``gpu_type``, oldest first."""
+    from storage.schema import candidates_from_frame
+
+    frame = root.read_candidates()
+    measurements = root.read_measurements()
+    done = set(measurements[measurements["gpu_type"] == gpu_type]["candidate_id"]) if not measurements.empty \
+        else set()
+    todo = [c for c in candidates_from_frame(frame.sort_values(["created_at", "candidate_id"]))
+            if c.candidate_id not in done]
+    by_op: dict[str, list] = {}
+    for c in todo:
+        by_op.setdefault(c.op, []).append(c)
+    batches = [(op, cs[i:i + chunk]) for op, cs in by_op.items() for i in range(0, len(cs), chunk)]
+    return sorted(batches, key=lambda b: min(c.created_at for c in b[1]))
 
 
 def corpus_table(out: str, gpu_type: str) -> pd.DataFrame:
@@ -402,6 +415,8 @@ def main(argv=None) -> int:
     sp.add_argument("--max-minutes", type=float, default=8.0)
     sp.add_argument("--concurrency", type=int, default=0)
     sp.add_argument("--chunk", type=int, default=64)
+    sp.add_argument("--follow", action="store_true",
+                    help="keep measuring what a generate run beside this one stores, until the deadline")
     sp.add_argument("--interpreter", action="store_true", help="check correctness on the CPU instead (no timings)")
     # A model-written kernel may spin forever; while it holds the GPU nothing else is measured.
     sp.add_argument("--gpu-timeout", type=float, default=30.0, help="seconds a candidate may hold the GPU")
