@@ -289,7 +289,7 @@ def cmd_measure(args) -> int:
     t0, measured = time.perf_counter(), 0
     try:
         while time.monotonic() < deadline:
-            batches = _unmeasured(root, gpu_type, args.chunk)
+            batches = _unmeasured(root, gpu_type, args.chunk, args.shard)
             if not batches:
                 if not args.follow:
                     break
@@ -304,7 +304,7 @@ def cmd_measure(args) -> int:
                 statuses = Counter(m.status for m in found.values())
                 print(f"{op}: {len(batch)} measured ({dict(statuses)}); {measured} in "
                       f"{time.perf_counter() - t0:.0f} s", flush=True)
-        if _unmeasured(root, gpu_type, args.chunk):
+        if _unmeasured(root, gpu_type, args.chunk, args.shard):
             print("deadline reached; rerun to continue", flush=True)
     finally:
         pool.close()
@@ -313,8 +313,10 @@ def cmd_measure(args) -> int:
     return 0
 
 
-def _unmeasured(root, gpu_type: str, chunk: int) -> list[tuple[str, list]]:
-    """(op, candidates) chunks of what is stored and not measured on ``gpu_type``, oldest first."""
+def _unmeasured(root, gpu_type: str, chunk: int, shard: str = "0/1") -> list[tuple[str, list]]:
+    """(op, candidates) chunks of what is stored and not measured on ``gpu_type``, oldest first; with
+    ``shard`` "i/n", only the candidates whose id is i modulo n (n measure runs share the work)."""
+    index, count = map(int, shard.split("/"))
     from storage.schema import candidates_from_frame
 
     frame = root.read_candidates()
@@ -322,7 +324,7 @@ def _unmeasured(root, gpu_type: str, chunk: int) -> list[tuple[str, list]]:
     done = set(measurements[measurements["gpu_type"] == gpu_type]["candidate_id"]) if not measurements.empty \
         else set()
     todo = [c for c in candidates_from_frame(frame.sort_values(["created_at", "candidate_id"]))
-            if c.candidate_id not in done]
+            if c.candidate_id not in done and int(c.candidate_id, 16) % count == index]
     by_op: dict[str, list] = {}
     for c in todo:
         by_op.setdefault(c.op, []).append(c)
@@ -415,6 +417,8 @@ def main(argv=None) -> int:
     sp.add_argument("--max-minutes", type=float, default=8.0)
     sp.add_argument("--concurrency", type=int, default=0)
     sp.add_argument("--chunk", type=int, default=64)
+    sp.add_argument("--shard", default="0/1", help="i/n: measure only the candidates whose id is i modulo n, so that "
+                    "n runs beside each other share the work (each waits for its own slowest child, not the others')")
     sp.add_argument("--follow", action="store_true",
                     help="keep measuring what a generate run beside this one stores, until the deadline")
     sp.add_argument("--interpreter", action="store_true", help="check correctness on the CPU instead (no timings)")

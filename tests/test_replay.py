@@ -14,7 +14,7 @@ from tasks.replay import ReplayModel, read_tree
 from tasks.setup import resolve
 from tests.test_search import FailingPool, run
 
-OP = "softmax"  # 3 roots, 42 recorded children, 14 of them pass today's static checks
+OP = "softmax"  # 3 roots and their recorded children, three rounds deep; some pass today's static checks
 
 
 def config(tmp_path, **changes) -> SearchConfig:
@@ -26,24 +26,37 @@ def config(tmp_path, **changes) -> SearchConfig:
 
 
 def passing_nodes() -> dict[str, str | None]:
-    """Every node of the recorded tree a model's answer would pass the static checks with -> its parent id."""
+    """Every node of the recorded tree a search can reach -> its parent id: it passes today's static checks,
+    and so do its ancestors (the corpus measured some children those checks drop, and their children)."""
     tree = read_tree(PACKAGED_CORPUS, OP)
     op = get_operation(OP)
-    return {c.candidate_id: c.parent_id for c in tree.nodes()
-            if screen(op, c, submission_of(c.source), set())[0] is None}
+    passing = {c.candidate_id: c.parent_id for c in tree.nodes()
+               if screen(op, c, submission_of(c.source), set())[0] is None}
+    roots = {r.candidate_id for r in tree.roots}
+
+    def reachable(cid: str) -> bool:
+        return cid in roots or (cid in passing and reachable(passing[cid]))
+
+    return {cid: parent for cid, parent in passing.items() if reachable(cid)}
 
 
 def test_the_recorded_tree_runs_from_the_reference_through_its_roots_to_their_children():
     tree = read_tree(PACKAGED_CORPUS, OP)
     assert tree.reference_id == get_operation(OP).seed_candidates()[0].candidate_id
     assert [r.origin for r in tree.roots] == ["template"] * 3
+    written = DataRoot(PACKAGED_CORPUS).read_candidates(OP)
+    written = written[written["origin"] == "llm"]
+    roots = {r.candidate_id for r in tree.roots}
     kids = [k for r in tree.roots for k in tree.children[r.candidate_id]]
-    assert len(kids) == 42 and all(k.origin == "llm" for k in kids)
-    assert len(tree.nodes()) == 45 and len({n.candidate_id for n in tree.nodes()}) == 45
+    assert len(kids) == written["parent_id"].isin(roots).sum() and all(k.origin == "llm" for k in kids)
+    deeper = [k for kid in kids for k in tree.children.get(kid.candidate_id, ())]
+    assert deeper and all(k.origin == "llm" for k in deeper)  # children of children: later rounds
+    nodes = tree.nodes()
+    assert len(nodes) == len(roots) + len(written) and len({n.candidate_id for n in nodes}) == len(nodes)
 
 
 def test_a_replay_search_walks_the_recorded_tree_exactly_and_replays_each_childs_status(tmp_path):
-    search, result = run(config(tmp_path))
+    search, result = run(config(tmp_path, budget=512, generations=32, children=64))  # room for the whole tree
     assert result.stop_reason == "no candidates"  # every recorded answer was given, none left
     root = DataRoot(str(tmp_path / "data"))
     decided = root.read_run_rows("decisions", result.run_id, op=OP)
@@ -54,15 +67,19 @@ def test_a_replay_search_walks_the_recorded_tree_exactly_and_replays_each_childs
     corpus = DataRoot(PACKAGED_CORPUS).read_measurements(op=OP, gpu_type="h100").set_index("candidate_id")
     mine = root.read_measurements(op=OP, gpu_type="h100").set_index("candidate_id").loc[list(expected)]
     assert (mine["status"] == corpus.loc[list(expected), "status"]).all() and mine["replayed"].all()
-    assert (mine["status"] != "ok").sum() == 10  # 10 of the 14 fail, as they did on the GPU
+    assert 0 < (mine["status"] != "ok").sum() < len(expected)  # some fail, as they did on the GPU, some run
     asked = sum(s.generator_asked for s in result.generations)
     refused = sum(s.generator_asked - s.generator_children for s in result.generations)
-    assert (asked, refused) == (45, 45 - len(expected))  # every recorded answer asked once; the checks refuse 28
+    tree = read_tree(PACKAGED_CORPUS, OP)
+    roots = {r.candidate_id for r in tree.roots}
+    offered = [n for n in tree.nodes() if n.candidate_id in roots or n.parent_id in expected]
+    assert (asked, refused) == (len(offered), len(offered) - len(expected))  # every answer to a reached parent
+    # asked once; the checks refuse the rest
     provenance = root.read("provenance", op=OP)
     provenance = provenance[provenance["run_id"] == result.run_id]
     assert set(provenance["candidate_id"]) == set(expected)
     llm = provenance[provenance["generator"] == "replay:llm-source"]
-    assert len(llm) == 14 and set(llm["model"]) == {"qwen2.5-coder-1.5b"}
+    assert len(llm) == sum(search.candidates[c].origin == "llm" for c in expected) and set(llm["model"]) == {"qwen2.5-coder-1.5b"}
 
 
 def test_the_walk_is_fixed_by_the_seed(tmp_path):

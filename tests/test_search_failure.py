@@ -10,7 +10,7 @@ from storage.schema import candidates_from_frame, measurements_from_frame
 from tasks.config import PACKAGED_CORPUS, PACKAGED_POOL, SearchConfig
 from tasks.setup import fit_prior, model_path, open_search, prior_sources, resolve
 
-OP = "bias_gelu"  # 66 recorded children in the corpus, 49 pass today's static checks, 11 of those run
+OP = "bias_gelu"  # the operation with the most recorded children in the corpus
 PRIOR_OPS = ("rmsnorm",)  # template variants the prior's rank models learn from
 
 
@@ -81,7 +81,7 @@ def test_a_replayed_search_drops_the_children_its_source_model_is_sure_will_fail
     # likelier to run than those it deferred
     written = rows[rows["generation"] > 0]
     assert written.loc[written["decision"] == "measure", "failure_probability"].mean() < \
-        written.loc[written["decision"] == "drop", "failure_probability"].mean() - 0.2
+        written.loc[written["decision"] == "drop", "failure_probability"].mean() - 0.05
     assert (rows.loc[rows["decision"] == "measure", "failure_probability"] < cfg.trust_threshold).all()
     assert (rows["decision"] == "measure").sum() == result.budget_used
     # children of measured roots are forecast against their parent, and stored on the reference's scale

@@ -195,9 +195,13 @@ def test_source_pairs_anchor_children_at_their_parent_and_variants_at_the_refere
     pairs = source_pairs(DataRoot(str(POOL)), llm, gpu_type="h100")
     children = pairs[pairs["origin"] == "llm"]
     parents = llm.read("provenance").set_index("candidate_id")["parent_id"]
-    assert len(children) == 277 and (children["anchor_id"] == children["candidate_id"].map(parents)).all()
-    assert (children["failed"] == (children["true_bin"] == 0)).all() and children["failed"].sum() == 247
-    assert children.loc[~children["failed"], "speedup"].between(0.5, 2).all()
+    assert len(children) == len(parents) > 1000 and (children["anchor_id"] == children["candidate_id"].map(parents)).all()
+    status = llm.read_measurements(gpu_type="h100").drop_duplicates("candidate_id", keep="last") \
+        .set_index("candidate_id")["status"]
+    assert (children["failed"] == (children["true_bin"] == 0)).all()
+    assert (children["failed"] == (children["candidate_id"].map(status) != "ok")).all() and children["failed"].any()
+    ran = children.loc[~children["failed"], "speedup"]  # against the parent: mostly the parent again
+    assert ran.gt(0).all() and 0.95 < ran.median() < 1.05
     variants = pairs[pairs["origin"] == "template"]
     assert (variants["anchor_origin"] == "seed").all() and variants["speedup"].gt(0).all()
 
