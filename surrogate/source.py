@@ -46,6 +46,10 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import GroupKFold
 
 from kernels.screen import fingerprint, undefined_name
+
+# Both parse the source; an anchor is the anchor of many kernels, so each source is parsed once.
+_fingerprint = lru_cache(maxsize=8192)(fingerprint)
+_undefined = lru_cache(maxsize=8192)(undefined_name)
 from surrogate.features import FEATURE_NAMES, feature_matrix
 from surrogate.forecast import Forecast, ForecastRequest
 from surrogate.learned import CandidateIds, bin_probabilities
@@ -177,7 +181,7 @@ def code_features(source: str) -> tuple[float, ...]:
         *(float(len(rx.findall(source))) for rx in _TL_REGEXES),
         float(source.count("mask=")), float(source.count(".to(")), float(len(re.findall(r"\btorch\.\w", source))),
         _written(source, "block"), _written(source, "warps"), _written(source, "stages"),
-        1.0 if tree is not None and undefined_name(source) else 0.0, _missing_tl_attributes(source),
+        1.0 if tree is not None and _undefined(source) else 0.0, _missing_tl_attributes(source),
         unjitted, from_host, launch,
     )
 
@@ -191,19 +195,19 @@ def change_features(source: str, anchor_source: str) -> tuple[float, ...]:
     mine, theirs = _tokens(source), _tokens(anchor_source)
     # autojunk off: in a kernel the common tokens (parentheses, "tl") are the structure itself
     edit = 1.0 - difflib.SequenceMatcher(None, mine, theirs, autojunk=False).ratio()
-    same = fingerprint(source)
+    same = _fingerprint(source)
     constants = Counter(t for t in mine if _NUMBER.match(t))
     constants.subtract(t for t in theirs if _NUMBER.match(t))
     calls = Counter(_CALL.findall(_COMMENT.sub("", source)))
     calls.subtract(_CALL.findall(_COMMENT.sub("", anchor_source)))
     a, b = code_features(source), code_features(anchor_source)
     return (
-        edit, 1.0 if same is not None and same == fingerprint(anchor_source) else 0.0,
+        edit, 1.0 if same is not None and same == _fingerprint(anchor_source) else 0.0,
         math.log((len(source) + 1) / (len(anchor_source) + 1)),
         float(sum(abs(v) for v in constants.values())),
         float(sum(v for v in calls.values() if v > 0)), float(-sum(v for v in calls.values() if v < 0)),
         a[_BLOCK] - b[_BLOCK], a[_WARPS] - b[_WARPS],
-        1.0 if undefined_name(anchor_source) else 0.0,
+        1.0 if _undefined(anchor_source) else 0.0,
     )
 
 
