@@ -20,7 +20,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -72,25 +74,33 @@ def start_server(model: Path, n_ctx: int, threads: int, log_path: Path) -> tuple
     raise SystemExit(f"llama_cpp.server did not answer within 120 s; see {log_path}")
 
 
-def timed_forecasts(llm: OpenAIForecaster, requests, cache_dir: Path | None):
-    """(forecasts, seconds of server time per forecast); with a cache, answers that were cached
-    keep the seconds their first run measured, written beside them."""
+def timed_forecasts(llm: OpenAIForecaster, requests, cache_dir: Path | None, concurrency: int = 1):
+    """(forecasts, seconds each answer took); with a cache, answers that were cached keep the seconds
+    their first run measured, written beside them. ``concurrency`` requests are in flight at once (a
+    batching server answers them together; each one's seconds are then its latency in the batch)."""
     timing = cache_dir / "seconds.json" if cache_dir else None
+    if timing:
+        timing.parent.mkdir(parents=True, exist_ok=True)
     spent = json.loads(timing.read_text()) if timing and timing.exists() else {}
-    out = []
-    for i, request in enumerate(requests):  # one at a time: progress, and each answer's own time
+    lock = threading.Lock()
+    answered = [0]
+
+    def one(request):
         t0 = time.perf_counter()
         [forecast] = llm.forecast([request])
         key = llm.cache_key(build_messages(request))
-        if not forecast.extra.get("cached"):
-            spent[key] = time.perf_counter() - t0
-        out.append(forecast)
-        if timing:  # after every answer: a run stopped early keeps the seconds of those it got
-            timing.write_text(json.dumps(spent))
-        if (i + 1) % 20 == 0:
-            print(f"  {i + 1}/{len(requests)} forecasts, {sum(spent.values()):.0f} s of server time", flush=True)
-    if timing:
-        timing.write_text(json.dumps(spent))
+        with lock:
+            if not forecast.extra.get("cached"):
+                spent[key] = time.perf_counter() - t0
+            if timing:  # after every answer: a run stopped early keeps the seconds of those it got
+                timing.write_text(json.dumps(spent))
+            answered[0] += 1
+            if answered[0] % 20 == 0:
+                print(f"  {answered[0]}/{len(requests)} forecasts, {sum(spent.values()):.0f} s of answers", flush=True)
+        return forecast
+
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        out = list(pool.map(one, requests))
     keys = [llm.cache_key(build_messages(r)) for r in requests]
     return out, np.array([spent.get(k, 0.0) for k in keys])
 

@@ -131,7 +131,7 @@ def llm_sample(kernels: pd.DataFrame, n: int, seed: int = 0) -> np.ndarray:
 
 
 def llm_forecasts(kernels: pd.DataFrame, rows: np.ndarray, url: str, model: str, cache_dir: str | None,
-                  schema_style: str, deadline: float = math.inf) -> dict:
+                  schema_style: str, deadline: float = math.inf, concurrency: int = 1) -> dict:
     """Zero-shot forecasts of the kernels at ``rows`` by ``model`` served at ``url``, over bins 0..8, and
     per kernel: the server seconds its answer took, whether it parsed, whether it gave a failure probability.
     Asked in order until ``time.monotonic()`` passes ``deadline``: the kernels answered by then are
@@ -146,15 +146,17 @@ def llm_forecasts(kernels: pd.DataFrame, rows: np.ndarray, url: str, model: str,
                            cache_dir=cache)
     llm.probe()
     out, seconds = [], []
-    for request in source_requests(kernels.iloc[rows]):
+    requests = source_requests(kernels.iloc[rows])
+    for start in range(0, len(requests), concurrency):  # in groups: the deadline is checked between them
         if time.monotonic() > deadline:
             print(f"  {model}: the time for language models ran out after {len(out)} of {len(rows)} kernels",
                   flush=True)
             break
-        [forecast], [spent] = timed_forecasts(llm, [request], Path(cache) if cache else None)
-        out.append(forecast)
-        seconds.append(spent)
-        print(f"  {model}: {len(out)}/{len(rows)} answered, {spent:.0f} s", flush=True)
+        group = requests[start:start + concurrency]
+        forecasts, spent = timed_forecasts(llm, group, Path(cache) if cache else None, concurrency)
+        out += forecasts
+        seconds += list(spent)
+        print(f"  {model}: {len(out)}/{len(rows)} answered, {max(spent):.0f} s for the last {len(group)}", flush=True)
     p_fail = np.array([f.failure_probability for f in out])
     given = np.isfinite(p_fail)
     for f in [f for f in out if not f.parsed][:3]:
@@ -226,6 +228,9 @@ def main() -> int:
     p.add_argument("--llm-schema-style", default="json_object",
                    help="how the server is asked for the answer schema (json_object: llama-cpp-python's server)")
     p.add_argument("--llm-cache", default=None, help="folder of the language models' answers, reused on a rerun")
+    p.add_argument("--llm-concurrency", type=int, default=1,
+                   help="requests in flight at once (a batching server, such as infra.engine or vLLM, answers "
+                        "them together; then each answer's seconds are its latency in the batch)")
     p.add_argument("--llm-minutes", type=float, default=math.inf,
                    help="stop asking the language models after this long; each is scored on what it answered")
     args = p.parse_args()
@@ -259,7 +264,7 @@ def main() -> int:
         deadline = time.monotonic() + 60 * args.llm_minutes
         asked = ThreadPoolExecutor(max_workers=1).submit(
             lambda: {model: llm_forecasts(kernels, sample[:sizes[model]], url, model, args.llm_cache,
-                                          args.llm_schema_style, deadline)
+                                          args.llm_schema_style, deadline, args.llm_concurrency)
                      for url, model in zip(args.llm_url, args.llm_model)})
     forecasts = {}
     with threadpool_limits(1):

@@ -567,3 +567,20 @@ def test_the_language_models_sample_covers_every_operation_and_status_before_rep
     assert list(llm_sample(kernels, 7)) == list(order[:7]) == list(llm_sample(kernels, 7))  # nested, seeded
     with pytest.raises(ValueError, match="--llm-sample must lie in 1..20"):
         llm_sample(kernels, 21)
+
+
+def test_timed_forecasts_answer_concurrently_into_a_new_cache_folder_and_keep_each_answers_seconds(server, tmp_path):
+    import json
+
+    from benchmarks.llm_forecaster import timed_forecasts
+
+    cache = tmp_path / "not" / "yet"  # made on first use
+    forecaster = OpenAIForecaster(server.base_url, "tiny", schema_style=LLAMA_CPP_PYTHON, max_tokens=64,
+                                  cache_dir=str(cache))
+    requests = [_request(b) for b in (32, 64, 128)]
+    out, seconds = timed_forecasts(forecaster, requests, cache, concurrency=3)
+    assert [f.candidate_id for f in out] == [r.candidate.candidate_id for r in requests]
+    assert len(seconds) == 3 and (seconds > 0).all()
+    assert len(json.loads((cache / "seconds.json").read_text())) == 3
+    again, cached_seconds = timed_forecasts(forecaster, requests, cache, concurrency=3)
+    assert all(f.extra.get("cached") for f in again) and list(cached_seconds) == list(seconds)
