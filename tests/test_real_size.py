@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.formats_for_tests import write_gpumode, write_kernelbench
 
@@ -228,6 +229,57 @@ def test_a_task_writing_its_output_buffer_is_measured_and_its_inputs_stay_read_o
         assert found[c.candidate_id].status == "ok", found[c.candidate_id].error
     assert found[mutates.candidate_id].status == "rejected"
     assert "changed its input 0" in found[mutates.candidate_id].error
+
+
+# GPU MODE's prefixsum: data carries an empty output buffer that the reference leaves alone (it returns a new
+# tensor). The buffer's garbage cannot be made again, so it must not be held to "unchanged".
+GPUMODE_RETURNS_NEW = textwrap.dedent('''
+    import torch
+    from task import input_t, output_t
+
+
+    def generate_input(size: int, seed: int) -> input_t:
+        gen = torch.Generator(device="cuda")
+        gen.manual_seed(seed)
+        x = torch.randn(size, device="cuda", dtype=torch.float32, generator=gen).contiguous()
+        y = torch.empty(size, device="cuda", dtype=torch.float32).contiguous()
+        return x, y
+
+
+    def ref_kernel(data: input_t) -> output_t:
+        data, output = data
+        output = torch.cumsum(data.to(torch.float64), dim=0).to(torch.float64)
+        return output
+
+
+    def check_implementation(data, output):
+        expected = ref_kernel(data)
+        if not torch.allclose(output, expected, rtol=1e-4, atol=1e-4):
+            return "mismatch"
+        return ""
+    ''')
+
+GPUMODE_RETURNS_NEW_SPECS = textwrap.dedent('''
+    tests:
+      - {"size": 1000, "seed": 1}
+    benchmarks:
+      - {"size": 67108864, "seed": 3}
+    ''')
+
+
+def test_an_empty_buffer_in_data_is_writable_even_where_the_reference_returns_a_new_tensor(tmp_path):
+    from kernels.formats.gpumode import Uninitialised
+    from kernels.formats.operation import on_device
+
+    ref, _ = write_gpumode(tmp_path / "prefix", reference=GPUMODE_RETURNS_NEW, specs=GPUMODE_RETURNS_NEW_SPECS)
+    op, _ = import_task("gpumode", str(ref), name="prefix_new")
+    assert {op.writable_inputs(c) for c in (*op.cases, *op.interpret_cases)} == {(1,)}
+    with on_device("meta"), Uninitialised() as fresh:  # only unwritten empties count
+        written = torch.empty(4)
+        written.fill_(0)
+        assert fresh.untouched([torch.randn(4), torch.empty(4), written, torch.zeros(4)]) == {1}
+    found = _measure([op.seed_candidates()[0], null_candidate(op)])
+    assert all(m.status == "ok" for m in found.values()), [m.error for m in found.values()]
 
 
 # ---- the null candidate -------------------------------------------------------------------------------------

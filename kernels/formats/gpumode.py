@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from kernels.formats.common import (MANIFEST, TaskFormatError, default_task_name, load_module, op_name,
                                     read_required)
@@ -320,7 +321,7 @@ def _profile(module, spec: dict, where: str) -> dict:
     dims = {k: v for k, v in spec.items() if isinstance(v, int) and not isinstance(v, bool) and k != "seed"}
     row = {"spec": spec, "dims": dims, "dtype": "float32", "bytes": None}
     try:
-        with torch.random.fork_rng(devices=[]), on_device("meta"):
+        with torch.random.fork_rng(devices=[]), on_device("meta"), Uninitialised() as fresh:
             torch.manual_seed(0)
             data = module.generate_input(**spec)
     except TypeError as exc:
@@ -334,12 +335,14 @@ def _profile(module, spec: dict, where: str) -> dict:
         raise TaskFormatError(f"{where}: generate_input(**{spec}) returned no tensors")
     out_bytes = None
     versions = [t._version for t in tensors]
+    rooms = fresh.untouched(tensors)
     try:
         with on_device("meta"):
             outputs, out_structure = flatten(module.ref_kernel(unflatten(structure, list(tensors))))
         # tensors of data returned as outputs are not extra bytes
         out_bytes = tensor_bytes(o for o in outputs if not any(o is t for t in tensors))
-        writable = [i for i, t in enumerate(tensors) if t._version != versions[i] or any(o is t for o in outputs)]
+        writable = [i for i, t in enumerate(tensors)
+                    if t._version != versions[i] or any(o is t for o in outputs) or i in rooms]
         row.update(output_structure=out_structure if is_literal(repr(out_structure), out_structure) else None,
                    writable=writable)
     except Exception:  # noqa: BLE001 - outputs assumed input-sized when meta tensors cannot run the reference
@@ -354,6 +357,32 @@ def _profile(module, spec: dict, where: str) -> dict:
     return row
 
 
+class Uninitialised(TorchFunctionMode):
+    """Notes the tensors ``torch.empty`` and its kin make while a task makes its data.
+
+    One still unwritten when ``generate_input`` returns holds no values, only room: an output
+    buffer, whatever the reference does with it (a reference may return a new tensor and leave
+    the buffer alone, as GPU MODE's prefixsum does). It is declared writable: its contents are
+    garbage that cannot be made again, so checking it unchanged against inputs made again
+    would refuse the reference itself."""
+
+    _EMPTY = (torch.empty, torch.empty_like, torch.empty_strided, torch.Tensor.new_empty)
+
+    def __init__(self):
+        super().__init__()
+        self.made: list[tuple[torch.Tensor, int]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in self._EMPTY and isinstance(out, torch.Tensor):
+            self.made.append((out, out._version))
+        return out
+
+    def untouched(self, tensors) -> set[int]:
+        """Indices of ``tensors`` made empty and not written since."""
+        return {i for i, t in enumerate(tensors) if any(t is m and t._version == v for m, v in self.made)}
+
+
 def _fill_from_smallest_test(module, tests: list[dict], rows: list[dict]) -> None:
     """Which inputs the reference writes and what it returns, for cases meta tensors could not run (a task
     reading a value with ``.item()``, an output sized by the data): found by running the smallest test spec
@@ -365,12 +394,14 @@ def _fill_from_smallest_test(module, tests: list[dict], rows: list[dict]) -> Non
     try:
         with torch.random.fork_rng(devices=[]), on_device("cpu"):
             torch.manual_seed(0)
-            tensors, structure = flatten(module.generate_input(**smallest))
-            versions = [t._version for t in tensors]
+            with Uninitialised() as fresh:
+                tensors, structure = flatten(module.generate_input(**smallest))
+            versions, rooms = [t._version for t in tensors], fresh.untouched(tensors)
             outputs, out_structure = flatten(module.ref_kernel(unflatten(structure, list(tensors))))
     except Exception:  # noqa: BLE001 - nothing more can be learnt without a GPU; measured as the task runs
         return
-    writable = [i for i, t in enumerate(tensors) if t._version != versions[i] or any(o is t for o in outputs)]
+    writable = [i for i, t in enumerate(tensors)
+                if t._version != versions[i] or any(o is t for o in outputs) or i in rooms]
     found = {"writable": writable,
              "output_structure": out_structure if is_literal(repr(out_structure), out_structure) else None}
     for r in rows:
