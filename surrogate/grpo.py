@@ -18,9 +18,11 @@ Brier and CRPS are ``surrogate.metrics``'s definitions, so training optimises wh
 ``PARSE_FAILURE`` on one more (``parse_failure``), so it scores below every parsed answer under
 every reward: the worst parsed answer, confident and wrong, scores -1 under ``brier``, and a
 failure scoring 0 had taught a model to stop answering (measured: docs/grpo.md).
-Answers open with ``{"probabilities": [`` already in place (``answer_prefix``), as a server
-decoding under the forecaster's JSON schema forces them: a small model then learns the
-numbers, not the format, and reads in training what it reads when served.
+Answers open with ``{"failure": `` already in place (``answer_prefix``), as a server
+decoding under the forecaster's JSON schema forces them (failure first, then the eight
+bins given that the kernel runs): a small model then learns the numbers, not the format,
+reads in training what it reads when served, and states a failure probability in every
+answer.
 Correctness alone rewards a confident guess as much as a calibrated one; the calibration
 terms pay for probability mass near the truth.
 
@@ -28,8 +30,9 @@ GRPO learns only from groups whose answers score differently. A model that never
 the format scores 0 on every answer of every group and learns nothing (measured: SmolLM2-135M-
 Instruct on an H100, parse rate 0, every group with zero reward variance for 15 steps). An
 optional supervised warm-up (``sft_steps``) first fine-tunes the same LoRA adapter on training
-pairs towards well-formed answers (``sft_target``: the forecaster's JSON, a smoothed
-distribution around the true bin), then GRPO continues from it.
+pairs towards well-formed answers (``sft_target``: the forecaster's JSON, a low failure
+probability and a smoothed distribution around the true bin for a kernel that ran, a high
+one and flat bins for one that failed), then GRPO continues from it.
 
 Before and after training (and after the warm-up, when there is one), the model forecasts
 held-out operations greedily (as a search would) and is scored with ``surrogate.metrics.summary``. The LoRA adapter is written under
@@ -62,7 +65,7 @@ ADAPTER_FOLDER = "adapter"
 
 # How a schema-constrained answer opens. A server that decodes under ANSWER_SCHEMA (vLLM, llama.cpp)
 # forces these tokens, so a model trained and evaluated after them reads what it reads when served.
-ANSWER_OPENING = '{"probabilities": ['
+ANSWER_OPENING = '{"failure": '
 
 
 def _text(completion) -> str:
@@ -191,10 +194,20 @@ def sft_probabilities(true_bin: int, n_bins: int = 8) -> list[float]:
     return [out[b] / 100 for b in range(1, n_bins + 1)]
 
 
+# Warm-up failure probabilities: what a kernel that failed (true bin 0) and one that ran are taught to say.
+SFT_FAILED, SFT_RAN = 0.90, 0.05
+# The bins of a kernel that failed say nothing (given that it runs): flat, in hundredths summing to 1.
+SFT_FLAT = (0.13, 0.13, 0.12, 0.12, 0.13, 0.13, 0.12, 0.12)
+
+
 def sft_target(true_bin: int, answer_prefix: str = "") -> str:
-    """The warm-up's completion for a pair: the forecaster's answer JSON with ``sft_probabilities``
-    printed with 2 decimals, minus ``answer_prefix`` (which the prompt already ends with)."""
-    answer = '{"probabilities": [' + ", ".join(f"{p:.2f}" for p in sft_probabilities(int(true_bin))) + "]}"
+    """The warm-up's completion for a pair, minus ``answer_prefix`` (which the prompt already ends with):
+    the forecaster's answer JSON, failure first. A pair that ran (bin 1..8): failure ``SFT_RAN`` and
+    ``sft_probabilities``; one that failed (bin 0): failure ``SFT_FAILED`` and flat bins."""
+    true_bin = int(true_bin)
+    failure, probabilities = (SFT_FAILED, SFT_FLAT) if true_bin == 0 else (SFT_RAN, sft_probabilities(true_bin))
+    answer = (f'{{"failure": {failure:.2f}, "probabilities": ['
+              + ", ".join(f"{p:.2f}" for p in probabilities) + "]}")
     if not answer.startswith(answer_prefix):
         raise ValueError(f"the warm-up's answers start {answer[:24]!r}..., which does not continue the answer "
                          f"prefix {answer_prefix!r}")
@@ -486,12 +499,13 @@ def warm_up(model, tokenizer, train: pd.DataFrame, settings: GRPOSettings, log: 
     pairs towards ``sft_target`` answers, ``settings.batch_size`` pairs a step (AdamW, constant
     rate, cross-entropy on the target tokens only). Returns the loss of each step done.
 
-    The targets are speed bins: pairs whose child failed (true bin 0) have none and are left to GRPO."""
+    Pairs whose child failed (true bin 0) are taught a high failure probability, the others a low one
+    and their speed bin."""
     import torch
 
-    rows = train[train["true_bin"] > 0].to_dict("records")
+    rows = train.to_dict("records")
     if not rows:
-        raise ValueError("no training pair ran (every true bin is 0): the warm-up has no target to train towards")
+        raise ValueError("no training pairs: the warm-up has no target to train towards")
     order = np.random.default_rng(settings.seed).permutation(len(rows))
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:

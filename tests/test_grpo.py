@@ -29,7 +29,7 @@ from surrogate.dataset import case_pairs, requests_from, source_pairs, source_re
 from surrogate.grpo import (ANSWER_OPENING, PARSE_FAILURE, REWARDS, GRPOSettings, correctness, one_minus_brier,
                             one_minus_crps, outcome_reward, outcomes, render_prompt, reward, sft_probabilities,
                             sft_target)
-from surrogate.llm import build_messages, parse_probabilities
+from surrogate.llm import build_messages, parse_answer, parse_probabilities
 from surrogate.pairs import (CorpusSettings, PairSettings, balanced, build_pairs, corpus_pairs, read_pairs, request_of,
                              requests_of, write_pairs)
 
@@ -41,10 +41,10 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
 
 
 def _answer_tail(b: int) -> str:
-    """What follows ANSWER_OPENING in an answer with most probability on bin ``b``."""
+    """What follows ANSWER_OPENING in an answer that the kernel runs, with most probability on bin ``b``."""
     probabilities = [0.05] * 8
     probabilities[b - 1] = 0.65
-    return json.dumps(probabilities)[1:] + "}"
+    return '0.05, "probabilities": ' + json.dumps(probabilities) + "}"
 
 
 # ---------------------------------------------------------------- rewards
@@ -118,9 +118,12 @@ def test_no_parsed_answer_scores_as_low_as_a_parse_failure_on_any_true_bin():
 
 
 def test_rewards_read_the_answer_after_its_prefix():
-    assert reward("crps", [" 0, 0, 0, 1, 0, 0, 0, 0]}", "0, 1]}"], [4, 4], answer_prefix=ANSWER_OPENING) == \
-        [2.0, PARSE_FAILURE]
-    assert correctness(["0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.3]}"], [8], answer_prefix=[ANSWER_OPENING]) == [1.0]
+    assert reward("crps", [' 0, "probabilities": [0, 0, 0, 1, 0, 0, 0, 0]}', "0, 1]}"], [4, 4],
+                  answer_prefix=ANSWER_OPENING) == [2.0, PARSE_FAILURE]
+    assert correctness(['0, "probabilities": [0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.3]}'], [8],
+                       answer_prefix=[ANSWER_OPENING]) == [1.0]
+    assert correctness(['0.8, "probabilities": [0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.3]}'], [0],
+                       answer_prefix=[ANSWER_OPENING]) == [1.0]  # the failure it states, read after the opening
 
 
 def test_the_model_reads_the_chat_template_then_the_answer_opening(pool_pairs, tmp_path):
@@ -163,15 +166,22 @@ def test_unknown_reward_and_missing_model_are_refused_by_name(tmp_path):
 def test_warm_up_targets_are_smoothed_around_the_true_bin(true_bin, expected):
     assert sft_probabilities(true_bin) == pytest.approx(expected)
     text = ", ".join(f"{p:.2f}" for p in expected)
-    assert sft_target(true_bin, ANSWER_OPENING) == text + "]}"
-    assert sft_target(true_bin) == '{"probabilities": [' + text + "]}"
+    assert sft_target(true_bin, ANSWER_OPENING) == '0.05, "probabilities": [' + text + "]}"
+    assert sft_target(true_bin) == '{"failure": 0.05, "probabilities": [' + text + "]}"
 
 
-@pytest.mark.parametrize("true_bin", range(1, 9))
+def test_a_failed_pairs_warm_up_target_says_it_fails_and_leaves_the_bins_flat():
+    assert sft_target(0) == '{"failure": 0.90, "probabilities": [0.13, 0.13, 0.12, 0.12, 0.13, 0.13, 0.12, 0.12]}'
+    answer = parse_answer(ANSWER_OPENING + sft_target(0, ANSWER_OPENING))
+    assert answer.failure == pytest.approx(0.9) and answer.raw_sum == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("true_bin", range(0, 9))
 def test_warm_up_targets_parse_to_their_true_bin(true_bin):
-    for prefix in (ANSWER_OPENING, '{"probabilities": [0.', ""):
+    for prefix in (ANSWER_OPENING, '{"failure": 0.', ""):
         probabilities, raw_sum = parse_probabilities(prefix + sft_target(true_bin, prefix))
-        assert raw_sum == pytest.approx(1.0) and int(np.argmax(probabilities)) + 1 == true_bin
+        assert raw_sum == pytest.approx(1.0)
+        assert true_bin == 0 or int(np.argmax(probabilities)) + 1 == true_bin
         assert correctness([sft_target(true_bin, prefix)], [true_bin], answer_prefix=[prefix]) == [1.0]
     with pytest.raises(ValueError, match="does not continue the answer prefix"):
         sft_target(true_bin, "Answer: ")
@@ -480,7 +490,7 @@ def test_a_grpo_step_on_corpus_pairs_scores_failed_children(trained, tmp_path, c
     assert report["eval_ops"] == ["softmax", "transpose"] and (pairs["true_bin"] == 0).any()
     run = report["runs"]["crps"]
     assert run["steps"] == 1 and run["train_pairs"] == (pairs["split"] == "train").sum() and run["eval_pairs"] == 8
-    assert run["sft_steps"] == 1  # the warm-up's targets are speed bins: it trains on the children that ran
+    assert run["sft_steps"] == 1  # the warm-up trains on every training pair, failed children included
     for label in ("before", "after_sft", "after"):  # held-out pairs with failures: scored over bins 0..8
         assert {"failure_auroc", "spearman_valid", "bin_accuracy", "ece", "brier", "crps", "parse_rate"} <= \
             set(run[label]), label
