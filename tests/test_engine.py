@@ -449,7 +449,7 @@ def test_the_chat_template_comes_from_the_gguf_and_qwen2_without_one_falls_back_
 
 @pytest.mark.gpu
 def test_on_a_gpu_a_greedy_reply_is_the_same_alone_and_beside_longer_and_shorter_prompts(tiny_model):
-    """Left padding on CUDA: padded rows must not change a row's logits (float32 keeps ties apart)."""
+    """Slots on CUDA: a row's logits do not depend on the other slots' lengths (float32 keeps ties apart)."""
     gpu = EngineServer(tiny_model, "--device", "cuda", "--dtype", "float32", "--gather-ms", "300").wait_ready()
     try:
         assert get(f"{gpu.root_url}/stats")[1]["device"].startswith("cuda")
