@@ -1,3 +1,4 @@
+import contextlib
 import os
 import socket
 import sys
@@ -76,3 +77,34 @@ def s3_root(aws_credentials: None):
         server.stop()
 
 
+
+
+# ---- a Prefect API server (temporary database), shared by the tests that run flows -------------
+
+_PREFECT = contextlib.ExitStack()
+_LAST_PREFECT_TEST: list = []
+
+
+@pytest.fixture(scope="session")
+def prefect_server():
+    """A Prefect API server of its own (temporary database), as the Prefect UI would show.
+
+    Starting one takes 15-20 s on two cores, so the tests that run flows share it; it stops after
+    the last of them rather than idling (and polling its database) through the rest of the suite."""
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    from prefect.testing.utilities import prefect_test_harness
+
+    _PREFECT.enter_context(prefect_test_harness(server_startup_timeout=180))
+    yield
+    _PREFECT.close()
+
+
+def pytest_collection_finish(session):
+    _LAST_PREFECT_TEST[:] = [item for item in session.items if "prefect_server" in item.fixturenames][-1:]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield
+    if _LAST_PREFECT_TEST and item is _LAST_PREFECT_TEST[0]:
+        _PREFECT.close()

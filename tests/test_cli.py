@@ -79,11 +79,9 @@ def _small_prior(path):
     return prior
 
 
-def test_train_stores_the_prior_where_a_search_of_that_scope_looks_for_it(tmp_path):
+def test_train_stores_the_prior_where_a_search_of_that_scope_looks_for_it(prefect_server, tmp_path):
     import contextlib
     import io
-
-    from prefect.testing.utilities import prefect_test_harness
 
     from storage.dataset import DataRoot
     from tasks.config import SearchConfig
@@ -91,9 +89,9 @@ def test_train_stores_the_prior_where_a_search_of_that_scope_looks_for_it(tmp_pa
 
     prior, data = _small_prior(tmp_path / "prior"), str(tmp_path / "data")
     printed = io.StringIO()
-    # A server of this test's own, and output away from pytest's capture: Prefect's log handlers
-    # outlive the test, and must not keep a stream pytest closes.
-    with prefect_test_harness(server_startup_timeout=180), contextlib.redirect_stdout(printed):
+    # Output away from pytest's capture: Prefect's log handlers outlive the test, and must not keep a
+    # stream pytest closes.
+    with contextlib.redirect_stdout(printed):
         code = main(["train", "--op", "softmax", "--prior-data", prior.uri, "--data", data,
                      "--prior-scope", "other-gpus", "--gpu-type", "h100"])
     assert code == 0 and "(other-gpus) for each of: softmax" in printed.getvalue()

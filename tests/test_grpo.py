@@ -16,7 +16,6 @@ import contextlib
 import io
 import json
 import math
-import os
 from pathlib import Path
 
 import numpy as np
@@ -367,11 +366,8 @@ def _tiny_model(folder: Path, pairs: pd.DataFrame) -> None:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(prefect_server, tmp_path_factory):
     """``kernelcast pairs`` then ``kernelcast train --surrogate llm-grpo`` on the tiny model, through Prefect."""
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
-    from prefect.testing.utilities import prefect_test_harness
-
     from flows.cli import main
 
     where = tmp_path_factory.mktemp("grpo")
@@ -383,7 +379,7 @@ def trained(tmp_path_factory):
     pairs = read_pairs(str(pairs_file))
     _tiny_model(model, pairs)
     tracking = f"sqlite:///{where / 'mlflow.db'}"
-    with prefect_test_harness(server_startup_timeout=180), contextlib.redirect_stdout(printed):
+    with contextlib.redirect_stdout(printed):
         code = main(["train", "--surrogate", "llm-grpo", "--model", str(model), "--pairs", str(pairs_file),
                      "--reward", "crps", "--steps", "2", "--num-generations", "2", "--batch-size", "2",
                      "--max-completion-tokens", "4", "--lora-rank", "4", "--learning-rate", "1e-2",

@@ -52,7 +52,13 @@ def random_split(pairs):
 
 @pytest.fixture(scope="module")
 def learned(random_split):
-    return get_forecaster_factory("learned")().fit(random_split[0])
+    """The registered learned forecaster with fewer boosting rounds (60, and 30 for its source model,
+    whose forecasts the tests compare with its own): its rank correlation here is 0.95 against 0.97
+    with the defaults, in a third of the time."""
+    from surrogate.learned import LearnedForecaster
+
+    assert isinstance(get_forecaster_factory("learned")(), LearnedForecaster)
+    return LearnedForecaster(max_iter=60, source_max_iter=30).fit(random_split[0])
 
 
 def _spearman(name, train, test, forecaster=None):
@@ -146,8 +152,9 @@ def test_a_prior_held_out_by_gpu_type_is_as_sure_of_a_ported_op_as_its_errors_wa
     some = pairs[pairs["op"].isin(["softmax", "rmsnorm", "layernorm", "bias_gelu", "cross_entropy"])]
     target = (some["op"] == "cross_entropy") & (some["gpu_type"] == "h100")
     asked = some[target & (some["speedup"] > 0)]
-    new_op = LearnedForecaster(max_iter=100).fit(some[some["op"] != "cross_entropy"])
-    ported = LearnedForecaster(max_iter=100, held_out="gpu_type").fit(some[~target])
+    # The source model plays no part in template variants' forecasts: few rounds for it.
+    new_op = LearnedForecaster(max_iter=100, source_max_iter=20).fit(some[some["op"] != "cross_entropy"])
+    ported = LearnedForecaster(max_iter=100, source_max_iter=20, held_out="gpu_type").fit(some[~target])
     truth = np.log(asked["speedup"].to_numpy())
     errors = {}
     for name, model in (("new", new_op), ("ported", ported)):
