@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from kernels.formats import TaskFormatError, backend_of, submission_of, top_level_names
+from kernels.formats.gpumode import GpuModeOperation
+from kernels.formats.kernelbench import KernelBenchOperation
 from kernels.ops import get_operation
 from kernels.records import Candidate, Provenance
 from kernels.screen import MEASURABLE, SCREEN_REASONS, fingerprint, screen
@@ -57,8 +59,10 @@ REWRITE_ANSWER = ("Write a faster kernel that computes the same result on every 
 # A rewrite's answer ends at its code block's closing fence: what a model writes after it (an
 # explanation, often longer than the code) is never read, so it is not generated either.
 SOURCE_STOP = ("\n```\n",)
-# A changed prompt is a new generator version: rows of the corpus say which one wrote them.
-PROMPT_VERSION = "rewrite-" + hashlib.sha256((SYSTEM + REWRITE_ANSWER).encode()).hexdigest()[:8]
+# A changed prompt is a new generator version: rows of the corpus say which one wrote them. The
+# imported formats' entry contracts are part of the prompt of their tasks' kernels.
+PROMPT_VERSION = "rewrite-" + hashlib.sha256("".join(
+    (SYSTEM, REWRITE_ANSWER, KernelBenchOperation.ENTRY_CONTRACT, GpuModeOperation.ENTRY_CONTRACT)).encode()).hexdigest()[:8]
 MODES = ("variant", "source")
 FEEDBACK_LINES = 4  # earlier children of a parent shown in its prompt, most recent first
 _FENCED = re.compile(r"(`{3,})[ \t]*(?:python|py)?[ \t]*\n(.*?)\n\1", re.S)
@@ -200,8 +204,7 @@ def reference_text(op) -> str:
 def call_text(op, candidate: Candidate) -> str:
     """How the harness calls a candidate of ``op``: the line a rewrite must keep working."""
     if getattr(op, "entry", None):
-        return (f"The harness uses the module's `{op.entry}` as the {op.format} format defines it (same "
-                f"signature as the current one).")
+        return op.ENTRY_CONTRACT
     outputs = ", ".join(f"out{i}" if i else "out" for i in range(len(op.output_specs(op.interpret_cases[0]))))
     args = ", ".join([*op.input_names(), outputs] + [f"{k}={v!r}" for k, v in candidate.params.items()])
     return (f"The harness calls `launch({args})`: inputs first, then the output tensors it allocates, which "

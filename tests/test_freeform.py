@@ -191,6 +191,18 @@ def test_the_rewrite_prompt_shows_the_reference_the_parent_its_call_its_speedup_
     assert all(f"- {line}" in text for line in feedback)
 
 
+def test_an_imported_tasks_rewrite_prompt_states_what_its_format_must_define(tmp_path):
+    ref, cands = write_kernelbench(tmp_path, new=KB_ROW_SUM_NEW)
+    op, _ = import_task("kernelbench", str(ref), [str(cands[0])], name="row_sum_contract",
+                        interpret_sizes=["batch_size=2,dim=40"])
+    parent = op.seed_candidates()[0]
+    _, user = _generator().source_messages(op.name, Parent(parent, 1.0, "ok"))
+    text = user["content"]
+    assert "class Model(" in text  # the reference is shown as the current kernel
+    assert "`ModelNew(torch.nn.Module)`" in text and "a class named `Model` is ignored" in text
+    assert "custom_kernel" not in text  # another format's contract is not
+
+
 def test_answers_become_children_with_provenance_and_every_drop_is_counted_by_reason():
     parent = get_space("softmax").variants()[3]
     fence = "```"

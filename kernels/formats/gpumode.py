@@ -97,6 +97,10 @@ class GpuModeOperation(ImportedOperation):
     format = "gpumode"
     entry = "custom_kernel"
     reference_entry = "ref_kernel"
+    ENTRY_CONTRACT = ("Define a function `custom_kernel(data)`: it takes what the reference's `generate_input` "
+                      "returns and returns what `ref_kernel(data)` returns. Only `custom_kernel` is used: "
+                      "`ref_kernel`, `generate_input` and `check_implementation` need not be repeated. Import "
+                      "everything the module uses (torch, triton, triton.language as tl).")
     TABLE_FIELD = "structure"
     WRAPPER = """import torch as _kc_torch
 

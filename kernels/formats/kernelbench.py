@@ -45,6 +45,11 @@ class KernelBenchOperation(ImportedOperation):
     format = "kernelbench"
     entry = "ModelNew"
     reference_entry = "Model"
+    ENTRY_CONTRACT = ("Define a class `ModelNew(torch.nn.Module)`, the drop-in replacement of the reference's "
+                      "`Model`: the same constructor arguments (from `get_init_inputs()`), a `forward` taking the "
+                      "same inputs (from `get_inputs()`) and returning the same outputs. Only `ModelNew` is used: "
+                      "a class named `Model` is ignored, and `get_inputs`/`get_init_inputs` need not be repeated. "
+                      "Import everything the module uses (torch, triton, triton.language as tl, torch.nn as nn).")
     TABLE_FIELD = "init"
     WRAPPER = """import torch as _kc_torch
 

@@ -144,6 +144,9 @@ class ImportedOperation(Operation):
         self.eager_source = self.wrap(self.reference_source, self.reference_entry)
 
     reference_entry = ""  # the reference's own callable that the eager baseline wraps: Model, ref_kernel
+    # What a submission must define, in words a code model is told when it rewrites one of the
+    # format's kernels (its answer is dropped as ``no_launch`` when it defines no ``entry``).
+    ENTRY_CONTRACT = ""
 
     def _cases(self, rows) -> tuple[Case, ...]:
         out = []
