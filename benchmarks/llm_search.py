@@ -22,6 +22,18 @@ and the headroom (best kernel in the tree over the best of its roots).
     python -m benchmarks.llm_search --seeds 3 --budgets 16 32 64 --surrogates learned source roofline \\
         --json docs/measured/llm_search_replay.json --markdown docs/measured/llm_search_replay.md
 
+``--live URL`` runs the same comparison live: the children come from a model behind that
+OpenAI-compatible endpoint (``--generator freeform``: whole rewritten sources, each search asking
+its own), and they are compiled, checked and timed by the harness on this machine's GPU
+(``--backend local``). Each search starts from the operation's eager reference, as a freeform
+search does, so its first generation is the model's rewrites of it. Live runs are sampled twice over
+(the model's answers and the GPU's timings), so single ratios are noisy. Several processes may
+share one GPU (one ``--ops`` each, ``KERNELCAST_GPU_LOCK`` naming one lock file for them and the
+engine); ``--summary-only --json A B ...`` makes one table of their runs.
+
+    python -m benchmarks.llm_search --live http://127.0.0.1:8000/v1 --live-model qwen2.5-coder-1.5b \
+        --ops softmax --seeds 1 --budgets 16 --surrogates learned --json live-softmax.json
+
 ``--failure-costs`` reads back the data roots such runs wrote (``--data``, one or more) and prints,
 per budget kind, search and budget, what each run measured and what it charged to children that
 failed: how much of the budget a forecast of failure kept for kernels that run.
@@ -85,6 +97,16 @@ def tree_stats(corpus: str, op: str, gpu_type: str) -> dict:
             "best_root": best_root, "best_in_tree": best_all, "headroom": best_all / best_root if best_root else None}
 
 
+def search_base(args, op: str, seed: int) -> dict:
+    """The settings every search of one (op, seed) shares: replayed from the corpus, or live."""
+    base = dict(op=op, generations=args.generations, seed=seed, data=args.data)
+    if not args.live:
+        return base | dict(gpu_type=args.gpu_type, backend="replay", generator="replay", replay_corpus=args.corpus)
+    return base | dict(gpu_type=args.gpu_type, backend=args.backend, generator="freeform", generator_url=args.live,
+                       generator_model=args.live_model, generator_model_sha256=args.model_sha256,
+                       generator_schema_style="json_object", generator_temperature=args.temperature)
+
+
 def run_one(config: SearchConfig) -> dict:
     search = open_search(config, track=False)
     t0 = time.perf_counter()
@@ -116,26 +138,55 @@ def main(argv=None) -> int:
                    help="surrogates to compare with the baseline (any name the search takes)")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--generations", type=int, default=4)
-    p.add_argument("--gpu-type", default="h100")
+    p.add_argument("--gpu-type", default=None, help="replayed: the corpus's GPU type (h100); live: auto")
     p.add_argument("--data", default="/tmp/kernelcast-llm-search")
-    p.add_argument("--json", default="", help="write every run's numbers here")
+    p.add_argument("--live", default="", metavar="URL",
+                   help="search live: a model at this OpenAI-compatible endpoint writes the children, the harness "
+                        "measures them here (--backend)")
+    p.add_argument("--live-model", default="qwen2.5-coder-1.5b", help="the model the --live endpoint serves")
+    p.add_argument("--model-sha256", default="", help="its weights' SHA-256, recorded with every child")
+    p.add_argument("--temperature", type=float, default=0.8, help="--live: the model's sampling temperature")
+    p.add_argument("--max-minutes", type=float, default=math.inf,
+                   help="start no (op, budget, seed) after this long; the rows finished are kept")
+    p.add_argument("--backend", default="local", help="--live: where children are measured (local: this GPU)")
+    p.add_argument("--json", nargs="+", default=[], help="write every run's numbers here (--summary-only: read "
+                                                          "the runs of one or more such files)")
     p.add_argument("--markdown", default="", help="write the tables here")
     p.add_argument("--summary-only", action="store_true", help="only redo the tables from the runs in --json")
     p.add_argument("--failure-costs", nargs="+", default=[], metavar="DATA",
                    help="only print what the runs stored under these data roots charged to failures")
     args = p.parse_args(argv)
+    args.gpu_type = args.gpu_type or ("auto" if args.live else "h100")
     if args.failure_costs:
         return write_summary(failure_costs(args.failure_costs), args.markdown)
     if args.summary_only:
-        with open(args.json) as f:
-            stored = json.load(f)
-        return write_summary(summary(stored["runs"], stored["trees"], args), args.markdown)
+        runs, trees = [], []
+        for path in args.json:
+            with open(path) as f:
+                stored = json.load(f)
+            runs += stored["runs"]
+            trees += [t for t in stored["trees"] if t["op"] not in {seen["op"] for seen in trees}]
+        return write_summary(summary(runs, trees, args), args.markdown)
+    if len(args.json) > 1:
+        p.error("a search writes one --json file; several are read only with --summary-only")
+    if args.live and args.ops == "corpus":
+        p.error("--live needs --ops: the operations to search")
     ops = corpus_ops(args.corpus) if args.ops == "corpus" else args.ops.split(",")
-    trees = [tree_stats(args.corpus, op, args.gpu_type) for op in ops]
+    # What the recorded tree allows, per op: of the corpus (replayed), or of the live runs' own data.
+    trees = [] if args.live else [tree_stats(args.corpus, op, args.gpu_type) for op in ops]
     rows = []
+
+    def save() -> None:  # after every row: a run cut short keeps what it finished
+        if args.json:
+            with open(args.json[0], "w") as f:
+                json.dump({"trees": trees, "runs": rows}, f, indent=1)
+
+    deadline = time.monotonic() + 60 * args.max_minutes
     for op, budget, seed in itertools.product(ops, args.budgets, range(args.seeds)):
-        base = dict(op=op, gpu_type=args.gpu_type, generations=args.generations, seed=seed, data=args.data,
-                    backend="replay", generator="replay", replay_corpus=args.corpus)
+        if time.monotonic() > deadline:
+            print(f"--max-minutes {args.max_minutes:g} passed: no more searches started", flush=True)
+            break
+        base = search_base(args, op, seed)
         baseline = run_one(SearchConfig(**base, budget=budget, surrogate=BASELINE))
         for mode in args.modes:
             # At equal GPU-seconds: both capped at what the baseline spent, the measurement budget out of the way.
@@ -147,6 +198,7 @@ def main(argv=None) -> int:
                 run = run_one(SearchConfig(**base, surrogate=name, **limits))
                 reached = to_reach(run, ref["best"], mode) if ref["best"] else None
                 row = {"op": op, "budget": budget, "seed": seed, "mode": mode, "surrogate": name,
+                       "generator": base["generator"], "backend": base["backend"],
                        "surrogate_best": run["best"], "baseline_best": ref["best"],
                        "ratio": run["best"] / ref["best"] if ref["best"] else None,
                        "to_baseline_best": reached, "share_of_baseline_budget": (reached / scale) if reached else None,
@@ -154,10 +206,9 @@ def main(argv=None) -> int:
                                                              "dropped", "failed", "seconds")},
                        **{f"baseline_{k}": ref[k] for k in ("measurements", "gpu_seconds", "stop_reason", "failed")}}
                 rows.append(row)
+                save()
                 print(json.dumps(row), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"trees": trees, "runs": rows}, f, indent=1)
+    save()
     return write_summary(summary(rows, trees, args), args.markdown)
 
 
@@ -205,9 +256,12 @@ def summary(rows: list[dict], trees: list[dict], args) -> list[str]:
     """Markdown tables: per (mode, surrogate, budget) the two goals, then what each op's tree allows."""
     ops = sorted({r["op"] for r in rows})
     seeds = len({r["seed"] for r in rows})
-    lines = [f"Replayed search on the corpus's recorded tree (generator replay, backend replay): {len(ops)} ops "
-             f"({', '.join(ops)}) x {seeds} seeds; made by `python -m benchmarks.llm_search --seeds {seeds} "
-             f"--budgets {' '.join(map(str, args.budgets))} --surrogates {' '.join(args.surrogates)}`.", "",
+    live = any(r.get("generator", "replay") != "replay" for r in rows)
+    kind = ("Live search (generator freeform, the children measured by the harness on the GPU)" if live else
+            "Replayed search on the corpus's recorded tree (generator replay, backend replay)")
+    lines = [f"{kind}: {len(ops)} ops ({', '.join(ops)}) x {seeds} seeds; made by `python -m benchmarks.llm_search "
+             f"{'--live URL ' if live else ''}--seeds {seeds} --budgets {' '.join(map(str, args.budgets))} "
+             f"--surrogates {' '.join(args.surrogates)}`.", "",
              "| budget kind | surrogate | budget | runs | geomean best(surrogate) / best(baseline) | wins / ties / "
              "losses | reached the baseline's best | median share of the baseline's budget to get there | "
              "... of what the baseline spent | measurements (surrogate / baseline, mean) | failed measured "
@@ -233,6 +287,8 @@ def summary(rows: list[dict], trees: list[dict], args) -> list[str]:
                      f"{statistics.mean(r['baseline_measurements'] for r in mine):.1f} | "
                      f"{statistics.mean(r['surrogate_failed'] for r in mine):.1f} / "
                      f"{statistics.mean(r['baseline_failed'] for r in mine):.1f} |")
+    if not trees:
+        return lines
     lines += ["", "| op | roots | parents | children | per parent | pass today's static checks | run ok | "
               "beat their parent (by > 2%) | best root | best in tree | headroom |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
