@@ -105,7 +105,7 @@ def search_base(args, op: str, seed: int) -> dict:
     return base | dict(gpu_type=args.gpu_type, backend=args.backend, generator="freeform", generator_url=args.live,
                        generator_model=args.live_model, generator_model_sha256=args.model_sha256,
                        generator_schema_style="json_object", generator_temperature=args.temperature,
-                       generator_max_tokens=args.max_tokens)
+                       generator_max_tokens=args.max_tokens, generator_concurrency=args.concurrency)
 
 
 def run_one(config: SearchConfig) -> dict:
@@ -148,6 +148,8 @@ def main(argv=None) -> int:
     p.add_argument("--model-sha256", default="", help="its weights' SHA-256, recorded with every child")
     p.add_argument("--temperature", type=float, default=0.8, help="--live: the model's sampling temperature")
     p.add_argument("--max-tokens", type=int, default=1024, help="--live: most tokens of one rewritten source")
+    p.add_argument("--concurrency", type=int, default=16,
+                   help="--live: requests in flight per search (a batching server answers a generation at once)")
     p.add_argument("--max-minutes", type=float, default=math.inf,
                    help="start no (op, budget, seed) after this long; the rows finished are kept")
     p.add_argument("--backend", default="local", help="--live: where children are measured (local: this GPU)")

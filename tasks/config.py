@@ -52,6 +52,7 @@ class SearchConfig:
     generator_temperature: float = 0.8
     generator_model_sha256: str = ""  # the model's weights hash, recorded with every child it writes
     generator_max_tokens: int = 2048  # generator freeform: most tokens of one rewritten source (its answer)
+    generator_concurrency: int = 4  # model generators: requests in flight at once (a batching server takes many)
     replay_corpus: str = PACKAGED_CORPUS  # generator "replay": the corpus whose recorded children answer
     surrogate: str = "learned"  # learned | roofline | random | llm | none
     policy: str = "budget"  # budget: trust a confidence threshold; conformal: a certified risk
@@ -137,7 +138,8 @@ def check_settings(config: SearchConfig) -> None:
 
     if config.gpu_type != "auto" and config.gpu_type not in (*KNOWN_GPU_TYPES, INTERPRETER):
         raise ConfigError(f"unknown GPU type {config.gpu_type!r}; known: auto, {', '.join(KNOWN_GPU_TYPES)}")
-    for name in ("budget", "generations", "children", "measure_wave", "generator_children", "generator_max_tokens"):
+    for name in ("budget", "generations", "children", "measure_wave", "generator_children", "generator_max_tokens",
+                 "generator_concurrency"):
         value = getattr(config, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"{name} must be a positive whole number, got {value!r}")

@@ -127,7 +127,8 @@ def _llm_model(config, mode: str):
 
     return LLMGenerator(config.generator_url, config.generator_model, mode=mode,
                         temperature=config.generator_temperature, schema_style=config.generator_schema_style,
-                        model_sha256=config.generator_model_sha256, max_tokens_source=config.generator_max_tokens)
+                        model_sha256=config.generator_model_sha256, max_tokens_source=config.generator_max_tokens,
+                        concurrency=config.generator_concurrency)
 
 
 def _llm(config) -> Generator:

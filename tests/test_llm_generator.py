@@ -145,6 +145,7 @@ def test_an_unreachable_generator_endpoint_fails_before_anything_is_measured(tmp
     ({"generator_temperature": 3.0}, "generator_temperature must lie in \\[0, 2\\]"),
     ({"generator_model_sha256": "abc"}, "generator_model_sha256 must be 64 lowercase hex digits"),
     ({"generator_max_tokens": 0}, "generator_max_tokens must be a positive whole number"),
+    ({"generator_concurrency": 0}, "generator_concurrency must be a positive whole number"),
 ])
 def test_bad_generator_settings_are_refused_by_name(tmp_path, changes, message):
     with pytest.raises(ConfigError, match=message):

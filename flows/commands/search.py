@@ -24,6 +24,8 @@ _SEARCH_FLAGS = {
     "generator_model": (str, "model name at that endpoint (generator llm)"),
     "generator_temperature": (float, "sampling temperature of the generator's model (default 0.8)"),
     "generator_model_sha256": (str, "SHA-256 of the generator model's weights, recorded with each child"),
+    "generator_concurrency": (int, "requests to the generator's model in flight at once (default 4; a batching "
+                                   "server such as vLLM or the GPU engine answers many together)"),
     "generator_max_tokens": (int, "most tokens of one rewritten source (generator freeform; default 2048)"),
     "generator_children": (int, "children asked of the model per generation (generators llm, freeform, replay; "
                                 "default 16)"), "surrogate": (str, "learned, roofline, random, llm, or none (the "
