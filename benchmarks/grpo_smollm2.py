@@ -94,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-minutes", type=float, default=0.0,
                    help="wall-clock budget of the whole script, shared evenly by the rewards still to run (0: none)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
+                   help="weights and arithmetic on a GPU (fp32 where bfloat16 training diverges)")
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: local files only)")
     args = p.parse_args(argv)
 
@@ -147,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             steps=args.steps, batch_size=args.batch_size, eval_pairs=args.eval_pairs,
             eval_batch_size=args.eval_batch_size, answer_prefix=args.answer_prefix, seed=args.seed,
             sft_steps=args.sft_steps, sft_learning_rate=args.sft_learning_rate, max_seconds=share,
-            out_dir=str(out / name), tracking_uri=args.tracking_uri)
+            out_dir=str(out / name), tracking_uri=args.tracking_uri, precision=args.precision)
         start = time.perf_counter()
         result = train_grpo(pairs, settings)
         runs[name] = {**dataclasses.asdict(result), "wall_seconds": time.perf_counter() - start}

@@ -499,3 +499,10 @@ def test_train_command_asks_for_a_model_before_starting_anything(capsys):
 
     assert main(["train", "--surrogate", "llm-grpo"]) == 2
     assert "--surrogate llm-grpo needs --model" in capsys.readouterr().err
+
+
+def test_an_unknown_precision_is_refused_by_name():
+    from surrogate.grpo import load_model
+
+    with pytest.raises(ValueError, match="unknown precision 'fp8'; known: bf16, fp32"):
+        load_model("model.gguf", "fp8")
