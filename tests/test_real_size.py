@@ -164,6 +164,11 @@ def _import_in_fresh_process(args: dict, tasks_dir: Path) -> dict:
         op, _ = import_task(**{args!r})
         seconds = time.perf_counter() - t1
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        try:  # Linux keeps ru_maxrss across exec: the parent's size at fork; VmHWM is this process's own
+            with open("/proc/self/status") as f:
+                peak = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+        except (OSError, StopIteration):
+            pass
         print(json.dumps({{"cases": [op.info(c) for c in op.cases], "seconds": seconds, "peak_rss": peak}}))
         ''')
     env = {**os.environ, "PYTHONPATH": str(REPO), "KERNELCAST_TASKS": str(tasks_dir)}
