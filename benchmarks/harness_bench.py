@@ -66,6 +66,40 @@ def do_bench_medians(cand) -> list[float]:
     return medians
 
 
+SEGMENTS = (("compile ahead", "started", "ahead_done"), ("first calls", "locked", "checks"),
+            ("checks", "checks", "timing"), ("recheck", "last_timed", "releasing"), ("free", "releasing", "released"))
+
+
+def lock_breakdown(timeline) -> dict[str, dict[str, float]]:
+    """Where each child's time went, from the worker's timeline: median and total seconds per segment.
+
+    Under the lock: first calls (of cases not compiled ahead), the correctness checks (with the first
+    case's timing inputs), the timed calls of every window, what lies between windows (the next case's
+    inputs, freeing), the recheck after timing, and freeing the device; before it, compiling ahead."""
+    children: dict[tuple[str, int], dict[str, float]] = {}
+    timing: dict[tuple[str, int], float] = {}
+    for cid, attempt, phase, t, _ in timeline:
+        marks = children.setdefault((cid, attempt), {})
+        if phase == "timing":
+            marks["_timing_started"] = t
+            marks.setdefault("timing", t)
+        elif phase == "timed" and "_timing_started" in marks:
+            timing[(cid, attempt)] = timing.get((cid, attempt), 0.0) + t - marks.pop("_timing_started")
+            marks["last_timed"] = t
+        else:
+            marks.setdefault(phase, t)
+    spans: dict[str, list[float]] = {name: [] for name, _, _ in SEGMENTS}
+    spans["timed calls"] = list(timing.values())
+    spans["between windows"] = [marks["last_timed"] - marks["timing"] - timing[key]
+                                for key, marks in children.items() if key in timing]  # inputs, freeing
+    for marks in children.values():
+        for name, a, b in SEGMENTS:
+            if a in marks and b in marks:
+                spans[name].append(marks[b] - marks[a])
+    return {name: {"median_s": round(statistics.median(v), 4), "total_s": round(sum(v), 2), "children": len(v)}
+            for name, v in spans.items() if v}
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--batch", type=int, default=200)
@@ -96,11 +130,16 @@ def main() -> int:
         results = list(worker.measure(batch))
         wall = time.monotonic() - t0
         busy = worker.busy_gpu_seconds
+        breakdown = lock_breakdown(worker.timeline)
     statuses = {s: sum(m.status == s for m in results) for s in {m.status for m in results}}
     report.update(batch_candidates=len(results), batch_wall_s=wall, candidates_per_gpu_minute=len(results) / (wall / 60),
                   gpu_busy_fraction=busy / wall, batch_statuses=statuses)
     print(f"throughput: {len(results)} candidates in {wall:.1f} s = {report['candidates_per_gpu_minute']:.0f} "
           f"per GPU-minute; GPU busy {100 * busy / wall:.0f}% of wall time; statuses {statuses}")
+    report["lock_breakdown"] = breakdown
+    for name, b in breakdown.items():
+        print(f"  {name:<14} median {1e3 * b['median_s']:8.1f} ms, total {b['total_s']:7.1f} s over {b['children']} "
+              f"children")
 
     # 3. repeatability: the same candidates, separate runs (fresh worker, fresh children)
     ok = [m for m in results if m.status == "ok"]

@@ -63,7 +63,7 @@ def discover(root: Path) -> list[Task]:
         found.append(Task(str(folder.relative_to(root)), "gpumode", folder / "reference.py",
                           _task_name(folder.name.removesuffix("_py"))))
     for path in sorted(root.rglob("*.py")):
-        if path.parent in gpumode_dirs or any(part.startswith(".") for part in path.parts):
+        if path.parent in gpumode_dirs or any(part.startswith(".") for part in path.relative_to(root).parts):
             continue
         try:
             names = top_level_names(read_source(path, "file"), str(path))
@@ -207,6 +207,14 @@ def sweep(tasks: list[Task], out: Path, *, mode: str, concurrency: int, max_minu
                     break
         wall = time.monotonic() - started
     print(f"this call: {wall:.0f} s wall, {worker.busy_gpu_seconds:.0f} device-seconds held by children", flush=True)
+    from benchmarks.harness_bench import lock_breakdown
+
+    breakdown = lock_breakdown(worker.timeline)  # where the children's time went: compiling, checks, timing
+    (out / f"breakdown-{int(time.time())}.json").write_text(json.dumps(
+        {"wall_s": round(wall, 1), "device_s": round(worker.busy_gpu_seconds, 1), "segments": breakdown}, indent=1))
+    for name, b in breakdown.items():
+        print(f"  {name:<16} median {b['median_s']:7.3f} s, total {b['total_s']:8.1f} s over {b['children']} children",
+              flush=True)
 
 
 def _hardware(mode: str):

@@ -56,8 +56,10 @@ class MeasureActor:
         self.gpu_type = gpu_type
         if measurer_factory is not None:
             self.measurer = measurer_factory(gpu_type)
-        elif use_gpu:
-            self.measurer = LocalMeasurer(**(measurer_options or {}))  # Ray has set CUDA_VISIBLE_DEVICES
+        elif use_gpu:  # Ray has set CUDA_VISIBLE_DEVICES; the node's other GPUs have their own cores
+            options = dict(measurer_options or {})
+            options.setdefault("cpus", _core_share())
+            self.measurer = LocalMeasurer(**options)
             if self.measurer.gpu_type != gpu_type:
                 self.measurer.close()
                 raise RuntimeError(f"this node advertises {GPU_TYPE_RESOURCE}{gpu_type} but its GPU is "
@@ -81,6 +83,21 @@ class MeasureActor:
 
     def close(self) -> None:
         self.measurer.close()
+
+
+def _core_share() -> tuple[int, ...] | None:
+    """This actor's share of its node's cores, one share per GPU of the node (None: a node of one GPU).
+
+    Without it, the workers of a node's GPUs each start cores - 1 children over the same cores,
+    and one GPU's lock holder shares its reserved core with the other GPU's compiling children."""
+    from kernels.harness import cores
+
+    ids = ray.get_gpu_ids()
+    node = ray.get_runtime_context().get_node_id()
+    gpus = next((int(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n.get("NodeID") == node), 0)
+    if len(ids) != 1 or gpus < 2:
+        return None
+    return cores.share(int(ids[0]) % gpus, gpus)  # ids count from 0 on the node (modulo: a node given a subset)
 
 
 class _Slot:

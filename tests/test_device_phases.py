@@ -270,3 +270,33 @@ def test_the_shared_gpu_lock_comes_from_the_environment_by_default(monkeypatch, 
     assert WorkerConfig().gpu_lock == str(tmp_path / "shared.lock")
     monkeypatch.delenv("KERNELCAST_GPU_LOCK")
     assert WorkerConfig().gpu_lock is None
+
+
+def test_share_gives_each_gpu_worker_whole_cores_of_its_own():
+    from kernels.harness import cores
+
+    # hyperthreads numbered as Linux does on many machines: cpu i and i + 4 share a core
+    pairs = {c: {c % 4, c % 4 + 4} for c in range(8)}
+    a, b = (cores.share(i, 2, range(8), siblings_of=pairs.__getitem__) for i in range(2))
+    assert a == (0, 1, 4, 5) and b == (2, 3, 6, 7)  # not 0-3 / 4-7, which would put both on every core
+    shares = [cores.share(i, 3, range(16), siblings_of=lambda c: {c}) for i in range(3)]
+    assert sorted(c for s in shares for c in s) == list(range(16)) and [len(s) for s in shares] == [5, 5, 6]
+    # each share still keeps a core for its own lock holder
+    assert cores.plan(a, siblings_of=pairs.__getitem__).timing == (1, 5)
+    with pytest.raises(ValueError, match="index"):
+        cores.share(2, 2, range(8))
+    with pytest.raises(ValueError, match="4 cores cannot be shared among 5"):
+        cores.share(0, 5, range(8), siblings_of=pairs.__getitem__)
+
+
+def test_a_worker_given_cores_runs_its_children_on_them_only():
+    mine = tuple(sorted(os.sched_getaffinity(0)))[-1:]
+    hw = HardwareSpec(gpu_type=INTERPRETER, device_name="cpu")
+    with MeasureWorker(hw, WorkerConfig(mode="interpreter", concurrency=1, cpus=mine)) as worker:
+        from kernels.ops import get_operation
+
+        seed = get_operation("softmax").seed_candidates()[0]
+        [m] = list(worker.measure([seed]))
+        where = [detail["cpus"] for _, _, phase, _, detail in worker.timeline if phase == "ahead_done"]
+    assert m.status == "ok", m.error
+    assert where == [list(mine)]

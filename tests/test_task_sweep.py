@@ -101,3 +101,17 @@ def test_the_sweep_stops_starting_chunks_after_its_time_and_goes_on_next_call(tm
     assert "stopping after 0 minutes" in stdout and rows == []
     stdout, rows = _sweep(tasks, out, "--chunk", "1")
     assert len(rows) == 3 and len({r["task"] for r in rows}) == 3
+
+
+def test_discover_finds_the_same_tasks_from_a_relative_folder(tmp_path, monkeypatch):
+    from benchmarks.task_sweep import discover
+
+    root = _tasks(tmp_path / "tasks")
+    (root / "kernelbench" / ".hidden").mkdir()
+    (root / "kernelbench" / ".hidden" / "copy.py").write_text((root / "kernelbench" / "level1" / "broken.py").read_text())
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # "../tasks": a path that starts with a dot-dot part
+    absolute, relative = discover(root), discover(Path("..") / "tasks")
+    assert [t.key for t in relative] == [t.key for t in absolute]
+    assert {t.format for t in absolute} == {"kernelbench", "gpumode"} and len(absolute) == 3
+    assert not any(".hidden" in t.key for t in absolute)

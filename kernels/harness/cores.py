@@ -66,6 +66,29 @@ def plan(cpus: Iterable[int] | None = None, reserve: bool = True,
     return CorePlan(tuple(timing), tuple(rest))
 
 
+def share(index: int, parts: int, cpus: Iterable[int] | None = None,
+          siblings_of: Callable[[int], set[int]] = siblings) -> tuple[int, ...]:
+    """The ``index``-th of ``parts`` disjoint shares of ``cpus`` (default: this process's), whole cores each.
+
+    Several GPUs of one machine each get a measurement worker; each worker's children must compile
+    and time on cores of their own, or one GPU's lock holder shares a core with the other's compiling
+    children. Hyperthread siblings stay in one share (they share a core's execution units)."""
+    allowed = sorted(set(os.sched_getaffinity(0) if cpus is None else cpus))
+    if parts < 1 or not 0 <= index < parts:
+        raise ValueError(f"share {index} of {parts}: the index must lie in 0..{parts - 1}")
+    groups: list[tuple[int, ...]] = []
+    seen: set[int] = set()
+    for cpu in allowed:
+        if cpu not in seen:
+            group = tuple(sorted(siblings_of(cpu) & set(allowed)))
+            seen.update(group)
+            groups.append(group)
+    if len(groups) < parts:
+        raise ValueError(f"{len(groups)} cores cannot be shared among {parts} workers: each needs one of its own")
+    first, last = index * len(groups) // parts, (index + 1) * len(groups) // parts
+    return tuple(sorted(c for g in groups[first:last] for c in g))
+
+
 def pin(cpus: Iterable[int]) -> tuple[int, ...]:
     """Run the calling thread (and the threads it starts later) on ``cpus``; returns where it now runs."""
     os.sched_setaffinity(0, set(cpus))

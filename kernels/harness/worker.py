@@ -67,6 +67,9 @@ class WorkerConfig:
     # A core (with its hyperthreads) kept for the child holding the lock, the others for compiling
     # (kernels.harness.cores); None: in GPU mode, where host time is timed, and not in interpreter mode.
     reserve_timing_core: bool | None = None
+    # The cores this worker's children may use (None: all this process may): one share per GPU where
+    # several workers measure on one machine (kernels.harness.cores.share).
+    cpus: tuple[int, ...] | None = None
     host_bound_windows: int = 5  # timing windows at most for a case whose host side outlasts the L2 flush
     # A lock file shared with the machine's other GPU users (an inference engine started with the same
     # --gpu-lock): children take it for their GPU work as they take the worker's own, so nothing else runs
@@ -201,7 +204,7 @@ class MeasureWorker:
         os.makedirs(self._cache, exist_ok=True)
         self.stats = WorkerStats()
         reserve = config.reserve_timing_core if config.reserve_timing_core is not None else config.mode == "gpu"
-        self.cores = cores.plan(reserve=reserve)
+        self.cores = cores.plan(config.cpus, reserve=reserve)
         self._protection = (config.network, config.filesystem)  # in GPU mode, settled by a probe
         self._probed = config.mode != "gpu"
         self.reference_us: dict[str, tuple[float, ...]] = {}  # op -> eager runtime per case
