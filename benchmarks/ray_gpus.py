@@ -62,12 +62,12 @@ def task_candidates(folder: Path, match: str | None, limit: int | None) -> list:
     return cands
 
 
-def run(candidates: list, gpus: int, gpu_type: str) -> dict:
+def run(candidates: list, gpus: int, gpu_type: str, chunk_size: int = 16) -> dict:
     """Measure ``candidates`` through a local Ray pool of ``gpus`` actors; wall time and every verdict."""
     from infra.ray_pools import RayMeasurePool
 
     t0 = time.perf_counter()
-    pool = RayMeasurePool.connect(None, local_resources={f"gpu_type:{gpu_type}": float(gpus)})
+    pool = RayMeasurePool.connect(None, local_resources={f"gpu_type:{gpu_type}": float(gpus)}, chunk_size=chunk_size)
     up = time.perf_counter() - t0
     try:
         actors = [a.__dict__ for a in pool.actors]
@@ -110,6 +110,7 @@ def main(argv=None) -> int:
     p.add_argument("--tasks", default=None, help="also every public task's reference and null candidate here")
     p.add_argument("--match", default=None, help="only tasks whose path matches this regular expression")
     p.add_argument("--limit", type=int, default=None, help="only the first N tasks")
+    p.add_argument("--chunk", type=int, default=16, help="candidates sent to an actor at once (the pool's default 16)")
     p.add_argument("--out", required=True, help="folder for ray_gpus.json (and the imported tasks)")
     args = p.parse_args(argv)
     out = Path(args.out).resolve()
@@ -132,7 +133,7 @@ def main(argv=None) -> int:
           f"{gpus} x {detect(0).device_name}", flush=True)
     runs = []
     for n in (1, gpus):
-        r = run(candidates, n, gpu_type)
+        r = run(candidates, n, gpu_type, args.chunk)
         print(f"{n} GPU(s): {r['measured']} measured in {r['wall_s']:.1f} s ({r['per_minute']:.1f} a minute), "
               f"{r['gpu_seconds']:.0f} device-seconds, actors up in {r['startup_s']:.1f} s", flush=True)
         runs.append(r)
@@ -142,7 +143,7 @@ def main(argv=None) -> int:
     print(json.dumps({k: v for k, v in summary.items() if k != "differing"}, indent=1))
     for cid, (s1, s2) in summary["differing"].items():
         print(f"  {cid}: {s1} on one GPU, {s2} on {gpus}")
-    (out / "ray_gpus.json").write_text(json.dumps({"device": detect(0).device_name, "gpus": gpus, "runs": runs,
+    (out / "ray_gpus.json").write_text(json.dumps({"device": detect(0).device_name, "gpus": gpus, "chunk": args.chunk, "runs": runs,
                                                    "summary": summary}, indent=1, default=str))
     return 0
 

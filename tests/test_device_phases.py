@@ -138,6 +138,43 @@ def test_compiling_ahead_builds_cuda_kernels_without_a_gpu_or_cuda(tmp_path):
     assert report["cubins"] >= 1
 
 
+def test_launchers_of_tma_kernels_are_not_built_ahead(tmp_path):
+    """A TMA template compiles ahead for an H100, but its launcher waits for the first launch.
+
+    Built before CUDA's utilities are loaded, the launcher would keep None for the descriptor
+    type and refuse every descriptor ("object must be of type PyCUtensorMap"), as seen on H200s."""
+    script = textwrap.dedent(f'''
+        import json, os
+        os.environ.pop("TRITON_INTERPRET", None)
+        os.environ["TRITON_CACHE_DIR"] = {str(tmp_path)!r}
+        import torch
+        from kernels.harness import ahead
+        from kernels.harness.runner import call_candidate, load_launch, poisoned_outputs
+        from kernels.ops import get_operation
+        from kernels.spaces import get_space
+
+        found = {{}}
+        for name, family in (("matmul", "matmul/tma"), ("softmax", "softmax/")):
+            cand = next(c for c in get_space(name).spread_subset(60) if c.template.startswith(family))
+            op = get_operation(name)
+            launch = load_launch(cand.source, {str(tmp_path)!r}, module_name="c_" + name)
+            with ahead.compile_only(ahead.parse_target("cuda:90")) as compiled:
+                gen = torch.Generator()
+                gen.manual_seed(0)
+                case = op.cases[0]
+                call_candidate(launch, op.make_inputs(case, gen, "meta"), poisoned_outputs(op, case, "meta"), cand.params)
+            found[family] = [ahead.warmable(k) for k in compiled]
+        print(json.dumps(found))
+        ''')
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env={**env, "PYTHONPATH": REPO},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["matmul/tma"] and not any(found["matmul/tma"])
+    assert found["softmax/"] and all(found["softmax/"])
+
+
 def test_device_guard_refuses_cuda_before_torch_reaches_cuda():
     import torch
 

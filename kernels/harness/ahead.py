@@ -110,12 +110,27 @@ def target_of(compute_capability: str) -> str:
     return f"cuda:{int(major)}{int(minor or 0)}" if major.isdigit() and (minor or "0").isdigit() else ""
 
 
+def warmable(kernel) -> bool:
+    """Whether the C launcher of ``kernel`` may be built before CUDA's own utilities are loaded.
+
+    A launcher takes the type of host-side TMA descriptors (``PyCUtensorMap``) from Triton's
+    driver module when it is first loaded, and Python never loads an extension module twice:
+    built here, before the CUDA driver has loaded that type, the launcher of a kernel taking
+    tensor descriptors would keep None for it and refuse every descriptor at the real launch
+    ("object must be of type PyCUtensorMap"). Such launchers are left to the first launch."""
+    from triton.backends.nvidia import driver as nvidia
+
+    takes_descriptors = any("tensordesc" in str(t) for t in getattr(kernel.src, "signature", {}).values())
+    return not takes_descriptors or nvidia.PyCUtensorMap is not None
+
+
 def _warm_launcher(kernel) -> None:
     """Build the C launcher of a compiled kernel now (cached on disk), not under the GPU lock; best effort."""
     try:
         from triton.backends.nvidia.driver import CudaLauncher
 
-        CudaLauncher(kernel.src, kernel.metadata)
+        if warmable(kernel):
+            CudaLauncher(kernel.src, kernel.metadata)
     except Exception:  # noqa: BLE001 - no libcuda here, or another Triton: the launcher is built at first launch
         pass
 
