@@ -200,8 +200,12 @@ def sweep(tasks: list[Task], out: Path, *, mode: str, concurrency: int, max_minu
                     windows = {role: sum(1 for cid, _, phase, _, _ in worker.timeline
                                          if cid == got[role].candidate_id and phase == "timed")
                                for role in got}
-                    write(_row(task, op, seconds, "", got["reference"], got["null"], chunk=chunk_id, mode=mode,
-                               windows=windows))
+                    row = _row(task, op, seconds, "", got["reference"], got["null"], chunk=chunk_id, mode=mode,
+                               windows=windows)
+                    # host-bound cases the null was timed beside the reference in (kernels.harness.runner._anchored)
+                    row["null_anchored"] = {d["case"]: round(d["ratio"], 4) for cid, _, phase, _, d in worker.timeline
+                                            if cid == got["null"].candidate_id and phase == "anchored"}
+                    write(row)
                 if deadline is not None and time.monotonic() > deadline + 60:  # a chunk far past the limit: cut it
                     print("past the time limit inside a chunk; its unfinished tasks run next time", flush=True)
                     break

@@ -337,3 +337,75 @@ def test_a_worker_given_cores_runs_its_children_on_them_only():
         where = [detail["cpus"] for _, _, phase, _, detail in worker.timeline if phase == "ahead_done"]
     assert m.status == "ok", m.error
     assert where == [list(mine)]
+
+
+# ---- host-bound cases anchored to the reference ---------------------------------------------------------
+
+
+def _anchor_job(tmp_path, cand, reference_us):
+    from kernels.harness.runner import Job
+
+    return Job(candidate=cand, mode="gpu", scratch_dir=str(tmp_path), lock_path="/nonexistent",
+               triton_cache_dir=str(tmp_path), reference_us=reference_us)
+
+
+def test_a_host_bound_case_is_reported_as_the_reference_runtime_times_the_paired_ratio(tmp_path):
+    """Timed in one window beside the reference: 1.5x the reference's time there is 1.5x its runtime elsewhere."""
+    from kernels.harness import runner
+    from kernels.harness.timing import Timing
+    from kernels.ops import get_operation
+
+    op = get_operation("softmax")
+    cand = get_space("softmax").spread_subset(1)[0]
+    runner._TORCH_AT_START = runner.torch_fingerprint()
+    seen, phases = [], []
+
+    def pair(case, anchor):  # the GPU's paired window: the candidate 1.5x the reference beside it
+        ref_launch, params = anchor
+        assert callable(ref_launch) and params == op.seed_candidates()[0].params
+        seen.append(case.name)
+        return Timing(300.0, 6.0, 40, 500.0), Timing(200.0, 4.0, 40, 480.0)
+
+    job = _anchor_job(tmp_path, cand, tuple(100.0 * (i + 1) for i in range(len(op.cases))))
+    result = {}
+    got = runner._anchored(job, op, op.cases[1:2], pair, result, lambda *p: phases.append(p))
+    assert seen == [op.cases[1].name] and list(got) == [op.cases[1].name]
+    assert got[op.cases[1].name].runtime_us_median == pytest.approx(200.0 * 1.5)
+    assert result["anchored_cases"] == [op.cases[1].name]
+    assert phases[-1][0] == "anchored" and phases[-1][1]["ratio"] == pytest.approx(1.5)
+    # the reference itself (no reference runtimes given) is never anchored
+    assert runner._anchored(_anchor_job(tmp_path, cand, ()), op, op.cases, pair, {}, lambda *p: None) == {}
+
+
+def test_no_anchoring_once_the_candidate_has_replaced_a_torch_function(tmp_path, monkeypatch):
+    """A candidate that swapped a torch function could slow the reference it is measured against."""
+    import torch
+
+    from kernels.harness import runner
+    from kernels.ops import get_operation
+
+    op = get_operation("softmax")
+    cand = get_space("softmax").spread_subset(1)[0]
+    runner._TORCH_AT_START = runner.torch_fingerprint()
+    slow = torch.nn.functional.softmax
+    monkeypatch.setattr(torch.nn.functional, "softmax", lambda *a, **k: slow(*a, **k))
+    phases = []
+    got = runner._anchored(_anchor_job(tmp_path, cand, (100.0,) * len(op.cases)), op, op.cases,
+                           lambda case, anchor: pytest.fail("the reference was timed"), {},
+                           lambda *p: phases.append(p))
+    assert got == {}
+    assert phases == [("not_anchored", {"replaced": ["F.softmax"]})]
+
+
+def test_the_worker_anchors_candidates_but_never_the_reference():
+    from kernels.ops import get_operation
+
+    cfg = WorkerConfig(mode="gpu", concurrency=1)
+    worker = MeasureWorker.__new__(MeasureWorker)  # no children: only the job's anchor is asked
+    worker.config, worker.reference_us = cfg, {"softmax": (10.0, 20.0, 30.0)}
+    reference = get_operation("softmax").seed_candidates()[0]
+    cand = get_space("softmax").spread_subset(1)[0]
+    assert worker._anchor(cand) == (10.0, 20.0, 30.0)
+    assert worker._anchor(reference) == ()
+    worker.config = WorkerConfig(mode="gpu", concurrency=1, anchor_host_bound=False)
+    assert worker._anchor(cand) == ()

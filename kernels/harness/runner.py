@@ -49,7 +49,7 @@ import triton.language as tl
 from kernels.harness import ahead, budget, cores, sandbox
 from kernels.harness.anticheat import CallGuard, Checker, Rejected, install_stream_guard, scan_source
 from kernels.harness.correctness import CandidateLoadError, call_candidate, load_launch, poisoned_outputs
-from kernels.harness.timing import agree, fastest, flush_us, l2_flush_buffer, time_call
+from kernels.harness.timing import Timing, agree, fastest, flush_us, l2_flush_buffer, time_call, time_pair
 from kernels.ops import get_operation
 from kernels.records import Candidate
 
@@ -78,6 +78,9 @@ class Job:
     compile_cpus: tuple[int, ...] = ()  # where the child runs until it holds the lock (kernels.harness.cores)
     timing_cpus: tuple[int, ...] = ()  # where it runs while it holds the lock; () for both: wherever it may
     host_bound_windows: int = 5  # timing windows for a case whose host side outlasts the flush (the fastest counts)
+    # The op's reference runtime per case, as the worker measured it; given, a host-bound case is timed
+    # in one window with the reference and reported as this runtime times their ratio (``anchored``).
+    reference_us: tuple[float, ...] = ()
 
     def policy(self) -> sandbox.SandboxPolicy:
         return sandbox.SandboxPolicy(scratch_dir=self.scratch_dir, triton_cache_dir=self.triton_cache_dir,
@@ -231,6 +234,8 @@ def evaluate(job: Job, notify=lambda *msg: None) -> dict:
     refused = scan_source(cand, op)
     if refused:
         return fail("rejected", refused)
+    global _TORCH_AT_START
+    _TORCH_AT_START = torch_fingerprint()  # before any candidate code runs (see _anchored)
     # Outside the lock: CPU only.
     try:
         deferred = compile_ahead(job, op, cases)
@@ -346,14 +351,17 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
     stream = torch.cuda.current_stream()
     head_start_us = flush_us(flush)
 
-    def time_case(case, max_seconds: float = job.max_seconds_per_case):
+    reference = dict(zip((c.name for c in cases), job.reference_us))
+
+    def time_case(case, max_seconds: float = job.max_seconds_per_case, anchor=None):
         first = checker.inputs(case, _TIMING_SEED)
         first_outs = poisoned_outputs(op, case, "cuda")
         torch.cuda.synchronize()
         free, _ = torch.cuda.mem_get_info()
         # outputs the candidate returns (imported ops) are allocated by its calls: counted as the footprint's
         out_bytes = max(budget.tensor_bytes(first_outs), footprints.get(case.name, 0))
-        n_sets = budget.rotation_sets(free, budget.tensor_bytes(first), out_bytes)
+        # the anchor (the reference) writes outputs of its own: the sets are sized for both
+        n_sets = budget.rotation_sets(free, budget.tensor_bytes(first), out_bytes * (2 if anchor else 1))
         sets = [first] + [checker.inputs(case, _TIMING_SEED + k) for k in range(1, n_sets)]
         outs = [first_outs] + [poisoned_outputs(op, case, "cuda") for _ in range(1, n_sets)]
         params = job.candidate.params
@@ -363,9 +371,21 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
             launch(*sets[k], *outs[k], **params)
 
         phase("timing", case.name)
-        timing = time_call(call, flush, max_seconds=max_seconds)
-        phase("timed", {"case": case.name, "us": timing.runtime_us_median, "host_us": timing.host_us_median,
-                        "flush_us": head_start_us})
+        if anchor is None:
+            timing = time_call(call, flush, max_seconds=max_seconds)
+        else:
+            ref_launch, ref_params = anchor
+            ref_outs = [poisoned_outputs(op, case, "cuda") for _ in range(n_sets)]
+
+            def call_reference(i: int) -> None:
+                k = i % len(sets)
+                ref_launch(*sets[k], *ref_outs[k], **ref_params)
+
+            timing = time_pair(call, call_reference, flush, max_seconds=max_seconds)
+            del ref_outs
+        phase("timed", {"case": case.name, "us": (timing[0] if anchor else timing).runtime_us_median,
+                        "host_us": (timing[0] if anchor else timing).host_us_median, "flush_us": head_start_us,
+                        **({"reference_us": timing[1].runtime_us_median} if anchor else {})})
         if torch.cuda.current_stream() != stream:
             raise Rejected(f"case {case.name}: left another CUDA stream current; kernels must run on the "
                            f"harness's stream, where they are timed")
@@ -375,17 +395,21 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
         torch.cuda.empty_cache()  # the next case starts from a clean pool
         return timing, n_sets
 
+    def time_pair_case(case, anchor):
+        return time_case(case, max_seconds=job.max_seconds_per_case, anchor=anchor)[0]
+
     windows, rotation = {}, {}
     for case in cases:
         timing, rotation[case.name] = time_case(case)
         windows[case.name] = [timing]
-    # Host-bound cases again, in passes over the cases, until their two fastest windows agree.
+    bound = [c for c in cases if windows[c.name][0].host_bound(head_start_us)]
+    anchored = _anchored(job, op, [c for c in bound if c.name in reference], time_pair_case, result, phase)
+    # Other host-bound cases again, in passes over the cases, until their two fastest windows agree.
     for _ in range(job.host_bound_windows - 1):
-        again = [c for c in cases if windows[c.name][0].host_bound(head_start_us)
-                 and not agree(windows[c.name])]
+        again = [c for c in bound if c.name not in anchored and not agree(windows[c.name])]
         for case in again:
             windows[case.name].append(time_case(case, max_seconds=job.max_seconds_per_case / 4)[0])
-    timings = {name: fastest(w) for name, w in windows.items()}
+    timings = {name: anchored.get(name) or fastest(w) for name, w in windows.items()}
     for case in cases:
         timing = timings[case.name]
         result["runtime_us_median"].append(timing.runtime_us_median)
@@ -394,6 +418,68 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
         result.setdefault("rotation_sets", []).append(rotation[case.name])
     del flush
     torch.cuda.empty_cache()
+
+
+_TORCH_AT_START: dict[str, int] = {}
+_REWRAPPED = {"torch.manual_seed"}  # torch._dynamo wraps it when first imported (torch.compile)
+
+
+def torch_fingerprint() -> dict[str, int]:
+    """The identity of every public function of torch, torch.nn.functional and torch.Tensor.
+
+    Taken before a candidate's code runs and compared before the reference is timed in the
+    same process: a candidate that replaced one of them could slow the reference it is
+    measured against."""
+    import torch.nn.functional as F
+
+    found = {}
+    for prefix, holder in (("torch.", torch), ("F.", F), ("Tensor.", torch.Tensor)):
+        for name in dir(holder):
+            if not name.startswith("_") and prefix + name not in _REWRAPPED:
+                value = getattr(holder, name, None)
+                if callable(value):
+                    found[prefix + name] = id(value)
+    return found
+
+
+def _anchored(job: Job, op, cases, time_pair_case, result: dict, phase) -> dict[str, Timing]:
+    """Host-bound cases timed beside the op's reference in one window, as the reference's runtime times their ratio.
+
+    A host-bound call's time follows the host's speed, which moves between the reference's
+    measurement and the candidate's. Timed in alternating rounds of one window with the
+    reference (loaded here from the op's own source), both meet the same host, and the
+    ratio of their medians carries over to the reference's runtime as the worker measured
+    it: identical code gets the reference's runtime. Nothing is anchored for the reference
+    itself (no ``job.reference_us``), or if torch's functions were replaced since the child
+    started (they would slow the reference too): those cases keep their fastest window."""
+    if not cases or not job.reference_us or not _TORCH_AT_START:
+        return {}
+    now = torch_fingerprint()
+    changed = sorted(k for k, v in _TORCH_AT_START.items() if now.get(k) != v)
+    if changed:
+        phase("not_anchored", {"replaced": changed[:8]})
+        return {}
+    seed = op.seed_candidates()[0]
+    try:
+        ref_launch = load_launch(seed.source, job.scratch_dir, module_name="anchor_reference")
+    except Exception as exc:  # noqa: BLE001 - the reference cannot be loaded here: windows as before
+        phase("not_anchored", {"error": _describe(exc)})
+        return {}
+    reference = dict(zip((c.name for c in op.cases), job.reference_us))
+    anchored = {}
+    for case in cases:
+        try:
+            timing, ref = time_pair_case(case, (ref_launch, seed.params))
+        except Exception as exc:  # noqa: BLE001 - the reference failed beside the candidate: its fastest window
+            phase("not_anchored", {"case": case.name, "error": _describe(exc)})
+            continue
+        ratio = timing.runtime_us_median / ref.runtime_us_median
+        anchored[case.name] = Timing(reference[case.name] * ratio, timing.runtime_us_iqr * reference[case.name]
+                                     / ref.runtime_us_median, timing.repetitions, timing.host_us_median, 1)
+        phase("anchored", {"case": case.name, "ratio": ratio, "us": timing.runtime_us_median,
+                           "reference_us_here": ref.runtime_us_median, "reference_us": reference[case.name]})
+    result["anchored_cases"] = sorted(anchored)
+    return anchored
 
 
 def child_main(job: Job, conn) -> None:

@@ -79,36 +79,81 @@ def _quantile(sorted_values: list[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
+class _Series:
+    """The repetitions of one call so far: per-repetition GPU times (ms) and host times (s)."""
+
+    def __init__(self, call: Callable[[int], object]):
+        self.call = call
+        self.times_ms: list[float] = []
+        self.host_s: list[float] = []
+        self.rep = 0
+
+    def round(self, flush: torch.Tensor, size: int) -> list:
+        """Issue ``size`` timed repetitions (flush, start event, call, end event); returns the event pairs."""
+        events = []
+        for _ in range(size):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            flush.zero_()
+            start.record()
+            t = time.perf_counter()
+            self.call(self.rep)
+            self.host_s.append(time.perf_counter() - t)
+            end.record()
+            events.append((start, end))
+            self.rep += 1
+        return events
+
+    def timing(self) -> Timing:
+        ordered = sorted(self.times_ms)
+        iqr = _quantile(ordered, 0.75) - _quantile(ordered, 0.25)
+        return Timing(runtime_us_median=_quantile(ordered, 0.5) * 1e3, runtime_us_iqr=iqr * 1e3,
+                      repetitions=len(ordered), host_us_median=_quantile(sorted(self.host_s), 0.5) * 1e6)
+
+    def settled(self, min_reps: int, target_notch: float) -> bool:
+        """At least ``min_reps`` repetitions, and the median's 95% notch within ``target_notch`` of it."""
+        n = len(self.times_ms)
+        if n < min_reps:
+            return False
+        ordered = sorted(self.times_ms)
+        iqr = _quantile(ordered, 0.75) - _quantile(ordered, 0.25)
+        return 1.57 * iqr / math.sqrt(n) <= target_notch * _quantile(ordered, 0.5)
+
+
+def _time_series(calls: list[Callable[[int], object]], flush: torch.Tensor, warmup: int, min_reps: int,
+                 max_reps: int, target_notch: float, max_seconds: float, round_size: int) -> list[Timing]:
+    """Rounds of each call in turn until every median is pinned down (or the repetitions or time run out)."""
+    series = [_Series(call) for call in calls]
+    for s in series:
+        for i in range(warmup):
+            s.call(i)
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    while True:
+        issued = [s.round(flush, round_size) for s in series]
+        torch.cuda.synchronize()
+        for s, events in zip(series, issued):
+            s.times_ms.extend(start.elapsed_time(end) for start, end in events)
+        if all(s.settled(min_reps, target_notch) for s in series) or \
+                min(len(s.times_ms) for s in series) >= max_reps or \
+                (len(series[0].times_ms) >= min_reps and time.perf_counter() - started > max_seconds):
+            return [s.timing() for s in series]
+
+
 def time_call(call: Callable[[int], object], flush: torch.Tensor, *, warmup: int = 3,
               min_reps: int = 20, max_reps: int = 400, target_notch: float = 0.005,
               max_seconds: float = 1.0, round_size: int = 10) -> Timing:
     """Time ``call(i)`` (i = repetition index, used to rotate input sets) on the current stream."""
-    for i in range(warmup):
-        call(i)
-    torch.cuda.synchronize()
-    times_ms: list[float] = []
-    host_s: list[float] = []
-    started = time.perf_counter()
-    rep = 0
-    while True:
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(round_size)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(round_size)]
-        for j in range(round_size):
-            flush.zero_()
-            starts[j].record()
-            t = time.perf_counter()
-            call(rep)
-            host_s.append(time.perf_counter() - t)
-            ends[j].record()
-            rep += 1
-        torch.cuda.synchronize()
-        times_ms.extend(s.elapsed_time(e) for s, e in zip(starts, ends))
-        ordered = sorted(times_ms)
-        n = len(ordered)
-        median = _quantile(ordered, 0.5)
-        iqr = _quantile(ordered, 0.75) - _quantile(ordered, 0.25)
-        notch = 1.57 * iqr / math.sqrt(n)
-        if n >= min_reps and (notch <= target_notch * median or n >= max_reps
-                              or time.perf_counter() - started > max_seconds):
-            return Timing(runtime_us_median=median * 1e3, runtime_us_iqr=iqr * 1e3, repetitions=n,
-                          host_us_median=_quantile(sorted(host_s), 0.5) * 1e6)
+    (timing,) = _time_series([call], flush, warmup, min_reps, max_reps, target_notch, max_seconds, round_size)
+    return timing
+
+
+def time_pair(call: Callable[[int], object], anchor: Callable[[int], object], flush: torch.Tensor, *,
+              warmup: int = 3, min_reps: int = 20, max_reps: int = 400, target_notch: float = 0.005,
+              max_seconds: float = 1.0, round_size: int = 10) -> tuple[Timing, Timing]:
+    """Time ``call`` and ``anchor`` in alternating rounds of one window: both meet the same host.
+
+    ``call``'s median over ``anchor``'s is its cost relative to the anchor's, free of the
+    host's drifts that separate windows would each see differently."""
+    timing, anchored = _time_series([call, anchor], flush, warmup, min_reps, max_reps, target_notch,
+                                    max_seconds, round_size)
+    return timing, anchored

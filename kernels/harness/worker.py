@@ -71,6 +71,9 @@ class WorkerConfig:
     # several workers measure on one machine (kernels.harness.cores.share).
     cpus: tuple[int, ...] | None = None
     host_bound_windows: int = 5  # timing windows at most for a case whose host side outlasts the L2 flush
+    # a host-bound case of a candidate is timed in one window beside its op's reference, and reported as
+    # the reference's runtime times their ratio (kernels.harness.runner._anchored); False: fastest window
+    anchor_host_bound: bool = True
     # A lock file shared with the machine's other GPU users (an inference engine started with the same
     # --gpu-lock): children take it for their GPU work as they take the worker's own, so nothing else runs
     # on the GPU while a kernel is timed. None: the worker's private lock. Default: $KERNELCAST_GPU_LOCK.
@@ -290,7 +293,15 @@ class MeasureWorker:
                    device_memory_bytes=int(cfg.device_memory_gib * 2**30) if cfg.device_memory_gib else None,
                    alone=alone, environment=tuple(sorted(get_operation(cand.op).environment.items())),
                    compile_cpus=self.cores.compile, timing_cpus=self.cores.timing,
-                   host_bound_windows=cfg.host_bound_windows)
+                   host_bound_windows=cfg.host_bound_windows, reference_us=self._anchor(cand))
+
+    def _anchor(self, cand: Candidate) -> tuple[float, ...]:
+        """The reference runtimes a candidate's host-bound cases are anchored to; () for none (the reference itself)."""
+        if self.config.mode != "gpu" or not self.config.anchor_host_bound:
+            return ()
+        if cand.candidate_id == get_operation(cand.op).seed_candidates()[0].candidate_id:
+            return ()
+        return tuple(self.reference_us.get(cand.op, ()))
 
     def probe_sandbox(self) -> str:
         """Find the strongest protections under which CUDA and a Triton kernel still work; returns them.
