@@ -388,7 +388,9 @@ def test_a_freed_slot_takes_the_next_request_while_the_others_still_decode(tiny_
 
         with ThreadPoolExecutor(5) as pool:
             futures = [pool.submit(submit, long)]
-            time.sleep(0.2)
+            deadline = time.monotonic() + 60
+            while not long.token_ids and time.monotonic() < deadline:  # the long one is decoding
+                time.sleep(0.001)
             futures += [pool.submit(submit, job) for job in short]
             for f in futures:
                 f.result()
