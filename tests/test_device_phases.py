@@ -97,7 +97,7 @@ def test_children_take_the_lock_with_what_they_made_ahead_frozen_out_of_the_coll
     assert frozen and min(frozen) > 100_000
 
 
-def test_release_collects_a_cycle_made_since_the_freeze(tmp_path):
+def test_release_collects_a_cycle_made_since_the_freeze():
     """What the candidate made under the lock is still collected: a cycle holding a tensor dies at release."""
     import gc
     import weakref

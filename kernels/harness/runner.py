@@ -278,7 +278,7 @@ def evaluate(job: Job, notify=lambda *msg: None) -> dict:
         _warm_context()
     result["compile_seconds"] = time.perf_counter() - t0
     phase("ahead_done", {"deferred": sorted(deferred), "cpus": sorted(os.sched_getaffinity(0))})
-    # What exists now (torch, Triton, the compiled kernels: some 10^6 objects) is never garbage that holds
+    # What exists now (torch, Triton, the compiled kernels: some 180,000 objects) is never garbage that holds
     # device memory: frozen, no collection under the lock walks it (a full one took 0.1 s on an H200's host).
     gc.freeze()
 
