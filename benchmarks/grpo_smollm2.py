@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="text each answer starts with (default: %(default)r; '' for none)")
     p.add_argument("--sft-steps", type=int, default=0, help="format warm-up steps before GRPO (default 0: none)")
     p.add_argument("--sft-learning-rate", type=float, default=2e-4)
+    p.add_argument("--sft-fixed-targets", action="store_true",
+                   help="one fixed warm-up target per bin (default: numbers drawn around it, see sft_target)")
     p.add_argument("--max-minutes", type=float, default=0.0,
                    help="wall-clock budget of the whole script, shared evenly by the rewards still to run (0: none)")
     p.add_argument("--seed", type=int, default=0)
@@ -148,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             learning_rate=args.learning_rate, lora_rank=args.lora_rank, max_completion_tokens=args.max_completion_tokens,
             steps=args.steps, batch_size=args.batch_size, eval_pairs=args.eval_pairs,
             eval_batch_size=args.eval_batch_size, answer_prefix=args.answer_prefix, seed=args.seed,
-            sft_steps=args.sft_steps, sft_learning_rate=args.sft_learning_rate, max_seconds=share,
+            sft_steps=args.sft_steps, sft_learning_rate=args.sft_learning_rate, sft_jitter=not args.sft_fixed_targets, max_seconds=share,
             out_dir=str(out / name), tracking_uri=args.tracking_uri, precision=args.precision)
         start = time.perf_counter()
         result = train_grpo(pairs, settings)

@@ -177,21 +177,28 @@ def render_prompt(tokenizer, messages: list[dict], answer_prefix: str = "") -> s
 SFT_TRUE_MASS = 0.65
 
 
-def sft_probabilities(true_bin: int, n_bins: int = 8) -> list[float]:
+def hundredths(weights: Sequence[float]) -> list[float]:
+    """``weights`` normalised and rounded to hundredths that sum to exactly 1, by largest remainder
+    (ties to the earlier entry)."""
+    total = float(sum(weights))
+    if not total > 0 or min(weights) < 0:
+        raise ValueError(f"weights must be non-negative with a positive sum, got {list(weights)}")
+    shares = [100 * w / total for w in weights]
+    cents = [math.floor(x) for x in shares]
+    for i in sorted(range(len(shares)), key=lambda i: (-(shares[i] - cents[i]), i))[:100 - sum(cents)]:
+        cents[i] += 1
+    return [c / 100 for c in cents]
+
+
+def sft_probabilities(true_bin: int, n_bins: int = 8, true_mass: float = SFT_TRUE_MASS) -> list[float]:
     """A smoothed distribution centred on ``true_bin`` (1-based), in hundredths summing to 1:
-    ``SFT_TRUE_MASS`` on it, the rest split by 2^-distance and rounded by largest remainder."""
+    ``true_mass`` on it, the rest split by 2^-distance."""
     if not 1 <= true_bin <= n_bins:
         raise ValueError(f"true_bin must lie in 1..{n_bins}, got {true_bin}")
-    rest = 100 - round(SFT_TRUE_MASS * 100)
-    others = [b for b in range(1, n_bins + 1) if b != true_bin]
-    weights = [2.0 ** -abs(b - true_bin) for b in others]
-    shares = [rest * w / sum(weights) for w in weights]
-    cents = [math.floor(x) for x in shares]
-    by_remainder = sorted(range(len(others)), key=lambda i: (-(shares[i] - cents[i]), i))
-    for i in by_remainder[:rest - sum(cents)]:
-        cents[i] += 1
-    out = dict(zip(others, cents)) | {true_bin: 100 - rest}
-    return [out[b] / 100 for b in range(1, n_bins + 1)]
+    true_mass = round(true_mass, 2)  # exactly this much, in hundredths, on the true bin
+    others = {b: 2.0 ** -abs(b - true_bin) for b in range(1, n_bins + 1) if b != true_bin}
+    rest = (1 - true_mass) / sum(others.values())
+    return hundredths([true_mass if b == true_bin else rest * others[b] for b in range(1, n_bins + 1)])
 
 
 # Warm-up failure probabilities: what a kernel that failed (true bin 0) and one that ran are taught to say.
@@ -200,12 +207,29 @@ SFT_FAILED, SFT_RAN = 0.90, 0.05
 SFT_FLAT = (0.13, 0.13, 0.12, 0.12, 0.13, 0.13, 0.12, 0.12)
 
 
-def sft_target(true_bin: int, answer_prefix: str = "") -> str:
+# With a random generator, the warm-up's numbers are drawn from these ranges instead: failure
+# probability of a child that failed / ran, and the mass on a running child's true bin; with these the
+# most probable of the nine outcomes is always the true one.
+SFT_FAILED_RANGE, SFT_RAN_RANGE, SFT_TRUE_MASS_RANGE = (0.55, 0.95), (0.02, 0.2), (0.35, 0.85)
+
+
+def sft_target(true_bin: int, answer_prefix: str = "", rng: np.random.Generator | None = None) -> str:
     """The warm-up's completion for a pair, minus ``answer_prefix`` (which the prompt already ends with):
     the forecaster's answer JSON, failure first. A pair that ran (bin 1..8): failure ``SFT_RAN`` and
-    ``sft_probabilities``; one that failed (bin 0): failure ``SFT_FAILED`` and flat bins."""
+    ``sft_probabilities``; one that failed (bin 0): failure ``SFT_FAILED`` and flat bins.
+
+    With ``rng``, the numbers are drawn around that shape (``SFT_*_RANGE``; a failed child's bins
+    from a flat Dirichlet): the model learns the format and the direction without learning one
+    fixed answer. Fixed targets made a 0.5B model answer the same text to every prompt, so all
+    the answers of a GRPO group were alike and scored alike, and correctness alone never moved it."""
     true_bin = int(true_bin)
-    failure, probabilities = (SFT_FAILED, SFT_FLAT) if true_bin == 0 else (SFT_RAN, sft_probabilities(true_bin))
+    if rng is None:
+        failure, probabilities = (SFT_FAILED, SFT_FLAT) if true_bin == 0 else (SFT_RAN, sft_probabilities(true_bin))
+    elif true_bin == 0:
+        failure, probabilities = rng.uniform(*SFT_FAILED_RANGE), hundredths(rng.dirichlet(np.full(8, 4.0)))
+    else:
+        failure = rng.uniform(*SFT_RAN_RANGE)
+        probabilities = sft_probabilities(true_bin, true_mass=rng.uniform(*SFT_TRUE_MASS_RANGE))
     answer = (f'{{"failure": {failure:.2f}, "probabilities": ['
               + ", ".join(f"{p:.2f}" for p in probabilities) + "]}")
     if not answer.startswith(answer_prefix):
@@ -239,6 +263,9 @@ class GRPOSettings:
     # Supervised format warm-up of the same adapter before GRPO (``sft_target``); 0 steps: none.
     sft_steps: int = 0
     sft_learning_rate: float = 2e-4
+    # Warm-up targets drawn at random around their shape (``sft_target``), so that sampled answers still
+    # differ after it and GRPO's groups have something to compare; False: one fixed target per bin.
+    sft_jitter: bool = True
     # Wall-clock budget of the whole call, in seconds (0: none): the warm-up and GRPO stop early so
     # that the evaluations after them still fit (each reckoned as long as the 'before' one).
     max_seconds: float = 0.0
@@ -483,15 +510,17 @@ def _stop_at(deadline: Deadline):
     return StopAtDeadline()
 
 
-def sft_batch(tokenizer, rows: Sequence[Mapping], answer_prefix: str, max_completion_tokens: int) -> dict:
+def sft_batch(tokenizer, rows: Sequence[Mapping], answer_prefix: str, max_completion_tokens: int,
+              rng: np.random.Generator | None = None) -> dict:
     """Right-padded (input_ids, attention_mask, labels) of prompt + warm-up target (+ EOS): the
-    prompt tokenized as generation reads it, labels -100 everywhere but on the target's tokens."""
+    prompt tokenized as generation reads it, labels -100 everywhere but on the target's tokens.
+    ``rng``: targets drawn at random around their shape (``sft_target``)."""
     import torch
 
     seqs, labels = [], []
     for r in rows:
         prompt = tokenizer(render_prompt(tokenizer, build_messages(request_of(r)), answer_prefix))["input_ids"]
-        target = tokenizer(sft_target(int(r["true_bin"]), answer_prefix), add_special_tokens=False)["input_ids"]
+        target = tokenizer(sft_target(int(r["true_bin"]), answer_prefix, rng), add_special_tokens=False)["input_ids"]
         target = (target + [tokenizer.eos_token_id])[:max_completion_tokens]
         seqs.append(prompt + target)
         labels.append([-100] * len(prompt) + target)
@@ -516,6 +545,7 @@ def warm_up(model, tokenizer, train: pd.DataFrame, settings: GRPOSettings, log: 
     if not rows:
         raise ValueError("no training pairs: the warm-up has no target to train towards")
     order = np.random.default_rng(settings.seed).permutation(len(rows))
+    targets = np.random.default_rng(settings.seed + 1) if settings.sft_jitter else None
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("the model has no trainable weights to warm up")
@@ -532,7 +562,7 @@ def warm_up(model, tokenizer, train: pd.DataFrame, settings: GRPOSettings, log: 
                 break
             take = [rows[order[(step * settings.batch_size + i) % len(rows)]] for i in range(settings.batch_size)]
             batch = {k: v.to(device) for k, v in sft_batch(tokenizer, take, settings.answer_prefix,
-                                                             settings.max_completion_tokens).items()}
+                                                             settings.max_completion_tokens, targets).items()}
             with autocast:
                 loss = model(**batch, use_cache=False).loss
             loss.backward()

@@ -25,7 +25,8 @@ import pytest
 from storage.dataset import DataRoot
 from surrogate.bins import speedup_bin
 from surrogate.dataset import case_pairs, requests_from, source_pairs, source_requests
-from surrogate.grpo import (ANSWER_OPENING, PARSE_FAILURE, REWARDS, GRPOSettings, correctness, one_minus_brier,
+from surrogate.grpo import (ANSWER_OPENING, PARSE_FAILURE, REWARDS, SFT_FAILED_RANGE, SFT_RAN_RANGE, GRPOSettings,
+                            correctness, hundredths, one_minus_brier,
                             one_minus_crps, outcome_reward, outcomes, render_prompt, reward, sft_probabilities,
                             sft_target)
 from surrogate.llm import build_messages, parse_answer, parse_probabilities
@@ -184,6 +185,30 @@ def test_warm_up_targets_parse_to_their_true_bin(true_bin):
         assert correctness([sft_target(true_bin, prefix)], [true_bin], answer_prefix=[prefix]) == [1.0]
     with pytest.raises(ValueError, match="does not continue the answer prefix"):
         sft_target(true_bin, "Answer: ")
+
+
+@pytest.mark.parametrize("true_bin", range(0, 9))
+def test_drawn_warm_up_targets_differ_but_keep_their_shape_and_parse(true_bin):
+    rng = np.random.default_rng(7)
+    texts = [sft_target(true_bin, ANSWER_OPENING, rng) for _ in range(40)]
+    assert len(set(texts)) > 30  # a model taught these has no single answer to learn by heart
+    for text in texts:
+        answer = parse_answer(ANSWER_OPENING + text)
+        assert answer.raw_sum == pytest.approx(1.0)
+        low, high = SFT_FAILED_RANGE if true_bin == 0 else SFT_RAN_RANGE
+        assert low - 0.005 <= answer.failure <= high + 0.005
+        if true_bin:  # the true bin keeps the most mass, so correctness scores every target 1
+            assert int(np.argmax(answer.probabilities)) + 1 == true_bin
+        assert correctness([text], [true_bin], answer_prefix=[ANSWER_OPENING]) == [1.0]
+    again = np.random.default_rng(7)
+    assert [sft_target(true_bin, ANSWER_OPENING, again) for _ in range(40)] == texts  # seeded
+
+
+def test_hundredths_round_to_a_distribution_and_refuse_nonsense():
+    assert hundredths([1, 1, 1]) == [0.34, 0.33, 0.33]
+    assert sum(hundredths(np.random.default_rng(0).dirichlet(np.ones(8)))) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="positive sum"):
+        hundredths([0, 0])
 
 
 # ---------------------------------------------------------------- pairs
@@ -467,8 +492,9 @@ def test_a_few_warm_up_steps_lower_the_warm_up_loss(trained, tmp_path):
     # The loss is on the target's tokens only: the answer after the opening, then EOS.
     assert tokenizer.decode(target[:-1]) == sft_target(int(train.iloc[0]["true_bin"]), ANSWER_OPENING)
     assert target[-1] == tokenizer.eos_token_id
+    # Fixed targets: drawn ones (the default) keep the loss higher, by design.
     settings = GRPOSettings(model=str(trained["model"]), sft_steps=8, sft_learning_rate=1e-2, batch_size=2,
-                            out_dir=str(tmp_path))
+                            sft_jitter=False, out_dir=str(tmp_path))
     losses = warm_up(model, tokenizer, train.head(4), settings)
     assert len(losses) == 8 and losses[-1] < 0.7 * losses[0], losses
 
