@@ -54,21 +54,15 @@ def pool_parents(pool: str, gpu_type: str, ops: list[str]) -> list[tuple[str, st
 
 
 def _pool_parents(root, gpu_type: str, ops: list[str]) -> list[tuple]:
-    """(op, Candidate, speedup) of each op's best, median and poor template variant, one read of each table."""
-    from storage.schema import candidates_from_frame
+    """(op, Candidate, speedup) of each op's best, median and poor template variant on ``gpu_type``."""
+    from tasks.generators import template_roots
 
     chosen = []
     for op in ops:
-        m = root.read_measurements(op=op, gpu_type=gpu_type)
-        c = root.read_candidates(op=op)
-        m = m[(m["status"] == "ok") & m["candidate_id"].isin(c.loc[c["origin"] == "template", "candidate_id"])]
-        if m.empty:
+        measured = root.read_measurements(op=op, gpu_type=gpu_type)
+        if measured.empty:
             raise ValueError(f"the pool {root.uri} has no measured {op} template variants on {gpu_type}")
-        m = m.sort_values(["speedup", "candidate_id"]).reset_index(drop=True)
-        picks = [m.loc[i] for i in sorted({len(m) - 1, len(m) // 2, int(0.1 * (len(m) - 1))}, reverse=True)]
-        by_id = {x.candidate_id: x for x in candidates_from_frame(c[c["candidate_id"].isin([r.candidate_id
-                                                                                           for r in picks])])}
-        chosen += [(op, by_id[r.candidate_id], float(r.speedup)) for r in picks]
+        chosen += [(op, c, speedup) for c, speedup in template_roots(root.uri, op, gpu_type)]
     return chosen
 
 

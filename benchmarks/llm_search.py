@@ -26,7 +26,9 @@ and the headroom (best kernel in the tree over the best of its roots).
 OpenAI-compatible endpoint (``--generator freeform``: whole rewritten sources, each search asking
 its own), and they are compiled, checked and timed by the harness on this machine's GPU
 (``--backend local``). Each search starts from the operation's eager reference, as a freeform
-search does, so its first generation is the model's rewrites of it. Live runs are sampled twice over
+search does, so its first generation is the model's rewrites of it; with ``--roots POOL`` it starts
+as the replayed tree does, from the op's best, median and poor template variants of that pool,
+measured first, which the model then rewrites. Live runs are sampled twice over
 (the model's answers and the GPU's timings), so single ratios are noisy. Several processes may
 share one GPU (one ``--ops`` each, ``KERNELCAST_GPU_LOCK`` naming one lock file for them and the
 engine); ``--summary-only --json A B ...`` makes one table of their runs.
@@ -105,7 +107,8 @@ def search_base(args, op: str, seed: int) -> dict:
     return base | dict(gpu_type=args.gpu_type, backend=args.backend, generator="freeform", generator_url=args.live,
                        generator_model=args.live_model, generator_model_sha256=args.model_sha256,
                        generator_schema_style="json_object", generator_temperature=args.temperature,
-                       generator_max_tokens=args.max_tokens, generator_concurrency=args.concurrency)
+                       generator_max_tokens=args.max_tokens, generator_concurrency=args.concurrency,
+                       generator_roots=args.roots)
 
 
 def run_one(config: SearchConfig) -> dict:
@@ -153,6 +156,9 @@ def main(argv=None) -> int:
     p.add_argument("--max-minutes", type=float, default=math.inf,
                    help="start no (op, budget, seed) after this long; the rows finished are kept")
     p.add_argument("--backend", default="local", help="--live: where children are measured (local: this GPU)")
+    p.add_argument("--roots", default="", metavar="POOL",
+                   help="--live: start from the op's best, median and poor template variants of this measured pool "
+                        "(the corpus's roots; default: the model first rewrites the eager reference)")
     p.add_argument("--json", nargs="+", default=[], help="write every run's numbers here (--summary-only: read "
                                                           "the runs of one or more such files)")
     p.add_argument("--markdown", default="", help="write the tables here")

@@ -53,6 +53,9 @@ class SearchConfig:
     generator_model_sha256: str = ""  # the model's weights hash, recorded with every child it writes
     generator_max_tokens: int = 2048  # generator freeform: most tokens of one rewritten source (its answer)
     generator_concurrency: int = 4  # model generators: requests in flight at once (a batching server takes many)
+    # generator freeform: a measured pool (data root) whose best, median and poor template variants of the op
+    # are the first generation's children and the model's first parents; "": the model rewrites the reference.
+    generator_roots: str = ""
     replay_corpus: str = PACKAGED_CORPUS  # generator "replay": the corpus whose recorded children answer
     surrogate: str = "learned"  # learned | roofline | random | llm | none
     policy: str = "budget"  # budget: trust a confidence threshold; conformal: a certified risk
@@ -201,6 +204,16 @@ def check_operation(config: SearchConfig) -> None:
     if config.generator == "template" and is_imported_name(config.op):
         raise ConfigError(f"operation {config.op} is an imported task with no template space; search it with "
                           "generator 'freeform' or 'llm' (generator_url, generator_model)")
+    if config.generator_roots:
+        if config.generator != "freeform":
+            raise ConfigError(f"generator_roots starts a free-form search from template kernels; generator "
+                              f"{config.generator!r} takes none")
+        from tasks.generators import template_roots
+
+        try:
+            template_roots(config.generator_roots, config.op, config.gpu_type)
+        except (ValueError, OSError) as exc:
+            raise ConfigError(f"generator_roots: {exc}") from None
 
 
 def validate(config: SearchConfig) -> SearchConfig:

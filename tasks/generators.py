@@ -91,13 +91,18 @@ class TemplateGenerator:
 
 
 class ModelGenerator:
-    """Children a ``Model`` writes for parents chosen from the archive, ``per_generation`` requests a generation."""
+    """Children a ``Model`` writes for parents chosen from the archive, ``per_generation`` requests a generation.
 
-    def __init__(self, name: str, model: Model, per_generation: int):
+    ``roots``: kernels given as the first children, before the model is asked for any (``template_roots``):
+    a free-form search then rewrites measured template kernels, as the corpus's model did, rather
+    than the op's eager reference."""
+
+    def __init__(self, name: str, model: Model, per_generation: int, roots: Sequence[Candidate] = ()):
         self.name = name
         self.model = model
         self.per_generation = per_generation
         self.repeatable = model.repeatable
+        self.roots = tuple(roots)
 
     def probe(self) -> None:
         self.model.probe()
@@ -105,6 +110,9 @@ class ModelGenerator:
     def children(self, op, space, archive, n, rng, explore, *, seed, run_id, generation) -> Offspring:
         from tasks.llm_generator import mixed_children
 
+        pending = [c for c in self.roots if c.candidate_id not in archive.entries]
+        if pending:  # the roots first, alone: the model rewrites them once they are in the archive
+            return Offspring(pending[:n])
         kids = mixed_children(self.model, op, space, archive, n, min(n, self.per_generation), rng, explore,
                               seed=seed * 1000 + generation, run_id=run_id, generation=generation)
         ids = {ch.candidate_id for ch in kids}
@@ -112,6 +120,8 @@ class ModelGenerator:
                          [p for cid, p in self.model.provenance_.items() if cid in ids])
 
     def exhausted(self, space, archive) -> bool:
+        if any(c.candidate_id not in archive.entries for c in self.roots):
+            return False
         if space is not None and not self.model.source_mode(space):
             return len(archive) >= len(space.variants())  # the model picks variants of the space, as breeding does
         # Parents from the archive while one can get a child; then the op's own kernels again.
@@ -136,7 +146,34 @@ def _llm(config) -> Generator:
 
 
 def _freeform(config) -> Generator:
-    return ModelGenerator("freeform", _llm_model(config, "source"), config.generator_children)
+    roots = [c for c, _ in template_roots(config.generator_roots, config.op, config.gpu_type)] \
+        if config.generator_roots else []
+    return ModelGenerator("freeform", _llm_model(config, "source"), config.generator_children, roots)
+
+
+def template_roots(pool: str, op: str, gpu_type: str | None = None) -> list[tuple[Candidate, float]]:
+    """(candidate, speedup) of ``op``'s best, median and poor (10th percentile) template variant measured
+    in the data root ``pool``, ranked by their speedups on ``gpu_type``; where the pool measured none of
+    them there (or ``gpu_type`` is None or 'auto'), on the GPU type it measured most of them on. These
+    were the corpus's parents (``benchmarks/llm_corpus.py``), and are a live free-form search's roots."""
+    from storage.dataset import DataRoot
+    from storage.schema import candidates_from_frame
+
+    root = DataRoot(pool)
+    c = root.read_candidates(op=op)
+    m = root.read_measurements(op=op)
+    if not m.empty and not c.empty:
+        m = m[(m["status"] == "ok") & m["candidate_id"].isin(c.loc[c["origin"] == "template", "candidate_id"])]
+    if m.empty:
+        raise ValueError(f"the pool {pool} has no measured {op} template variants to start from")
+    if gpu_type not in set(m["gpu_type"]):
+        gpu_type = m["gpu_type"].value_counts().sort_index().idxmax()
+    m = m[m["gpu_type"] == gpu_type].drop_duplicates("candidate_id", keep="last")
+    m = m.sort_values(["speedup", "candidate_id"]).reset_index(drop=True)
+    picks = [m.loc[i] for i in sorted({len(m) - 1, len(m) // 2, int(0.1 * (len(m) - 1))}, reverse=True)]
+    by_id = {x.candidate_id: x for x in candidates_from_frame(c[c["candidate_id"].isin([r.candidate_id
+                                                                                       for r in picks])])}
+    return [(by_id[r.candidate_id], float(r.speedup)) for r in picks]
 
 
 def _replay(config) -> Generator:

@@ -303,3 +303,42 @@ def test_a_corpus_may_measure_children_the_undefined_check_would_drop_but_never_
         screen(op, child, forbidden, set(), frozenset({"forbidden"}))
     with pytest.raises(ValueError, match="may be measured anyway"):
         LLMGenerator("http://127.0.0.1:9/v1", "m", mode="source", measure_anyway=frozenset({"duplicate"}))
+
+
+def test_a_freeform_search_from_template_roots_measures_them_first_then_asks_for_their_rewrites(server, tmp_path):  # noqa: F811,E501
+    from surrogate.baselines import RooflineForecaster
+    from tasks.config import PACKAGED_POOL, ConfigError, SearchConfig, validate
+    from tasks.generators import template_roots
+    from tasks.search import Search
+    from tasks.setup import measure_pool
+
+    roots = [c.candidate_id for c, _ in template_roots(PACKAGED_POOL, "softmax", "h100")]
+    assert len(roots) == 3 and len(set(roots)) == 3
+    # The roots' H100 timings replayed from the pool they were chosen from; the tiny model's rewrites are noise.
+    config = validate(SearchConfig(op="softmax", gpu_type="h100", backend="replay", budget=6, generations=2,
+                                   surrogate="none", seed=1, data=str(tmp_path / "data"), generator="freeform",
+                                   generator_url=server.base_url, generator_model="tiny", generator_children=3,
+                                   generator_schema_style=LLAMA_CPP_PYTHON, generator_roots=PACKAGED_POOL,
+                                   run_id="roots-1"))
+    search = Search(config, DataRoot(config.data), measure_pool(config), RooflineForecaster().fit())
+    model = search.generator.model
+    model.max_tokens_source = 48
+    asked_for: list = []
+    propose = model.propose
+
+    def recording(op_name, parents, *args, **kwargs):  # the real model is asked; this only notes for which parents
+        asked_for.extend(p.candidate.candidate_id for p in parents)
+        return propose(op_name, parents, *args, **kwargs)
+
+    model.propose = recording
+    try:
+        result = search.start().run()
+    finally:
+        search.pool.close()
+    first, second = result.generations
+    assert (first.generator_asked, second.generator_asked) == (0, 3)  # the roots came without a request
+    measured = DataRoot(config.data).read_measurements(op="softmax", gpu_type="h100")
+    assert set(roots) <= set(measured.loc[measured["status"] == "ok", "candidate_id"])
+    assert asked_for and set(asked_for) <= set(roots)  # the model rewrote the roots, not the eager reference
+    with pytest.raises(ConfigError, match="generator_roots"):
+        validate(config.replace(generator="template", run_id=""))
