@@ -19,6 +19,10 @@ training and is still scored, and the JSON is rewritten after every reward, so a
 leaves results. Prints one table and the training throughput; writes ``grpo_smollm2.json``,
 the pairs and each run's adapter and metrics under ``--out``.
 
+``--compare source`` (with ``--pairs corpus``) also fits each named forecaster on every measured kernel
+of the other operations and scores it on the same held-out pairs, one more row of the table;
+``--compare-only`` does only that, on a CPU, with no model.
+
 The paper's finding to check: the calibration-shaped rewards improve ECE and ranking
 (Spearman, Kendall) more than correctness alone.
 """
@@ -37,7 +41,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local model file only: never the hub
 
 from storage.dataset import DataRoot  # noqa: E402
-from surrogate.grpo import ANSWER_OPENING, REWARDS, GRPOSettings, train_grpo  # noqa: E402
+from surrogate.grpo import ANSWER_OPENING, REWARDS, GRPOSettings, scored_pairs, train_grpo  # noqa: E402
 from surrogate.pairs import CorpusSettings, PairSettings, build_pairs, corpus_pairs, write_pairs  # noqa: E402
 
 COLUMNS = ("bin_accuracy", "spearman", "kendall", "ece", "brier", "crps", "parse_rate")
@@ -46,6 +50,18 @@ CORPUS_COLUMNS = ("bin_accuracy", "failure_auroc", "spearman_valid", "ece", "bri
 DATA = {"template": "data/pools", "corpus": "data/pools/llm"}
 # The corpus's rmsnorm and row_sum children nearly all failed: softmax and transpose hold children that ran.
 EVAL_OPS = {"template": "rmsnorm,row_sum", "corpus": "softmax,transpose"}
+
+
+def compare(held: "pd.DataFrame", names: list[str], gpu_type: str) -> dict[str, dict]:
+    """Each named forecaster fit on every measured kernel (template variants and written children) of the
+    operations ``held`` does not hold, then scored on ``held`` as the trained model is (``evaluate_pairs``)."""
+    from surrogate.dataset import source_pairs
+    from surrogate.grpo import evaluate_pairs
+    from surrogate.registry import get_forecaster_factory
+
+    kernels = source_pairs(DataRoot(DATA["template"]), DataRoot(DATA["corpus"]), gpu_type=gpu_type)
+    train = kernels[~kernels["op"].isin(set(held["op"]))]
+    return {name: evaluate_pairs(get_forecaster_factory(name)().fit(train), held) for name in names}
 
 
 def smollm2_gguf() -> Path:
@@ -99,7 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
                    help="weights and arithmetic on a GPU (fp32 where bfloat16 training diverges)")
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: local files only)")
+    p.add_argument("--compare", default="", help="--pairs corpus: forecasters (registry names, e.g. source) fit on "
+                   "every kernel of the other operations and scored on the same held-out pairs, beside the model")
+    p.add_argument("--compare-only", action="store_true", help="score the --compare forecasters, train nothing")
     args = p.parse_args(argv)
+    if args.compare and args.pairs != "corpus":
+        p.error("--compare scores forecasters of written kernels: it needs --pairs corpus")
 
     import torch
 
@@ -108,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [r for r in rewards if r not in REWARDS]
     if unknown:
         raise SystemExit(f"unknown reward(s) {', '.join(unknown)}; known: {', '.join(REWARDS)}")
-    model_file = Path(args.model_file) if args.model_file else smollm2_gguf()
+    model_file = Path(args.model_file or "-") if args.model_file or args.compare_only else smollm2_gguf()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
@@ -130,9 +151,21 @@ def main(argv: list[str] | None = None) -> int:
           f"{(failed & (pairs['split'] == 'train')).sum()} in training, {(failed & (pairs['split'] == 'eval')).sum()} "
           "held out", flush=True)
 
+    compared = {}
+    if args.compare:
+        held = scored_pairs(pairs, args.eval_pairs, args.seed)
+        compared = compare(held, args.compare.split(","), args.gpu_type)
+        rows_compared = [(f"{name} (fit on the other operations)", values) for name, values in compared.items()]
+        print(table(rows_compared, CORPUS_COLUMNS), flush=True)
+        if args.compare_only:
+            (out / "compared.json").write_text(json.dumps({"args": vars(args), "eval_ops": args.eval_ops.split(","),
+                                                            "compared": compared}, indent=1, default=float))
+            print(f"written {out / 'compared.json'}")
+            return 0
+
     def write_report() -> None:
         report = {"model_file": model_file.name, "device": device, "torch": torch.__version__,
-                  "args": vars(args), "train_pairs": int((pairs["split"] == "train").sum()),
+                  "args": vars(args), "train_pairs": int((pairs["split"] == "train").sum()), "compared": compared,
                   "eval_ops": args.eval_ops.split(","), "before": rows[0][1] if rows else {}, "runs": runs,
                   "rewards_not_run": [r for r in rewards if r not in runs]}
         (out / "grpo_smollm2.json").write_text(json.dumps(report, indent=1, default=float))
@@ -168,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         write_report()  # after every reward: a run cut short still leaves what it finished
 
     print()
-    print(table(rows, CORPUS_COLUMNS if args.pairs == "corpus" else COLUMNS))
+    print(table(rows + [(f"{name} (fit on the other operations)", v) for name, v in compared.items()],
+                CORPUS_COLUMNS if args.pairs == "corpus" else COLUMNS))
     print("\ntraining throughput (pairs and sampled answers per second of GRPO steps):")
     for name, run in runs.items():
         print(f"  {name:<12} {run['pairs_per_second']:.2f} pairs/s  {run['completions_per_second']:.1f} completions/s"

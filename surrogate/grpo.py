@@ -590,6 +590,13 @@ def _callback(log: RunLog):
     return LogMetrics()
 
 
+def scored_pairs(pairs: pd.DataFrame, n: int, seed: int) -> pd.DataFrame:
+    """The held-out ('eval') pairs a run scores before and after training: ``n`` of them drawn with
+    ``seed`` (all of them when ``n`` is 0 or more than there are)."""
+    held_out = pairs[pairs["split"] == "eval"]
+    return held_out.sample(n, random_state=seed) if n and len(held_out) > n else held_out
+
+
 def train_grpo(pairs: pd.DataFrame, settings: GRPOSettings) -> GRPOResult:
     """Train a LoRA adapter with GRPO on the 'train' pairs; score before and after on the 'eval' pairs."""
     import torch
@@ -599,11 +606,9 @@ def train_grpo(pairs: pd.DataFrame, settings: GRPOSettings) -> GRPOResult:
 
     started = time.monotonic()
     train = pairs[pairs["split"] == "train"]
-    held_out = pairs[pairs["split"] == "eval"]
+    held_out = scored_pairs(pairs, settings.eval_pairs, settings.seed)
     if train.empty or held_out.empty:
         raise ValueError(f"GRPO needs 'train' and 'eval' pairs; got {len(train)} and {len(held_out)}")
-    if settings.eval_pairs and len(held_out) > settings.eval_pairs:
-        held_out = held_out.sample(settings.eval_pairs, random_state=settings.seed)
     set_seed(settings.seed)
     out = Path(settings.out_dir)
     out.mkdir(parents=True, exist_ok=True)

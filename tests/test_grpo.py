@@ -532,3 +532,16 @@ def test_an_unknown_precision_is_refused_by_name():
 
     with pytest.raises(ValueError, match="unknown precision 'fp8'; known: bf16, fp32"):
         load_model("model.gguf", "fp8")
+
+
+def test_the_comparison_scores_a_source_forecaster_on_the_models_held_out_pairs(tmp_path):
+    from benchmarks.grpo_smollm2 import main as grpo_main
+
+    assert grpo_main(["--pairs", "corpus", "--eval-pairs", "40", "--compare", "source", "--compare-only",
+                      "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "compared.json").read_text())
+    scores = report["compared"]["source"]
+    assert report["eval_ops"] == ["softmax", "transpose"] and scores["n"] == 40
+    assert scores["parse_rate"] == 1.0 and scores["failure_auroc"] > 0.7  # fit on other operations only
+    with pytest.raises(SystemExit):
+        grpo_main(["--pairs", "template", "--compare", "source", "--compare-only", "--out", str(tmp_path)])
