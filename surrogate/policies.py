@@ -118,16 +118,21 @@ class BudgetPolicy:
     are measured in order of ``rank`` (default: expected speedup times run probability;
     a search passes expected improvement over its best, ``run_weighted``) until the
     budget is spent, and the rest are dropped for this generation.
+
+    ``spend_all`` (a search's last generation, where budget left over is lost): budget the
+    measured children leave is spent on the dropped ones too, in order of ``rank``, so that a
+    child forecast to fail is measured rather than the budget left unused.
     """
 
     def __init__(self, budget: int, trust: ThresholdPolicy, rank: Callable[[Forecast], float] | None = None,
-                 drop_failures: bool = True):
+                 drop_failures: bool = True, spend_all: bool = False):
         if budget < 0:
             raise ValueError(f"budget must be zero or more, got {budget}")
         self.budget = budget
         self.trust = trust
         self.rank = rank or (lambda f: f.expected_speedup * f.run_probability)
         self.drop_failures = drop_failures
+        self.spend_all = spend_all
 
     def select(self, forecasts: Sequence[Forecast], best_speedup: float = 0.0) -> Selection:
         would_be_best, unsure, trust, drop = [], [], [], []
@@ -148,4 +153,9 @@ class BudgetPolicy:
         leftover = queue[self.budget:]
         trust += [f.candidate_id for f in leftover if self.trust.trusted(f)]
         drop += [f.candidate_id for f in leftover if not self.trust.trusted(f)]
+        if self.spend_all and len(measure) < self.budget and drop:
+            by_id = {f.candidate_id: f for f in forecasts}
+            extra = sorted(drop, key=lambda i: -self.rank(by_id[i]))[: self.budget - len(measure)]
+            measure += extra
+            drop = [i for i in drop if i not in set(extra)]
         return Selection(measure=measure, trust=trust, drop=drop, threshold=self.trust.threshold)

@@ -187,7 +187,9 @@ class Search:
             rank = (lambda f: log_expected_improvement(f, best or 0.0)) if self.config.acquisition == "ei" \
                 else (lambda f: thompson_draw(f, key))
             rank = run_weighted(rank)  # a child that fails gains nothing (no change where failure is not forecast)
-            policy = BudgetPolicy(gen.budget, self._trust_policy(), rank=rank)
+            # The last generation's budget is lost if unspent: children forecast to fail are measured then.
+            last = gen.index == self.config.generations - 1
+            policy = BudgetPolicy(gen.budget, self._trust_policy(), rank=rank, spend_all=last)
             gen.selection = policy.select(gen.forecasts, best or 0.0)
         return gen.selection
 

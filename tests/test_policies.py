@@ -98,6 +98,18 @@ def test_a_child_as_sure_to_fail_as_trust_needs_is_dropped_unmeasured():
     assert "doomed" in kept.measure
 
 
+def test_budget_left_in_the_last_generation_is_spent_on_children_forecast_to_fail_likeliest_to_run_first():
+    fs = [forecast("doomed", 7, 0.4).with_failure(0.99), forecast("likelier", 7, 0.4).with_failure(0.91),
+          forecast("plain", 5, 0.4)]
+    trust = ThresholdPolicy(threshold=0.9)
+    kept = BudgetPolicy(budget=2, trust=trust).select(fs, best_speedup=1.0)
+    assert kept.measure == ["plain"] and sorted(kept.drop) == ["doomed", "likelier"]  # budget saved for later
+    last = BudgetPolicy(budget=2, trust=trust, spend_all=True).select(fs, best_speedup=1.0)
+    assert last.measure == ["plain", "likelier"] and last.drop == ["doomed"]
+    everything = BudgetPolicy(budget=5, trust=trust, spend_all=True).select(fs, best_speedup=1.0)
+    assert sorted(everything.measure) == ["doomed", "likelier", "plain"] and everything.drop == []
+
+
 def test_rankings_are_weighted_by_run_probability():
     from surrogate.online import log_expected_improvement, thompson_draw
     from surrogate.policies import run_weighted
