@@ -57,13 +57,7 @@ def _pool_parents(root, gpu_type: str, ops: list[str]) -> list[tuple]:
     """(op, Candidate, speedup) of each op's best, median and poor template variant on ``gpu_type``."""
     from tasks.generators import template_roots
 
-    chosen = []
-    for op in ops:
-        measured = root.read_measurements(op=op, gpu_type=gpu_type)
-        if measured.empty:
-            raise ValueError(f"the pool {root.uri} has no measured {op} template variants on {gpu_type}")
-        chosen += [(op, c, speedup) for c, speedup in template_roots(root.uri, op, gpu_type)]
-    return chosen
+    return [(op, c, speedup) for op in ops for c, speedup in template_roots(root.uri, op, gpu_type, fallback=False)]
 
 
 def _candidates(root, op: str) -> dict:

@@ -156,6 +156,7 @@ class BudgetPolicy:
         if self.spend_all and len(measure) < self.budget and drop:
             by_id = {f.candidate_id: f for f in forecasts}
             extra = sorted(drop, key=lambda i: -self.rank(by_id[i]))[: self.budget - len(measure)]
-            measure += extra
-            drop = [i for i in drop if i not in set(extra)]
+            measure += extra  # likeliest first: with a GPU-seconds budget, the first waves are measured
+            kept = set(extra)
+            drop = [i for i in drop if i not in kept]
         return Selection(measure=measure, trust=trust, drop=drop, threshold=self.trust.threshold)

@@ -151,11 +151,13 @@ def _freeform(config) -> Generator:
     return ModelGenerator("freeform", _llm_model(config, "source"), config.generator_children, roots)
 
 
-def template_roots(pool: str, op: str, gpu_type: str | None = None) -> list[tuple[Candidate, float]]:
+def template_roots(pool: str, op: str, gpu_type: str | None = None,
+                   fallback: bool = True) -> list[tuple[Candidate, float]]:
     """(candidate, speedup) of ``op``'s best, median and poor (10th percentile) template variant measured
     in the data root ``pool``, ranked by their speedups on ``gpu_type``; where the pool measured none of
-    them there (or ``gpu_type`` is None or 'auto'), on the GPU type it measured most of them on. These
-    were the corpus's parents (``benchmarks/llm_corpus.py``), and are a live free-form search's roots."""
+    them there (or ``gpu_type`` is None or 'auto'), on the GPU type it measured most of them on, or a
+    ValueError without ``fallback``. These were the corpus's parents (``benchmarks/llm_corpus.py``),
+    and are a live free-form search's roots."""
     from storage.dataset import DataRoot
     from storage.schema import candidates_from_frame
 
@@ -167,6 +169,8 @@ def template_roots(pool: str, op: str, gpu_type: str | None = None) -> list[tupl
     if m.empty:
         raise ValueError(f"the pool {pool} has no measured {op} template variants to start from")
     if gpu_type not in set(m["gpu_type"]):
+        if not fallback:
+            raise ValueError(f"the pool {pool} has no measured {op} template variants on {gpu_type}")
         gpu_type = m["gpu_type"].value_counts().sort_index().idxmax()
     m = m[m["gpu_type"] == gpu_type].drop_duplicates("candidate_id", keep="last")
     m = m.sort_values(["speedup", "candidate_id"]).reset_index(drop=True)
