@@ -117,6 +117,12 @@ class Measurement:
     hardware: HardwareSpec | None = None
     replayed: bool = False
     measured_at: datetime = field(default_factory=utc_now)
+    # Precision as a fact of the verdict (kernels.harness.precision): the class of the candidate's error
+    # against a float64 reference, or "lower: ..." when below the reference's; per case, both errors.
+    precision: str = ""
+    error_rel: tuple[float, ...] = ()
+    reference_error_rel: tuple[float, ...] = ()
+    checks: str = ""  # how the timed window was checked: "profiled", or why tracing was unavailable
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

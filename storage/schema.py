@@ -105,6 +105,10 @@ MEASUREMENTS = TableSpec(
         ("peak_bandwidth_gbps", pa.float64()),  # derived from the spec; stored for queries, not read back
         ("replayed", pa.bool_()),
         ("measured_at", TIMESTAMP),
+        ("precision", pa.string()),
+        ("error_rel", pa.list_(pa.float64())),
+        ("reference_error_rel", pa.list_(pa.float64())),
+        ("checks", pa.string()),
     ]),
     key=("candidate_id", "gpu_type"),
     partition_by=("op", "gpu_type"),
@@ -299,8 +303,11 @@ def measurements_from_frame(df: pd.DataFrame) -> list[Measurement]:
         if row["device_name"] is not None:
             hardware = HardwareSpec(gpu_type=row["gpu_type"], **{name: row[name] for name in HARDWARE_FIELDS})
         fields = {f.name: row[f.name] for f in dataclasses.fields(Measurement) if f.name != "hardware"}
-        for name in ("case_names", "runtime_us_median", "runtime_us_iqr", "repetitions", "reference_us_median"):
+        for name in ("case_names", "runtime_us_median", "runtime_us_iqr", "repetitions", "reference_us_median",
+                     "error_rel", "reference_error_rel"):
             fields[name] = tuple(fields[name] or ())
+        for name in ("precision", "checks"):  # rows written before these columns existed read as null
+            fields[name] = fields[name] or ""
         out.append(Measurement(**fields, hardware=hardware))
     return out
 

@@ -191,6 +191,12 @@ def launch(*inputs):
     def reference(self, *inputs):
         return tuple(flatten(self.module.ref_kernel(self._untouched(inputs)))[0])
 
+    def reference_float64(self, case, *inputs):
+        """``ref_kernel`` on the task's data with its floating-point tensors in float64 (the task may cast back)."""
+        tensors, structure = flatten(self._untouched(inputs))
+        wide = [t.double() if t.dtype.is_floating_point else t for t in tensors]
+        return tuple(flatten(self.module.ref_kernel(unflatten(structure, wide)))[0])
+
     def check(self, case, inputs, got) -> str | None:
         """The task's own judge: ``check_implementation(data, output)`` on untouched inputs."""
         data = self._untouched(inputs)

@@ -19,6 +19,7 @@ Correctness is KernelBench's: every output within rtol = atol = 1e-2.
 
 from __future__ import annotations
 
+import copy
 import json
 from contextlib import contextmanager
 from pathlib import Path
@@ -120,6 +121,12 @@ def launch(*inputs):
         model = self.model(self.module.Model, self.case_of(inputs), inputs[0].device)
         with torch.no_grad():
             return as_outputs(model(*inputs))
+
+    def reference_float64(self, case, *inputs):
+        """The same model (its weights made the same way) in float64, on float64 copies of the inputs."""
+        model = copy.deepcopy(self.model(self.module.Model, case, inputs[0].device)).double()
+        with torch.no_grad():
+            return as_outputs(model(*(t.double() if t.dtype.is_floating_point else t for t in inputs)))
 
 
 def _tensors(values, where: str) -> list[torch.Tensor]:

@@ -35,6 +35,7 @@ from typing import Callable
 import torch
 from torch.overrides import TorchFunctionMode
 
+from kernels.harness import precision
 from kernels.harness.correctness import call_candidate, poisoned_outputs, stray_writes
 from kernels.null import is_null
 from kernels.ops import Case, Operation, mismatch
@@ -248,6 +249,17 @@ def install_stream_guard() -> None:
 
 # ---- checked calls -------------------------------------------------------------------------------
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def plain_tensors(got) -> None:
+    """Refuse returned tensors of other types: a subclass can compute lazily, when its values are read."""
+    for j, g in enumerate(got):
+        if isinstance(g, torch.Tensor) and type(g) not in _PLAIN:
+            raise Rejected(f"output {j} is a {type(g).__module__}.{type(g).__name__}, not a plain tensor: an output "
+                           f"that computes when it is read is not computed in the timed call")
+
+
 def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
@@ -285,13 +297,22 @@ class Checker:
     """
 
     def __init__(self, op: Operation, candidate: Candidate, launch: Callable, device: str,
-                 on_inputs: Callable[[], None] = lambda: None):
+                 on_inputs: Callable[[], None] = lambda: None, measure_precision: bool = False):
         self.op, self.candidate, self.launch, self.device = op, candidate, launch, device
         self.seeds: dict[str, list[int]] = {}  # case -> seeds of the inputs it was called with, in order
         self.wrote: dict[str, bool] = {}  # case -> some earlier call wrote into the harness outputs
         self.calls = 0
         self.first_call_seconds: dict[str, float] = {}  # case -> seconds its first call took
         self._on_inputs = on_inputs  # told once, when the first inputs are made on the device
+        self.measure_precision = measure_precision
+        self.precision: dict[str, dict] = {}  # case -> its errors against float64 (kernels.harness.precision)
+
+    def _precision(self, case: Case, inputs, got) -> dict:
+        if self.device != "cpu":
+            free, _ = torch.cuda.mem_get_info()
+            if not precision.fits(inputs, free):
+                return {"precision": "not measured: float64 copies of the case do not fit beside it"}
+        return precision.errors(self.op, case, inputs, got)
 
     def inputs(self, case: Case, seed: int) -> tuple[torch.Tensor, ...]:
         if self._on_inputs is not None:
@@ -337,6 +358,8 @@ class Checker:
             return f"case {case.name}: {stray}"
         problem = self.op.check(case, inputs, got)
         if problem is None:
+            if self.measure_precision and case.name not in self.precision:
+                self.precision[case.name] = self._precision(case, inputs, got)
             return None
         returned_harness_outputs = all(g is o for g, o in zip(got, outputs)) and len(got) == len(outputs)
         if returned_harness_outputs and not wrote_now and self.wrote.get(case.name) and earlier:
@@ -369,7 +392,27 @@ class Checker:
             raise Rejected(guard.reason())
         if STREAM_EVENTS:
             raise Rejected(f"{STREAM_EVENTS[0]}: kernels must run on the harness's stream, where they are timed")
+        plain_tensors(got)
         return got
+
+    def fresh(self, case: Case, seed: int, run: Callable[[Callable[[], object]], object]) -> str | None:
+        """A call on inputs it has never seen, made (and timed) by ``run``, its outputs judged afterwards.
+
+        Not guarded (the timed calls are not either, and a guard's overhead would skew the comparison
+        with the timed calls beside it); what it returns is checked as a checked call's is."""
+        inputs = self.inputs(case, seed)
+        writable = set(self.op.writable_inputs(case))
+        _poison_writable(inputs, writable)
+        outputs = poisoned_outputs(self.op, case, self.device)
+        got = run(lambda: call_candidate(self.launch, inputs, outputs, self.candidate.params))
+        self._sync()
+        self.note(case, seed)
+        plain_tensors(got)
+        self._aliasing(inputs, got, writable)
+        stray = stray_writes(outputs)
+        if stray:
+            return f"case {case.name}: {stray}"
+        return self.op.check(case, inputs, got)
 
     def _unchanged(self, case: Case, seed: int, inputs, before, writable: set[int]) -> None:
         """Refuse a call that changed a read-only input (compared with a copy, or with the inputs made again)."""

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import fcntl
 import gc
+import math
 import os
 import sys
 import time
@@ -46,7 +47,7 @@ import torch
 import triton  # imported here so the fork server preloads it
 import triton.language as tl
 
-from kernels.harness import ahead, budget, cores, sandbox
+from kernels.harness import ahead, budget, cores, sandbox, verify
 from kernels.harness.anticheat import CallGuard, Checker, Rejected, install_stream_guard, scan_source
 from kernels.harness.correctness import CandidateLoadError, call_candidate, load_launch, poisoned_outputs
 from kernels.harness.timing import Timing, agree, fastest, flush_us, l2_flush_buffer, time_call, time_pair
@@ -81,6 +82,12 @@ class Job:
     # The op's reference runtime per case, as the worker measured it; given, a host-bound case is timed
     # in one window with the reference and reported as this runtime times their ratio (``anchored``).
     reference_us: tuple[float, ...] = ()
+    verify: bool = True  # the checks of kernels.harness.verify after each case is timed
+    fresh_calls: int = 3  # verification calls on unseen inputs per case, each beside a call on a timing set
+    peak_bandwidth_gbps: float | None = None  # the device's, for the physics floor; None: no floor
+    peak_tflops: float | None = None
+    l2_bytes: int = 0  # outputs up to this size may still sit in the L2 when the timed call ends
+    precision: str = "tolerance"  # "strict": a result of a lower precision class than the reference fails
 
     def policy(self) -> sandbox.SandboxPolicy:
         return sandbox.SandboxPolicy(scratch_dir=self.scratch_dir, triton_cache_dir=self.triton_cache_dir,
@@ -196,6 +203,14 @@ def _warm_context() -> None:
     torch.cuda.synchronize()
 
 
+def _warm_profiler(result: dict) -> None:
+    """Set CUDA's activity tracing up outside the lock; where it cannot start, the window check is skipped."""
+    try:
+        verify.warm_profiler()
+    except Exception as exc:  # noqa: BLE001 - no tracing in this process: the synced check still runs
+        result["window_check"] = f"unavailable: {_describe(exc)[:200]}"
+
+
 def _release_device(launch, op, gpu: bool) -> int:
     """Free what this child holds on the device before the lock goes; returns the bytes still allocated."""
     globals_ = getattr(launch, "__globals__", None)
@@ -244,8 +259,9 @@ def evaluate(job: Job, notify=lambda *msg: None) -> dict:
     refused = scan_source(cand, op)
     if refused:
         return fail("rejected", refused)
-    global _TORCH_AT_START
+    global _TORCH_AT_START, _HARNESS_AT_START
     _TORCH_AT_START = torch_fingerprint()  # before any candidate code runs (see _anchored)
+    _HARNESS_AT_START = verify.harness_fingerprint() if job.verify else {}
     # Outside the lock: CPU only.
     try:
         deferred = compile_ahead(job, op, cases)
@@ -276,6 +292,8 @@ def evaluate(job: Job, notify=lambda *msg: None) -> dict:
             return fail("rejected", too_big)
     if gpu:
         _warm_context()
+        if job.verify:
+            _warm_profiler(result)
     result["compile_seconds"] = time.perf_counter() - t0
     phase("ahead_done", {"deferred": sorted(deferred), "cpus": sorted(os.sched_getaffinity(0))})
     # What exists now (torch, Triton, the compiled kernels: some 180,000 objects) is never garbage that holds
@@ -309,7 +327,7 @@ def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: d
     try:
         if launch is None:
             launch = load_launch(cand.source, job.scratch_dir)
-        checker = Checker(op, cand, launch, device, on_inputs=lambda: phase("first_inputs"))
+        checker = Checker(op, cand, launch, device, on_inputs=lambda: phase("first_inputs"), measure_precision=True)
         for case in first_calls:  # the others compiled ahead: their first checked call loads what was built
             try:
                 checker.first_call(case)
@@ -327,8 +345,14 @@ def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: d
                     phase("call", {"case": case.name, "seconds": checker.first_call_seconds[case.name]})
                 if problem:
                     return fail("incorrect", f"seed {seed}: {problem}")
+        lower = _record_precision(checker, cases, result)
+        if lower and job.precision == "strict":
+            return fail("incorrect", f"lower precision than the reference (precision strict): {lower}")
         if gpu:
-            _time_cases(job, op, cases, launch, checker, result, phase, output_bytes)
+            try:
+                _time_cases(job, op, cases, launch, checker, result, phase, output_bytes)
+            except _Incorrect as exc:
+                return fail("incorrect", str(exc))
         # Once more on fresh inputs and outputs, after all the calls above: a kernel that
         # computes only on its first calls, or replays a cached answer, fails here.
         for case in cases:
@@ -352,6 +376,17 @@ def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: d
         phase("releasing", {"device_bytes_left": left})
 
 
+def _record_precision(checker: Checker, cases, result: dict) -> str | None:
+    """Each case's error against float64 into the result, and the verdict's precision; the flag's text, if any."""
+    found = [checker.precision.get(c.name, {}) for c in cases]
+    result["error_rel"] = [f.get("error_rel", math.nan) for f in found]
+    result["reference_error_rel"] = [f.get("reference_error_rel", math.nan) for f in found]
+    lower = [f"case {c.name}: {f['precision']}" for c, f in zip(cases, found) if f.get("precision", "").startswith("lower")]
+    texts = list(dict.fromkeys(f.get("precision", "not measured") for f in found))
+    result["precision"] = "; ".join(lower) if lower else ", ".join(texts)
+    return "; ".join(lower) or None
+
+
 def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, phase,
                 footprints: dict[str, int]) -> None:
     """Time every case, one case's inputs on the device at a time; then time the host-bound cases again.
@@ -366,8 +401,9 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
     head_start_us = flush_us(flush)
 
     reference = dict(zip((c.name for c in cases), job.reference_us))
+    overhead_us = verify.sync_overhead_us(flush) if job.verify else 0.0
 
-    def time_case(case, max_seconds: float = job.max_seconds_per_case, anchor=None):
+    def time_case(case, max_seconds: float = job.max_seconds_per_case, anchor=None, check: bool = False):
         first = checker.inputs(case, _TIMING_SEED)
         first_outs = poisoned_outputs(op, case, "cuda")
         torch.cuda.synchronize()
@@ -405,6 +441,12 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
                            f"harness's stream, where they are timed")
         for k in range(n_sets):
             checker.note(case, _TIMING_SEED + k)
+        if check:  # the first set stays for the calls beside the fresh ones: it has been seen many times
+            del sets[1:], outs[1:]
+            torch.cuda.empty_cache()
+            problem = _verify_case(job, case, checker, call, flush, overhead_us, result, phase)
+            if problem:
+                raise _Incorrect(problem)
         del sets, outs, first, first_outs
         torch.cuda.empty_cache()  # the next case starts from a clean pool
         return timing, n_sets
@@ -414,7 +456,7 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
 
     windows, rotation = {}, {}
     for case in cases:
-        timing, rotation[case.name] = time_case(case)
+        timing, rotation[case.name] = time_case(case, check=job.verify)
         windows[case.name] = [timing]
     bound = [c for c in cases if windows[c.name][0].host_bound(head_start_us)]
     anchored = _anchored(job, op, [c for c in bound if c.name in reference], time_pair_case, result, phase)
@@ -426,6 +468,9 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
     timings = {name: anchored.get(name) or fastest(w) for name, w in windows.items()}
     for case in cases:
         timing = timings[case.name]
+        if job.verify:
+            verify.check_physics(case.name, timing.runtime_us_median,
+                                 verify.floor_us(op, case, job.peak_bandwidth_gbps, job.peak_tflops, job.l2_bytes))
         result["runtime_us_median"].append(timing.runtime_us_median)
         result["runtime_us_iqr"].append(timing.runtime_us_iqr)
         result["repetitions"].append(timing.repetitions)
@@ -434,6 +479,51 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
     torch.cuda.empty_cache()
 
 
+class _Incorrect(Exception):
+    """A verification call's outputs were wrong: the verdict is ``incorrect``, with this text."""
+
+
+def _verify_case(job: Job, case, checker: Checker, call, flush, overhead_us: float, result: dict,
+                 phase) -> str | None:
+    """The checks of kernels.harness.verify on one timed case; a cheat raises ``Rejected``, a wrong output
+    on unseen inputs comes back as the problem."""
+    where = f"case {case.name}"
+    verify.check_integrity(_HARNESS_AT_START, where)
+    if "window_check" not in result or result["window_check"] == "profiled":
+        try:
+            activities = verify.profile_window(lambda: call(0))
+        except Rejected:
+            raise
+        except Exception as exc:  # noqa: BLE001 - tracing failed here: the synced check below still runs
+            result["window_check"] = f"unavailable: {_describe(exc)[:200]}"
+        else:
+            result["window_check"] = "profiled"
+            outside = verify.outside_window(activities)
+            if outside:
+                raise Rejected(f"{where}: {outside}")
+    rotating, fresh = [], []
+    for j in range(job.fresh_calls):
+        rotating.append(verify.synced_call(lambda: call(0), flush)[0])
+
+        def run(fn):
+            window, got = verify.synced_call(fn, flush)
+            fresh.append(window)
+            return got
+
+        problem = checker.fresh(case, verify.FRESH_SEED + j, run)
+        if problem:
+            return f"after timing, on inputs it had not seen: {problem}"
+    why = verify.hidden_work(rotating + fresh, overhead_us) or verify.reuses_work(rotating, fresh)
+    if why:
+        raise Rejected(f"{where}: {why}")
+    verify.check_integrity(_HARNESS_AT_START, where)
+    phase("verified", {"case": case.name, "rotating_us": [w.timed_us for w in rotating],
+                       "fresh_us": [w.timed_us for w in fresh],
+                       "synced_excess_us": [w.synced_us - w.timed_us - overhead_us for w in rotating + fresh]})
+    return None
+
+
+_HARNESS_AT_START: dict[str, tuple[int, int]] = {}
 _TORCH_AT_START: dict[str, int] = {}
 _REWRAPPED = {"torch.manual_seed"}  # torch._dynamo wraps it when first imported (torch.compile)
 

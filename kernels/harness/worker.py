@@ -38,9 +38,9 @@ from dataclasses import dataclass, field, replace
 from multiprocessing.connection import wait
 from typing import Iterable, Iterator
 
-from kernels.harness import ahead, budget, cores, sandbox
+from kernels.harness import ahead, budget, cores, precision, sandbox
 from kernels.harness.runner import Job, child_main, probe_main
-from kernels.hardware import INTERPRETER
+from kernels.hardware import INTERPRETER, peak_tflops
 from kernels.ops import get_operation
 from kernels.records import Candidate, HardwareSpec, Measurement
 
@@ -71,6 +71,13 @@ class WorkerConfig:
     # several workers measure on one machine (kernels.harness.cores.share).
     cpus: tuple[int, ...] | None = None
     host_bound_windows: int = 5  # timing windows at most for a case whose host side outlasts the L2 flush
+    # After each case is timed: its call profiled, calls on unseen inputs beside timed ones, the timer checked
+    # unpatched, the runtime checked against the case's floor (kernels.harness.verify).
+    verify: bool = True
+    fresh_calls: int = 3
+    # Every correct result's error against a float64 reference is recorded; "strict" fails a result of a
+    # lower precision class than the reference's (kernels.harness.precision), "tolerance" only flags it.
+    precision: str = "tolerance"
     # a host-bound case of a candidate is timed in one window beside its op's reference, and reported as
     # the reference's runtime times their ratio (kernels.harness.runner._anchored); False: fastest window
     anchor_host_bound: bool = True
@@ -191,6 +198,8 @@ class MeasureWorker:
             raise ValueError("no CUDA GPU is visible; measure in interpreter mode (correctness only)")
         if config.mode not in ("gpu", "interpreter"):
             raise ValueError(f"unknown measurement mode {config.mode!r}; known: gpu, interpreter")
+        if config.precision not in precision.MODES:
+            raise ValueError(f"unknown precision setting {config.precision!r}; known: {', '.join(precision.MODES)}")
         # Triton decides at import time whether its jit functions are interpreted, so the
         # fork server (started on first use, inheriting this environment) must see the switch.
         if config.mode == "interpreter":
@@ -293,7 +302,11 @@ class MeasureWorker:
                    device_memory_bytes=int(cfg.device_memory_gib * 2**30) if cfg.device_memory_gib else None,
                    alone=alone, environment=tuple(sorted(get_operation(cand.op).environment.items())),
                    compile_cpus=self.cores.compile, timing_cpus=self.cores.timing,
-                   host_bound_windows=cfg.host_bound_windows, reference_us=self._anchor(cand))
+                   host_bound_windows=cfg.host_bound_windows, reference_us=self._anchor(cand),
+                   verify=cfg.verify, fresh_calls=cfg.fresh_calls, precision=cfg.precision,
+                   peak_bandwidth_gbps=self.hardware.peak_bandwidth_gbps if cfg.mode == "gpu" else None,
+                   peak_tflops=peak_tflops(self.hardware.gpu_type) if cfg.mode == "gpu" else None,
+                   l2_bytes=int(self.hardware.l2_mib * 2**20))
 
     def _anchor(self, cand: Candidate) -> tuple[float, ...]:
         """The reference runtimes a candidate's host-bound cases are anchored to; () for none (the reference itself)."""
@@ -496,7 +509,11 @@ class MeasureWorker:
                 "runtime_us_iqr": tuple(res.get("runtime_us_iqr", ())),
                 "repetitions": tuple(res.get("repetitions", ())),
                 "compile_seconds": float(res.get("compile_seconds", 0.0)),
-                "gpu_seconds": float(res.get("gpu_seconds", 0.0))}
+                "gpu_seconds": float(res.get("gpu_seconds", 0.0)),
+                "precision": str(res.get("precision", "")),
+                "error_rel": tuple(res.get("error_rel", ())),
+                "reference_error_rel": tuple(res.get("reference_error_rel", ())),
+                "checks": str(res.get("window_check", ""))}
 
     def _finish(self, r: _Running, **fields) -> Measurement:
         self._note(r, "ended", time.monotonic(), fields.get("status"))

@@ -112,6 +112,10 @@ class Operation:
     def reference(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         raise NotImplementedError
 
+    def reference_float64(self, case: Case, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The reference computed in float64 on the same inputs: the truth a candidate's error is measured against."""
+        return self.reference(*(t.double() if t.dtype.is_floating_point else t for t in inputs))
+
     def bytes_moved(self, case: Case) -> int:
         """The fewest bytes a kernel must move through device memory (inputs once, outputs once)."""
         raise NotImplementedError

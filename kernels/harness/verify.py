@@ -1,0 +1,266 @@
+"""What a timed verdict must withstand, checked after a case is timed and before its figure is kept.
+
+The candidate runs in the process that times it, so every timing figure is only as good as
+these checks (docs/harness.md, "What a verdict must withstand"):
+
+  window     — a trusted profile of one call (CUDA's activity tracing, through torch.profiler):
+               every kernel, copy and fill the device ran after the call began lies between two
+               marker fills on the timed stream. Work on another stream that the timed stream
+               never waited for, work a host thread launched after the call returned, and work
+               left pending are all outside and refused, named by stream and kernel.
+  synced     — the same question asked on every verification call, without a profiler a candidate
+               could detect: each call's window ends twice, once by an event on the timed stream
+               and once after a device-wide synchronisation. The device staying busy after the
+               timed stream finished, beyond what an empty call costs, is work the timer missed.
+  fresh      — calls on inputs the candidate has never seen, each beside a call on a rotating set,
+               their outputs checked after the timed calls: a cache by address or content, a replay,
+               or work skipped when an output buffer already holds the answer shows as a wrong
+               output or as a call that is slower on new inputs than on old ones.
+  integrity  — the timer, its statistics and what they call (torch.cuda's events and
+               synchronisation, the builtins, math, time) are the objects they were before the
+               candidate was loaded.
+  physics    — a case's runtime is not below its floor: the bytes it must move at the device's
+               peak bandwidth, its FLOPs at the highest tensor rate the device has.
+
+Each failure raises ``Rejected`` with the reason; the runner records it as the verdict.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from kernels.harness.anticheat import Rejected
+
+FRESH_SEED = 5000  # seeds of the fresh verification inputs (compile 0, checks 1.., timing 1000.., recheck 9000)
+
+
+# ---- integrity: the timer and what it calls, unchanged -------------------------------------------
+
+_WATCHED_MODULES = ("kernels.harness.timing", "kernels.harness.verify", "kernels.harness.anticheat",
+                    "kernels.harness.correctness", "kernels.harness.runner")
+
+
+_WATCHED_TORCH = ("torch.cuda.synchronize", "torch.cuda.Event", "torch.cuda.current_stream",
+                  "torch.cuda.mem_get_info", "torch.cuda.empty_cache", "torch.Tensor.zero_", "torch.Tensor.fill_")
+
+
+def _identity(value) -> tuple[int, int]:
+    """An object's identity, and its code's for a Python function (a swapped ``__code__`` is a new function)."""
+    code = getattr(value, "__code__", None)
+    return id(value), id(code) if code is not None else 0
+
+
+def harness_fingerprint() -> dict[str, tuple[int, int]]:
+    """Identities of everything the timing path calls, taken before a candidate's code is loaded."""
+    found: dict[str, tuple[int, int]] = {}
+    holders = [("builtins.", builtins), ("math.", math), ("time.", time), ("statistics.", statistics),
+               ("torch.cuda.Event.", torch.cuda.Event)]
+    holders += [(f"{name}.", sys.modules[name]) for name in _WATCHED_MODULES if name in sys.modules]
+    for name in _WATCHED_TORCH:  # torch's own functions the timer calls (torch.compile rewraps others: not these)
+        holder, _, attr = name.rpartition(".")
+        found[name] = _identity(getattr(torch.cuda if holder == "torch.cuda" else torch.Tensor, attr))
+    for prefix, holder in holders:
+        for name, value in list(vars(holder).items()):
+            if name.startswith("__") or not callable(value):
+                continue
+            found[prefix + name] = _identity(value)
+            if isinstance(value, type) and prefix.startswith("kernels."):  # the harness's own classes' methods
+                for attr, member in vars(value).items():
+                    if callable(member):
+                        found[f"{prefix}{name}.{attr}"] = _identity(member)
+    return found
+
+
+def check_integrity(before: dict[str, tuple[int, int]], where: str) -> None:
+    """Refuse a candidate that replaced anything in ``before`` (``harness_fingerprint``)."""
+    if not before:
+        return
+    now = harness_fingerprint()
+    changed = sorted(k for k, v in before.items() if now.get(k) != v)
+    if changed:
+        shown = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
+        raise Rejected(f"{where}: replaced {shown}, which the timer uses; the timing code may not be patched")
+
+
+# ---- physics: the case's floor --------------------------------------------------------------------
+
+def _output_bytes(op, case) -> int:
+    specs = op.output_specs(case)
+    if specs:
+        return sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size() for shape, dtype in specs)
+    return int(op.bytes_moved(case))  # an imported task's outputs: see floor_bytes
+
+
+def floor_bytes(op, case, l2_bytes: int) -> int:
+    """Bytes the case must move through device memory in the timed window.
+
+    A template op's inputs come from memory (the L2 was flushed) and its outputs beyond what
+    the L2 can hold must reach it. An imported task's own model counts inputs and outputs, but
+    a task's output need not depend on every input (KernelBench has problems whose output is a
+    constant), so only its outputs count: the task's bytes less the inputs it was given."""
+    outputs = _output_bytes(op, case)
+    if op.output_specs(case):
+        inputs = max(0, int(op.bytes_moved(case)) - outputs)
+    else:
+        given = sum(math.prod(shape) * torch.empty((), dtype=getattr(torch, dtype.split(".")[-1])).element_size()
+                    for shape, dtype in op.info(case).get("signature") or ()) if hasattr(op, "info") else 0
+        inputs, outputs = 0, max(0, outputs - given)
+    return inputs + max(0, outputs - l2_bytes)
+
+
+def floor_us(op, case, peak_bandwidth_gbps: float | None, peak_tflops: float | None, l2_bytes: int = 0) -> float:
+    """The least time the case can take: its bytes at peak bandwidth, its FLOPs at the top tensor rate."""
+    floor = 0.0
+    try:
+        if peak_bandwidth_gbps:
+            floor = floor_bytes(op, case, l2_bytes) / (peak_bandwidth_gbps * 1e3)
+        flops = op.flops(case)
+        if peak_tflops and flops:
+            floor = max(floor, flops / (2 * peak_tflops * 1e6))  # twice the dense bf16 rate: fp8's, the top one
+    except Exception:  # noqa: BLE001 - a task whose sizes the model cannot give: no floor rather than a wrong one
+        return 0.0
+    return floor
+
+
+def check_physics(case_name: str, runtime_us: float, floor: float, margin: float = 0.9) -> None:
+    """Refuse a runtime below ``margin`` times the case's floor: impossible, not fast."""
+    if floor > 0 and runtime_us < margin * floor:
+        raise Rejected(f"case {case_name}: {runtime_us:.2f} us is below the case's floor of {floor:.2f} us "
+                       f"(its bytes at the device's peak bandwidth, its FLOPs at its top rate): impossible, "
+                       f"so its work was not done in the timed window")
+
+
+# ---- synced windows and the fresh-input pass ------------------------------------------------------
+
+@dataclass(frozen=True)
+class Window:
+    """One verification call: its time by the timed stream's end event, and by a device-wide synchronisation."""
+
+    timed_us: float
+    synced_us: float
+
+
+def synced_call(call: Callable[[], object], flush: torch.Tensor) -> tuple[Window, object]:
+    """Flush, then time ``call`` twice over: to an event on the timed stream, and to the device being idle."""
+    start, end, idle = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+    torch.cuda.synchronize()
+    flush.zero_()
+    start.record()
+    got = call()
+    end.record()
+    torch.cuda.synchronize()  # every stream of the device: what the timed stream did not wait for, too
+    idle.record()
+    idle.synchronize()
+    return Window(start.elapsed_time(end) * 1e3, start.elapsed_time(idle) * 1e3), got
+
+
+def sync_overhead_us(flush: torch.Tensor, reps: int = 7) -> float:
+    """How much later the synced end falls than the timed end for a call with nothing hidden (one tiny fill)."""
+    x = torch.empty(1, device="cuda")
+    gaps = []
+    for _ in range(reps):
+        w, _ = synced_call(lambda: x.fill_(1.0), flush)
+        gaps.append(w.synced_us - w.timed_us)
+    return statistics.median(gaps)
+
+
+def hidden_work(windows: list[Window], overhead_us: float) -> str | None:
+    """Why the device was busy after the timed stream finished, beyond an empty call's cost; None if it was not."""
+    excess = statistics.median(w.synced_us - w.timed_us - overhead_us for w in windows)
+    timed = statistics.median(w.timed_us for w in windows)
+    if excess > max(5.0, 0.1 * timed):
+        return (f"the device stayed busy {excess:.1f} us after the timed stream finished (median over "
+                f"{len(windows)} calls timed at {timed:.1f} us): work on another stream, another thread, or "
+                f"left pending, which the timer does not see")
+    return None
+
+
+def reuses_work(rotating: list[Window], fresh: list[Window]) -> str | None:
+    """Why calls on unseen inputs are slower than calls on the rotating sets; None when they are not."""
+    old = statistics.median(w.timed_us for w in rotating)
+    new = statistics.median(w.timed_us for w in fresh)
+    if new > 1.25 * old and new - old > 2.0:
+        return (f"calls on inputs it had not seen took {new:.1f} us, on the rotating timing sets {old:.1f} us: "
+                f"it reuses work across calls (a cache by address or content), so its timing is not its cost")
+    return None
+
+
+# ---- the window: a profile of one call --------------------------------------------------------------
+
+_MARK = torch.int16  # the markers are 1-element int16 fills, which no reasonable kernel issues on the timed stream
+
+
+@dataclass(frozen=True)
+class Activity:
+    name: str
+    stream: int
+    start_ns: int
+    end_ns: int
+
+
+def _device_activities(prof) -> list[Activity]:
+    """Kernels, copies and fills the device ran while ``prof`` recorded, in start order."""
+    found = []
+    for e in prof.profiler.kineto_results.events():
+        if e.device_type() != torch.autograd.DeviceType.CUDA:
+            continue
+        found.append(Activity(e.name(), int(e.device_resource_id()), int(e.start_ns()),
+                              int(e.start_ns() + e.duration_ns())))
+    return sorted(found, key=lambda a: a.start_ns)
+
+
+def warm_profiler() -> None:
+    """Start and stop CUDA activity tracing once (outside the GPU lock): its set-up is paid before timing."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]):
+        pass
+
+
+def profile_window(call: Callable[[], object], settle_s: float = 0.002) -> list[Activity]:
+    """The device's activities from a marker before ``call`` to well after a marker behind it, markers included."""
+    from torch.profiler import ProfilerActivity, profile
+
+    mark = torch.zeros(2, dtype=_MARK, device="cuda")
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        mark[:1].fill_(1)
+        call()
+        mark[1:].fill_(2)
+        torch.cuda.synchronize()
+        time.sleep(settle_s)  # a host thread's launch after return, or pending work, lands in the trace
+        torch.cuda.synchronize()
+    return _device_activities(prof)
+
+
+def _is_mark(a: Activity) -> bool:
+    return "fill" in a.name.lower() and ("short" in a.name or "int16" in a.name.lower() or "Short" in a.name)
+
+
+def outside_window(activities: list[Activity]) -> str | None:
+    """Why some activity of the call lies outside the markers' window; None when all lie inside."""
+    marks = [a for a in activities if _is_mark(a)]
+    if len(marks) < 2:
+        return None  # the trace lost the markers (a profiler that records nothing): the synced check stands
+    first, last = marks[0], marks[-1]
+    timed_stream = first.stream
+    for a in activities:
+        if a is first or a is last or a.end_ns < first.start_ns:
+            continue
+        where = "the timed stream" if a.stream == timed_stream else f"stream {a.stream}"
+        if a.start_ns >= last.start_ns:
+            return (f"{a.name[:80]!r} ran on {where} {(a.start_ns - last.start_ns) / 1e3:.1f} us after the timed "
+                    f"window closed: work launched after the call returned, or on a stream the timed stream "
+                    f"never waited for")
+        if a.end_ns > last.start_ns:
+            return (f"{a.name[:80]!r} on {where} ended {(a.end_ns - last.start_ns) / 1e3:.1f} us after the timed "
+                    f"window closed: the timed stream never waited for it")
+    return None
