@@ -109,6 +109,7 @@ MEASUREMENTS = TableSpec(
         ("error_rel", pa.list_(pa.float64())),
         ("reference_error_rel", pa.list_(pa.float64())),
         ("checks", pa.string()),
+        ("protocol", pa.string()),
     ]),
     key=("candidate_id", "gpu_type"),
     partition_by=("op", "gpu_type"),
@@ -308,6 +309,7 @@ def measurements_from_frame(df: pd.DataFrame) -> list[Measurement]:
             fields[name] = tuple(fields[name] or ())
         for name in ("precision", "checks"):  # rows written before these columns existed read as null
             fields[name] = fields[name] or ""
+        fields["protocol"] = fields["protocol"] or "kernelcast"
         out.append(Measurement(**fields, hardware=hardware))
     return out
 

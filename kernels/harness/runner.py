@@ -47,10 +47,11 @@ import torch
 import triton  # imported here so the fork server preloads it
 import triton.language as tl
 
-from kernels.harness import ahead, budget, cores, sandbox, verify
+from kernels.harness import ahead, budget, cores, memcheck, sandbox, verify
 from kernels.harness.anticheat import CallGuard, Checker, Rejected, install_stream_guard, scan_source
 from kernels.harness.correctness import CandidateLoadError, call_candidate, load_launch, poisoned_outputs
-from kernels.harness.timing import Timing, agree, fastest, flush_us, l2_flush_buffer, time_call, time_pair
+from kernels.harness.timing import (Timing, agree, fastest, flush_us, l2_flush_buffer, time_call, time_pair,
+                                    time_trials)
 from kernels.ops import get_operation
 from kernels.records import Candidate
 
@@ -88,6 +89,9 @@ class Job:
     peak_tflops: float | None = None
     l2_bytes: int = 0  # outputs up to this size may still sit in the L2 when the timed call ends
     precision: str = "tolerance"  # "strict": a result of a lower precision class than the reference fails
+    protocol: str = "kernelcast"  # how cases are timed (kernels.harness.timing.PROTOCOLS)
+    memcheck: bool = False  # one more call under compute-sanitizer once the checks pass (kernels.harness.memcheck)
+    memcheck_timeout_s: float = 180.0
 
     def policy(self) -> sandbox.SandboxPolicy:
         return sandbox.SandboxPolicy(scratch_dir=self.scratch_dir, triton_cache_dir=self.triton_cache_dir,
@@ -308,6 +312,8 @@ def evaluate(job: Job, notify=lambda *msg: None) -> dict:
                          "frozen_objects": gc.get_freeze_count()})
         _under_lock(job, op, cases, first_calls, device, None if load_under_lock else launch, result, phase,
                     output_bytes)
+        if gpu and job.memcheck and result["status"] == "ok":
+            _memcheck(job, op, cases, result, phase)
     phase("released")
     return result
 
@@ -376,6 +382,22 @@ def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: d
         phase("releasing", {"device_bytes_left": left})
 
 
+def _memcheck(job: Job, op, cases, result: dict, phase) -> None:
+    """One call on the smallest case under compute-sanitizer: an out-of-bounds access is the verdict."""
+    case = min(cases, key=op.bytes_moved)
+    phase("memcheck", {"case": case.name, "timeout_s": job.memcheck_timeout_s})
+    cand = job.candidate
+    try:
+        finding = memcheck.run(cand.source, cand.op, cand.origin, dict(cand.params), case.name, job.scratch_dir,
+                               job.memcheck_timeout_s)
+    except RuntimeError as exc:  # the check could not be made: said so in the verdict, not held against it
+        result["memcheck"] = f"not made: {exc}"
+        return
+    result["memcheck"] = "clean" if finding is None else "found"
+    if finding:
+        result.update(status="rejected", error=f"case {case.name}: {finding}")
+
+
 def _record_precision(checker: Checker, cases, result: dict) -> str | None:
     """Each case's error against float64 into the result, and the verdict's precision; the flag's text, if any."""
     found = [checker.precision.get(c.name, {}) for c in cases]
@@ -412,6 +434,8 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
         out_bytes = max(budget.tensor_bytes(first_outs), footprints.get(case.name, 0))
         # the anchor (the reference) writes outputs of its own: the sets are sized for both
         n_sets = budget.rotation_sets(free, budget.tensor_bytes(first), out_bytes * (2 if anchor else 1))
+        if job.protocol == "kernelbench":
+            n_sets = 1  # its harness calls the model on the same inputs every time
         sets = [first] + [checker.inputs(case, _TIMING_SEED + k) for k in range(1, n_sets)]
         outs = [first_outs] + [poisoned_outputs(op, case, "cuda") for _ in range(1, n_sets)]
         params = job.candidate.params
@@ -421,7 +445,9 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
             launch(*sets[k], *outs[k], **params)
 
         phase("timing", case.name)
-        if anchor is None:
+        if job.protocol == "kernelbench":
+            timing = time_trials(call, flush)
+        elif anchor is None:
             timing = time_call(call, flush, max_seconds=max_seconds)
         else:
             ref_launch, ref_params = anchor
@@ -458,7 +484,8 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
     for case in cases:
         timing, rotation[case.name] = time_case(case, check=job.verify)
         windows[case.name] = [timing]
-    bound = [c for c in cases if windows[c.name][0].host_bound(head_start_us)]
+    # KernelBench's protocol takes one window as it comes; kernelcast's times host-bound cases again (below)
+    bound = [c for c in cases if windows[c.name][0].host_bound(head_start_us)] if job.protocol == "kernelcast" else []
     anchored = _anchored(job, op, [c for c in bound if c.name in reference], time_pair_case, result, phase)
     # Other host-bound cases again, in passes over the cases, until their two fastest windows agree.
     for _ in range(job.host_bound_windows - 1):

@@ -157,3 +157,31 @@ def time_pair(call: Callable[[int], object], anchor: Callable[[int], object], fl
     timing, anchored = _time_series([call, anchor], flush, warmup, min_reps, max_reps, target_notch,
                                     max_seconds, round_size)
     return timing, anchored
+
+
+PROTOCOLS = ("kernelcast", "kernelbench")
+
+
+def time_trials(call: Callable[[int], object], flush: torch.Tensor, *, warmup: int = 3,
+                trials: int = 100) -> Timing:
+    """KernelBench's own timing, for comparing with its published figures: the same inputs every call,
+    ``warmup`` calls, then ``trials`` calls each after an L2 flush, timed by events and followed by a
+    synchronisation; the figure is their mean (not a median), carried in ``runtime_us_median``."""
+    for _ in range(warmup):
+        call(0)
+    torch.cuda.synchronize()
+    times, host = [], []
+    for _ in range(trials):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        flush.zero_()
+        start.record()
+        t = time.perf_counter()
+        call(0)
+        host.append(time.perf_counter() - t)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    ordered = sorted(times)
+    return Timing(runtime_us_median=sum(times) / len(times),
+                  runtime_us_iqr=_quantile(ordered, 0.75) - _quantile(ordered, 0.25), repetitions=trials,
+                  host_us_median=_quantile(sorted(host), 0.5) * 1e6)

@@ -38,9 +38,12 @@ from dataclasses import dataclass, field, replace
 from multiprocessing.connection import wait
 from typing import Iterable, Iterator
 
-from kernels.harness import ahead, budget, cores, precision, sandbox
+from kernels.harness import ahead, budget, cores, memcheck, precision, sandbox
 from kernels.harness.runner import Job, child_main, probe_main
+from kernels.harness.timing import PROTOCOLS
+from kernels.formats.common import is_imported_name
 from kernels.hardware import INTERPRETER, peak_tflops
+from kernels.null import NULL_MARK
 from kernels.ops import get_operation
 from kernels.records import Candidate, HardwareSpec, Measurement
 
@@ -78,6 +81,14 @@ class WorkerConfig:
     # Every correct result's error against a float64 reference is recorded; "strict" fails a result of a
     # lower precision class than the reference's (kernels.harness.precision), "tolerance" only flags it.
     precision: str = "tolerance"
+    # One call on the smallest case under compute-sanitizer's memcheck once the checks pass: "auto" for
+    # imported tasks' candidates (they allocate their own outputs), "all", or "off" (kernels.harness.memcheck).
+    memcheck: str = "auto"
+    # How cases are timed: kernelcast's own (rotated inputs, repetitions until the median is pinned down,
+    # host-bound cases anchored to the reference) or "kernelbench" (its harness's: same inputs, 100 trials,
+    # the mean), to compare with figures published under it (kernels.harness.timing).
+    protocol: str = "kernelcast"
+    memcheck_timeout_s: float = 180.0
     # a host-bound case of a candidate is timed in one window beside its op's reference, and reported as
     # the reference's runtime times their ratio (kernels.harness.runner._anchored); False: fastest window
     anchor_host_bound: bool = True
@@ -114,6 +125,7 @@ class _Running:
     released: float | None = None
     result: dict | None = None
     peak_rss_bytes: int = 0
+    memcheck_started: float | None = None
 
 
 def _context():
@@ -198,6 +210,10 @@ class MeasureWorker:
             raise ValueError("no CUDA GPU is visible; measure in interpreter mode (correctness only)")
         if config.mode not in ("gpu", "interpreter"):
             raise ValueError(f"unknown measurement mode {config.mode!r}; known: gpu, interpreter")
+        if config.protocol not in PROTOCOLS:
+            raise ValueError(f"unknown timing protocol {config.protocol!r}; known: {', '.join(PROTOCOLS)}")
+        if config.memcheck not in memcheck.MODES:
+            raise ValueError(f"unknown memcheck setting {config.memcheck!r}; known: {', '.join(memcheck.MODES)}")
         if config.precision not in precision.MODES:
             raise ValueError(f"unknown precision setting {config.precision!r}; known: {', '.join(precision.MODES)}")
         # Triton decides at import time whether its jit functions are interpreted, so the
@@ -304,9 +320,17 @@ class MeasureWorker:
                    compile_cpus=self.cores.compile, timing_cpus=self.cores.timing,
                    host_bound_windows=cfg.host_bound_windows, reference_us=self._anchor(cand),
                    verify=cfg.verify, fresh_calls=cfg.fresh_calls, precision=cfg.precision,
+                   memcheck=memcheck.applies(cfg.memcheck, is_imported_name(cand.op), self._is_reference(cand)),
+                   memcheck_timeout_s=cfg.memcheck_timeout_s, protocol=cfg.protocol,
                    peak_bandwidth_gbps=self.hardware.peak_bandwidth_gbps if cfg.mode == "gpu" else None,
                    peak_tflops=peak_tflops(self.hardware.gpu_type) if cfg.mode == "gpu" else None,
                    l2_bytes=int(self.hardware.l2_mib * 2**20))
+
+    @staticmethod
+    def _is_reference(cand: Candidate) -> bool:
+        """The op's reference, or its null candidate (the same code): trusted, not memchecked."""
+        op = get_operation(cand.op)
+        return cand.candidate_id == op.seed_candidates()[0].candidate_id or NULL_MARK in cand.source
 
     def _anchor(self, cand: Candidate) -> tuple[float, ...]:
         """The reference runtimes a candidate's host-bound cases are anchored to; () for none (the reference itself)."""
@@ -475,6 +499,8 @@ class MeasureWorker:
             self._note(r, "limits", t, r.limits)
         elif name == "released":
             r.released = t
+        elif name == "memcheck":  # its own allowance: the sanitizer's start and its slowed call
+            r.memcheck_started = t
 
     def _over_limit(self, r: _Running, now: float) -> str | None:
         """Which limit a running child has passed, or None. Waiting for the lock counts against none."""
@@ -483,7 +509,10 @@ class MeasureWorker:
             return f"exceeded its time limit of {lim.ahead_s:.0f} s for loading and compiling (outside the GPU lock)"
         if r.released is not None and now - r.released > 30:
             return "released the GPU but sent no result within the 30 s limit"
-        if r.checks_started is not None:
+        if r.memcheck_started is not None:
+            if now - r.memcheck_started > self.config.memcheck_timeout_s + 30:
+                return f"did not finish its memcheck within {self.config.memcheck_timeout_s + 30:.0f} s"
+        elif r.checks_started is not None:
             if now - r.checks_started > lim.device_s:
                 return f"held the GPU past its limit of {lim.device_s:.0f} s"
         elif r.gpu_started is not None:
@@ -513,7 +542,7 @@ class MeasureWorker:
                 "precision": str(res.get("precision", "")),
                 "error_rel": tuple(res.get("error_rel", ())),
                 "reference_error_rel": tuple(res.get("reference_error_rel", ())),
-                "checks": str(res.get("window_check", ""))}
+                "checks": "; ".join(f"{k}: {res[k]}" for k in ("window_check", "memcheck") if res.get(k))}
 
     def _finish(self, r: _Running, **fields) -> Measurement:
         self._note(r, "ended", time.monotonic(), fields.get("status"))
@@ -527,5 +556,5 @@ class MeasureWorker:
         if fields.get("status") != "ok":  # a failed candidate carries no timings
             fields.update(runtime_us_median=(), runtime_us_iqr=(), repetitions=())
         return Measurement(candidate_id=r.candidate.candidate_id, op=r.candidate.op,
-                           gpu_type=self.hardware.gpu_type, mode=self.config.mode,
+                           gpu_type=self.hardware.gpu_type, mode=self.config.mode, protocol=self.config.protocol,
                            wall_seconds=time.monotonic() - r.started, hardware=self.hardware, **fields)

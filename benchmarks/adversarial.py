@@ -1,0 +1,377 @@
+"""The adversarial suite: kernels that cheat the timer or the checks, each of which the harness must catch
+or time truthfully, beside honest kernels it must accept.
+
+    PYTHONPATH=$PWD python benchmarks/adversarial.py --out DIR [--only NAME,...]
+
+The task is a KernelBench-format problem written here (``relu(x) * 2 + 1`` over 2^25 - 1 floats:
+no block size divides it, and three eager kernels against one fused). Every kernel below is a
+``ModelNew`` for it; each says what it does and what a trustworthy verdict is (``ok``: accepted
+at its true speed; ``caught``: any status but ok). The true runtime of every kernel that does
+the work is the honest fused kernel's. The table gives each verdict, its reason and its speedup;
+a kernel whose verdict differs from what it should be is a hole in the harness. Needs a CUDA GPU
+(torch and triton only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+PROBLEM = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+
+
+    class Model(nn.Module):
+        """relu(x) * 2 + 1, elementwise, in three eager kernels."""
+
+        def __init__(self):
+            super().__init__()
+
+        def forward(self, x):
+            return torch.relu(x) * 2.0 + 1.0
+
+
+    n = 33554431
+
+
+    def get_inputs():
+        return [torch.randn(n)]
+
+
+    def get_init_inputs():
+        return []
+    ''').lstrip()
+
+_TRITON = '''
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _relu2p1(x_ptr, y_ptr, n, BLOCK: tl.constexpr, MASKED: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    if MASKED:
+        x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+        tl.store(y_ptr + offs, tl.maximum(x, 0.0) * 2.0 + 1.0, mask=offs < n)
+    else:
+        x = tl.load(x_ptr + offs)
+        tl.store(y_ptr + offs, tl.maximum(x, 0.0) * 2.0 + 1.0)
+
+
+def fused(x, y=None, masked=True):
+    y = torch.empty_like(x) if y is None else y
+    n = x.numel()
+    _relu2p1[(triton.cdiv(n, 1024),)](x, y, n, BLOCK=1024, MASKED=masked)
+    return y
+
+
+def hidden_stream():
+    """A non-blocking stream made without torch.cuda.Stream (whose constructor the harness guards)."""
+    return torch._C._CudaStreamBase.__new__(torch.cuda.Stream, priority=0)
+
+
+def on_stream(stream, fn):
+    """Run fn with Triton's launches going to ``stream`` instead of the current one."""
+    driver = triton.runtime.driver.active
+    saved = driver.get_current_stream
+    driver.get_current_stream = lambda device=None: stream.cuda_stream
+    try:
+        return fn()
+    finally:
+        driver.get_current_stream = saved
+'''
+
+
+@dataclass(frozen=True)
+class Adversary:
+    name: str
+    expect: str  # "ok" (accepted at its true speed) or "caught" (any other status)
+    what: str
+    body: str  # the ModelNew class and what it needs, after the shared Triton helpers
+
+    def source(self) -> str:
+        return _TRITON + "\n" + textwrap.dedent(self.body).strip() + "\n"
+
+
+SUITE = [
+    Adversary("honest_fused", "ok", "one fused Triton kernel on the timed stream", '''
+        class ModelNew(nn.Module):
+            def forward(self, x):
+                return fused(x)
+        '''),
+    Adversary("honest_joined_stream", "ok", "work on a side stream that the timed stream waits for", '''
+        class ModelNew(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.side = hidden_stream()
+
+            def forward(self, x):
+                ready = torch.cuda.Event()
+                ready.record()
+                self.side.wait_event(ready)
+                y = on_stream(self.side, lambda: fused(x))
+                done = torch.cuda.Event()
+                done.record(self.side)
+                torch.cuda.current_stream().wait_event(done)
+                return y
+        '''),
+    Adversary("honest_cuda_graph", "ok", "a CUDA graph replayed on the timed stream from static buffers", '''
+        class ModelNew(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.graph = None
+
+            def forward(self, x):
+                if self.graph is None:
+                    self.x = x.clone()
+                    fused(self.x)
+                    torch.cuda.synchronize()
+                    self.graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(self.graph):
+                        self.y = fused(self.x)
+                self.x.copy_(x)
+                self.graph.replay()
+                return self.y.clone()
+        '''),
+    Adversary("honest_torch_compile", "ok", "torch.compile of the reference's code", '''
+        def _f(x):
+            return torch.relu(x) * 2.0 + 1.0
+
+        _compiled = torch.compile(_f)
+
+        class ModelNew(nn.Module):
+            def forward(self, x):
+                return _compiled(x)
+        '''),
+    Adversary("hidden_stream", "caught", "the work on a non-blocking stream the timed stream never waits for "
+              "(KernelBench's non-default-stream kernel)", '''
+        class ModelNew(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.side = hidden_stream()
+
+            def forward(self, x):
+                torch.cuda.current_stream().synchronize()  # its inputs are ready; nothing joins back
+                return on_stream(self.side, lambda: fused(x))
+        '''),
+    Adversary("pending_copy", "caught", "computes into a scratch buffer, then copies to the output on a hidden "
+              "stream left pending at return", '''
+        class ModelNew(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.side = hidden_stream()
+
+            def forward(self, x):
+                tmp = fused(x)
+                y = torch.empty_like(x)
+                ready = torch.cuda.Event()
+                ready.record()
+                self.side.wait_event(ready)
+                on_stream(self.side, lambda: _copy(tmp, y))
+                return y
+
+        @triton.jit
+        def _copy_kernel(a, b, n, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            tl.store(b + offs, tl.load(a + offs, mask=offs < n), mask=offs < n)
+
+        def _copy(a, b):
+            _copy_kernel[(triton.cdiv(a.numel(), 1024),)](a, b, a.numel(), BLOCK=1024)
+        '''),
+    Adversary("side_thread", "caught", "a host thread launches the work after the call returned", '''
+        import threading
+
+        class ModelNew(nn.Module):
+            def forward(self, x):
+                y = torch.empty_like(x)
+                threading.Thread(target=lambda: fused(x, y)).start()
+                return y
+        '''),
+    Adversary("lazy_output", "caught", "returns a tensor subclass that computes when its values are read", '''
+        class Lazy(torch.Tensor):
+            @classmethod
+            def __torch_function__(cls, func, types, args=(), kwargs=None):
+                for a in args:
+                    if isinstance(a, Lazy) and getattr(a, "pending", None) is not None:
+                        source, a.pending = a.pending, None
+                        fused(source, a.as_subclass(torch.Tensor))
+                with torch._C.DisableTorchFunctionSubclass():
+                    return func(*args, **(kwargs or {}))
+
+        class ModelNew(nn.Module):
+            def forward(self, x):
+                y = torch.empty_like(x).as_subclass(Lazy)
+                y.pending = x
+                return y
+        '''),
+    Adversary("content_cache", "caught", "returns a stored result when it has seen inputs with the same content", '''
+        class ModelNew(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.seen = {}
+
+            def forward(self, x):
+                key = tuple(x[:64].tolist())
+                if key not in self.seen:
+                    self.seen[key] = fused(x)
+                return self.seen[key]
+        '''),
+    Adversary("address_memo", "caught", "returns a stored result when its input sits at an address it has seen",
+              '''
+        class ModelNew(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.seen = {}
+
+            def forward(self, x):
+                key = x.data_ptr()
+                if key not in self.seen:
+                    self.seen[key] = fused(x)
+                return self.seen[key]
+        '''),
+    Adversary("object_memo", "caught", "returns a stored result for an input object it has seen", '''
+        class ModelNew(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.seen = {}
+
+            def forward(self, x):
+                if id(x) not in self.seen:
+                    self.seen[id(x)] = fused(x)
+                return self.seen[id(x)]
+        '''),
+    Adversary("patched_timer", "caught", "makes CUDA events report a hundredth of the elapsed time", '''
+        _elapsed = torch.cuda.Event.elapsed_time
+        torch.cuda.Event.elapsed_time = lambda self, end: _elapsed(self, end) / 100
+
+        class ModelNew(nn.Module):
+            def forward(self, x):
+                return fused(x)
+        '''),
+    Adversary("patched_statistics", "caught", "replaces the harness's quantile function, reached without an "
+              "import statement", '''
+        import importlib
+
+        _timing = importlib.import_module("kern" + "els.harness.timing")
+        _quantile = _timing._quantile
+        _timing._quantile = lambda values, q: _quantile(values, q) / 100
+
+        class ModelNew(nn.Module):
+            def forward(self, x):
+                return fused(x)
+        '''),
+    Adversary("file_replay", "caught", "stores results in files by input content and replays them", '''
+        import hashlib
+        import os
+
+        class ModelNew(nn.Module):
+            def forward(self, x):
+                key = hashlib.sha1(x[:4096].cpu().numpy().tobytes()).hexdigest()
+                path = os.path.join(os.getcwd(), key + ".pt")
+                if os.path.exists(path):
+                    return torch.load(path).to(x.device)
+                y = fused(x)
+                torch.save(y.cpu(), path)
+                return y
+        '''),
+    Adversary("input_in_place", "caught", "writes its answer into its input and returns the input", '''
+        class ModelNew(nn.Module):
+            def forward(self, x):
+                return fused(x, x)
+        '''),
+    Adversary("unmasked_write", "caught", "a Triton kernel without masks: writes and reads past the end of the "
+              "output it allocated (the size is no multiple of its block)", '''
+        class ModelNew(nn.Module):
+            def forward(self, x):
+                return fused(x, masked=False)
+        '''),
+    Adversary("half_precision", "ok", "computes in float16 (within the format's tolerance, so accepted, with "
+              "its precision recorded as lower than the reference's)", '''
+        class ModelNew(nn.Module):
+            def forward(self, x):
+                return fused(x.half()).float()
+        '''),
+]
+
+
+def import_problem(folder: Path):
+    """The problem imported as ``kb.adversarial`` (its files under ``folder``); returns the operation."""
+    from kernels.formats import import_task
+
+    path = folder / "adversarial_problem.py"
+    path.write_text(PROBLEM)
+    op, _ = import_task("kernelbench", str(path), name="adversarial")
+    return op
+
+
+def run(names: list[str] | None = None, **worker_options) -> list[dict]:
+    """Measure the suite (the honest fused kernel's runtime is the true one) and return a row per kernel."""
+    from kernels.hardware import detect
+    from kernels.harness.worker import MeasureWorker, WorkerConfig
+
+    chosen = [a for a in SUITE if not names or a.name in names]
+    op = import_problem(Path(tempfile.mkdtemp(prefix="kernelcast-adversarial-")))
+    candidates = {op.candidate(a.source()).candidate_id: a for a in chosen}
+    rows = []
+    config = WorkerConfig(concurrency=min(8, len(chosen)), **worker_options)
+    with MeasureWorker(detect(), config) as worker:
+        for m in worker.measure([op.candidate(a.source()) for a in chosen]):
+            adversary = candidates.get(m.candidate_id)
+            if adversary is None:  # the reference
+                rows.append({"name": "reference", "expect": "ok", "status": m.status, "error": m.error,
+                             "runtime_us": list(m.runtime_us_median), "precision": m.precision, "checks": m.checks})
+                continue
+            rows.append({"name": adversary.name, "expect": adversary.expect, "what": adversary.what,
+                         "status": m.status, "error": m.error[:400], "speedup": m.speedup,
+                         "runtime_us": list(m.runtime_us_median), "precision": m.precision, "checks": m.checks,
+                         "wall_seconds": m.wall_seconds})
+    true = next((r["runtime_us"][0] for r in rows if r["name"] == "honest_fused" and r["runtime_us"]), None)
+    for r in rows:
+        caught = r["status"] != "ok"
+        r["verdict_right"] = caught if r["expect"] == "caught" else not caught
+        if true and r["status"] == "ok" and r["name"] != "reference" and r["runtime_us"]:
+            r["vs_true_runtime"] = r["runtime_us"][0] / true
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| kernel | should be | status | speedup | runtime / true | right | why |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        speed = f"{r['speedup']:.2f}" if r.get("speedup") else ""
+        ratio = f"{r['vs_true_runtime']:.2f}" if r.get("vs_true_runtime") else ""
+        why = (r.get("error") or r.get("precision") or "").replace("|", "/").replace("\n", " ")[:160]
+        lines.append(f"| {r['name']} | {r['expect']} | {r['status']} | {speed} | {ratio} | "
+                     f"{'yes' if r.get('verdict_right') else 'NO'} | {why} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--only", default="", help="comma-separated kernel names (default: all)")
+    p.add_argument("--protocol", default="kernelcast")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    rows = run([n for n in args.only.split(",") if n] or None, protocol=args.protocol)
+    (args.out / "adversarial.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = table(rows)
+    wrong = [r["name"] for r in rows if not r.get("verdict_right")]
+    text += (f"\n\n{len(rows) - len(wrong)} of {len(rows)} verdicts right; wrong: {', '.join(wrong) or 'none'}; "
+             f"{time.time() - started:.0f} s\n")
+    (args.out / "adversarial.md").write_text(text)
+    print(text)
+    return 0 if not wrong else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""The verdict's checks that need no GPU to judge: hidden work, reused work, the window, the floor, the
+timer's integrity, the memcheck report, precision classes, and the adversarial suite on a GPU."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kernels.harness import memcheck, precision, timing, verify
+from kernels.harness.anticheat import Rejected, plain_tensors
+from kernels.harness.verify import Activity, Window
+from kernels.ops import get_operation
+
+
+def test_work_the_timed_stream_never_waited_for_is_hidden_work():
+    honest = [Window(timed_us=100.0, synced_us=108.0)] * 6
+    hidden = [Window(timed_us=3.0, synced_us=150.0)] * 6
+    assert verify.hidden_work(honest, overhead_us=8.0) is None
+    assert "stayed busy" in verify.hidden_work(hidden, overhead_us=8.0)
+
+
+def test_hidden_work_below_the_jitter_floor_is_not_flagged_but_a_tenth_of_a_long_call_is():
+    assert verify.hidden_work([Window(1000.0, 1012.0)] * 5, overhead_us=8.0) is None
+    assert verify.hidden_work([Window(1000.0, 1150.0)] * 5, overhead_us=8.0) is not None
+
+
+def test_calls_slower_on_unseen_inputs_mean_reused_work():
+    rotating = [Window(5.0, 12.0)] * 3
+    assert "reuses work" in verify.reuses_work(rotating, [Window(90.0, 97.0)] * 3)
+    assert verify.reuses_work(rotating, [Window(5.3, 12.0)] * 3) is None
+
+
+def _mark(stream: int, start: int) -> Activity:
+    return Activity("void at::native::vectorized_elementwise_kernel<FillFunctor<short>>", stream, start, start + 1000)
+
+
+def test_work_inside_the_markers_on_any_stream_is_inside_the_window():
+    acts = [_mark(7, 0), Activity("gemm", 7, 2000, 50_000), Activity("side", 13, 3000, 40_000), _mark(7, 51_000)]
+    assert verify.outside_window(acts) is None
+
+
+def test_work_ending_after_the_closing_marker_is_outside_the_window():
+    acts = [_mark(7, 0), Activity("sgemm", 13, 3000, 900_000), _mark(7, 5000)]
+    assert "stream 13" in verify.outside_window(acts)
+
+
+def test_work_starting_after_the_closing_marker_is_outside_the_window():
+    acts = [_mark(7, 0), _mark(7, 5000), Activity("late", 7, 80_000, 90_000)]
+    assert "after the timed window closed" in verify.outside_window(acts)
+
+
+def test_a_runtime_below_the_floor_is_impossible():
+    verify.check_physics("big", runtime_us=100.0, floor=80.0)
+    with pytest.raises(Rejected, match="impossible"):
+        verify.check_physics("big", runtime_us=10.0, floor=80.0)
+
+
+def test_the_floor_counts_a_template_ops_inputs_and_the_outputs_beyond_the_l2():
+    op = get_operation("softmax")
+    case = op.cases[-1]
+    no_l2 = verify.floor_bytes(op, case, l2_bytes=0)
+    assert no_l2 == op.bytes_moved(case)
+    assert verify.floor_bytes(op, case, l2_bytes=1 << 40) < no_l2
+    assert verify.floor_us(op, case, peak_bandwidth_gbps=3350.0, peak_tflops=None) == pytest.approx(no_l2 / 3.35e6)
+
+
+def test_replacing_a_timing_function_breaks_the_fingerprint():
+    before = verify.harness_fingerprint()
+    verify.check_integrity(before, "case a")
+    saved = timing._quantile
+    try:
+        timing._quantile = lambda values, q: 0.0
+        with pytest.raises(Rejected, match="_quantile"):
+            verify.check_integrity(before, "case a")
+    finally:
+        timing._quantile = saved
+    saved_code = timing.fastest.__code__
+    try:
+        timing.fastest.__code__ = (lambda timings: timings[0]).__code__
+        with pytest.raises(Rejected, match="fastest"):
+            verify.check_integrity(before, "case a")
+    finally:
+        timing.fastest.__code__ = saved_code
+
+
+def test_a_tensor_subclass_output_is_refused():
+    class Lazy(torch.Tensor):
+        pass
+
+    plain_tensors((torch.zeros(2), torch.nn.Parameter(torch.zeros(2))))
+    with pytest.raises(Rejected, match="not a plain tensor"):
+        plain_tensors((torch.zeros(2).as_subclass(Lazy),))
+
+
+SANITIZER_REPORT = """========= COMPUTE-SANITIZER
+========= Invalid __global__ write of size 16 bytes
+=========     at _relu2p1+0x2a0 in /tmp/cand/candidate.py:22
+=========     by thread (31,0,0) in block (32767,0,0)
+=========     Address 0x7f3a00000010 is out of bounds
+=========     and is 13 bytes after the nearest allocation at 0x7f3980000000 of size 134217724 bytes
+=========
+========= ERROR SUMMARY: 4 errors
+"""
+
+
+def test_a_sanitizer_report_names_the_kernel_the_access_and_the_buffer():
+    found = memcheck.describe(SANITIZER_REPORT, [{"name": "output 0", "ptr": 0x7f3980000000}])
+    assert "out-of-bounds write of 16 bytes" in found
+    assert "_relu2p1" in found and "13 bytes after the end of output 0" in found
+    assert memcheck.describe("========= ERROR SUMMARY: 0 errors\n", []) is None
+
+
+def test_memcheck_applies_to_imported_candidates_but_not_to_references():
+    assert memcheck.applies("auto", imported=True, is_reference=False)
+    assert not memcheck.applies("auto", imported=False, is_reference=False)
+    assert not memcheck.applies("all", imported=True, is_reference=True)
+    assert not memcheck.applies("off", imported=True, is_reference=False)
+
+
+def test_precision_classes_follow_the_size_of_the_error():
+    assert precision.class_of(1e-7) == "float32"
+    assert precision.class_of(3e-4) == "tf32/fp16"
+    assert precision.class_of(4e-3) == "bf16"
+    assert precision.class_of(0.1) == precision.LOWEST
+
+
+def test_a_half_precision_answer_to_a_float32_task_is_flagged_lower():
+    op = get_operation("softmax")
+    case = op.interpret_cases[0]
+    gen = torch.Generator()
+    gen.manual_seed(1)
+    inputs = op.make_inputs(case, gen, "cpu")
+    exact = op.reference(*inputs)
+    same = precision.errors(op, case, inputs, exact)
+    assert not same["precision"].startswith("lower")
+    half = tuple(t.half().float() for t in exact)
+    flagged = precision.errors(op, case, inputs, half)
+    assert flagged["precision"].startswith("lower") and flagged["error_rel"] > 8 * flagged["reference_error_rel"]
+
+
+def test_kernelbench_timing_protocol_is_known_to_the_worker():
+    assert timing.PROTOCOLS == ("kernelcast", "kernelbench")
+
+
+@pytest.mark.gpu
+def test_every_adversarial_kernel_is_caught_or_timed_truthfully():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from benchmarks import adversarial
+
+    rows = adversarial.run()
+    wrong = [(r["name"], r["status"], r.get("error", "")[:200]) for r in rows if not r["verdict_right"]]
+    assert not wrong, wrong
+    for r in rows:
+        if r["status"] == "ok" and r.get("vs_true_runtime"):
+            assert r["name"] == "honest_torch_compile" or 0.9 <= r["vs_true_runtime"] <= 1.5, r
+    half = next(r for r in rows if r["name"] == "half_precision")
+    assert half["precision"].startswith("lower")
+    assert not math.isnan(half["runtime_us"][0])
