@@ -297,13 +297,15 @@ class Checker:
     """
 
     def __init__(self, op: Operation, candidate: Candidate, launch: Callable, device: str,
-                 on_inputs: Callable[[], None] = lambda: None, measure_precision: bool = False):
+                 on_inputs: Callable[[], None] = lambda: None, measure_precision: bool = False,
+                 on_first_call: Callable[[str, float], None] = lambda case, seconds: None):
         self.op, self.candidate, self.launch, self.device = op, candidate, launch, device
         self.seeds: dict[str, list[int]] = {}  # case -> seeds of the inputs it was called with, in order
         self.wrote: dict[str, bool] = {}  # case -> some earlier call wrote into the harness outputs
         self.calls = 0
         self.first_call_seconds: dict[str, float] = {}  # case -> seconds its first call took
         self._on_inputs = on_inputs  # told once, when the first inputs are made on the device
+        self._on_first_call = on_first_call  # told each case's first call's seconds, as soon as it returns
         self.measure_precision = measure_precision
         self.precision: dict[str, dict] = {}  # case -> its errors against float64 (kernels.harness.precision)
 
@@ -376,7 +378,9 @@ class Checker:
         t0 = time.perf_counter()
         got = self._guarded(inputs, outputs)
         self._sync()
-        self.first_call_seconds.setdefault(case.name, time.perf_counter() - t0)
+        if case.name not in self.first_call_seconds:
+            self.first_call_seconds[case.name] = time.perf_counter() - t0
+            self._on_first_call(case.name, self.first_call_seconds[case.name])
         return got
 
     def _guarded(self, inputs, outputs):

@@ -333,7 +333,9 @@ def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: d
     try:
         if launch is None:
             launch = load_launch(cand.source, job.scratch_dir)
-        checker = Checker(op, cand, launch, device, on_inputs=lambda: phase("first_inputs"), measure_precision=True)
+        # the worker scales a reference's limit by how long its calls take: told before the checks' own calls
+        checker = Checker(op, cand, launch, device, on_inputs=lambda: phase("first_inputs"), measure_precision=True,
+                          on_first_call=lambda name, seconds: phase("call", {"case": name, "seconds": seconds}))
         for case in first_calls:  # the others compiled ahead: their first checked call loads what was built
             try:
                 checker.first_call(case)
@@ -347,8 +349,6 @@ def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: d
         for case in cases:
             for seed in range(1, job.seeds + 1):
                 problem = checker.check(case, seed)
-                if seed == 1:  # the worker scales a reference's limit by how long its calls take
-                    phase("call", {"case": case.name, "seconds": checker.first_call_seconds[case.name]})
                 if problem:
                     return fail("incorrect", f"seed {seed}: {problem}")
         lower = _record_precision(checker, cases, result)
