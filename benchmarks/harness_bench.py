@@ -18,6 +18,7 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 import triton
@@ -137,6 +138,12 @@ def main() -> int:
     print(f"throughput: {len(results)} candidates in {wall:.1f} s = {report['candidates_per_gpu_minute']:.0f} "
           f"per GPU-minute; GPU busy {100 * busy / wall:.0f}% of wall time; statuses {statuses}")
     report["lock_breakdown"] = breakdown
+    not_ok = [f"{m.op} {m.status}: {m.error[:200]}" for m in results if m.status != "ok"]
+    report["not_ok"] = not_ok
+    for line in not_ok:
+        print(f"  not ok: {line}")
+    if args.json:  # written now too: the figures so far survive a run cut short
+        Path(args.json).write_text(json.dumps(report, indent=1, default=str))
     for name, b in breakdown.items():
         print(f"  {name:<14} median {1e3 * b['median_s']:8.1f} ms, total {b['total_s']:7.1f} s over {b['children']} "
               f"children")

@@ -30,6 +30,7 @@ import ast
 import os
 import sys
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -289,6 +290,17 @@ def _untouched(t: torch.Tensor) -> bool:
     return bool((t == torch.iinfo(t.dtype).max).all())
 
 
+@dataclass
+class Unseen:
+    """One call's worth of inputs the candidate has not been given yet (``Checker.prepare``)."""
+
+    case: Case
+    seed: int
+    inputs: tuple
+    outputs: tuple
+    writable: set
+
+
 class Checker:
     """Calls one candidate on fresh inputs, case by case, remembering enough to recognise cheats.
 
@@ -399,20 +411,24 @@ class Checker:
         plain_tensors(got)
         return got
 
-    def fresh(self, case: Case, seed: int, run: Callable[[Callable[[], object]], object]) -> str | None:
-        """A call on inputs it has never seen, made (and timed) by ``run``, its outputs judged afterwards.
-
-        Not guarded (the timed calls are not either, and a guard's overhead would skew the comparison
-        with the timed calls beside it); what it returns is checked as a checked call's is."""
+    def prepare(self, case: Case, seed: int) -> "Unseen":
+        """Inputs (writable ones poisoned) and outputs for a call on inputs the candidate has never seen."""
         inputs = self.inputs(case, seed)
         writable = set(self.op.writable_inputs(case))
         _poison_writable(inputs, writable)
-        outputs = poisoned_outputs(self.op, case, self.device)
+        return Unseen(case, seed, inputs, poisoned_outputs(self.op, case, self.device), writable)
+
+    def fresh(self, unseen: "Unseen", run: Callable[[Callable[[], object]], object]) -> str | None:
+        """The call on ``unseen`` (from ``prepare``), made (and timed) by ``run``, its outputs judged afterwards.
+
+        Not guarded (the timed calls are not either, and a guard's overhead would skew the comparison
+        with the timed calls beside it); what it returns is checked as a checked call's is."""
+        case, inputs, outputs = unseen.case, unseen.inputs, unseen.outputs
         got = run(lambda: call_candidate(self.launch, inputs, outputs, self.candidate.params))
         self._sync()
-        self.note(case, seed)
+        self.note(case, unseen.seed)
         plain_tensors(got)
-        self._aliasing(inputs, got, writable)
+        self._aliasing(inputs, got, unseen.writable)
         stray = stray_writes(outputs)
         if stray:
             return f"case {case.name}: {stray}"

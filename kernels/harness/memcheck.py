@@ -21,6 +21,8 @@ import shutil
 import subprocess
 import sys
 
+from kernels.formats import TASKS_ENV
+
 MODES = ("auto", "all", "off")
 _SANITIZERS = ("compute-sanitizer", "/usr/local/cuda/bin/compute-sanitizer")
 _ERROR = re.compile(r"Invalid (__\w+__ )?(read|write|atomic)\w* of size (\d+) bytes")
@@ -44,8 +46,11 @@ def sanitizer() -> str | None:
     return None
 
 
-def run(source: str, op: str, origin: str, params: dict, case: str, scratch: str, timeout_s: float) -> str | None:
+def run(source: str, op: str, origin: str, params: dict, case: str, scratch: str, timeout_s: float,
+        tasks: str = "") -> str | None:
     """The sanitizer's finding on one call of the candidate on ``case`` as text, or None when clean.
+
+    ``tasks`` is the imported tasks' folder (the sandbox points the default elsewhere).
 
     Raises ``RuntimeError`` when the check could not be made (no sanitizer, no answer in time)."""
     tool = sanitizer()
@@ -59,6 +64,8 @@ def run(source: str, op: str, origin: str, params: dict, case: str, scratch: str
     project = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     path = os.pathsep.join(p for p in (project, os.environ.get("PYTHONPATH", "")) if p)
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1", TMPDIR=folder, TRITON_INTERPRET="0", PYTHONPATH=path)
+    if tasks:
+        env[TASKS_ENV] = tasks
     cmd = [tool, "--tool", "memcheck", "--print-limit", "8", "--leak-check", "no", "--report-api-errors", "no",
            sys.executable, "-m", "kernels.harness.memcheck", request]
     try:

@@ -92,6 +92,7 @@ class Job:
     protocol: str = "kernelcast"  # how cases are timed (kernels.harness.timing.PROTOCOLS)
     memcheck: bool = False  # one more call under compute-sanitizer once the checks pass (kernels.harness.memcheck)
     memcheck_timeout_s: float = 180.0
+    tasks_dir: str = ""  # where imported tasks live, as the worker found it (the sandbox moves the default)
 
     def policy(self) -> sandbox.SandboxPolicy:
         return sandbox.SandboxPolicy(scratch_dir=self.scratch_dir, triton_cache_dir=self.triton_cache_dir,
@@ -389,7 +390,7 @@ def _memcheck(job: Job, op, cases, result: dict, phase) -> None:
     cand = job.candidate
     try:
         finding = memcheck.run(cand.source, cand.op, cand.origin, dict(cand.params), case.name, job.scratch_dir,
-                               job.memcheck_timeout_s)
+                               job.memcheck_timeout_s, job.tasks_dir)
     except RuntimeError as exc:  # the check could not be made: said so in the verdict, not held against it
         result["memcheck"] = f"not made: {exc}"
         return
@@ -423,7 +424,7 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
     head_start_us = flush_us(flush)
 
     reference = dict(zip((c.name for c in cases), job.reference_us))
-    overhead_us = verify.sync_overhead_us(flush) if job.verify else 0.0
+    pacer = verify.Pacer(flush) if job.verify else None
 
     def time_case(case, max_seconds: float = job.max_seconds_per_case, anchor=None, check: bool = False):
         first = checker.inputs(case, _TIMING_SEED)
@@ -470,7 +471,7 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
         if check:  # the first set stays for the calls beside the fresh ones: it has been seen many times
             del sets[1:], outs[1:]
             torch.cuda.empty_cache()
-            problem = _verify_case(job, case, checker, call, flush, overhead_us, result, phase)
+            problem = _verify_case(job, case, checker, call, pacer, result, phase)
             if problem:
                 raise _Incorrect(problem)
         del sets, outs, first, first_outs
@@ -510,13 +511,12 @@ class _Incorrect(Exception):
     """A verification call's outputs were wrong: the verdict is ``incorrect``, with this text."""
 
 
-def _verify_case(job: Job, case, checker: Checker, call, flush, overhead_us: float, result: dict,
-                 phase) -> str | None:
+def _verify_case(job: Job, case, checker: Checker, call, pacer: verify.Pacer, result: dict, phase) -> str | None:
     """The checks of kernels.harness.verify on one timed case; a cheat raises ``Rejected``, a wrong output
     on unseen inputs comes back as the problem."""
     where = f"case {case.name}"
     verify.check_integrity(_HARNESS_AT_START, where)
-    if "window_check" not in result or result["window_check"] == "profiled":
+    if result.get("window_check", "profiled") == "profiled":
         try:
             activities = verify.profile_window(lambda: call(0))
         except Rejected:
@@ -524,29 +524,40 @@ def _verify_case(job: Job, case, checker: Checker, call, flush, overhead_us: flo
         except Exception as exc:  # noqa: BLE001 - tracing failed here: the synced check below still runs
             result["window_check"] = f"unavailable: {_describe(exc)[:200]}"
         else:
-            result["window_check"] = "profiled"
             outside = verify.outside_window(activities)
+            result["window_check"] = "profiled" if verify.has_marks(activities) else "unavailable: no markers traced"
             if outside:
                 raise Rejected(f"{where}: {outside}")
-    rotating, fresh = [], []
-    for j in range(job.fresh_calls):
-        rotating.append(verify.synced_call(lambda: call(0), flush)[0])
+    found, seen = None, {}
+    for attempt in range(2):  # a round that finds something runs again on other inputs: a verdict needs both
+        rotating, fresh, paced = [], [], []
+        for j in range(job.fresh_calls):
+            unseen = checker.prepare(case, verify.FRESH_SEED + attempt * job.fresh_calls + j)
+            # an untimed call first: making the inputs took the allocator's cached blocks that the call's own
+            # temporaries would have reused, and the fresh call would pay for new ones where the rotating did not
+            verify.synced_call(lambda: call(0), pacer.flush)
+            rotating.append(verify.synced_call(lambda: call(0), pacer.flush)[0])
 
-        def run(fn):
-            window, got = verify.synced_call(fn, flush)
-            fresh.append(window)
-            return got
+            def run(fn):
+                window, got = verify.synced_call(fn, pacer.flush)
+                fresh.append(window)
+                return got
 
-        problem = checker.fresh(case, verify.FRESH_SEED + j, run)
-        if problem:
-            return f"after timing, on inputs it had not seen: {problem}"
-    why = verify.hidden_work(rotating + fresh, overhead_us) or verify.reuses_work(rotating, fresh)
-    if why:
-        raise Rejected(f"{where}: {why}")
+            problem = checker.fresh(unseen, run)
+            del unseen
+            if problem:
+                return f"after timing, on inputs it had not seen: {problem}"
+            paced += [pacer.window(rotating[-1].timed_us), pacer.window(fresh[-1].timed_us)]
+        seen = {"rotating_us": [w.timed_us for w in rotating], "fresh_us": [w.timed_us for w in fresh],
+                "synced_gap_us": [w.synced_us - w.timed_us for w in rotating + fresh],
+                "paced_gap_us": [w.synced_us - w.timed_us for w in paced]}
+        found = verify.hidden_work(rotating + fresh, paced) or verify.reuses_work(rotating, fresh)
+        if found is None:
+            break
+    if found:
+        raise Rejected(f"{where}: {found}")
     verify.check_integrity(_HARNESS_AT_START, where)
-    phase("verified", {"case": case.name, "rotating_us": [w.timed_us for w in rotating],
-                       "fresh_us": [w.timed_us for w in fresh],
-                       "synced_excess_us": [w.synced_us - w.timed_us - overhead_us for w in rotating + fresh]})
+    phase("verified", {"case": case.name, **seen})
     return None
 
 

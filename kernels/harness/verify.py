@@ -11,11 +11,15 @@ these checks (docs/harness.md, "What a verdict must withstand"):
   synced     — the same question asked on every verification call, without a profiler a candidate
                could detect: each call's window ends twice, once by an event on the timed stream
                and once after a device-wide synchronisation. The device staying busy after the
-               timed stream finished, beyond what an empty call costs, is work the timer missed.
+               timed stream finished, beyond what a call of the same length with nothing hidden
+               leaves (``Pacer``), is work the timer missed.
   fresh      — calls on inputs the candidate has never seen, each beside a call on a rotating set,
                their outputs checked after the timed calls: a cache by address or content, a replay,
                or work skipped when an output buffer already holds the answer shows as a wrong
-               output or as a call that is slower on new inputs than on old ones.
+               output or as a call that is slower on new inputs than on old ones. The unseen
+               inputs are made before the first of these calls (making them between calls would
+               take the allocator's cached blocks from the calls), and a round that finds
+               something is run again on other inputs: a verdict needs both.
   integrity  — the timer, its statistics and what they call (torch.cuda's events and
                synchronisation, the builtins, math, time) are the objects they were before the
                candidate was loaded.
@@ -162,19 +166,34 @@ def synced_call(call: Callable[[], object], flush: torch.Tensor) -> tuple[Window
     return Window(start.elapsed_time(end) * 1e3, start.elapsed_time(idle) * 1e3), got
 
 
-def sync_overhead_us(flush: torch.Tensor, reps: int = 7) -> float:
-    """How much later the synced end falls than the timed end for a call with nothing hidden (one tiny fill)."""
-    x = torch.empty(1, device="cuda")
-    gaps = []
-    for _ in range(reps):
-        w, _ = synced_call(lambda: x.fill_(1.0), flush)
-        gaps.append(w.synced_us - w.timed_us)
-    return statistics.median(gaps)
+class Pacer:
+    """A call with nothing hidden that keeps the timed stream busy for a chosen time (``torch.cuda._sleep``).
+
+    The gap between a window's timed end and its synced end is the host's wake-up after the
+    synchronisation, and that grows with how long the host waited: an empty call's gap would
+    make a long honest call look like one that left work behind. Each candidate window is
+    compared with a paced window of the same length instead."""
+
+    def __init__(self, flush: torch.Tensor):
+        self.flush = flush
+        cycles = 200_000
+        w, _ = synced_call(lambda: torch.cuda._sleep(cycles), flush)  # the first launch loads the kernel
+        w, _ = synced_call(lambda: torch.cuda._sleep(cycles), flush)
+        self.cycles_per_us = cycles / max(w.timed_us, 1e-3)
+
+    def window(self, us: float) -> Window:
+        cycles = max(int(us * self.cycles_per_us), 1)
+        return synced_call(lambda: torch.cuda._sleep(cycles), self.flush)[0]
 
 
-def hidden_work(windows: list[Window], overhead_us: float) -> str | None:
-    """Why the device was busy after the timed stream finished, beyond an empty call's cost; None if it was not."""
-    excess = statistics.median(w.synced_us - w.timed_us - overhead_us for w in windows)
+def _gap(w: Window) -> float:
+    return w.synced_us - w.timed_us
+
+
+def hidden_work(windows: list[Window], paced: list[Window]) -> str | None:
+    """Why the device was busy after the timed stream finished, beyond what as long a call with nothing
+    hidden leaves (``paced``, one per window); None if it was not."""
+    excess = statistics.median(_gap(w) for w in windows) - statistics.median(_gap(p) for p in paced)
     timed = statistics.median(w.timed_us for w in windows)
     if excess > max(5.0, 0.1 * timed):
         return (f"the device stayed busy {excess:.1f} us after the timed stream finished (median over "
@@ -243,6 +262,11 @@ def profile_window(call: Callable[[], object], settle_s: float = 0.002) -> list[
 
 def _is_mark(a: Activity) -> bool:
     return "fill" in a.name.lower() and ("short" in a.name or "int16" in a.name.lower() or "Short" in a.name)
+
+
+def has_marks(activities: list[Activity]) -> bool:
+    """Whether the trace holds both markers (a profiler that records no device activity has neither)."""
+    return sum(1 for a in activities if _is_mark(a)) >= 2
 
 
 def outside_window(activities: list[Activity]) -> str | None:

@@ -41,6 +41,7 @@ from typing import Iterable, Iterator
 from kernels.harness import ahead, budget, cores, memcheck, precision, sandbox
 from kernels.harness.runner import Job, child_main, probe_main
 from kernels.harness.timing import PROTOCOLS
+from kernels.formats import tasks_dir
 from kernels.formats.common import is_imported_name
 from kernels.hardware import INTERPRETER, peak_tflops
 from kernels.null import NULL_MARK
@@ -321,7 +322,7 @@ class MeasureWorker:
                    host_bound_windows=cfg.host_bound_windows, reference_us=self._anchor(cand),
                    verify=cfg.verify, fresh_calls=cfg.fresh_calls, precision=cfg.precision,
                    memcheck=memcheck.applies(cfg.memcheck, is_imported_name(cand.op), self._is_reference(cand)),
-                   memcheck_timeout_s=cfg.memcheck_timeout_s, protocol=cfg.protocol,
+                   memcheck_timeout_s=cfg.memcheck_timeout_s, protocol=cfg.protocol, tasks_dir=str(tasks_dir().resolve()),
                    peak_bandwidth_gbps=self.hardware.peak_bandwidth_gbps if cfg.mode == "gpu" else None,
                    peak_tflops=peak_tflops(self.hardware.gpu_type) if cfg.mode == "gpu" else None,
                    l2_bytes=int(self.hardware.l2_mib * 2**20))
