@@ -163,3 +163,11 @@ def test_every_adversarial_kernel_is_caught_or_timed_truthfully():
     half = next(r for r in rows if r["name"] == "half_precision")
     assert half["precision"].startswith("lower")
     assert not math.isnan(half["runtime_us"][0])
+
+
+def test_work_that_ran_while_the_timed_stream_was_held_never_waited_for_it():
+    gate = Activity("spin_kernel", 7, 0, 2_000_000)
+    acts = [gate, Activity("_relu2p1", 17, 400_000, 496_000), _mark(7, 2_000_100), _mark(7, 2_001_200)]
+    assert "while the timed stream was held" in verify.outside_window(acts)
+    honest = [gate, _mark(7, 2_000_100), Activity("_relu2p1", 13, 2_001_300, 2_090_000), _mark(7, 2_091_000)]
+    assert verify.outside_window(honest) is None

@@ -6,18 +6,21 @@ allocator's large segments, where a write past a tensor's end lands in memory no
 So a candidate that passed its checks makes one more call, on its smallest case, in a process
 of its own started under compute-sanitizer's memcheck with the caching allocator off: every
 tensor is then an allocation of its own size, and any read or write outside one is reported
-with the kernel, the access and the allocation it missed. The process inherits the child's
-sandbox; it runs while the child still holds the GPU lock, after the child freed its memory.
+with the kernel, the access and the allocation it missed. The worker starts it once the child
+has finished (the child's sandbox would keep a new process from starting CUDA); the process
+takes the GPU lock, starts CUDA, enters the child's sandbox, and only then loads the candidate.
 
     python -m kernels.harness.memcheck REQUEST.json    (under compute-sanitizer; writes REQUEST.json.out)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -46,43 +49,52 @@ def sanitizer() -> str | None:
     return None
 
 
-def run(source: str, op: str, origin: str, params: dict, case: str, scratch: str, timeout_s: float,
-        tasks: str = "") -> str | None:
-    """The sanitizer's finding on one call of the candidate on ``case`` as text, or None when clean.
+def run(candidate, case: str, policy, environment: dict, tasks: str, timeout_s: float,
+        lock_path: str = "") -> str | None:
+    """The sanitizer's finding on one call of ``candidate`` on ``case`` as text, or None when clean.
 
-    ``tasks`` is the imported tasks' folder (the sandbox points the default elsewhere).
-
+    ``policy`` is the sandbox (``kernels.harness.sandbox.SandboxPolicy``) the sanitized process enters
+    before it loads the candidate; ``environment`` the op's own variables; ``tasks`` the imported tasks'
+    folder (a sandbox points the default elsewhere); ``lock_path`` the GPU lock it holds for its call.
     Raises ``RuntimeError`` when the check could not be made (no sanitizer, no answer in time)."""
     tool = sanitizer()
     if tool is None:
         raise RuntimeError("compute-sanitizer is not installed")
-    folder = os.path.join(scratch, "memcheck")
+    folder = os.path.join(policy.scratch_dir, "memcheck")
     os.makedirs(folder, exist_ok=True)
     request = os.path.join(folder, "request.json")
     with open(request, "w") as f:
-        json.dump({"source": source, "op": op, "origin": origin, "params": params, "case": case}, f)
+        json.dump({"source": candidate.source, "op": candidate.op, "params": dict(candidate.params), "case": case,
+                   "policy": {**dataclasses.asdict(policy), "scratch_dir": folder}, "environment": environment,
+                   "lock": lock_path}, f)
     project = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     path = os.pathsep.join(p for p in (project, os.environ.get("PYTHONPATH", "")) if p)
-    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1", TMPDIR=folder, TRITON_INTERPRET="0", PYTHONPATH=path)
-    if tasks:
-        env[TASKS_ENV] = tasks
+    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1", TMPDIR=folder, TRITON_INTERPRET="0", PYTHONPATH=path,
+               **{TASKS_ENV: tasks})
     cmd = [tool, "--tool", "memcheck", "--print-limit", "8", "--leak-check", "no", "--report-api-errors", "no",
            sys.executable, "-m", "kernels.harness.memcheck", request]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=folder,
+                            start_new_session=True)
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=folder)
+        report, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the sanitizer and the process it runs
+        proc.communicate()
         raise RuntimeError(f"no answer within {timeout_s:.0f} s") from None
-    report = done.stdout + done.stderr
     buffers = []
     try:
         with open(request + ".out") as f:
             buffers = json.load(f)
     except (OSError, ValueError):
         pass
+    with open(os.path.join(folder, "report.txt"), "w") as f:  # kept with the candidate's scratch files
+        f.write(report)
     finding = describe(report, buffers)
     if finding is None and "ERROR SUMMARY: 0 errors" not in report:
-        tail = report.strip().splitlines()[-3:]
-        raise RuntimeError(f"the call did not finish under the sanitizer: {' | '.join(tail)[:300]}")
+        lines = report.strip().splitlines()
+        errors = [ln.strip() for ln in lines if re.search(r"(Error|error:|Errno|denied|CUDA_ERROR)", ln)]
+        raise RuntimeError(f"the call did not finish under the sanitizer (exit {proc.returncode}): "
+                           f"{' | '.join((errors or lines)[:2] + lines[-2:])[:500]}")
     return finding
 
 
@@ -109,17 +121,27 @@ def describe(report: str, buffers: list[dict]) -> str | None:
 
 
 def _main(request_path: str) -> int:
-    """In the sanitized process: one call of the candidate on its case; the buffers it touched, named."""
+    """In the sanitized process: take the GPU lock, start CUDA, enter the sandbox, then one call of the
+    candidate on its case; the buffers it touched, named."""
+    with open(request_path) as f:
+        req = json.load(f)
+    os.environ.update(req["environment"])
+    import fcntl
+
     import torch
 
+    from kernels.harness import sandbox
     from kernels.harness.correctness import call_candidate, load_launch, poisoned_outputs
     from kernels.ops import get_operation
 
-    with open(request_path) as f:
-        req = json.load(f)
-    op = get_operation(req["op"])
+    lock = open(req["lock"], "r") if req["lock"] else None
+    if lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when this process ends
+    torch.zeros(1, device="cuda")  # CUDA starts before the sandbox (it writes beneath /proc/<pid>)
+    op = get_operation(req["op"])  # read before the sandbox too
+    sandbox.enter(sandbox.SandboxPolicy(**req["policy"]))
     case = next(c for c in op.cases if c.name == req["case"])
-    launch = load_launch(req["source"], os.path.dirname(request_path), module_name="memchecked")
+    launch = load_launch(req["source"], req["policy"]["scratch_dir"], module_name="memchecked")
     gen = torch.Generator(device="cuda")
     gen.manual_seed(1)
     inputs = op.make_inputs(case, gen, "cuda")

@@ -47,7 +47,7 @@ import torch
 import triton  # imported here so the fork server preloads it
 import triton.language as tl
 
-from kernels.harness import ahead, budget, cores, memcheck, sandbox, verify
+from kernels.harness import ahead, budget, cores, sandbox, verify
 from kernels.harness.anticheat import CallGuard, Checker, Rejected, install_stream_guard, scan_source
 from kernels.harness.correctness import CandidateLoadError, call_candidate, load_launch, poisoned_outputs
 from kernels.harness.timing import (Timing, agree, fastest, flush_us, l2_flush_buffer, time_call, time_pair,
@@ -90,9 +90,6 @@ class Job:
     l2_bytes: int = 0  # outputs up to this size may still sit in the L2 when the timed call ends
     precision: str = "tolerance"  # "strict": a result of a lower precision class than the reference fails
     protocol: str = "kernelcast"  # how cases are timed (kernels.harness.timing.PROTOCOLS)
-    memcheck: bool = False  # one more call under compute-sanitizer once the checks pass (kernels.harness.memcheck)
-    memcheck_timeout_s: float = 180.0
-    tasks_dir: str = ""  # where imported tasks live, as the worker found it (the sandbox moves the default)
 
     def policy(self) -> sandbox.SandboxPolicy:
         return sandbox.SandboxPolicy(scratch_dir=self.scratch_dir, triton_cache_dir=self.triton_cache_dir,
@@ -313,8 +310,6 @@ def evaluate(job: Job, notify=lambda *msg: None) -> dict:
                          "frozen_objects": gc.get_freeze_count()})
         _under_lock(job, op, cases, first_calls, device, None if load_under_lock else launch, result, phase,
                     output_bytes)
-        if gpu and job.memcheck and result["status"] == "ok":
-            _memcheck(job, op, cases, result, phase)
     phase("released")
     return result
 
@@ -381,22 +376,6 @@ def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: d
             left = -1
         result["gpu_seconds"] = time.perf_counter() - t_gpu
         phase("releasing", {"device_bytes_left": left})
-
-
-def _memcheck(job: Job, op, cases, result: dict, phase) -> None:
-    """One call on the smallest case under compute-sanitizer: an out-of-bounds access is the verdict."""
-    case = min(cases, key=op.bytes_moved)
-    phase("memcheck", {"case": case.name, "timeout_s": job.memcheck_timeout_s})
-    cand = job.candidate
-    try:
-        finding = memcheck.run(cand.source, cand.op, cand.origin, dict(cand.params), case.name, job.scratch_dir,
-                               job.memcheck_timeout_s, job.tasks_dir)
-    except RuntimeError as exc:  # the check could not be made: said so in the verdict, not held against it
-        result["memcheck"] = f"not made: {exc}"
-        return
-    result["memcheck"] = "clean" if finding is None else "found"
-    if finding:
-        result.update(status="rejected", error=f"case {case.name}: {finding}")
 
 
 def _record_precision(checker: Checker, cases, result: dict) -> str | None:
@@ -518,7 +497,7 @@ def _verify_case(job: Job, case, checker: Checker, call, pacer: verify.Pacer, re
     verify.check_integrity(_HARNESS_AT_START, where)
     if result.get("window_check", "profiled") == "profiled":
         try:
-            activities = verify.profile_window(lambda: call(0))
+            activities = verify.profile_window(lambda: call(0), pacer)
         except Rejected:
             raise
         except Exception as exc:  # noqa: BLE001 - tracing failed here: the synced check below still runs

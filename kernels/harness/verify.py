@@ -182,8 +182,11 @@ class Pacer:
         self.cycles_per_us = cycles / max(w.timed_us, 1e-3)
 
     def window(self, us: float) -> Window:
-        cycles = max(int(us * self.cycles_per_us), 1)
-        return synced_call(lambda: torch.cuda._sleep(cycles), self.flush)[0]
+        return synced_call(lambda: self.sleep(us), self.flush)[0]
+
+    def sleep(self, us: float) -> None:
+        """Hold the current stream for about ``us`` microseconds."""
+        torch.cuda._sleep(max(int(us * self.cycles_per_us), 1))
 
 
 def _gap(w: Window) -> float:
@@ -244,19 +247,35 @@ def warm_profiler() -> None:
         pass
 
 
-def profile_window(call: Callable[[], object], settle_s: float = 0.002) -> list[Activity]:
-    """The device's activities from a marker before ``call`` to well after a marker behind it, markers included."""
+def profile_window(call: Callable[[], object], pacer: "Pacer | None" = None, settle_s: float = 0.002,
+                   gate_us: float = 2000.0) -> list[Activity]:
+    """The device's activities from a marker before ``call`` to well after a marker behind it, markers included.
+
+    With a ``pacer``, the timed stream is first held by a sleep (the gate) longer than the host
+    takes to issue the call: everything the call puts on the timed stream, or on a stream that
+    waits for it, then runs after the opening marker, back to back, and the closing marker follows
+    it at once. Work on a stream that never waited for the timed stream runs during the gate,
+    before the window opens, whatever the host's speed; work it left pending ends after the window
+    closes. The gate doubles (three times at most) while the host's call outlasts it."""
     from torch.profiler import ProfilerActivity, profile
 
     mark = torch.zeros(2, dtype=_MARK, device="cuda")
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        mark[:1].fill_(1)
-        call()
-        mark[1:].fill_(2)
+    for _ in range(4 if pacer else 1):
         torch.cuda.synchronize()
-        time.sleep(settle_s)  # a host thread's launch after return, or pending work, lands in the trace
-        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            if pacer:
+                pacer.sleep(gate_us)
+            mark[:1].fill_(1)
+            t0 = time.perf_counter()
+            call()
+            host_us = (time.perf_counter() - t0) * 1e6
+            mark[1:].fill_(2)
+            torch.cuda.synchronize()
+            time.sleep(settle_s)  # a host thread's launch after return, or pending work, lands in the trace
+            torch.cuda.synchronize()
+        if host_us < 0.8 * gate_us:
+            break
+        gate_us *= 2
     return _device_activities(prof)
 
 
@@ -270,16 +289,23 @@ def has_marks(activities: list[Activity]) -> bool:
 
 
 def outside_window(activities: list[Activity]) -> str | None:
-    """Why some activity of the call lies outside the markers' window; None when all lie inside."""
+    """Why some activity of the call lies outside the markers' window; None when all lie inside.
+
+    Before the opening marker only the gate may run, on the timed stream (``profile_window``)."""
     marks = [a for a in activities if _is_mark(a)]
     if len(marks) < 2:
         return None  # the trace lost the markers (a profiler that records nothing): the synced check stands
     first, last = marks[0], marks[-1]
     timed_stream = first.stream
     for a in activities:
-        if a is first or a is last or a.end_ns < first.start_ns:
+        if a is first or a is last:
             continue
         where = "the timed stream" if a.stream == timed_stream else f"stream {a.stream}"
+        if a.start_ns < first.start_ns:
+            if a.stream == timed_stream:
+                continue  # the gate
+            return (f"{a.name[:80]!r} ran on {where} while the timed stream was held before the call began: "
+                    f"a stream that never waits for the timed stream, whose work the timer does not see")
         if a.start_ns >= last.start_ns:
             return (f"{a.name[:80]!r} ran on {where} {(a.start_ns - last.start_ns) / 1e3:.1f} us after the timed "
                     f"window closed: work launched after the call returned, or on a stream the timed stream "
