@@ -508,29 +508,30 @@ def _verify_case(job: Job, case, checker: Checker, call, pacer: verify.Pacer, re
             if outside:
                 raise Rejected(f"{where}: {outside}")
     found, seen = None, {}
+    traced = result.get("window_check") == "profiled"
     for attempt in range(2):  # a round that finds something runs again on other inputs: a verdict needs both
-        rotating, fresh, paced = [], [], []
+        first, again, paced = [], [], []
         for j in range(job.fresh_calls):
             unseen = checker.prepare(case, verify.FRESH_SEED + attempt * job.fresh_calls + j)
             # an untimed call first: making the inputs took the allocator's cached blocks that the call's own
-            # temporaries would have reused, and the fresh call would pay for new ones where the rotating did not
+            # temporaries would have reused, and the fresh call would pay for new ones where the second did not
             verify.synced_call(lambda: call(0), pacer.flush)
-            rotating.append(verify.synced_call(lambda: call(0), pacer.flush)[0])
+            for timed in (first, again):
+                def run(fn, timed=timed):
+                    window, got = verify.synced_call(fn, pacer.flush)
+                    timed.append(window)
+                    return got
 
-            def run(fn):
-                window, got = verify.synced_call(fn, pacer.flush)
-                fresh.append(window)
-                return got
-
-            problem = checker.fresh(unseen, run)
+                problem = checker.fresh(unseen, run)
+                if problem:
+                    return f"after timing, on inputs it had not seen: {problem}"
             del unseen
-            if problem:
-                return f"after timing, on inputs it had not seen: {problem}"
-            paced += [pacer.window(rotating[-1].timed_us), pacer.window(fresh[-1].timed_us)]
-        seen = {"rotating_us": [w.timed_us for w in rotating], "fresh_us": [w.timed_us for w in fresh],
-                "synced_gap_us": [w.synced_us - w.timed_us for w in rotating + fresh],
+            paced += [pacer.window(first[-1].timed_us), pacer.window(again[-1].timed_us)]
+        seen = {"first_us": [w.timed_us for w in first], "again_us": [w.timed_us for w in again],
+                "synced_gap_us": [w.synced_us - w.timed_us for w in first + again],
                 "paced_gap_us": [w.synced_us - w.timed_us for w in paced]}
-        found = verify.hidden_work(rotating + fresh, paced) or verify.reuses_work(rotating, fresh)
+        share = verify.TRACED_SHARE if traced else 0.1
+        found = verify.hidden_work(first + again, paced, share) or verify.reuses_work(first, again)
         if found is None:
             break
     if found:

@@ -13,10 +13,10 @@ these checks (docs/harness.md, "What a verdict must withstand"):
                and once after a device-wide synchronisation. The device staying busy after the
                timed stream finished, beyond what a call of the same length with nothing hidden
                leaves (``Pacer``), is work the timer missed.
-  fresh      — calls on inputs the candidate has never seen, each beside a call on a rotating set,
-               their outputs checked after the timed calls: a cache by address or content, a replay,
-               or work skipped when an output buffer already holds the answer shows as a wrong
-               output or as a call that is slower on new inputs than on old ones. The unseen
+  fresh      — calls on inputs the candidate has never seen, each made twice, their outputs checked
+               after the timed calls: a cache by address or content, a replay, or work skipped when
+               an output buffer already holds the answer shows as a wrong output or as a first call
+               on new inputs slower than the second (both after the L2 flush). The unseen
                inputs are made before the first of these calls (making them between calls would
                take the allocator's cached blocks from the calls), and a round that finds
                something is run again on other inputs: a verdict needs both.
@@ -193,24 +193,36 @@ def _gap(w: Window) -> float:
     return w.synced_us - w.timed_us
 
 
-def hidden_work(windows: list[Window], paced: list[Window]) -> str | None:
+def hidden_work(windows: list[Window], paced: list[Window], share: float = 0.1) -> str | None:
     """Why the device was busy after the timed stream finished, beyond what as long a call with nothing
-    hidden leaves (``paced``, one per window); None if it was not."""
+    hidden leaves (``paced``, one per window); None if it was not.
+
+    The margin is ``share`` of the call (and 5 us at least): a tenth where this is the only check of
+    the window, more where a trace of the call already found nothing outside it (``TRACED_SHARE``)."""
     excess = statistics.median(_gap(w) for w in windows) - statistics.median(_gap(p) for p in paced)
     timed = statistics.median(w.timed_us for w in windows)
-    if excess > max(5.0, 0.1 * timed):
+    if excess > max(5.0, share * timed):
         return (f"the device stayed busy {excess:.1f} us after the timed stream finished (median over "
                 f"{len(windows)} calls timed at {timed:.1f} us): work on another stream, another thread, or "
                 f"left pending, which the timer does not see")
     return None
 
 
-def reuses_work(rotating: list[Window], fresh: list[Window]) -> str | None:
-    """Why calls on unseen inputs are slower than calls on the rotating sets; None when they are not."""
-    old = statistics.median(w.timed_us for w in rotating)
-    new = statistics.median(w.timed_us for w in fresh)
-    if new > 1.25 * old and new - old > 2.0:
-        return (f"calls on inputs it had not seen took {new:.1f} us, on the rotating timing sets {old:.1f} us: "
+# Measured on an H100 (docs/harness.md): honest calls of a few hundred microseconds whose host side is
+# heavy (GPU MODE's pmpp_v2 references) showed 10-15% of unexplained gap with a clean trace; the cheats
+# of benchmarks/adversarial.py left 24-91%.
+TRACED_SHARE = 0.2
+
+
+def reuses_work(first: list[Window], again: list[Window]) -> str | None:
+    """Why calls on unseen inputs are slower than the same calls repeated on those inputs; None when not.
+
+    Each unseen set is called twice, both times after the L2 flush: an honest kernel costs the same
+    both times, a cache by address, object or content (or a replay from files) pays only the first."""
+    new = statistics.median(w.timed_us for w in first)
+    seen = statistics.median(w.timed_us for w in again)
+    if new > 1.25 * seen and new - seen > 2.0:
+        return (f"calls on inputs it had not seen took {new:.1f} us, the same calls repeated {seen:.1f} us: "
                 f"it reuses work across calls (a cache by address or content), so its timing is not its cost")
     return None
 
