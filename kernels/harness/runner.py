@@ -517,8 +517,8 @@ def _verify_case(job: Job, case, checker: Checker, call, pacer: verify.Pacer, re
             # temporaries would have reused, and the fresh call would pay for new ones where the second did not
             verify.synced_call(lambda: call(0), pacer.flush)
             for timed in (first, again):
-                def run(fn, timed=timed):
-                    window, got = verify.synced_call(fn, pacer.flush)
+                def run(fn, timed=timed, touch=(*unseen.inputs, *unseen.outputs)):
+                    window, got = verify.synced_call(fn, pacer.flush, touch)
                     timed.append(window)
                     return got
 

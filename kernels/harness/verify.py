@@ -152,8 +152,15 @@ class Window:
     synced_us: float
 
 
-def synced_call(call: Callable[[], object], flush: torch.Tensor) -> tuple[Window, object]:
-    """Flush, then time ``call`` twice over: to an event on the timed stream, and to the device being idle."""
+def synced_call(call: Callable[[], object], flush: torch.Tensor, touch=()) -> tuple[Window, object]:
+    """Flush, then time ``call`` twice over: to an event on the timed stream, and to the device being idle.
+
+    The tensors in ``touch`` are read first (every page of each), before the flush: a call on memory just
+    read costs the same whether or not the call has seen that memory before (pages the device has not
+    touched lately cost more to reach, which has nothing to do with what the candidate remembers)."""
+    for t in touch:
+        if isinstance(t, torch.Tensor) and t.is_cuda and t.numel():
+            t.detach().reshape(-1)[::512].clone()
     start, end, idle = (torch.cuda.Event(enable_timing=True) for _ in range(3))
     torch.cuda.synchronize()
     flush.zero_()
