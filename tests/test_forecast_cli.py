@@ -90,3 +90,22 @@ def test_a_kernel_against_itself_as_the_anchor_file_is_forecast_at_one(capsys, d
     assert report["anchor"] == files["out_of_bounds"] and not report["anchor_measured"]
     (k,) = report["kernels"]
     assert k["expected_speedup"] == pytest.approx(1.0)
+
+
+def test_an_imported_tasks_submission_is_forecast_and_its_problem_file_has_no_entry(capsys, tmp_path):
+    from tests.formats_for_tests import KB_ROW_SUM_NEW, write_kernelbench
+
+    ref, (new,) = write_kernelbench(tmp_path / "kb", new=KB_ROW_SUM_NEW)
+    data = str(tmp_path / "data")
+    assert main(["import", "--format", "kernelbench", "--reference", str(ref), "--data", data]) == 0
+    capsys.readouterr()
+    assert main(["forecast", "--op", "kb.row_sum", "--data", data, "--surrogate", "roofline", "--json",
+                 str(new), str(ref)]) == 0
+    by_file = {k["file"]: k for k in json.loads(capsys.readouterr().out)["kernels"]}
+    assert by_file[str(ref)]["reason"] == "no_entry" and "ModelNew" in by_file[str(ref)]["detail"]
+    assert by_file[str(new)]["reason"] == "" and len(by_file[str(new)]["probabilities"]) == 8
+
+
+def test_a_surrogate_that_needs_a_server_or_none_is_refused_by_name(capsys, tmp_path, files):
+    assert main(["forecast", "--op", OP, "--surrogate", "none", "--data", str(tmp_path), files["malformed"]]) == 2
+    assert "--surrogate none: forecast with learned, source, roofline or random" in capsys.readouterr().err
