@@ -24,6 +24,7 @@ import torch
 import triton
 
 from kernels.harness.correctness import load_launch, poisoned_outputs
+from kernels.harness.sweep_report import lock_breakdown
 from kernels.harness.worker import MeasureWorker, WorkerConfig
 from kernels.hardware import detect
 from kernels.ops import get_operation
@@ -65,40 +66,6 @@ def do_bench_medians(cand) -> list[float]:
         fn = lambda: launch(*inputs, *outputs, **cand.params)  # noqa: E731
         medians.append(1e3 * triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
     return medians
-
-
-SEGMENTS = (("compile ahead", "started", "ahead_done"), ("first calls", "locked", "checks"),
-            ("checks", "checks", "timing"), ("recheck", "last_timed", "releasing"), ("free", "releasing", "released"))
-
-
-def lock_breakdown(timeline) -> dict[str, dict[str, float]]:
-    """Where each child's time went, from the worker's timeline: median and total seconds per segment.
-
-    Under the lock: first calls (of cases not compiled ahead), the correctness checks (with the first
-    case's timing inputs), the timed calls of every window, what lies between windows (the next case's
-    inputs, freeing), the recheck after timing, and freeing the device; before it, compiling ahead."""
-    children: dict[tuple[str, int], dict[str, float]] = {}
-    timing: dict[tuple[str, int], float] = {}
-    for cid, attempt, phase, t, _ in timeline:
-        marks = children.setdefault((cid, attempt), {})
-        if phase == "timing":
-            marks["_timing_started"] = t
-            marks.setdefault("timing", t)
-        elif phase == "timed" and "_timing_started" in marks:
-            timing[(cid, attempt)] = timing.get((cid, attempt), 0.0) + t - marks.pop("_timing_started")
-            marks["last_timed"] = t
-        else:
-            marks.setdefault(phase, t)
-    spans: dict[str, list[float]] = {name: [] for name, _, _ in SEGMENTS}
-    spans["timed calls"] = list(timing.values())
-    spans["between windows"] = [marks["last_timed"] - marks["timing"] - timing[key]
-                                for key, marks in children.items() if key in timing]  # inputs, freeing
-    for marks in children.values():
-        for name, a, b in SEGMENTS:
-            if a in marks and b in marks:
-                spans[name].append(marks[b] - marks[a])
-    return {name: {"median_s": round(statistics.median(v), 4), "total_s": round(sum(v), 2), "children": len(v)}
-            for name, v in spans.items() if v}
 
 
 def main() -> int:

@@ -6,7 +6,7 @@ The same candidates are measured twice through ``RayMeasurePool`` on a local Ray
 measurement actor (one GPU, its share of the host's cores: the cores divided by the GPUs), once
 with one actor per GPU (each on its own share). The candidates are template kernels of the
 committed pools (``--candidates``, spread over the operations) and, with ``--tasks``, imported
-public tasks: each task's reference and its null candidate (benchmarks/task_sweep.py imports
+public tasks: each task's reference and its null candidate (kernels/harness/sweep.py imports
 them the same way). Each run starts its own workers, so both compile from a cold Triton cache.
 
 Prints and writes (``DIR/ray_gpus.json``) each run's wall seconds and candidates per minute, the
@@ -48,7 +48,7 @@ def task_candidates(folder: Path, match: str | None, limit: int | None) -> list:
     """The null candidates of the public tasks under ``folder`` (their references are measured with them)."""
     import re
 
-    from benchmarks.task_sweep import _import, discover
+    from kernels.harness.sweep import _import, discover
     from kernels.null import null_candidate
 
     tasks = [t for t in discover(folder) if not match or re.search(match, t.key)][:limit]

@@ -1,7 +1,13 @@
-"""Surrogates by name: ``get_forecaster_factory("learned")()`` gives a fresh, fittable forecaster."""
+"""Surrogates by name: ``get_forecaster_factory("learned")()`` gives a fresh, fittable forecaster.
+
+Each entry also says how a search readies it: fit on measured pairs first (the prior), or
+used as it is (``fit(None)``). Callers ask the entry (``fits_on_prior``, ``fit_prior``);
+nothing elsewhere branches on a surrogate's name.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 
@@ -29,13 +35,49 @@ def _roofline():
     return RooflineForecaster()
 
 
-FACTORIES: dict[str, Callable[[], object]] = {"learned": _learned, "source": _source, "random": _random,
-                                               "roofline": _roofline}
+def _fit_learned(forecaster, pairs, sources):
+    """Per-case template pairs for the speed model, written kernels (when any) for its source model."""
+    return forecaster.fit(pairs, sources=sources)
+
+
+def _fit_source(forecaster, pairs, sources):
+    """The written kernels when there are any, the template pairs otherwise: it reads source alone."""
+    return forecaster.fit(pairs if sources is None else sources)
+
+
+@dataclass(frozen=True)
+class SurrogateEntry:
+    make: Callable[[], object]
+    # (forecaster, measured pairs, written kernels or None) -> fitted forecaster; None: nothing to fit on
+    fit_on: Callable[[object, object, object], object] | None = None
+
+
+SURROGATES: dict[str, SurrogateEntry] = {
+    "learned": SurrogateEntry(_learned, _fit_learned), "source": SurrogateEntry(_source, _fit_source),
+    "random": SurrogateEntry(_random), "roofline": SurrogateEntry(_roofline)}
+FACTORIES: dict[str, Callable[[], object]] = {name: entry.make for name, entry in SURROGATES.items()}
+
+
+def _entry(name: str) -> SurrogateEntry:
+    try:
+        return SURROGATES[name]
+    except KeyError:
+        raise ValueError(f"unknown surrogate {name!r}; known: {', '.join(SURROGATES)}") from None
 
 
 def get_forecaster_factory(name: str) -> Callable[[], object]:
     """A callable returning a new forecaster called ``name``; a clear error for an unknown name."""
-    try:
-        return FACTORIES[name]
-    except KeyError:
-        raise ValueError(f"unknown surrogate {name!r}; known: {', '.join(FACTORIES)}") from None
+    return _entry(name).make
+
+
+def fits_on_prior(name: str) -> bool:
+    """Whether surrogate ``name`` is fit on measurements (a prior) before it forecasts."""
+    return _entry(name).fit_on is not None
+
+
+def fit_prior(name: str, forecaster, pairs, sources=None):
+    """``forecaster`` (made by ``name``'s factory) fit on measured ``pairs`` and written kernels ``sources``."""
+    fit = _entry(name).fit_on
+    if fit is None:
+        raise ValueError(f"surrogate {name!r} is not fit on measurements")
+    return fit(forecaster, pairs, sources)

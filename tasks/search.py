@@ -183,14 +183,8 @@ class Search:
                                       drop=[ch.candidate_id for ch in gen.children[gen.budget:]])
         else:
             _, best = self.archive.best()
-            key = f"{self.config.seed}:{gen.index}"  # a resumed run draws what the interrupted one drew
-            rank = (lambda f: log_expected_improvement(f, best or 0.0)) if self.config.acquisition == "ei" \
-                else (lambda f: thompson_draw(f, key))
-            rank = run_weighted(rank)  # a child that fails gains nothing (no change where failure is not forecast)
-            # The last generation's budget is lost if unspent: children forecast to fail are measured then.
-            last = gen.index == self.config.generations - 1
-            policy = BudgetPolicy(gen.budget, self._trust_policy(), rank=rank, spend_all=last)
-            gen.selection = policy.select(gen.forecasts, best or 0.0)
+            gen.selection = select_children(self.config, gen.forecasts, best or 0.0, gen.index, gen.budget,
+                                            self.calibration)
         return gen.selection
 
     def measure(self, gen: Generation) -> list[Measurement]:
@@ -307,16 +301,6 @@ class Search:
 
     # ---- helpers ---------------------------------------------------------------------------
 
-    def _trust_policy(self) -> ThresholdPolicy:
-        c = self.config
-        if c.policy == "budget":
-            return ThresholdPolicy("max_probability", c.trust_threshold)
-        policy = ConformalRiskPolicy(c.target_risk)
-        if self.calibration:  # until this run has measured forecasts, nothing is certified: trust nothing
-            forecasts, bins = zip(*self.calibration)
-            policy.fit(forecasts, bins)
-        return policy
-
     def _journal_children(self, g: int) -> list[Candidate]:
         """Generation ``g``'s children as the journal has them, in the order they were decided."""
         rows = self.root.read_run_rows("decisions", self.config.run_id, op=self.config.op)
@@ -352,6 +336,33 @@ class Search:
                                      expected_speedup=f.expected_speedup if f else None,
                                      confidence=f.max_probability if f else None))
         self.root.write_records(rows)
+
+
+def trust_policy(config: SearchConfig, calibration: Sequence[tuple[Forecast, int]] = ()) -> ThresholdPolicy:
+    """The policy that says which forecasts a search trusts: a confidence threshold, or a conformal one
+    certified on ``calibration`` (the run's measured forecasts and their measured bins)."""
+    if config.policy == "budget":
+        return ThresholdPolicy("max_probability", config.trust_threshold)
+    policy = ConformalRiskPolicy(config.target_risk)
+    if calibration:  # until this run has measured forecasts, nothing is certified: trust nothing
+        forecasts, bins = zip(*calibration)
+        policy.fit(forecasts, bins)
+    return policy
+
+
+def select_children(config: SearchConfig, forecasts: Sequence[Forecast], best: float, generation: int, budget: int,
+                    calibration: Sequence[tuple[Forecast, int]] = ()) -> Selection:
+    """Which forecast children generation ``generation`` of a search measures, trusts and drops, given
+    the best measured speedup so far and ``budget`` measurements: the search's own choice, which
+    ``kernelcast forecast`` also reports."""
+    key = f"{config.seed}:{generation}"  # a resumed run draws what the interrupted one drew
+    rank = (lambda f: log_expected_improvement(f, best)) if config.acquisition == "ei" \
+        else (lambda f: thompson_draw(f, key))
+    rank = run_weighted(rank)  # a child that fails gains nothing (no change where failure is not forecast)
+    # The last generation's budget is lost if unspent: children forecast to fail are measured then.
+    last = generation == config.generations - 1
+    policy = BudgetPolicy(budget, trust_policy(config, calibration), rank=rank, spend_all=last)
+    return policy.select(forecasts, best)
 
 
 def _generator_fields(counts) -> dict:

@@ -166,7 +166,7 @@ def fit_prior(config: SearchConfig, root: DataRoot):
     """The learned (or source) surrogate fit on the prior data (as much of it as ``prior_scope``
     allows) and, for its source model, the written corpus (``prior_sources``); cached under the root."""
     from surrogate.dataset import case_pairs
-    from surrogate.registry import get_forecaster_factory
+    from surrogate.registry import fit_prior as fit, get_forecaster_factory
 
     prior = DataRoot(config.prior_data)
     path = model_path(config)
@@ -183,10 +183,7 @@ def fit_prior(config: SearchConfig, root: DataRoot):
         forecaster = get_forecaster_factory(config.surrogate)()
         if config.prior_scope == "other-gpus" and hasattr(forecaster, "held_out"):
             forecaster.held_out = "gpu_type"  # its spread: the error of porting an op, not of a new op
-        if config.surrogate == "source":
-            forecaster = forecaster.fit(pairs if sources is None else sources)
-        else:
-            forecaster = forecaster.fit(pairs, sources=sources)
+        forecaster = fit(config.surrogate, forecaster, pairs, sources)
     buffer = io.BytesIO()
     pickle.dump(forecaster, buffer)
     root.put_object(path, buffer.getvalue())
@@ -215,10 +212,10 @@ def forecaster(config: SearchConfig, root: DataRoot):
         from surrogate.llm import OpenAIForecaster
 
         return OpenAIForecaster(config.llm_url, config.llm_model)
-    if config.surrogate in ("learned", "source"):  # the forecasters fit on measurements first
-        return fit_prior(config, root)
-    from surrogate.registry import get_forecaster_factory
+    from surrogate.registry import fits_on_prior, get_forecaster_factory
 
+    if fits_on_prior(config.surrogate):
+        return fit_prior(config, root)
     return get_forecaster_factory(config.surrogate)().fit(None)
 
 

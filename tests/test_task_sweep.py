@@ -1,4 +1,5 @@
-"""The task sweep benchmark end to end on tiny tasks, under Triton's interpreter: import, measure, resume, report."""
+"""The task sweep end to end on tiny tasks, under Triton's interpreter: import, measure, resume, report; through the
+benchmark script (torch and triton alone) and through ``kernelcast sweep``."""
 
 from __future__ import annotations
 
@@ -104,7 +105,7 @@ def test_the_sweep_stops_starting_chunks_after_its_time_and_goes_on_next_call(tm
 
 
 def test_discover_finds_the_same_tasks_from_a_relative_folder(tmp_path, monkeypatch):
-    from benchmarks.task_sweep import discover
+    from kernels.harness.sweep import discover
 
     root = _tasks(tmp_path / "tasks")
     (root / "kernelbench" / ".hidden").mkdir()
@@ -115,3 +116,25 @@ def test_discover_finds_the_same_tasks_from_a_relative_folder(tmp_path, monkeypa
     assert [t.key for t in relative] == [t.key for t in absolute]
     assert {t.format for t in absolute} == {"kernelbench", "gpumode"} and len(absolute) == 3
     assert not any(".hidden" in t.key for t in absolute)
+
+
+def test_kernelcast_sweep_takes_the_folder_and_resumes_what_the_script_began(tmp_path):
+    tasks = _tasks(tmp_path / "tasks")
+    out = tmp_path / "out"
+    _sweep(tasks, out, "--match", "row_sum")  # the script sweeps one task; the command goes on from there
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "sweep", str(tasks), "--out", str(out), "--mode",
+                           "interpreter", "--concurrency", "2"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "3 tasks, 1 done before, 2 to go" in done.stdout
+    rows = [json.loads(line) for line in (out / "sweep.jsonl").read_text().splitlines()]
+    assert sorted(r["task"] for r in rows) == sorted({r["task"] for r in rows}) and len(rows) == 3
+    assert json.loads((out / "summary.json").read_text())["measured"] == 2
+
+
+def test_kernelcast_sweep_of_a_missing_folder_says_so(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "sweep", str(tmp_path / "nowhere"), "--out",
+                           str(tmp_path / "out")], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and f"no task folder at {tmp_path / 'nowhere'}" in done.stderr

@@ -15,8 +15,8 @@ from __future__ import annotations
 from flows.commands import data, model, report, search, surrogate
 
 GROUPS = (
-    data,        # ops, measure, show, pairs, import, compact
-    surrogate,   # evaluate, train
+    data,        # ops, measure, sweep, show, pairs, import, compact
+    surrogate,   # evaluate, train, forecast
     search,      # search, backfill, serve
     model,       # model pull | list | path | split
     report,      # report

@@ -54,6 +54,14 @@ def check_data_root(uri: str, storage_options: dict) -> None:
 
 
 def prefect_defaults() -> None:
-    """Without a Prefect server configured, flows run against a temporary local one; on a busy
-    two-core machine it can take longer to start than Prefect's default 20 s."""
+    """Settings for the temporary local Prefect server that flows run against when none is configured.
+
+    It can take longer to start than Prefect's default 20 s on a busy two-core machine. Its
+    telemetry heartbeat is off: the heartbeat reads and then writes Prefect's SQLite database in
+    one deferred transaction, and when the flow's own writes commit in between (they do, at the
+    start of every run), SQLite refuses the upgrade at once (``database is locked``, a traceback on
+    the console, whatever the busy timeout); on a machine without internet access it also logs an
+    error every run. A setting given in the environment is kept.
+    """
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")

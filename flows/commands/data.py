@@ -1,8 +1,10 @@
-"""``kernelcast ops | measure | show | import | compact | pairs``: the operations and the measured data.
+"""``kernelcast ops | measure | sweep | show | import | compact | pairs``: the operations and the measured data.
 
-``measure`` times template variants (or checks them on Triton's CPU interpreter) into the data
-root, ``show`` prints the best measured ones, ``import`` turns a KernelBench problem or GPU MODE
-task into an operation, ``compact`` merges Parquet files, ``pairs`` draws surrogate training pairs.
+``measure`` times template variants, or the candidates stored for an imported task (or checks them
+on Triton's CPU interpreter), into the data root; ``sweep`` imports and measures every public task
+under a folder (``kernels.harness.sweep``); ``show`` prints the best measured ones; ``import`` turns
+a KernelBench problem or GPU MODE task into an operation; ``compact`` merges Parquet files;
+``pairs`` draws surrogate training pairs.
 """
 
 from __future__ import annotations
@@ -32,9 +34,12 @@ def cmd_ops(args) -> int:
     return 0
 
 
-def _resolve_ops(spec: str) -> list[str]:
+def _resolve_ops(spec: str, root) -> list[str]:
+    """The operations ``--op`` names: built in, imported on this machine, or imported under the data root
+    (installed from there); 'all' is every built-in one."""
     if spec != "all" and not any(s.strip() for s in spec.split(",")):
         raise UsageError("--op names no operation")
+    from kernels.formats import install_from_root, is_imported_name
     from kernels.ops import OPERATIONS, get_operation  # torch: checked after everything that needs nothing
 
     names = list(OPERATIONS) if spec == "all" else [s.strip() for s in spec.split(",") if s.strip()]
@@ -42,8 +47,29 @@ def _resolve_ops(spec: str) -> list[str]:
         try:
             get_operation(name)
         except ValueError as exc:
-            raise UsageError(str(exc)) from None
+            if not (is_imported_name(name) and install_from_root(root, name)):
+                raise UsageError(str(exc)) from None
     return names
+
+
+def _to_measure(root, name: str, limit: int | None) -> list:
+    """The candidates ``measure`` takes of one operation: its reference, and either ``limit`` template variants
+    spread over its space or, for an imported task (no template space), the candidates stored for it under the
+    data root (imported with it, written by a search), the first ``limit`` of them."""
+    from kernels.formats import is_imported_name
+    from kernels.ops import get_operation
+
+    seeds = get_operation(name).seed_candidates()
+    if not is_imported_name(name):
+        from kernels.spaces import get_space
+
+        return seeds + get_space(name).spread_subset(limit)
+    from storage.schema import candidates_from_frame
+
+    stored = {c.candidate_id: c for c in candidates_from_frame(root.read_candidates(name))}
+    for seed in seeds:
+        stored.pop(seed.candidate_id, None)
+    return seeds + list(stored.values())[:limit]
 
 
 def _resolve_mode(requested: str):
@@ -72,20 +98,18 @@ def cmd_measure(args) -> int:
     if args.limit is not None and args.limit < 0:
         raise UsageError(f"--limit must be zero or more, got {args.limit}")
     root = data_root(args)
-    ops = _resolve_ops(args.op)
+    ops = _resolve_ops(args.op, root)
     mode, hw = _resolve_mode(args.mode)
     from tqdm import tqdm
 
     from kernels.harness.worker import MeasureWorker, WorkerConfig
-    from kernels.ops import get_operation
-    from kernels.spaces import get_space
 
     config = WorkerConfig(mode=mode, concurrency=args.concurrency or max(1, (os.cpu_count() or 2) - 1),
                           timeout_s=args.timeout, gpu_timeout_s=args.gpu_timeout,
                           seeds=args.seeds if args.seeds else (3 if mode == "gpu" else 1))
     plan = []
     for name in ops:
-        todo = get_operation(name).seed_candidates() + get_space(name).spread_subset(args.limit)
+        todo = _to_measure(root, name, args.limit)
         done = set() if args.remeasure else root.measured_ids(name, hw.gpu_type)
         plan += [c for c in todo if c.candidate_id not in done]
     print(f"measuring {len(plan)} candidates of {', '.join(ops)} on {hw.device_name} ({hw.gpu_type}), "
@@ -204,6 +228,11 @@ def cmd_import(args) -> int:
     print(f"imported {op.name}: {op.summary}")
     print(f"  cases: {', '.join(c.name for c in op.cases)}; interpreter cases: "
           f"{', '.join(c.name for c in op.interpret_cases)}")
+    if op.manifest.get("interpret_scaling"):
+        from kernels.formats.kernelbench import scaling_text
+
+        print(f"  interpreter case scaled down from the problem's sizes: {scaling_text(op.manifest['interpret_scaling'])}"
+              "; --interpret-case NAME=INT,... to choose")
     for c in op.seed_candidates() + candidates:
         print(f"  candidate {c.candidate_id} ({c.origin}, {c.backend})")
     print(f"stored under {args.data}/tasks/{op.name}; search it with: kernelcast search --op {op.name} "
@@ -241,14 +270,22 @@ def cmd_pairs(args) -> int:
     return 0
 
 
+def cmd_sweep(args) -> int:
+    from kernels.harness.sweep import run
+
+    return run(args.tasks, args)
+
+
 def register(sub) -> None:
-    """Add ``ops``, ``measure``, ``show``, ``import``, ``compact`` and ``pairs`` to the CLI's subparsers."""
+    """Add ``ops``, ``measure``, ``sweep``, ``show``, ``import``, ``compact`` and ``pairs`` to the CLI's subparsers."""
     sp = sub.add_parser("ops", help="list operations and their template spaces")
     sp.set_defaults(func=cmd_ops)
 
-    sp = sub.add_parser("measure", help="measure template variants of operations")
-    sp.add_argument("--op", required=True, help="operation name, comma-separated names, or 'all'")
-    sp.add_argument("--limit", type=int, default=None, help="measure N variants spread over the space")
+    sp = sub.add_parser("measure", help="measure template variants of operations, or the candidates stored for an "
+                                        "imported one")
+    sp.add_argument("--op", required=True, help="operation name, comma-separated names, or 'all' (the built-in ones)")
+    sp.add_argument("--limit", type=int, default=None, help="measure N variants spread over the space (an imported "
+                                                           "operation: its first N stored candidates)")
     sp.add_argument("--mode", choices=["auto", "gpu", "interpreter"], default="auto")
     sp.add_argument("--concurrency", type=int, default=0, help="children compiling at once (default: cores - 1)")
     sp.add_argument("--timeout", type=float, default=300.0, help="seconds a candidate may take in all")
@@ -258,6 +295,15 @@ def register(sub) -> None:
     sp.add_argument("--max-minutes", type=float, default=0, help="stop (keeping results) after this long")
     add_data_args(sp)
     sp.set_defaults(func=cmd_measure)
+
+    sp = sub.add_parser("sweep", help="import every KernelBench problem and GPU MODE task under a folder and measure "
+                                      "each one's reference and null candidate (a GPU machine's health check; "
+                                      "resumable)")
+    sp.add_argument("tasks", metavar="TASKS_DIR", help="folder swept for KernelBench problems and GPU MODE tasks")
+    from kernels.harness.sweep import add_arguments  # standard library only at import
+
+    add_arguments(sp)
+    sp.set_defaults(func=cmd_sweep)
 
     sp = sub.add_parser("show", help="best measured variant per operation and GPU type")
     sp.add_argument("--op", default=None)

@@ -1,10 +1,11 @@
-"""``kernelcast evaluate | train``: score a surrogate offline, refit the learned priors, train an LLM with GRPO."""
+"""``kernelcast evaluate | train | forecast``: score a surrogate offline, refit the learned priors, train an LLM with
+GRPO, forecast a user's kernel files as a search would."""
 
 from __future__ import annotations
 
 import os
 
-from flows.commands.common import UsageError, add_data_args, data_root, prefect_defaults
+from flows.commands.common import UsageError, add_data_args, data_root, parse_storage_options, prefect_defaults
 
 
 def cmd_evaluate(args) -> int:
@@ -127,8 +128,73 @@ def cmd_train(args) -> int:
     return 0
 
 
+def _forecast_config(args):
+    """The search settings a forecast is made under, checked as a search checks them."""
+    from tasks.config import PACKAGED_POOL, ConfigError, SearchConfig, check_operation, check_settings
+
+    config = SearchConfig(op=args.op, gpu_type=args.gpu_type, surrogate=args.surrogate, data=args.data,
+                          prior_data=args.prior_data or PACKAGED_POOL, prior_scope=args.prior_scope,
+                          storage_options=parse_storage_options(args.storage_option))
+    try:
+        check_settings(config)
+        if config.surrogate in ("llm", "none"):
+            raise ConfigError(f"--surrogate {config.surrogate}: forecast with learned, source, roofline or random")
+        check_operation(config.replace(generator="freeform"))  # an imported task too: no template space is needed
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    return config
+
+
+def _percent(p: float) -> str:
+    return "n/a" if p != p else f"{100 * p:.0f}%"
+
+
+def cmd_forecast(args) -> int:
+    config = _forecast_config(args)
+    import dataclasses
+    import json
+
+    from surrogate.bins import UPPER_EDGES
+    from tasks.config import ConfigError
+    from tasks.forecast import forecast_files
+    from tasks.setup import data_root as open_root, forecaster
+
+    try:
+        root = open_root(config)
+        report = forecast_files(config, root, forecaster(config, root), args.files, anchor=args.anchor)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    if args.json:
+        print(json.dumps(dataclasses.asdict(report), indent=1, default=str))
+        return 0
+    lows = (0.0,) + UPPER_EDGES[:-1]
+    labels = [f"<{UPPER_EDGES[0]}x"] + [f"{lo}-{hi}x" for lo, hi in zip(lows[1:-1], UPPER_EDGES[1:-1])] \
+        + [f">{lows[-1]}x"]
+    if report.anchor == "reference":
+        anchor = "the eager reference"
+    else:
+        how = "measured" if report.anchor_measured else "forecast"
+        anchor = f"{report.anchor} ({how} {report.anchor_speedup:.2f}x the reference)"
+    print(f"{report.op} on {report.gpu_type}, surrogate {report.surrogate}; speedups against {anchor}; "
+          f"best measured so far: "
+          + (f"{report.best_measured:.2f}x" if report.best_measured else "none")
+          + f"; a search's first generation measures up to {report.budget}")
+    for k in report.kernels:
+        print(f"{k.file}  [{k.candidate_id}]  -> {k.decision}")
+        if k.reason:
+            print(f"  cannot run: {k.reason}: {k.detail}")
+            continue
+        spread = "" if k.log_speedup_sigma != k.log_speedup_sigma else f", log-spread {k.log_speedup_sigma:.2f}"
+        print(f"  fails: {_percent(k.failure_probability)}; expected speedup {k.expected_speedup:.2f}x "
+              f"({k.expected_speedup_vs_reference:.2f}x the reference); how sure: {_percent(k.confidence)} in "
+              f"its likeliest bin{spread}")
+        print(f"  bins against the {k.bins_against}: "
+              + ", ".join(f"{label} {100 * p:.0f}%" for label, p in zip(labels, k.probabilities) if p >= 0.005))
+    return 0
+
+
 def register(sub) -> None:
-    """Add ``evaluate`` and ``train`` to the CLI's subparsers."""
+    """Add ``evaluate``, ``train`` and ``forecast`` to the CLI's subparsers."""
     sp = sub.add_parser("evaluate", help="evaluate a surrogate offline on held-out splits of a measured pool")
     sp.add_argument("--surrogate", required=True, help="learned, roofline or random")
     sp.add_argument("--split", choices=["operation", "gpu", "random"], default="operation")
@@ -158,3 +224,21 @@ def register(sub) -> None:
         sp.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=None, help=text)
     add_data_args(sp)
     sp.set_defaults(func=cmd_train)
+
+    sp = sub.add_parser("forecast", help="forecast kernel files as a search would: how likely each fails, how fast "
+                                         "against an anchor, how sure, and whether a search would measure, trust "
+                                         "or drop it")
+    sp.add_argument("--op", required=True, help="the operation the kernels implement (built in, or imported)")
+    sp.add_argument("files", nargs="+", metavar="FILE", help="kernel files (launch(...) or, for an imported "
+                                                           "task, its submission)")
+    sp.add_argument("--anchor", default=None, help="what speedups are against: a candidate id measured under "
+                                                   "--data, or a kernel file (default: the eager reference)")
+    sp.add_argument("--gpu-type", default="h100", help="GPU type to forecast for (default: %(default)s)")
+    sp.add_argument("--surrogate", default="learned", help="learned (default), source, roofline or random")
+    sp.add_argument("--prior-data", default=None, help="measurements the surrogate is fit on (default: the "
+                                                       "committed pool)")
+    sp.add_argument("--prior-scope", default="other-ops", help="what the prior sees of the op: other-ops (nothing, "
+                    "default), other-gpus, all")
+    sp.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_data_args(sp)
+    sp.set_defaults(func=cmd_forecast)

@@ -8,7 +8,8 @@ candidate file defines ``class ModelNew`` with the same constructor and forward.
 
 Here a case is one setting of those integers: the file's own values are the GPU case,
 and smaller settings (``--interpret-case batch_size=2,dim=64``) can be given for Triton's
-CPU interpreter. Models are built once per case and device, on that device, each right
+CPU interpreter; without them the interpreter case is the file's own sizes halved until
+its inputs take a few MB (``scaled_interpret_sizes``, stated in the manifest). Models are built once per case and device, on that device, each right
 after seeding torch with ``INIT_SEED``, so ``Model`` and ``ModelNew`` get the same weights
 whenever they create the same parameters in the same order (as KernelBench's own eval
 assumes). Inputs are made on the device too (``get_inputs`` with the device as torch's
@@ -164,8 +165,10 @@ def _parse_sizes(text: str, known: dict[str, int], where: str) -> dict[str, int]
     return sizes
 
 
-def _profile(module, sizes: dict[str, int], where: str) -> dict:
-    """One manifest case: sizes, the input dtype, the bytes of inputs, outputs and parameters, from meta tensors."""
+def _on_meta(module, sizes: dict[str, int], where: str) -> tuple[list, list, int | None, int | None]:
+    """(inputs, init inputs, output bytes, parameter bytes) of the problem at ``sizes``, run on the meta device.
+
+    Output and parameter bytes are None where the model cannot run on meta tensors."""
     saved = {k: getattr(module, k) for k in sizes}
     for k, v in sizes.items():
         setattr(module, k, v)
@@ -190,6 +193,12 @@ def _profile(module, sizes: dict[str, int], where: str) -> dict:
     finally:
         for k, v in saved.items():
             setattr(module, k, v)
+    return inputs, init, out_bytes, param_bytes
+
+
+def _profile(module, sizes: dict[str, int], where: str) -> dict:
+    """One manifest case: sizes, the input dtype, the bytes of inputs, outputs and parameters, from meta tensors."""
+    inputs, init, out_bytes, param_bytes = _on_meta(module, sizes, where)
     in_bytes = tensor_bytes(inputs)
     init_repr = repr(init)
     if not is_literal(init_repr, init):
@@ -199,6 +208,62 @@ def _profile(module, sizes: dict[str, int], where: str) -> dict:
             "bytes": in_bytes + (out_bytes if out_bytes is not None else in_bytes),
             "parameter_bytes": param_bytes or 0,
             "signature": [[list(t.shape), str(t.dtype)] for t in inputs], "init": init_repr}
+
+
+# The interpreter case made when none is given: the problem's own sizes, halved until its inputs fit here.
+INTERPRET_INPUT_BYTES = 4 << 20  # a CPU checks a few MB of inputs under Triton's interpreter in seconds
+# Integers at or below the first floor are left alone (axes, kernel sizes, strides, groups, small channels);
+# a problem still too big then (a 3-D volume, many heads) goes down to the second.
+SCALE_FLOORS = (32, 8)
+
+
+def scaled_interpret_sizes(module, sizes: dict[str, int], where: str) -> tuple[dict[str, int], dict]:
+    """The problem's sizes scaled down for the interpreter, and how (the manifest's ``interpret_scaling``).
+
+    The largest integer above the floor (``SCALE_FLOORS``, in turn) is halved, again and again, until the
+    inputs take at most ``INTERPRET_INPUT_BYTES``; an integer whose halving the problem refuses
+    (``get_inputs`` fails, or a model that ran on meta tensors no longer does) keeps its last good value.
+    Shapes come from the meta device, so nothing is allocated. ``how`` is empty when the problem's own
+    sizes already fit.
+    """
+    inputs, _, out_bytes, _ = _on_meta(module, sizes, where)
+    full_bytes = tensor_bytes(inputs)
+    scaled, now_bytes, refused = dict(sizes), full_bytes, set()
+    for floor in SCALE_FLOORS:
+        while now_bytes > INTERPRET_INPUT_BYTES:
+            movable = [k for k, v in scaled.items() if v > floor and k not in refused]
+            if not movable:
+                break
+            name = max(movable, key=lambda k: scaled[k])  # ties: the first in the file
+            trial = {**scaled, name: scaled[name] // 2}
+            try:
+                t_inputs, _, t_out, _ = _on_meta(module, trial, where)
+            except TaskFormatError:
+                t_inputs = t_out = None
+            if t_inputs is None or (out_bytes is not None and t_out is None):
+                refused.add(name)
+                continue
+            scaled, now_bytes = trial, tensor_bytes(t_inputs)
+    if scaled == sizes:
+        return scaled, {}
+    return scaled, {"sizes": {k: [sizes[k], scaled[k]] for k in sizes if scaled[k] != sizes[k]},
+                    "input_bytes": [full_bytes, now_bytes], "limit_bytes": INTERPRET_INPUT_BYTES,
+                    "rule": f"the largest size above {SCALE_FLOORS[0]} (then above {SCALE_FLOORS[1]}) halved until "
+                            f"the inputs take at most {INTERPRET_INPUT_BYTES} bytes; --interpret-case to choose"}
+
+
+def scaling_text(scaling: dict) -> str:
+    """One line for ``interpret_scaling``: 'batch_size 4096 -> 1024, dim 393216 -> 768 (inputs 6.4 GB -> 3.1 MB)'."""
+    sizes = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in scaling["sizes"].items())
+    before, after = scaling["input_bytes"]
+    return f"{sizes} (inputs {_bytes_text(before)} -> {_bytes_text(after)})"
+
+
+def _bytes_text(n: int) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
 
 
 def import_task(reference: str, candidates: Sequence[str] = (), name: str | None = None,
@@ -212,7 +277,12 @@ def import_task(reference: str, candidates: Sequence[str] = (), name: str | None
         raise TaskFormatError(f"KernelBench problem file {reference}: Model is not a torch.nn.Module subclass")
     sizes = _size_names(module)
     cases = [_profile(module, sizes, reference)]
-    interpret = [_profile(module, _parse_sizes(s, sizes, reference), reference) for s in interpret_sizes] or cases
+    scaling: dict = {}
+    if interpret_sizes:
+        interpret = [_profile(module, _parse_sizes(s, sizes, reference), reference) for s in interpret_sizes]
+    else:  # the problem's own sizes, scaled down until a CPU checks them in seconds
+        small, scaling = scaled_interpret_sizes(module, sizes, reference)
+        interpret = [_profile(module, small, reference)] if scaling else cases
     doc = (module.Model.__doc__ or "").strip().splitlines()
     summary = f"KernelBench problem {Path(reference).name}" + (f": {doc[0].strip()}" if doc and doc[0].strip() else "")
     files = {"reference.py": source.encode()}
@@ -221,5 +291,7 @@ def import_task(reference: str, candidates: Sequence[str] = (), name: str | None
                 "files": sorted(files), "candidates": [f"candidate_{i}.py" for i in range(len(subs))],
                 "cases": cases, "interpret_cases": interpret, "tolerance": tolerance or TOLERANCE,
                 "source_file": Path(reference).name}
+    if scaling:
+        manifest["interpret_scaling"] = scaling
     files[MANIFEST] = json.dumps(manifest, indent=1, sort_keys=True).encode()
     return name, files

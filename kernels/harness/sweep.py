@@ -1,0 +1,288 @@
+"""Sweep a folder of public tasks through the harness: import each, measure its reference and its null candidate.
+
+    kernelcast sweep TASKS_DIR --out DIR [--max-minutes 8]
+    PYTHONPATH=$PWD python benchmarks/task_sweep.py --tasks TASKS_DIR --out DIR   (the same, torch and triton only)
+
+Finds every KernelBench problem file (``Model``, ``get_inputs``, ``get_init_inputs``) and
+every GPU MODE task folder (``reference.py`` beside ``task.yml``) under the folder, imports
+each as an operation (shapes from the meta device: nothing is allocated), then measures
+the task's reference and its null candidate (the reference's own code submitted as a
+candidate, kernels.null) with the measurement worker at its default settings. Identical
+code must come out at 1.00x: the null speedup is the harness's error on that task; the
+sweep is the health check of a GPU machine.
+
+Resumable: one JSON row per finished task is appended to ``DIR/sweep.jsonl`` as soon as
+both measurements are in, and tasks already there are skipped, so the sweep can be
+spread over several calls (``--max-minutes`` stops starting new chunks of tasks after that
+long). Each call prints the table of every task so far and the summary against the goals
+(``kernels.harness.sweep_report``), and writes ``DIR/sweep.md`` and ``DIR/summary.json``.
+
+Needs torch and triton only (the harness's path imports nothing else; GPU MODE's task.yml
+is read without PyYAML where it is missing). Without a GPU it runs under Triton's CPU
+interpreter on the tasks' interpreter cases: correctness only, no speedups.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kernels.harness.sweep_report import lock_breakdown, markdown, summarize, task_line
+
+
+@dataclass(frozen=True)
+class Task:
+    key: str  # the task's path under the swept folder: the row's identity across calls
+    format: str  # kernelbench | gpumode
+    path: Path  # the problem file, or the GPU MODE reference.py
+    name: str  # the task name the op is imported under
+
+
+def _task_name(text: str) -> str:
+    return re.sub(r"[^a-z0-9_-]+", "_", text.lower()).strip("_-")[:48].rstrip("_-") or "task"
+
+
+def discover(root: Path) -> list[Task]:
+    """KernelBench problem files and GPU MODE task folders under ``root``, sorted by path."""
+    from kernels.formats import TaskFormatError, read_source, top_level_names
+    from kernels.formats.kernelbench import REFERENCE_NEEDS
+
+    found: list[Task] = []
+    gpumode_dirs = {p.parent for p in root.rglob("task.yml") if (p.parent / "reference.py").is_file()}
+    for folder in sorted(gpumode_dirs):
+        found.append(Task(str(folder.relative_to(root)), "gpumode", folder / "reference.py",
+                          _task_name(folder.name.removesuffix("_py"))))
+    for path in sorted(root.rglob("*.py")):
+        if path.parent in gpumode_dirs or any(part.startswith(".") for part in path.relative_to(root).parts):
+            continue
+        try:
+            names = top_level_names(read_source(path, "file"), str(path))
+        except TaskFormatError:
+            continue
+        if all(names.get(n) in (kind, "value") for n, kind in REFERENCE_NEEDS.items()):
+            level = re.fullmatch(r"level(\d+)", path.parent.name)
+            prefix = f"l{level.group(1)}_" if level else ""
+            found.append(Task(str(path.relative_to(root)), "kernelbench", path, _task_name(prefix + path.stem)))
+    names: dict[str, int] = {}
+    unique = []
+    for t in sorted(found, key=lambda t: t.key):
+        n = names.get(t.name, 0)
+        names[t.name] = n + 1
+        unique.append(t if n == 0 else Task(t.key, t.format, t.path, f"{t.name[:44]}-{n}"))
+    return unique
+
+
+def read_rows(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                pass  # a line cut short by a killed call: that task is simply measured again
+    return rows
+
+
+def _geomean(values) -> float | None:
+    values = [v for v in values or () if v and math.isfinite(v) and v > 0]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+def _import(task: Task):
+    """(op, seconds, error): the task imported under its name, or why it could not be."""
+    from kernels.formats import import_task
+
+    t0 = time.perf_counter()
+    try:
+        op, _ = import_task(task.format, str(task.path), name=task.name)
+        return op, time.perf_counter() - t0, ""
+    except Exception as exc:  # noqa: BLE001 - a task that cannot be imported is a row with the reason
+        return None, time.perf_counter() - t0, f"{type(exc).__name__}: {exc}"[:600]
+
+
+def _status_row(m) -> dict:
+    return {"status": m.status, "error": m.error[:600], "us": list(m.runtime_us_median),
+            "gpu_s": round(m.gpu_seconds, 3), "wall_s": round(m.wall_seconds, 3)}
+
+
+def _row(task: Task, op, import_s: float, import_error: str, ref=None, null=None, chunk: str = "",
+         mode: str = "", windows: dict | None = None) -> dict:
+    from kernels.harness.budget import footprint
+
+    row = {"task": task.key, "format": task.format, "op": op.name if op else "", "mode": mode,
+           "imported": op is not None, "import_error": import_error, "import_s": round(import_s, 3), "chunk": chunk}
+    if op is not None:
+        cases = op.cases if mode == "gpu" else op.interpret_cases
+        sizes = []
+        for case in cases:
+            try:
+                fp = footprint(op, case)
+                sizes.append(fp.set_bytes + fp.parameter_bytes)
+            except Exception:  # noqa: BLE001 - inputs only the device can make
+                sizes.append(None)
+        row.update(cases=len(cases), case_bytes_max=max((s for s in sizes if s), default=None))
+    if ref is not None and null is not None:
+        r, n = _status_row(ref), _status_row(null)
+        refused = "does not fit on the device" in r["error"]
+        row.update({f"reference_{k}": v for k, v in r.items()})
+        row.update({f"null_{k}": v for k, v in n.items()})
+        row.update({f"{role}_timing_windows": w for role, w in (windows or {}).items()})
+        row.update(fits=not refused, measured=r["status"] == "ok" and n["status"] == "ok",
+                   reference_us_geomean=_geomean(r["us"]), null_speedup=null.speedup,
+                   wall_s=round(import_s + r["wall_s"] + n["wall_s"], 3))
+    else:
+        row.update(fits=None, measured=False, wall_s=round(import_s, 3))
+    return row
+
+
+def sweep(tasks: list[Task], out: Path, *, mode: str, concurrency: int, max_minutes: float | None,
+          chunk_size: int, reserve_timing_core: bool | None = None) -> None:
+    """Import and measure the tasks not yet in ``out/sweep.jsonl``, appending a row per finished task."""
+    from kernels.harness.worker import MeasureWorker, WorkerConfig
+    from kernels.null import null_candidate
+
+    journal = out / "sweep.jsonl"
+    done = {r["task"] for r in read_rows(journal)}
+    todo = [t for t in tasks if t.key not in done]
+    print(f"{len(tasks)} tasks, {len(done & {t.key for t in tasks})} done before, {len(todo)} to go", flush=True)
+    if not todo:
+        return
+    started = time.monotonic()
+    deadline = started + max_minutes * 60 if max_minutes is not None else None
+    hardware = _hardware(mode)
+    config = WorkerConfig(mode=mode, concurrency=concurrency, reserve_timing_core=reserve_timing_core)
+    with MeasureWorker(hardware, config) as worker, journal.open("a") as sink:
+        print(f"cores: the lock holder on {list(worker.cores.timing)}, children compiling on "
+              f"{len(worker.cores.compile)} others" if worker.cores.reserved else "cores: none reserved", flush=True)
+        def write(row: dict) -> None:
+            sink.write(json.dumps(row) + "\n")
+            sink.flush()
+            print(task_line(row), flush=True)
+
+        for first in range(0, len(todo), chunk_size):
+            if deadline is not None and time.monotonic() > deadline:
+                print(f"stopping after {max_minutes:g} minutes; run again to go on", flush=True)
+                break
+            chunk = todo[first:first + chunk_size]
+            chunk_id = f"{int(time.time())}-{first}"
+            pending: dict[str, tuple[Task, object, float, dict]] = {}
+            for task in chunk:
+                op, seconds, error = _import(task)
+                if op is None:
+                    write(_row(task, None, seconds, error, chunk=chunk_id, mode=mode))
+                    continue
+                pending[op.name] = (task, op, seconds, {})
+            wanted = {}
+            for name, (_, op, _, _) in pending.items():
+                wanted[op.seed_candidates()[0].candidate_id] = (name, "reference")
+                wanted[null_candidate(op).candidate_id] = (name, "null")
+            cands = [c for _, op, _, _ in pending.values() for c in (op.seed_candidates()[0], null_candidate(op))]
+            for m in worker.measure(cands):
+                name, role = wanted.get(m.candidate_id, (None, None))
+                if name is None:
+                    continue
+                task, op, seconds, got = pending[name]
+                got[role] = m
+                if len(got) == 2:
+                    # timing windows per case: more than one where a case was host-bound (timed again)
+                    windows = {role: sum(1 for cid, _, phase, _, _ in worker.timeline
+                                         if cid == got[role].candidate_id and phase == "timed")
+                               for role in got}
+                    row = _row(task, op, seconds, "", got["reference"], got["null"], chunk=chunk_id, mode=mode,
+                               windows=windows)
+                    # host-bound cases the null was timed beside the reference in (kernels.harness.runner._anchored)
+                    row["null_anchored"] = {d["case"]: round(d["ratio"], 4) for cid, _, phase, _, d in worker.timeline
+                                            if cid == got["null"].candidate_id and phase == "anchored"}
+                    write(row)
+                if deadline is not None and time.monotonic() > deadline + 60:  # a chunk far past the limit: cut it
+                    print("past the time limit inside a chunk; its unfinished tasks run next time", flush=True)
+                    break
+        wall = time.monotonic() - started
+    print(f"this call: {wall:.0f} s wall, {worker.busy_gpu_seconds:.0f} device-seconds held by children", flush=True)
+    breakdown = lock_breakdown(worker.timeline)  # where the children's time went: compiling, checks, timing
+    (out / f"breakdown-{int(time.time())}.json").write_text(json.dumps(
+        {"wall_s": round(wall, 1), "device_s": round(worker.busy_gpu_seconds, 1), "segments": breakdown}, indent=1))
+    for name, b in breakdown.items():
+        print(f"  {name:<16} median {b['median_s']:7.3f} s, total {b['total_s']:8.1f} s over {b['children']} children",
+              flush=True)
+
+
+def _hardware(mode: str):
+    import torch
+    import triton
+
+    from kernels.hardware import INTERPRETER, detect
+    from kernels.records import HardwareSpec
+
+    if mode == "gpu":
+        return detect()
+    return HardwareSpec(gpu_type=INTERPRETER, device_name="Triton CPU interpreter", torch_version=torch.__version__,
+                        triton_version=triton.__version__)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The sweep's options but the task folder, the same for ``kernelcast sweep`` and the benchmark script."""
+    p.add_argument("--out", default="kernelcast-sweep",
+                   help="results folder: sweep.jsonl (resumable), sweep.md, summary.json (default: %(default)s)")
+    p.add_argument("--max-minutes", type=float, default=None, help="start no new chunk of tasks after this long")
+    p.add_argument("--match", default=None, help="only tasks whose path matches this regular expression")
+    p.add_argument("--limit", type=int, default=None, help="only the first N tasks (after --match)")
+    p.add_argument("--mode", choices=["auto", "gpu", "interpreter"], default="auto")
+    p.add_argument("--concurrency", type=int, default=0, help="children at once (default: cores - 1, the worker's "
+                                                               "default in kernelcast measure)")
+    p.add_argument("--chunk", type=int, default=0, help="tasks imported and measured together (default: 2 x "
+                                                        "concurrency)")
+    p.add_argument("--no-reserve", action="store_true", help="no core kept for the child holding the GPU lock "
+                                                            "(to compare with the default, which keeps one)")
+    p.add_argument("--report-only", action="store_true", help="print the table and summary of what is done")
+
+
+def run(tasks_dir: str, args) -> int:
+    """Sweep ``tasks_dir`` with the options of ``add_arguments``: resume, measure, print and write the report.
+
+    Exit status 2, with the reason on stderr, when the folder is missing or holds no task."""
+    out = Path(args.out).resolve()
+    root = Path(tasks_dir).resolve()
+    if not root.is_dir():
+        print(f"no task folder at {root}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    # Before anything starts the harness's fork server: its children find the imported tasks here.
+    os.environ["KERNELCAST_TASKS"] = str(out / "tasks")
+    mode = args.mode
+    if mode == "auto":
+        import torch
+
+        mode = "gpu" if torch.cuda.is_available() else "interpreter"
+    if mode == "interpreter":
+        os.environ["TRITON_INTERPRET"] = "1"  # read by Triton when first imported
+    tasks = discover(root)
+    if args.match:
+        tasks = [t for t in tasks if re.search(args.match, t.key)]
+    if args.limit:
+        tasks = tasks[:args.limit]
+    if not tasks:
+        print(f"no KernelBench problem or GPU MODE task under {root}", file=sys.stderr)
+        return 2
+    concurrency = args.concurrency or max(1, (os.cpu_count() or 2) - 1)
+    if not args.report_only:
+        sweep(tasks, out, mode=mode, concurrency=concurrency, max_minutes=args.max_minutes,
+              chunk_size=args.chunk or 2 * concurrency, reserve_timing_core=False if args.no_reserve else None)
+    keys = {t.key for t in tasks}
+    rows = [r for r in read_rows(out / "sweep.jsonl") if r["task"] in keys]
+    summary = summarize(rows)
+    summary.update(mode=mode, tasks_swept=len(tasks), tasks_done=len(rows), folder=str(root))
+    text = markdown(rows, summary)
+    (out / "sweep.md").write_text(text)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(text)
+    return 0

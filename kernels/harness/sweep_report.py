@@ -1,0 +1,135 @@
+"""The task sweep's report: a line per task, the summary against the goals, the Markdown table, and where the
+measuring children's time went (``lock_breakdown``, from the worker's timeline).
+
+Standard library only: it runs where the sweep runs, on a machine with torch and triton alone.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+GOALS = {"measured_share": 0.97, "null_within_2pct_share": 0.95, "null_median_abs_dev": 0.005}
+NULL_BAND = 0.02
+
+
+SEGMENTS = (("compile ahead", "started", "ahead_done"), ("first calls", "locked", "checks"),
+            ("checks", "checks", "timing"), ("recheck", "last_timed", "releasing"), ("free", "releasing", "released"))
+
+
+def lock_breakdown(timeline) -> dict[str, dict[str, float]]:
+    """Where each child's time went, from the worker's timeline: median and total seconds per segment.
+
+    Under the lock: first calls (of cases not compiled ahead), the correctness checks (with the first
+    case's timing inputs), the timed calls of every window, what lies between windows (the next case's
+    inputs, freeing), the recheck after timing, and freeing the device; before it, compiling ahead."""
+    children: dict[tuple[str, int], dict[str, float]] = {}
+    timing: dict[tuple[str, int], float] = {}
+    for cid, attempt, phase, t, _ in timeline:
+        marks = children.setdefault((cid, attempt), {})
+        if phase == "timing":
+            marks["_timing_started"] = t
+            marks.setdefault("timing", t)
+        elif phase == "timed" and "_timing_started" in marks:
+            timing[(cid, attempt)] = timing.get((cid, attempt), 0.0) + t - marks.pop("_timing_started")
+            marks["last_timed"] = t
+        else:
+            marks.setdefault(phase, t)
+    spans: dict[str, list[float]] = {name: [] for name, _, _ in SEGMENTS}
+    spans["timed calls"] = list(timing.values())
+    spans["between windows"] = [marks["last_timed"] - marks["timing"] - timing[key]
+                                for key, marks in children.items() if key in timing]  # inputs, freeing
+    for marks in children.values():
+        for name, a, b in SEGMENTS:
+            if a in marks and b in marks:
+                spans[name].append(marks[b] - marks[a])
+    return {name: {"median_s": round(statistics.median(v), 4), "total_s": round(sum(v), 2), "children": len(v)}
+            for name, v in spans.items() if v}
+
+
+def task_line(row: dict) -> str:
+    """One task's row as the sweep prints it when it is done."""
+    if not row["imported"]:
+        return f"{row['task']}: not imported ({row['import_error'][:160]})"
+    ref, null = row.get("reference_status", "?"), row.get("null_status", "?")
+    us = row.get("reference_us_geomean")
+    s = row.get("null_speedup")
+    text = (f"{row['task']}: reference {ref}" + (f" {us:.1f} us" if us else "") + f", null {null}"
+            + (f" {s:.4f}x" if s else "") + f", {row['wall_s']:.1f} s")
+    if ref != "ok":
+        text += f" [{row.get('reference_error', '')[:160]}]"
+    elif null != "ok":
+        text += f" [{row.get('null_error', '')[:160]}]"
+    return text
+
+
+def summarize(rows: list[dict]) -> dict:
+    """The sweep against its goals."""
+    imported = [r for r in rows if r["imported"]]
+    judged = [r for r in imported if "reference_status" in r]
+    fits = [r for r in judged if r["fits"]]
+    measured = [r for r in fits if r["measured"]]
+    speedups = [r["null_speedup"] for r in measured if r.get("null_speedup")]
+    devs = [abs(1 - s) for s in speedups]
+    oom = [r for r in judged for role in ("reference", "null")
+           if "out of memory" in r.get(f"{role}_error", "").lower()]
+    timeouts = [r for r in judged for role in ("reference", "null") if r.get(f"{role}_status") == "timeout"]
+    twin_disagrees = [r for r in fits if r["reference_status"] != r["null_status"]]
+    chunks = {}
+    for r in judged:
+        chunks.setdefault(r["chunk"], []).append(r)
+    summary = {
+        "tasks": len(rows), "imported": len(imported), "not_imported": len(rows) - len(imported),
+        "refused_too_big": len(judged) - len(fits), "fit": len(fits), "measured": len(measured),
+        "measured_share": len(measured) / len(fits) if fits else None,
+        "null_speedups": len(speedups),
+        "null_within_2pct_share": sum(d <= NULL_BAND for d in devs) / len(devs) if devs else None,
+        "null_median_abs_dev": statistics.median(devs) if devs else None,
+        "null_speedup_median": statistics.median(speedups) if speedups else None,
+        "out_of_memory_verdicts": len(oom), "timeouts": len(timeouts),
+        "reference_timeout_with_twin_ok": sum(1 for r in fits if r["reference_status"] == "timeout"
+                                              and r["null_status"] == "ok"),
+        "twin_status_disagreements": len(twin_disagrees),
+        "import_seconds": round(sum(r["import_s"] for r in rows), 1),
+        "task_wall_seconds": round(sum(r["wall_s"] for r in rows), 1),
+        "device_seconds": round(sum(r.get("reference_gpu_s", 0) + r.get("null_gpu_s", 0) for r in judged), 1),
+        "failures": {r["task"]: (r.get("reference_error") or r.get("null_error") or "")[:200]
+                     for r in fits if not r["measured"]},
+    }
+    summary["goals"] = {
+        "measured_share >= 0.97": _meets(summary["measured_share"], GOALS["measured_share"], True),
+        "null within 1.00 +- 0.02 on >= 95%": _meets(summary["null_within_2pct_share"],
+                                                     GOALS["null_within_2pct_share"], True),
+        "median abs(1 - s) <= 0.5%": _meets(summary["null_median_abs_dev"], GOALS["null_median_abs_dev"], False),
+        "no out-of-memory verdict": summary["out_of_memory_verdicts"] == 0,
+        "no reference timeout whose twin passed": summary["reference_timeout_with_twin_ok"] == 0,
+    }
+    return summary
+
+
+def _meets(value, goal, at_least: bool):
+    if value is None:
+        return None
+    return value >= goal if at_least else value <= goal
+
+
+def markdown(rows: list[dict], summary: dict) -> str:
+    lines = ["| task | imported | reference | reference runtime (us, geomean) | null | null speedup | wall (s) |",
+             "|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: r["task"]):
+        if not r["imported"]:
+            lines.append(f"| {r['task']} | no: {r['import_error'][:80]} | | | | | {r['wall_s']:.1f} |")
+            continue
+        us = r.get("reference_us_geomean")
+        s = r.get("null_speedup")
+        ref = r.get("reference_status", "")
+        if ref and ref != "ok":
+            ref += ": " + r.get("reference_error", "")[:80].replace("|", "/")
+        lines.append(f"| {r['task']} | yes | {ref} | {f'{us:.1f}' if us else ''} | {r.get('null_status', '')} | "
+                     f"{f'{s:.4f}' if s else ''} | {r['wall_s']:.1f} |")
+    lines += ["", "| summary | value |", "|---|---|"]
+    for k, v in summary.items():
+        if k not in ("failures", "goals"):
+            lines.append(f"| {k} | {round(v, 4) if isinstance(v, float) else v} |")
+    for k, v in summary["goals"].items():
+        lines.append(f"| goal: {k} | {'met' if v else 'not met' if v is not None else 'n/a'} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,57 @@
+"""``kernelcast import`` and ``kernelcast measure`` on an imported KernelBench problem, on the CPU (interpreter)."""
+
+import json
+
+import pandas as pd
+
+from flows.cli import main
+from tests.formats_for_tests import KB_ROW_SUM, KB_ROW_SUM_NEW, write_kernelbench
+
+# The problem at the size of KernelBench's level1/19_ReLU: 6.4 GB of fp32 inputs, far beyond a CPU's interpreter.
+KB_ROW_SUM_BIG = KB_ROW_SUM.replace("batch_size = 64", "batch_size = 4096").replace("dim = 4096", "dim = 393216")
+
+
+def test_an_imported_problem_too_big_for_the_interpreter_gets_a_scaled_down_case_and_says_how(tmp_path, capsys):
+    ref, _ = write_kernelbench(tmp_path / "kb", reference=KB_ROW_SUM_BIG)
+    root = tmp_path / "data"
+    assert main(["import", "--format", "kernelbench", "--reference", str(ref), "--data", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "interpreter case scaled down from the problem's sizes: " in out and "(inputs 6.4 GB -> " in out
+    manifest = json.loads((root / "tasks" / "kb.row_sum" / "manifest.json").read_text())
+    (case,) = manifest["interpret_cases"]
+    scaling = manifest["interpret_scaling"]
+    (shape, dtype), = case["signature"]
+    assert dtype == "torch.float32" and 4 * shape[0] * shape[1] == scaling["input_bytes"][1] <= 4 << 20
+    assert manifest["cases"][0]["dims"] == {"batch_size": 4096, "dim": 393216}  # the GPU case keeps its size
+    for name, (before, after) in scaling["sizes"].items():
+        assert case["dims"][name] == after < before == manifest["cases"][0]["dims"][name]
+
+
+def test_a_problem_that_fits_keeps_its_own_sizes_for_the_interpreter(tmp_path, capsys):
+    ref, _ = write_kernelbench(tmp_path / "kb")
+    root = tmp_path / "data"
+    assert main(["import", "--format", "kernelbench", "--reference", str(ref), "--data", str(root)]) == 0
+    assert "scaled down" not in capsys.readouterr().out
+    manifest = json.loads((root / "tasks" / "kb.row_sum" / "manifest.json").read_text())
+    assert manifest["interpret_cases"] == manifest["cases"] and "interpret_scaling" not in manifest
+
+
+def test_measure_takes_the_candidates_stored_for_an_imported_operation(tmp_path, capsys):
+    ref, (new,) = write_kernelbench(tmp_path / "kb", new=KB_ROW_SUM_NEW)
+    root = tmp_path / "data"
+    assert main(["import", "--format", "kernelbench", "--reference", str(ref), "--candidate", str(new),
+                 "--data", str(root)]) == 0
+    capsys.readouterr()
+    assert main(["measure", "--op", "kb.row_sum", "--data", str(root), "--concurrency", "1"]) == 0
+    assert "measuring 2 candidates of kb.row_sum" in capsys.readouterr().err
+    measured = pd.read_parquet(root / "measurements")
+    assert len(measured) == 2 and set(measured["status"]) == {"ok"}
+    origins = pd.read_parquet(root / "candidates").set_index("candidate_id")["origin"]
+    assert set(origins[measured["candidate_id"]]) == {"seed", "import"}
+    assert main(["measure", "--op", "kb.row_sum", "--data", str(root)]) == 0
+    assert "nothing to measure" in capsys.readouterr().err
+
+
+def test_measure_of_an_imported_name_nobody_imported_is_a_clear_error(tmp_path, capsys):
+    assert main(["measure", "--op", "kb.never_imported", "--data", str(tmp_path / "data")]) == 2
+    assert "kb.never_imported" in capsys.readouterr().err
