@@ -179,3 +179,15 @@ def test_work_that_ran_while_the_timed_stream_was_held_never_waited_for_it():
     assert "while the timed stream was held" in verify.outside_window(acts)
     honest = [gate, _mark(7, 2_000_100), Activity("_relu2p1", 13, 2_001_300, 2_090_000), _mark(7, 2_091_000)]
     assert verify.outside_window(honest) is None
+
+
+def test_a_host_bound_call_is_judged_against_a_call_that_leaves_the_device_idle_before_the_sync():
+    # a 45 us call of host work: the device idles before the host synchronises, and the synchronisation's
+    # own cost (9 us) is the gap; a paced call's wake-up is shorter (1 us)
+    calls = [Window(45.0, 54.0)] * 6
+    paced = [Window(45.0, 46.0)] * 6
+    idle = [Window(45.0, 53.5)] * 3
+    assert "stayed busy" in verify.hidden_work(calls, paced, 0.1)
+    assert verify.hidden_work(calls, paced, 0.1, idle) is None
+    # work left behind still shows beyond the larger baseline
+    assert "stayed busy" in verify.hidden_work([Window(45.0, 95.0)] * 6, paced, 0.1, idle)

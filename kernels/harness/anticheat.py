@@ -211,6 +211,10 @@ def _called_from_torch(depth: int = 2) -> bool:
 def install_stream_guard() -> None:
     """Refuse stream creation and switching in this process: the timer measures the current stream only.
 
+    Installed where verification is off: with it on, a trace of each timed call shows any work that
+    escapes the timed window, so a candidate's own streams (a CUDA graph captured on a stream it made,
+    work joined back to the timed stream) are judged by what they do, not refused for existing.
+
     Installed once in the child before the candidate's source is imported, so names the
     source binds (``from torch.cuda import Stream``) are the guarded ones. Torch's own
     code may still make and switch streams for the candidate: capturing a CUDA graph

@@ -47,7 +47,7 @@ import torch
 import triton  # imported here so the fork server preloads it
 import triton.language as tl
 
-from kernels.harness import ahead, budget, cores, sandbox, verify
+from kernels.harness import ahead, budget, cores, prebuild, sandbox, verify
 from kernels.harness.anticheat import CallGuard, Checker, Rejected, install_stream_guard, scan_source
 from kernels.harness.correctness import CandidateLoadError, call_candidate, load_launch, poisoned_outputs
 from kernels.harness.timing import (Timing, agree, fastest, flush_us, l2_flush_buffer, time_call, time_pair,
@@ -199,10 +199,24 @@ def _device_bytes(job: Job) -> int:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
 
 
-def _warm_context() -> None:
-    """Create the CUDA context now, outside the lock: it allocates no tensors and runs no kernel."""
+def _warm_context(libraries: bool = False) -> None:
+    """Create the CUDA context now, outside the lock: it allocates no tensors and runs no kernel.
+
+    With ``libraries``, cuBLAS, cuBLASLt and cuDNN make their handles too, with a few tiny kernels: a
+    candidate that captures a CUDA graph on its first call, as KernelBench-style code does without a
+    warm-up, would otherwise create them inside the capture, which CUDA refuses (the capture is
+    invalidated). Any PyTorch process that ran its reference first has them; so does this one."""
     torch.cuda.init()
+    if libraries:
+        a = torch.ones(16, 16, device="cuda")
+        torch.mm(a, a)
+        torch.addmm(a[0], a, a)
+        torch.nn.functional.conv2d(torch.ones(1, 2, 4, 4, device="cuda"), torch.ones(2, 2, 3, 3, device="cuda"))
+        del a
     torch.cuda.synchronize()
+
+
+_CAPTURES = ("CUDAGraph", "cuda.graph", "make_graphed_callables")
 
 
 def _warm_profiler(result: dict) -> None:
@@ -239,6 +253,12 @@ def _empty_device() -> int:
     return torch.cuda.memory_allocated()
 
 
+def _arch(target: str) -> str:
+    """'cuda:90' -> '9.0' (torch's TORCH_CUDA_ARCH_LIST form); '' for none."""
+    digits = target.partition(":")[2]
+    return f"{digits[:-1]}.{digits[-1]}" if len(digits) >= 2 and digits.isdigit() else ""
+
+
 def evaluate(job: Job, notify=lambda *msg: None) -> dict:
     """Run the stages and return a flat result dict (status, error, per-case timings, seconds)."""
     cand = job.candidate
@@ -265,6 +285,10 @@ def evaluate(job: Job, notify=lambda *msg: None) -> dict:
     _TORCH_AT_START = torch_fingerprint()  # before any candidate code runs (see _anchored)
     _HARNESS_AT_START = verify.harness_fingerprint() if job.verify else {}
     # Outside the lock: CPU only.
+    if gpu and "load_inline" in cand.source:  # CUDA extensions whose text says what they build: built now
+        built = prebuild.build_ahead(cand.source, _arch(job.compile_target))
+        result["prebuilt"] = built
+        phase("prebuilt", {k: built[k] for k in ("built", "failed", "seconds")})
     try:
         deferred = compile_ahead(job, op, cases)
     except Rejected as exc:
@@ -293,7 +317,7 @@ def evaluate(job: Job, notify=lambda *msg: None) -> dict:
         if too_big:
             return fail("rejected", too_big)
     if gpu:
-        _warm_context()
+        _warm_context(libraries=any(word in cand.source for word in _CAPTURES))
         if job.verify:
             _warm_profiler(result)
     result["compile_seconds"] = time.perf_counter() - t0
@@ -510,7 +534,7 @@ def _verify_case(job: Job, case, checker: Checker, call, pacer: verify.Pacer, re
     found, seen = None, {}
     traced = result.get("window_check") == "profiled"
     for attempt in range(2):  # a round that finds something runs again on other inputs: a verdict needs both
-        first, again, paced = [], [], []
+        first, again, paced, idle = [], [], [], []
         for j in range(job.fresh_calls):
             unseen = checker.prepare(case, verify.FRESH_SEED + attempt * job.fresh_calls + j)
             # an untimed call first: making the inputs took the allocator's cached blocks that the call's own
@@ -527,11 +551,13 @@ def _verify_case(job: Job, case, checker: Checker, call, pacer: verify.Pacer, re
                     return f"after timing, on inputs it had not seen: {problem}"
             del unseen
             paced += [pacer.window(first[-1].timed_us), pacer.window(again[-1].timed_us)]
+            idle.append(pacer.idle_window(first[-1].timed_us))
         seen = {"first_us": [w.timed_us for w in first], "again_us": [w.timed_us for w in again],
                 "synced_gap_us": [w.synced_us - w.timed_us for w in first + again],
-                "paced_gap_us": [w.synced_us - w.timed_us for w in paced]}
+                "paced_gap_us": [w.synced_us - w.timed_us for w in paced],
+                "idle_gap_us": [w.synced_us - w.timed_us for w in idle]}
         share = verify.TRACED_SHARE if traced else 0.1
-        found = verify.hidden_work(first + again, paced, share) or verify.reuses_work(first, again)
+        found = verify.hidden_work(first + again, paced, share, idle) or verify.reuses_work(first, again)
         if found is None:
             break
     if found:
@@ -611,7 +637,8 @@ def child_main(job: Job, conn) -> None:
             cores.pin(job.compile_cpus)
         report = enter_sandbox(job)
         conn.send(("sandbox", report.summary()))
-        install_stream_guard()
+        if not job.verify:  # verified, a candidate's own streams are allowed: the trace shows what escapes the timer
+            install_stream_guard()
         result = evaluate(job, notify=lambda *msg: conn.send(msg))
     except BaseException as exc:  # a harness bug must still come back as a classified result
         result = {"status": "runtime_error", "error": _describe(exc)}

@@ -191,6 +191,17 @@ class Pacer:
     def window(self, us: float) -> Window:
         return synced_call(lambda: self.sleep(us), self.flush)[0]
 
+    def idle_window(self, us: float) -> Window:
+        """A call whose host side lasts ``us`` and whose device work ends at once: the device is idle by the
+        time the host synchronises, as after a host-bound call, whose gap is the synchronisation's own cost
+        rather than the host's wake-up (some 10 us on an H100's host, more than a paced call's)."""
+        def call() -> None:
+            self.sleep(1)
+            until = time.perf_counter() + us * 1e-6
+            while time.perf_counter() < until:
+                pass
+        return synced_call(call, self.flush)[0]
+
     def sleep(self, us: float) -> None:
         """Hold the current stream for about ``us`` microseconds."""
         torch.cuda._sleep(max(int(us * self.cycles_per_us), 1))
@@ -200,13 +211,18 @@ def _gap(w: Window) -> float:
     return w.synced_us - w.timed_us
 
 
-def hidden_work(windows: list[Window], paced: list[Window], share: float = 0.1) -> str | None:
+def hidden_work(windows: list[Window], paced: list[Window], share: float = 0.1,
+                idle: list[Window] = ()) -> str | None:
     """Why the device was busy after the timed stream finished, beyond what as long a call with nothing
-    hidden leaves (``paced``, one per window); None if it was not.
+    hidden leaves (``paced``, one per window, the device busy to the end; ``idle``, the host busy to the
+    end: the larger of the two gaps is the baseline); None if it was not.
 
     The margin is ``share`` of the call (and 5 us at least): a tenth where this is the only check of
     the window, more where a trace of the call already found nothing outside it (``TRACED_SHARE``)."""
-    excess = statistics.median(_gap(w) for w in windows) - statistics.median(_gap(p) for p in paced)
+    baseline = statistics.median(_gap(p) for p in paced)
+    if idle:
+        baseline = max(baseline, statistics.median(_gap(p) for p in idle))
+    excess = statistics.median(_gap(w) for w in windows) - baseline
     timed = statistics.median(w.timed_us for w in windows)
     if excess > max(5.0, share * timed):
         return (f"the device stayed busy {excess:.1f} us after the timed stream finished (median over "
