@@ -268,5 +268,6 @@ def _line(protocol: str, m, variants: list[str], published: float | None) -> str
 
 
 def chunk_size(concurrency: int, variants: int) -> int:
-    """Problems per chunk: enough candidates to keep every compiling child busy twice over."""
-    return max(1, math.ceil(2 * concurrency / max(1, variants + 1)))
+    """Problems per chunk: enough candidates to keep every compiling child busy eight times over (a chunk
+    waits for its slowest build, a minute or more for a CUDA extension, before the next starts)."""
+    return max(1, math.ceil(8 * concurrency / max(1, variants + 1)))

@@ -557,7 +557,8 @@ def _verify_case(job: Job, case, checker: Checker, call, pacer: verify.Pacer, re
                 "paced_gap_us": [w.synced_us - w.timed_us for w in paced],
                 "idle_gap_us": [w.synced_us - w.timed_us for w in idle]}
         share = verify.TRACED_SHARE if traced else 0.1
-        found = verify.hidden_work(first + again, paced, share, idle) or verify.reuses_work(first, again)
+        floor = verify.TRACED_FLOOR_US if traced else 5.0
+        found = verify.hidden_work(first + again, paced, share, idle, floor) or verify.reuses_work(first, again)
         if found is None:
             break
     if found:
