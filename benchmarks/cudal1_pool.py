@@ -2,7 +2,7 @@
 
     PYTHONPATH=$PWD python benchmarks/cudal1_pool.py --root POOL --out REPORT [--protocols kernelcast,kernelbench]
         [--variants custom,cuda-graph,cudnn,null] [--levels 1,2] [--problems l2-017,...] [--sample N]
-        [--max-minutes 8] [--report-only]
+        [--shard I/N] [--max-minutes 8] [--report-only]
 
 Resumable: what a protocol's root holds for this GPU is not measured again, and each measurement is written
 as it arrives (tasks.cudal1_pool). At the end, and with ``--report-only`` alone, REPORT gets report.md (the
@@ -42,6 +42,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shuffle", action="store_true",
                    help="measure the problems in an order shuffled by --seed, so that a call cut short covers every level")
+    p.add_argument("--shard", default=None, metavar="I/N",
+                   help="measure only every N-th problem from the I-th (0-based), after any shuffle: one process a GPU, "
+                        "each with its own CUDA_VISIBLE_DEVICES, all writing the same pool root")
     p.add_argument("--max-minutes", type=float, default=None, help="start no chunk after this long")
     p.add_argument("--concurrency", type=int, default=15)
     p.add_argument("--memcheck", default="off", choices=("off", "auto", "all"),
@@ -66,6 +69,7 @@ def main(argv=None) -> int:
         problems = pool.select(read_corpus(args.corpus), args.problems, args.levels, args.sample, args.seed)
         if args.shuffle:
             random.Random(args.seed).shuffle(problems)
+        problems = pool.shard(problems, args.shard)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

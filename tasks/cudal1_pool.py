@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import io
 import math
@@ -93,6 +94,16 @@ def select(problems: Sequence[Problem], names: str = "", levels: str = "", sampl
         chosen = sorted(random.Random(seed).sample(chosen, min(sample, len(chosen))),
                         key=lambda p: (p.level, p.task_id))
     return chosen
+
+
+def shard(problems: Sequence[Problem], spec: str | None) -> list[Problem]:
+    """Every N-th problem from the I-th, for ``spec`` "I/N" (None: all of them)."""
+    if not spec:
+        return list(problems)
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", spec)
+    if not m or not 0 <= int(m.group(1)) < int(m.group(2)):
+        raise ValueError(f"bad --shard {spec!r}: give I/N with 0 <= I < N, e.g. 0/4")
+    return list(problems)[int(m.group(1))::int(m.group(2))]
 
 
 # ---- importing and building ----------------------------------------------------------------------------
@@ -190,8 +201,30 @@ def read_side_table(top: DataRoot) -> pd.DataFrame:
 
 
 def write_side_table(top: DataRoot, rows: Sequence[dict]) -> pd.DataFrame:
-    """Merge ``rows`` into the stored side table (a row per op and variant; the new one wins); returns the table."""
-    new = pd.DataFrame(list(rows))
+    """Merge ``rows`` into the stored side table (a row per op and variant; the new one wins); returns the table.
+
+    On a local root the read and the write hold a file lock, so shards writing the same root at once
+    lose none of each other's rows."""
+    with _side_table_lock(top):
+        return _merge_side_table(top, pd.DataFrame(list(rows)))
+
+
+@contextlib.contextmanager
+def _side_table_lock(top: DataRoot):
+    if not top.is_local:
+        yield
+        return
+    folder = Path(top.path)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f".{SIDE_TABLE}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _merge_side_table(top: DataRoot, new: pd.DataFrame) -> pd.DataFrame:
     old = read_side_table(top)
     if not old.empty and not new.empty:
         keep = ~old.set_index(["op", "variant"]).index.isin(new.set_index(["op", "variant"]).index)

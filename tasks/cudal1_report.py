@@ -128,7 +128,7 @@ def markdown(rows: pd.DataFrame, stats: dict, gpu_type: str) -> str:
         lines += ["", "## Disagreements", "", "| op | variant | protocol | class | ours | theirs | status / reason |",
                   "|---|---|---|---|---|---|---|"]
         for r in bad.sort_values(["cls", "op", "variant", "protocol"]).itertuples(index=False):
-            ours = f"{r.ours:.3f}" if r.ours else "-"
+            ours = f"{r.ours:.3f}" if r.ours and not pd.isna(r.ours) else "-"
             reason = r.status if r.status == "ok" else f"{r.status}: {r.error[:140]}"
             lines.append(f"| {r.op} | {r.variant} | {r.protocol} | {r.cls} | {ours} | {r.theirs:.3f} | "
                          f"{reason.replace('|', '/')} |")

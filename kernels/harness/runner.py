@@ -449,11 +449,7 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
             launch(*sets[k], *outs[k], **params)
 
         phase("timing", case.name)
-        if job.protocol == "kernelbench":
-            timing = time_trials(call, flush)
-        elif anchor is None:
-            timing = time_call(call, flush, max_seconds=max_seconds)
-        else:
+        if anchor is not None:
             ref_launch, ref_params = anchor
             ref_outs = [poisoned_outputs(op, case, "cuda") for _ in range(n_sets)]
 
@@ -461,8 +457,16 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
                 k = i % len(sets)
                 ref_launch(*sets[k], *ref_outs[k], **ref_params)
 
-            timing = time_pair(call, call_reference, flush, max_seconds=max_seconds)
+            if job.protocol == "kernelbench":  # its harness: the reference's trials, then the candidate's
+                ref_timing = time_trials(call_reference, flush)
+                timing = (time_trials(call, flush), ref_timing)
+            else:
+                timing = time_pair(call, call_reference, flush, max_seconds=max_seconds)
             del ref_outs
+        elif job.protocol == "kernelbench":
+            timing = time_trials(call, flush)
+        else:
+            timing = time_call(call, flush, max_seconds=max_seconds)
         phase("timed", {"case": case.name, "us": (timing[0] if anchor else timing).runtime_us_median,
                         "host_us": (timing[0] if anchor else timing).host_us_median, "flush_us": head_start_us,
                         **({"reference_us": timing[1].runtime_us_median} if anchor else {})})
@@ -488,11 +492,17 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
     for case in cases:
         timing, rotation[case.name] = time_case(case, check=job.verify)
         windows[case.name] = [timing]
-    # KernelBench's protocol takes one window as it comes; kernelcast's times host-bound cases again (below)
-    bound = [c for c in cases if windows[c.name][0].host_bound(head_start_us)] if job.protocol == "kernelcast" else []
+    # kernelcast's protocol times host-bound cases again (below), beside the reference where it can. KernelBench's
+    # times the reference and the candidate one after the other in one process: every case is timed again so,
+    # as the reference's runtime stored by the worker was taken at another moment, under another host load.
+    if job.protocol == "kernelbench":
+        bound = list(cases)
+    else:
+        bound = [c for c in cases if windows[c.name][0].host_bound(head_start_us)]
     anchored = _anchored(job, op, [c for c in bound if c.name in reference], time_pair_case, result, phase)
-    # Other host-bound cases again, in passes over the cases, until their two fastest windows agree.
-    for _ in range(job.host_bound_windows - 1):
+    # Other host-bound cases again, in passes over the cases, until their two fastest windows agree (kernelcast's
+    # protocol only: KernelBench's takes one window as it comes).
+    for _ in range(job.host_bound_windows - 1 if job.protocol == "kernelcast" else 0):
         again = [c for c in bound if c.name not in anchored and not agree(windows[c.name])]
         for case in again:
             windows[case.name].append(time_case(case, max_seconds=job.max_seconds_per_case / 4)[0])

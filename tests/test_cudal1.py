@@ -1,0 +1,233 @@
+"""CUDA-L1's corpus as a pool: reading it, the published figures, building each variant, classifying, a pool run."""
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from kernels.formats.common import TaskFormatError
+from kernels.formats.cudal1 import (VARIANTS, compare_with_kernelbench, diff_summary, read_corpus, submission,
+                                    variants_named)
+from tasks import cudal1_pool as pool
+from tasks import cudal1_report as report
+
+RELU = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """Applies ReLU."""
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.relu(x)
+
+
+batch_size = 4
+dim = 64
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+CLAMP = '''import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.clamp(x, min=0.0)
+'''
+
+GRAPHED = RELU.split("\n\nbatch_size")[0] + "\n"  # a file defining Model only: mapped onto ModelNew
+WRONG = CLAMP.replace("torch.clamp(x, min=0.0)", "x * 2.0")
+
+
+def _row(level, task, **fields):
+    row = {"level_id": level, "task_id": task, "ref_code": RELU, "custom_code": CLAMP, "cuda_graph_code": GRAPHED,
+           "cudnn_code": WRONG, "score_default": 2.0, "score_torch_compile_default": 1.6,
+           "score_torch_compile_reduce_overhead": "n/a", "score_cuda_graph": 4.0, "score_cudnn": None}
+    row.update(fields)
+    return row
+
+
+def _corpus(folder, rows, other=None):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "h100.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    if other is not None:
+        (folder / "a100.jsonl").write_text("\n".join(json.dumps(r) for r in other) + "\n")
+    return folder
+
+
+def test_the_corpus_is_read_with_every_gpus_scores_and_bad_scores_become_none(tmp_path):
+    other = [_row(1, 19, score_default=1.5, custom_code="changed")]
+    problems = read_corpus(_corpus(tmp_path / "c", [_row(1, 19), _row(2, 7, custom_code="None")], other))
+    assert [p.key for p in problems] == ["l1-019", "l2-007"]
+    first, second = problems
+    assert first.op_name == "kb.cudal1-l1-019"
+    assert first.scores["h100"]["score_torch_compile_reduce_overhead"] is None  # "n/a"
+    assert first.scores["a100"]["score_default"] == 1.5 and first.scores["h20"]["score_default"] is None
+    assert first.same_code["a100"]["custom_code"] is False and first.same_code["a100"]["cuda_graph_code"] is True
+    assert second.codes["custom_code"] is None  # the string "None" is no code
+    assert second.scores["a100"]["score_default"] is None  # no row there
+
+
+def test_a_corpus_that_is_missing_or_malformed_is_refused_naming_the_file_and_line(tmp_path):
+    with pytest.raises(TaskFormatError, match="h100.jsonl is missing"):
+        read_corpus(tmp_path)
+    (tmp_path / "h100.jsonl").write_text(json.dumps(_row(1, 1)) + "\n{\"task_id\": 2}\n")
+    with pytest.raises(TaskFormatError, match=r"h100.jsonl:2: not a CUDA-L1 row"):
+        read_corpus(tmp_path)
+
+
+def test_published_speedups_over_eager_follow_from_the_scores_over_custom_code(tmp_path):
+    problem = read_corpus(_corpus(tmp_path, [_row(1, 1)]))[0]
+    assert VARIANTS["custom"].published_speedup(problem, "h100") == 2.0
+    assert VARIANTS["cuda-graph"].published_speedup(problem, "h100") == pytest.approx(0.5)  # 2.0 / 4.0
+    assert VARIANTS["compile-default"].published_speedup(problem, "h100") == pytest.approx(1.25)
+    assert VARIANTS["cudnn"].published_speedup(problem, "h100") is None  # score_cudnn null
+    assert VARIANTS["compile-reduce-overhead"].published_speedup(problem, "h100") is None  # not a number
+    assert VARIANTS["null"].published_speedup(problem, "h100") is None
+    assert VARIANTS["custom"].published_speedup(problem, "l40") is None  # no l40 file
+
+
+def test_each_variant_becomes_a_kernelbench_submission_or_a_reason(tmp_path):
+    rows = [_row(1, 1), _row(1, 2, custom_code=None, cuda_graph_code="def f():\n    return 1\n",
+                             cudnn_code="def broken(:\n")]
+    good, bad = read_corpus(_corpus(tmp_path, rows))
+    assert submission(good, "custom") == (CLAMP, "")
+    mapped, why = submission(good, "cuda-graph")
+    assert why == "" and mapped.rstrip().endswith("ModelNew = Model")
+    compiled, _ = submission(good, "compile-max-autotune")
+    assert compiled.startswith(RELU.rstrip()) and "mode='max-autotune-no-cudagraphs'" in compiled
+    assert submission(good, "null")[0] is None
+    code, why = submission(bad, "custom")
+    assert code is None and "published no custom_code" in why and "score_default, 2" in why
+    assert "defines no class ModelNew or Model (classes: none)" in submission(bad, "cuda-graph")[1]
+    assert "as published" in submission(bad, "cudnn")[1]
+
+
+def test_variants_and_problems_are_chosen_by_name_with_clear_errors(tmp_path):
+    assert variants_named("all") == list(VARIANTS)
+    assert variants_named("null, custom,null") == ["null", "custom"]
+    with pytest.raises(ValueError, match="unknown variant bogus"):
+        variants_named("custom,bogus")
+    problems = read_corpus(_corpus(tmp_path, [_row(1, 1), _row(2, 17), _row(3, 5)]))
+    assert [p.key for p in pool.select(problems, "l2-017,3/5")] == ["l2-017", "l3-005"]
+    assert [p.key for p in pool.select(problems, "kb.cudal1-l1-001")] == ["l1-001"]
+    assert [p.key for p in pool.select(problems, levels="2,3")] == ["l2-017", "l3-005"]
+    assert len(pool.select(problems, sample=2, seed=3)) == 2
+    with pytest.raises(ValueError, match="unknown problem 'l2-099'"):
+        pool.select(problems, "l2-099")
+    with pytest.raises(ValueError, match="bad --levels"):
+        pool.select(problems, levels="4")
+    with pytest.raises(ValueError, match="unknown protocol gpumode"):
+        pool.protocols_named("kernelcast,gpumode")
+
+
+def test_a_problem_is_compared_with_todays_kernelbench_file(tmp_path):
+    (tmp_path / "kb" / "level1").mkdir(parents=True)
+    problems = read_corpus(_corpus(tmp_path / "c", [_row(1, 19), _row(1, 20), _row(1, 21)]))
+    (tmp_path / "kb" / "level1" / "19_ReLU.py").write_text(RELU)
+    (tmp_path / "kb" / "level1" / "20_ReLU.py").write_text(RELU.replace("dim = 64", "dim = 16384"))
+    same, other, missing = (compare_with_kernelbench(p, tmp_path / "kb") for p in problems)
+    assert (same.status, same.file) == ("identical", "level1/19_ReLU.py")
+    assert other.status == "differs" and other.summary == "sizes: dim 64->16384"
+    assert missing.status == "missing"
+    assert diff_summary(RELU, RELU.replace("torch.relu(x)", "torch.relu(x) + 0")) == "other lines -1 +1 in Model"
+
+
+def _side(published):
+    return pd.DataFrame([{"op": "kb.x", "level": 1, "task_id": i, "variant": "custom", "candidate_id": f"c{i}",
+                          "published_speedup_h100": theirs, "kernelbench_status": "identical"}
+                         for i, theirs in enumerate(published)])
+
+
+def _measured(rows):
+    return pd.DataFrame([{"candidate_id": c, "op": "kb.x", "protocol": p, "status": s, "speedup": v, "error": e,
+                          "precision": None, "checks": None} for c, p, s, v, e in rows])
+
+
+def test_each_disagreement_gets_one_class():
+    side = _side([2.0, 2.0, 2.0, 2.0, 2.0, 2.0, None])
+    table = _measured([
+        ("c0", "kernelcast", "ok", 2.2, ""), ("c0", "kernelbench", "ok", 1.0, ""),  # agrees / protocol
+        ("c1", "kernelcast", "incorrect", None, "output 0 differs"),  # verdict
+        ("c2", "kernelcast", "ok", 1.0, ""), ("c2", "kernelbench", "ok", 1.1, ""),  # genuine, both
+        ("c3", "kernelcast", "ok", 1.0, ""), ("c3", "kernelbench", "ok", 5.0, ""),  # protocols disagree
+        ("c4", "kernelcast", "ok", None, ""),  # untimed (an interpreter's ok)
+        ("c5", "kernelcast", "ok", 9.0, ""),  # genuine: no other protocol to blame
+        ("c6", "kernelcast", "ok", 1.3, "")])  # unpublished
+    rows = report.classify(side, table, ["kernelcast", "kernelbench"]).set_index(["candidate_id", "protocol"])
+    assert rows.loc[("c0", "kernelcast"), "agrees"] is True and rows.loc[("c0", "kernelcast"), "cls"] == ""
+    assert rows.loc[("c0", "kernelbench"), "cls"] == "protocol"
+    assert rows.loc[("c1", "kernelcast"), "cls"] == "verdict"
+    assert rows.loc[("c2", "kernelcast"), "cls"] == "genuine" and rows.loc[("c2", "kernelbench"), "cls"] == "genuine"
+    assert rows.loc[("c3", "kernelcast"), "cls"] == "protocols disagree"
+    assert rows.loc[("c4", "kernelcast"), "cls"] == "untimed"
+    assert rows.loc[("c5", "kernelcast"), "cls"] == "genuine"
+    assert rows.loc[("c6", "kernelcast"), "cls"] == "unpublished"
+    stats = report.summary(rows.reset_index())
+    assert stats["kernelcast/custom"]["agree"] == 1 and stats["kernelcast/custom"]["both_ok"] == 4
+    assert stats["kernelcast/custom"]["classes"] == {"verdict": 1, "genuine": 2, "protocols disagree": 1,
+                                                     "untimed": 1}
+    assert math.isclose(stats["kernelbench/custom"]["geomean_ours_over_theirs"], (0.5 * 0.55 * 2.5) ** (1 / 3),
+                        rel_tol=1e-9)
+    assert "| kb.x | custom | kernelcast | verdict | - | 2.000 | incorrect: output 0 differs |" in report.markdown(
+        rows.reset_index(), stats, "h100")
+    assert report.agrees(1.2, 1.0) and not report.agrees(1.21, 1.0) and not report.agrees(None, 1.0)
+
+
+def test_a_pool_run_imports_builds_measures_resumably_and_reports(tmp_path, monkeypatch, capsys):
+    import benchmarks.cudal1_pool as bench
+
+    monkeypatch.setenv("KERNELCAST_TASKS", str(tmp_path / "tasks"))
+    corpus = _corpus(tmp_path / "corpus", [_row(1, 19, score_cudnn=1.0), _row(1, 20, ref_code="import torch\n")])
+    (tmp_path / "kb" / "level1").mkdir(parents=True)
+    (tmp_path / "kb" / "level1" / "19_ReLU.py").write_text(RELU)
+    args = ["--corpus", str(corpus), "--kernelbench", str(tmp_path / "kb"), "--root", str(tmp_path / "pool"),
+            "--out", str(tmp_path / "out"), "--protocols", "kernelcast", "--variants", "custom,cuda-graph,cudnn,null",
+            "--mode", "interpreter", "--concurrency", "2"]
+    assert bench.main(args) == 0
+    first = capsys.readouterr().out
+    assert "kb.cudal1-l1-020: not imported" in first and "2 problems, 4 candidates built" in first
+    root = pool.protocol_root(tmp_path / "pool", "kernelcast")
+    stored = root.read_measurements().set_index("candidate_id")
+    side = pool.read_side_table(pool.DataRoot(str(tmp_path / "pool")))
+    ids = side.set_index(["op", "variant"])["candidate_id"]
+    ok, wrong = ids[("kb.cudal1-l1-019", "custom")], ids[("kb.cudal1-l1-019", "cudnn")]
+    assert stored.loc[ok, "status"] == "ok" and stored.loc[wrong, "status"] == "incorrect"
+    assert ids[("kb.cudal1-l1-019", "cuda-graph")] in stored.index
+    assert side.set_index(["op", "variant"]).loc[("kb.cudal1-l1-020", "custom"), "import_error"] != ""
+    assert side.loc[side["op"] == "kb.cudal1-l1-019", "kernelbench_status"].eq("identical").all()
+    rows = pd.read_csv(tmp_path / "out" / "rows.csv").set_index("variant")
+    assert rows.loc["custom", "cls"] == "untimed" and rows.loc["cudnn", "cls"] == "verdict"
+    assert "| kernelcast/custom |" in (tmp_path / "out" / "report.md").read_text()
+    count = len(root.read_measurements())
+    assert bench.main(args) == 0  # resumed: nothing left to measure
+    assert len(root.read_measurements()) == count and "0 measurements in" in capsys.readouterr().out
+
+
+def test_shards_split_the_problems_and_their_side_rows_all_land(tmp_path):
+    problems = read_corpus(_corpus(tmp_path / "c", [_row(1, t) for t in range(1, 8)]))
+    parts = [pool.shard(problems, f"{i}/3") for i in range(3)]
+    assert sorted(p.key for part in parts for p in part) == sorted(p.key for p in problems)
+    assert pool.shard(problems, None) == problems
+    with pytest.raises(ValueError, match="bad --shard '3/3'"):
+        pool.shard(problems, "3/3")
+    top = pool.DataRoot(str(tmp_path / "pool"))
+    for part in parts:  # each shard merges its rows into the one table
+        pool.write_side_table(top, [{"op": p.op_name, "level": p.level, "task_id": p.task_id, "variant": "custom"}
+                                    for p in part])
+    assert sorted(pool.read_side_table(top)["task_id"]) == list(range(1, 8))
