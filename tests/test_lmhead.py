@@ -268,3 +268,35 @@ def test_pairs_from_two_data_roots_are_the_pairs_of_their_union(tmp_path):
                                   two.sort_values(key).reset_index(drop=True))
     failed, log_speedup, groups = targets(two)  # what lmhead trains on: failures, speedups, problems
     assert failed.any() and np.isfinite(log_speedup).any() and set(groups) == set(ops)
+
+
+def test_a_replay_search_forecasts_with_the_trained_folder_like_any_surrogate(trained, tmp_path):
+    from storage.dataset import DataRoot
+    from tasks.config import SearchConfig
+    from tasks.setup import open_search
+
+    config = SearchConfig(op="softmax", gpu_type="h100", budget=4, generations=2, children=8, surrogate="lmhead",
+                          surrogate_folder=str(trained), seed=1, data=str(tmp_path / "data"), backend="replay")
+    search = open_search(config, track=False)
+    try:
+        result = search.run()
+    finally:
+        search.pool.close()
+    assert result.budget_used == 4 and all(g.forecast == g.generated == 8 for g in result.generations)
+    forecasts = DataRoot(str(tmp_path / "data")).read("forecasts")
+    assert set(forecasts["surrogate"]) == {"lmhead"} and forecasts["failure_probability"].between(0, 1).all()
+
+
+def test_kernelcast_forecast_reads_the_folder_and_asks_for_it_when_missing(trained, tmp_path, capsys):
+    from flows.cli import main
+    from tests.kernels_for_tests import SOURCES
+
+    kernel = tmp_path / "mine.py"
+    kernel.write_text(SOURCES["wrong_values"])  # runs, so it is forecast (its values are checked only on a GPU)
+    data = str(tmp_path / "data")
+    assert main(["forecast", "--op", "softmax", "--surrogate", "lmhead", "--data", data, str(kernel)]) == 2
+    assert "surrogate 'lmhead' needs surrogate_folder" in capsys.readouterr().err
+    assert main(["forecast", "--op", "softmax", "--surrogate", "lmhead", "--surrogate-folder", str(trained),
+                 "--data", data, "--json", str(kernel)]) == 0
+    (report,) = json.loads(capsys.readouterr().out)["kernels"]
+    assert report["decision"] in ("measure", "trust", "drop") and 0 <= report["failure_probability"] <= 1
