@@ -7,7 +7,8 @@ With ``--folder`` it reads a trained folder (``python -m surrogate.lmhead train`
 ``--model`` it builds the network with a fresh adapter and heads (the same arithmetic, untrained
 answers). The requests are the kernels of the LLM corpus (``--data``) against their anchors, as a
 search forecasts written children. For each batch size it times ``forecast`` over ``--requests``
-requests ``--repeats`` times after one warm-up pass (CUDA synchronised before each clock reading)
+requests ``--repeats`` times after one warm-up pass, each time reading every pair (the outputs the
+forecaster keeps for pairs it has read are dropped first; CUDA is synchronised before each clock reading)
 and prints the median forecasts per second, with the device, the precision and the mean tokens of a
 pair.
 """
@@ -61,6 +62,7 @@ def main() -> int:
         forecaster.forecast(requests[:batch])  # warm-up: kernels chosen, memory allocated
         rates = []
         for _ in range(args.repeats):
+            forecaster.forget()  # every pair read by the model, not answered from what it kept
             if cuda:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()

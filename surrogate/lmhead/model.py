@@ -297,6 +297,10 @@ class LMHeadForecaster:
             seen.update(zip(new, self.net_.predict_raw(new, self.batch_size)))
         return np.array([seen[t] for t in texts]).reshape(len(texts), 3)
 
+    def forget(self) -> None:
+        """Drop the outputs kept for pairs already read: the next forecast reads every pair again."""
+        self.__dict__.pop("_seen", None)
+
     def predict(self, requests: Sequence[ForecastRequest]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(failure probability, mean, spread of log speedup against the anchor) per request, calibrated."""
         raw = self._raw(requests)

@@ -150,6 +150,16 @@ def held_out_metrics(p_fail, mean, sigma, failed, log_speedup, groups) -> dict:
             "gaussian_nll": float(np.mean(nll)) if ran.any() else math.nan}
 
 
+def _out_of_time(settings: TrainSettings, started: float, step_seconds: list, to_read: int) -> bool:
+    """Whether training must stop so that reading ``to_read`` pairs (calibration and test) and saving
+    still fit in ``max_seconds``. A forward pass is about a third of a training step; the first step
+    warms up and is no measure of the others, so it alone never stops training before the deadline."""
+    left = settings.max_seconds - (time.monotonic() - started)
+    step = float(np.median(step_seconds[1:] or step_seconds))
+    reserve = step / settings.batch_size / 3 * to_read + 2 * step
+    return left < 0 or (len(step_seconds) > 1 and left < reserve)
+
+
 @dataclass(frozen=True)
 class TrainResult:
     forecaster: LMHeadForecaster
@@ -180,12 +190,12 @@ def train(pairs: pd.DataFrame, head: HeadConfig, settings: TrainSettings = Train
         {"params": [p for p in net.lm.parameters() if p.requires_grad], "lr": settings.learning_rate},
         {"params": list(net.heads.parameters()), "lr": settings.head_learning_rate}], weight_decay=0.0)
     rng = np.random.default_rng(settings.seed)
-    losses, steps, stopped, per_pair = [], 0, False, math.nan
-    train_started = time.monotonic()
+    losses, step_seconds, stopped = [], [], False
     for _ in range(settings.epochs):
         order = train_ix[rng.permutation(len(train_ix))]
         for start in range(0, len(order), settings.batch_size):
             idx = order[start:start + settings.batch_size]
+            t0 = time.monotonic()
             net.train(True)
             loss = pair_loss(net, [texts[i] for i in idx], *_tensors(net, failed, log_speedup, idx))
             optimiser.zero_grad()
@@ -193,17 +203,16 @@ def train(pairs: pd.DataFrame, head: HeadConfig, settings: TrainSettings = Train
             torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
             optimiser.step()
             losses.append(float(loss.detach()))
-            steps += 1
-            per_pair = (time.monotonic() - train_started) / (steps * settings.batch_size)
-            if settings.max_steps and steps >= settings.max_steps:
+            step_seconds.append(time.monotonic() - t0)
+            if settings.max_steps and len(losses) >= settings.max_steps:
                 break
-            # A forward pass is about a third of a training step: the calibration and test pairs must fit after.
-            left = settings.max_seconds - (time.monotonic() - started)
-            if settings.max_seconds and left < per_pair / 3 * (len(calibration_ix) + len(test_ix)) + per_pair * 8:
+            if settings.max_seconds and _out_of_time(settings, started, step_seconds,
+                                                     len(calibration_ix) + len(test_ix)):
                 stopped = True
                 break
-        if stopped or (settings.max_steps and steps >= settings.max_steps):
+        if stopped or (settings.max_steps and len(losses) >= settings.max_steps):
             break
+    steps = len(losses)
     raw_calibration = net.predict_raw([texts[i] for i in calibration_ix], settings.batch_size)
     calibration = fit_calibration(raw_calibration, failed[calibration_ix], log_speedup[calibration_ix])
     forecaster = LMHeadForecaster.of(net, calibration, steps, settings.batch_size)
