@@ -111,6 +111,17 @@ def test_training_a_few_steps_lowers_the_loss_below_the_base_rates(tiny_gguf):
     assert result.steps >= 6 and after < before - 0.5, (before, after)
 
 
+def test_gradient_checkpointing_takes_the_same_steps(tiny_gguf):
+    from surrogate.lmhead.model import HeadConfig
+    from surrogate.lmhead.train import TrainSettings, train
+
+    head = HeadConfig(model=str(tiny_gguf), max_tokens=96)
+    plain, recomputed = (train(synthetic_pairs(), head, TrainSettings(folds=3, max_steps=3, gradient_checkpointing=g),
+                               device="cpu") for g in (False, True))
+    assert len(recomputed.losses) == 3 and recomputed.losses[0] != recomputed.losses[-1]
+    np.testing.assert_allclose(recomputed.losses, plain.losses, rtol=1e-4)
+
+
 def test_a_trained_folder_holds_its_config_metrics_and_calibration(trained):
     config = json.loads((trained / "config.json").read_text())
     metrics = json.loads((trained / "metrics.json").read_text())["held_out"]

@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--head-lr", type=float, default=1e-3, help="heads' learning rate (default 1e-3)")
     sp.add_argument("--lora-rank", type=int, default=8)
     sp.add_argument("--precision", choices=["bf16", "fp32"], default="bf16", help="decoder weights on a GPU")
+    sp.add_argument("--gradient-checkpointing", action="store_true",
+                    help="recompute activations in the backward pass (less memory, about a third slower)")
     sp.add_argument("--device", default="", help="cuda, cpu, ... (default: CUDA when available)")
     sp.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -43,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = TrainSettings(folds=args.folds, fold=args.fold, calibration_fraction=args.calibration_fraction,
                                  epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch,
                                  learning_rate=args.lr, head_learning_rate=args.head_lr,
-                                 max_seconds=args.max_seconds, seed=args.seed)
+                                 max_seconds=args.max_seconds, gradient_checkpointing=args.gradient_checkpointing,
+                                 seed=args.seed)
         pairs = read_pairs(args.pairs, columns=REQUIRED)
         result = train(pairs, head, settings, out=args.out, device=args.device)
     except (ValueError, OSError) as exc:  # bad settings or pairs, a file that is not there

@@ -123,7 +123,7 @@ class PairModel:
         # Right padding: real tokens keep positions 0..len-1, and causal attention never reads the pads.
         input_ids = torch.tensor([i + [pad] * (n - len(i)) for i in ids], device=self.device)
         mask = torch.tensor([[1] * len(i) + [0] * (n - len(i)) for i in ids], device=self.device)
-        hidden = self.decoder(input_ids=input_ids, attention_mask=mask).last_hidden_state.float()
+        hidden = self.decoder(input_ids=input_ids, attention_mask=mask, use_cache=False).last_hidden_state.float()
         m = mask.unsqueeze(-1).float()
         mean = (hidden * m).sum(1) / m.sum(1)
         last = hidden[torch.arange(len(ids), device=self.device), mask.sum(1) - 1]

@@ -38,6 +38,8 @@ class TrainSettings:
     learning_rate: float = 2e-4  # the LoRA weights
     head_learning_rate: float = 1e-3
     max_seconds: float = 0.0  # 0: no limit; else training stops in time to calibrate, score and save
+    # Recompute the decoder's activations in the backward pass: longer pairs or a larger model fit in memory.
+    gradient_checkpointing: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -183,6 +185,9 @@ def train(pairs: pd.DataFrame, head: HeadConfig, settings: TrainSettings = Train
     texts = list(zip(pairs["anchor_source"].astype(str), pairs["candidate_source"].astype(str)))
     torch.manual_seed(settings.seed)
     net = PairModel(head, device or default_device())
+    if settings.gradient_checkpointing:
+        # Not reentrant: the inputs of a checkpointed block need no gradient of their own (LoRA's weights have one).
+        net.lm.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ran = log_speedup[train_ix][np.isfinite(log_speedup[train_ix])]
     net.set_base_rates(float(failed[train_ix].mean()), float(ran.mean()) if len(ran) else 0.0,
                        float(ran.var()) if len(ran) > 1 else 1.0)
