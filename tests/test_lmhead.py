@@ -311,3 +311,22 @@ def test_kernelcast_forecast_reads_the_folder_and_asks_for_it_when_missing(train
                  "--data", data, "--json", str(kernel)]) == 0
     (report,) = json.loads(capsys.readouterr().out)["kernels"]
     assert report["decision"] in ("measure", "trust", "drop") and 0 <= report["failure_probability"] <= 1
+
+
+def test_template_pairs_from_two_data_roots_are_the_pairs_of_the_whole_pool(tmp_path):
+    from storage.dataset import DataRoot
+    from surrogate.pairs import PairSettings, build_pairs
+
+    pool = ROOT / "data" / "pools"
+    ops = sorted(p.name.removeprefix("op=") for p in (pool / "candidates").iterdir())
+    for name, part in (("a", ops[::2]), ("b", ops[1::2])):
+        for table in ("candidates", "measurements"):
+            for op in part:
+                shutil.copytree(pool / table / f"op={op}", tmp_path / name / table / f"op={op}")
+    settings = PairSettings(per_op=16, gpu_type="h100", eval_ops=("rmsnorm",))
+    whole = build_pairs(DataRoot(str(pool)), settings)
+    split = build_pairs(DataRoot(str(tmp_path / "a")), settings, also=[DataRoot(str(tmp_path / "b"))])
+    pd.testing.assert_frame_equal(whole, split)
+    assert set(whole["op"]) == set(ops)
+    # the same root twice counts each kernel once
+    pd.testing.assert_frame_equal(build_pairs(DataRoot(str(pool)), settings, also=[DataRoot(str(pool))]), whole)

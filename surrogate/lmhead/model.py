@@ -233,6 +233,7 @@ class LMHeadForecaster:
 
     def __init__(self, folder: str = "", model: str = "", device: str = "", batch_size: int = 8):
         self.folder, self.model, self.device, self.batch_size = folder, model, device, batch_size
+        self._seen: dict[tuple[str, str], np.ndarray] = {}  # raw outputs of the pairs read
 
     @property
     def version(self) -> str:
@@ -288,7 +289,7 @@ class LMHeadForecaster:
         """(n, 3) raw outputs; a pair already read is not read again (a search asks about a candidate
         once per case, and this forecaster reads the same text for every case)."""
         self._check()
-        seen = self.__dict__.setdefault("_seen", {})
+        seen = self._seen
         texts = _texts(requests)
         new = list(dict.fromkeys(t for t in texts if t not in seen))
         if new:
@@ -299,7 +300,7 @@ class LMHeadForecaster:
 
     def forget(self) -> None:
         """Drop the outputs kept for pairs already read: the next forecast reads every pair again."""
-        self.__dict__.pop("_seen", None)
+        self._seen = {}
 
     def predict(self, requests: Sequence[ForecastRequest]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(failure probability, mean, spread of log speedup against the anchor) per request, calibrated."""
