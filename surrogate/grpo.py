@@ -315,11 +315,13 @@ class GRPOResult:
 PRECISIONS = ("bf16", "fp32")
 
 
-def load_model(path: str, precision: str = "bf16"):
+def load_causal_lm(path: str, precision: str = "bf16"):
     """(model, tokenizer) from a local folder or a .gguf file, never from the hub; bfloat16 weights on a
-    GPU unless ``precision`` is fp32."""
+    GPU unless ``precision`` is fp32. A path that does not exist is refused by name."""
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
+    if not os.path.exists(path):
+        raise ValueError(f"model {path!r} does not exist; give a local model folder or .gguf file")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -342,6 +344,12 @@ def load_model(path: str, precision: str = "bf16"):
             del model.config.quantization_config
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def load_model(path: str, precision: str = "bf16"):
+    """``load_causal_lm``, for a model that is prompted: its tokenizer must have a chat template."""
+    model, tokenizer = load_causal_lm(path, precision)
     if not tokenizer.chat_template:
         raise ValueError(f"the tokenizer of {path} has no chat template; the forecaster's prompt is a chat")
     return model, tokenizer

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -159,12 +160,26 @@ def held_out_ops(ops: list[str], eval_ops: tuple[str, ...] = (), n_eval_ops: int
     return tuple(sorted(np.random.default_rng(seed).choice(ops, n_eval_ops, replace=False)))
 
 
-def build_pairs(root, settings: PairSettings = PairSettings()) -> pd.DataFrame:
-    """Balanced (anchor, candidate, true bin) pairs from the measurements under ``root``, columns of
-    ``PAIR_SCHEMA``, one case each, with ``split`` 'eval' on the held-out operations and 'train' elsewhere."""
-    cases = measured_cases(root, settings.gpu_type)
+def _measured_cases_of(roots, gpu_type: str | None) -> pd.DataFrame:
+    """``measured_cases`` of several roots: a kernel's case measured in two counts once (the first root's),
+    and so does an operation's reference per case and GPU type."""
+    frames = [f for f in (measured_cases(r, gpu_type) for r in roots) if not f.empty]
+    if not frames:
+        return pd.DataFrame()
+    cases = pd.concat(frames, ignore_index=True).drop_duplicates(["candidate_id", "gpu_type", "case_name"])
+    seeds = cases["origin"] == "seed"
+    return pd.concat([cases[~seeds], cases[seeds].drop_duplicates(["op", "gpu_type", "case_name"])],
+                     ignore_index=True)
+
+
+def build_pairs(root, settings: PairSettings = PairSettings(), also: Sequence = ()) -> pd.DataFrame:
+    """Balanced (anchor, candidate, true bin) pairs from the measurements under ``root`` and the roots
+    ``also``, columns of ``PAIR_SCHEMA``, one case each, with ``split`` 'eval' on the held-out operations
+    and 'train' elsewhere."""
+    roots = [root, *also]
+    cases = _measured_cases_of(roots, settings.gpu_type)
     if cases.empty:
-        raise ValueError(f"no successful measurements under {root.uri}"
+        raise ValueError(f"no successful measurements under {', '.join(r.uri for r in roots)}"
                          + (f" on {settings.gpu_type}" if settings.gpu_type else ""))
     ops = sorted(cases["op"].unique())
     eval_ops = set(held_out_ops(ops, settings.eval_ops, settings.n_eval_ops, settings.seed))
@@ -209,14 +224,19 @@ class CorpusSettings:
         object.__setattr__(self, "eval_ops", tuple(self.eval_ops))
 
 
-def _written_parents(root) -> pd.Series:
-    """candidate_id -> the parent it was written from (provenance, else the candidate's parent_id)."""
-    parents = root.read_candidates()[["candidate_id", "parent_id"]].set_index("candidate_id")["parent_id"]
-    provenance = root.read("provenance")
-    if not provenance.empty:
-        written = provenance.drop_duplicates("candidate_id", keep="last").set_index("candidate_id")["parent_id"]
-        parents = written.combine_first(parents)
-    return parents
+def _written_parents(*roots) -> pd.Series:
+    """candidate_id -> the parent it was written from (provenance, else the candidate's parent_id), the
+    first root's word where several know the candidate."""
+    out = pd.Series(dtype=object)
+    for root in roots:
+        parents = root.read_candidates()[["candidate_id", "parent_id"]].set_index("candidate_id")["parent_id"]
+        provenance = root.read("provenance")
+        if not provenance.empty:
+            written = provenance.drop_duplicates("candidate_id", keep="last").set_index("candidate_id")["parent_id"]
+            parents = written.combine_first(parents)
+        parents = parents[~parents.index.duplicated(keep="last")]
+        out = out.combine_first(parents) if len(out) else parents
+    return out
 
 
 def cap_failures(pairs: pd.DataFrame, share: float, rng: np.random.Generator) -> pd.DataFrame:
@@ -228,21 +248,23 @@ def cap_failures(pairs: pd.DataFrame, share: float, rng: np.random.Generator) ->
     return pairs[~failed | pairs.index.isin(pairs.index[kept])]
 
 
-def corpus_pairs(root, settings: CorpusSettings = CorpusSettings()) -> pd.DataFrame:
-    """(parent, child, true bin) pairs of the language model's children measured under ``root``
-    (an LLM corpus), columns of ``PAIR_SCHEMA``: every child whose parent ran on
+def corpus_pairs(root, settings: CorpusSettings = CorpusSettings(), also: Sequence = ()) -> pd.DataFrame:
+    """(parent, child, true bin) pairs of the language model's children measured under ``root`` and the
+    roots ``also`` (LLM corpora), columns of ``PAIR_SCHEMA``: every child whose parent ran on
     ``settings.gpu_type``, on all its cases, with true bin 0 when it failed. ``split`` is 'eval' on
     the held-out operations; failures are capped to ``max_failure_share`` of the training pairs."""
     from surrogate.dataset import source_pairs
 
-    rows = source_pairs(root, gpu_type=settings.gpu_type, anchor="parent")
+    roots = [root, *also]
+    where = ", ".join(r.uri for r in roots)
+    rows = source_pairs(*roots, gpu_type=settings.gpu_type, anchor="parent")
     if rows.empty:
-        raise ValueError(f"no measured children under {root.uri} on {settings.gpu_type}")
+        raise ValueError(f"no measured children under {where} on {settings.gpu_type}")
     # source_pairs falls back to the reference when a parent did not run; such a child is no pair here.
     rows = rows[rows["origin"] == "llm"]
-    rows = rows[rows["anchor_id"] == rows["candidate_id"].map(_written_parents(root))]
+    rows = rows[rows["anchor_id"] == rows["candidate_id"].map(_written_parents(*roots))]
     if rows.empty:
-        raise ValueError(f"no child under {root.uri} was written from a parent that ran on {settings.gpu_type}")
+        raise ValueError(f"no child under {where} was written from a parent that ran on {settings.gpu_type}")
     ops = sorted(rows["op"].unique())
     eval_ops = set(held_out_ops(ops, settings.eval_ops, settings.n_eval_ops, settings.seed))
     pairs = pd.DataFrame({
@@ -311,28 +333,33 @@ def write_pairs(pairs: pd.DataFrame, path: str, storage_options: dict | None = N
         pq.write_table(table, f)
 
 
-def read_pairs(path: str, storage_options: dict | None = None) -> pd.DataFrame:
-    """Pairs written by ``write_pairs`` (Parquet, or JSON lines when ``path`` ends in .jsonl); a file
-    missing a pair column is refused by name."""
+def read_pairs(path: str, storage_options: dict | None = None,
+               columns: Sequence[str] = tuple(PAIR_SCHEMA.names)) -> pd.DataFrame:
+    """Pairs written by ``write_pairs`` (Parquet, or JSON lines when ``path`` ends in .jsonl), with
+    ``columns`` (default: every pair column); a file missing one of them is refused by name."""
     import fsspec
     import pyarrow.parquet as pq
 
+    columns = list(columns)
     if path.endswith(JSONL_SUFFIX):
         with fsspec.open(path, "r", **(storage_options or {})) as f:
             rows = [json.loads(line) for line in f if line.strip()]
         names = set().union(*rows) if rows else set()
-        missing = [c for c in PAIR_SCHEMA.names if c not in names]
+        missing = [c for c in columns if c not in names]
         if missing:
             raise ValueError(f"{path} is not a pairs file: it lacks the key(s) {', '.join(missing)}")
-        table = pa.Table.from_pylist(rows, schema=PAIR_SCHEMA)
+        schema = pa.schema([PAIR_SCHEMA.field(c) if c in PAIR_SCHEMA.names else (c, pa.string()) for c in columns])
+        table = pa.Table.from_pylist([{c: r.get(c) for c in columns} for r in rows], schema=schema)
     else:
         with fsspec.open(path, "rb", **(storage_options or {})) as f:
             table = pq.read_table(f)
-        missing = [c for c in PAIR_SCHEMA.names if c not in table.column_names]
+        missing = [c for c in columns if c not in table.column_names]
         if missing:
             raise ValueError(f"{path} is not a pairs file: it lacks the column(s) {', '.join(missing)}")
-    pairs = table.select(PAIR_SCHEMA.names).to_pandas()
+    pairs = table.select(columns).to_pandas()
     for k in ("anchor_runtime_us", "runtime_us"):  # null (a runtime never measured) back to NaN
-        pairs[k] = pairs[k].map(lambda ts: [math.nan if t is None else float(t) for t in ts])
-    pairs["speedup"] = pairs["speedup"].astype(float)
+        if k in pairs.columns:
+            pairs[k] = pairs[k].map(lambda ts: [math.nan if t is None else float(t) for t in ts])
+    if "speedup" in pairs.columns:
+        pairs["speedup"] = pairs["speedup"].astype(float)
     return pairs

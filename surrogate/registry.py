@@ -1,7 +1,8 @@
 """Surrogates by name: ``get_forecaster_factory("learned")()`` gives a fresh, fittable forecaster.
 
-Each entry also says how a search readies it: fit on measured pairs first (the prior), or
-used as it is (``fit(None)``). Callers ask the entry (``fits_on_prior``, ``fit_prior``);
+Each entry also says how a search readies it: fit on measured pairs first (the prior), read
+from the folder a training run wrote (``reads_folder``, ``load_trained``), or used as it is
+(``fit(None)``). Callers ask the entry (``fits_on_prior``, ``fit_prior``, ``reads_folder``);
 nothing elsewhere branches on a surrogate's name.
 """
 
@@ -21,6 +22,18 @@ def _source():
     from surrogate.source import SourceForecaster
 
     return SourceForecaster()
+
+
+def _lmhead():
+    from surrogate.lmhead import LMHeadForecaster
+
+    return LMHeadForecaster()
+
+
+def _load_lmhead(folder: str):
+    from surrogate.lmhead import LMHeadForecaster
+
+    return LMHeadForecaster.load(folder)
 
 
 def _random():
@@ -50,11 +63,13 @@ class SurrogateEntry:
     make: Callable[[], object]
     # (forecaster, measured pairs, written kernels or None) -> fitted forecaster; None: nothing to fit on
     fit_on: Callable[[object, object, object], object] | None = None
+    # folder -> the forecaster trained into it (``python -m surrogate.lmhead train --out DIR``); None: none
+    load: Callable[[str], object] | None = None
 
 
 SURROGATES: dict[str, SurrogateEntry] = {
     "learned": SurrogateEntry(_learned, _fit_learned), "source": SurrogateEntry(_source, _fit_source),
-    "random": SurrogateEntry(_random), "roofline": SurrogateEntry(_roofline)}
+    "lmhead": SurrogateEntry(_lmhead, load=_load_lmhead), "random": SurrogateEntry(_random), "roofline": SurrogateEntry(_roofline)}
 FACTORIES: dict[str, Callable[[], object]] = {name: entry.make for name, entry in SURROGATES.items()}
 
 
@@ -81,3 +96,18 @@ def fit_prior(name: str, forecaster, pairs, sources=None):
     if fit is None:
         raise ValueError(f"surrogate {name!r} is not fit on measurements")
     return fit(forecaster, pairs, sources)
+
+
+def reads_folder(name: str) -> bool:
+    """Whether surrogate ``name`` is read from the folder of a training run rather than fit here."""
+    return _entry(name).load is not None
+
+
+def load_trained(name: str, folder: str):
+    """Surrogate ``name`` as trained into ``folder``; a clear error if it is not read from one, or none is given."""
+    load = _entry(name).load
+    if load is None:
+        raise ValueError(f"surrogate {name!r} is not read from a trained folder")
+    if not folder:
+        raise ValueError(f"surrogate {name!r} needs the folder it was trained into")
+    return load(folder)

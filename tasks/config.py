@@ -57,7 +57,8 @@ class SearchConfig:
     # are the first generation's children and the model's first parents; "": the model rewrites the reference.
     generator_roots: str = ""
     replay_corpus: str = PACKAGED_CORPUS  # generator "replay": the corpus whose recorded children answer
-    surrogate: str = "learned"  # learned | roofline | random | llm | none
+    surrogate: str = "learned"  # learned | source | lmhead | roofline | random | llm | none
+    surrogate_folder: str = ""  # a surrogate trained elsewhere (lmhead): the folder its training wrote
     policy: str = "budget"  # budget: trust a confidence threshold; conformal: a certified risk
     trust_threshold: float = 0.9  # max-probability at which a forecast is trusted (policy budget)
     target_risk: float = 0.05  # trusted-and-wrong-by-more-than-one-bin rate (policy conformal)
@@ -136,7 +137,7 @@ def check_settings(config: SearchConfig) -> None:
     fails at once; ``validate`` checks the operation after these.
     """
     from kernels.hardware import INTERPRETER, KNOWN_GPU_TYPES
-    from surrogate.registry import FACTORIES
+    from surrogate.registry import FACTORIES, reads_folder
     from tasks.generators import GENERATORS
 
     if config.gpu_type != "auto" and config.gpu_type not in (*KNOWN_GPU_TYPES, INTERPRETER):
@@ -174,6 +175,8 @@ def check_settings(config: SearchConfig) -> None:
                               f"{config.generator_model_sha256!r}")
     if config.generator == "replay" and not config.replay_corpus:
         raise ConfigError("generator 'replay' needs replay_corpus (a measured corpus, e.g. data/pools/llm)")
+    if config.surrogate in FACTORIES and reads_folder(config.surrogate) and not config.surrogate_folder:
+        raise ConfigError(f"surrogate {config.surrogate!r} needs surrogate_folder: the folder it was trained into")
     if config.surrogate == "llm" and not (config.llm_url and config.llm_model):
         raise ConfigError("surrogate 'llm' needs llm_url (an OpenAI-compatible endpoint) and llm_model")
     if not 0 < config.trust_threshold <= 1:

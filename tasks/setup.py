@@ -212,8 +212,10 @@ def forecaster(config: SearchConfig, root: DataRoot):
         from surrogate.llm import OpenAIForecaster
 
         return OpenAIForecaster(config.llm_url, config.llm_model)
-    from surrogate.registry import fits_on_prior, get_forecaster_factory
+    from surrogate.registry import fits_on_prior, get_forecaster_factory, load_trained, reads_folder
 
+    if reads_folder(config.surrogate):
+        return load_trained(config.surrogate, config.surrogate_folder)
     if fits_on_prior(config.surrogate):
         return fit_prior(config, root)
     return get_forecaster_factory(config.surrogate)().fit(None)

@@ -59,7 +59,7 @@ def test_gpu_mode_without_a_gpu_is_refused_before_measuring(tmp_path, capsys):
 
 def test_evaluate_refuses_an_unknown_surrogate_by_name(tmp_path, capsys):
     assert main(["evaluate", "--surrogate", "lerned", "--data", str(tmp_path)]) == 2
-    assert "unknown surrogate 'lerned'; known: learned, source, random, roofline" in capsys.readouterr().err
+    assert "unknown surrogate 'lerned'; known: learned, source, lmhead, random, roofline" in capsys.readouterr().err
 
 
 def test_evaluate_refuses_an_unknown_calibrator_before_reading_the_pool(tmp_path, capsys):

@@ -91,7 +91,7 @@ CASES = [
      "cannot read the KernelBench problem file missing.py: No such file or directory", OPS),
     (["import", "--format", "gpumode", "--reference", "r.py", "--data", "s4://bucket/x"], "Protocol not known: s4", ()),
     # evaluate, train
-    (["evaluate", "--surrogate", "lerned"], "unknown surrogate 'lerned'; known: learned, source, random, roofline", ()),
+    (["evaluate", "--surrogate", "lerned"], "unknown surrogate 'lerned'; known: learned, source, lmhead, random, roofline", ()),
     (["evaluate", "--surrogate", "learned", "--calibrator", "beta"], "unknown --calibrator 'beta'; known:", ()),
     (["evaluate", "--surrogate", "learned", "--storage-option", "novalue"], "--storage-option takes KEY=VALUE", ()),
     (["train", "--prior-scope", "everything"], "unknown prior_scope 'everything'; known: other-ops, other-gpus, all",
@@ -117,7 +117,7 @@ CASES = [
      "budget 2 is less than one measurement per generation (4 generations)", ()),
     (["search", "--op", "softmax", "--children", "0"], "children must be a positive whole number, got 0", ()),
     (["search", "--op", "softmax", "--surrogate", "lerned"],
-     "unknown surrogate 'lerned'; known: learned, source, random, roofline, llm, none", ()),
+     "unknown surrogate 'lerned'; known: learned, source, lmhead, random, roofline, llm, none", ()),
     (["search", "--op", "softmax", "--generator", "gpt"], "unknown generator 'gpt'; known: template", ()),
     (["search", "--op", "softmax", "--policy", "greedy"], "unknown policy 'greedy'; known: budget, conformal", ()),
     (["search", "--op", "softmax", "--acquisition", "ucb"], "unknown acquisition 'ucb'; known: thompson, ei", ()),

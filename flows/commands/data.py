@@ -240,6 +240,14 @@ def cmd_import(args) -> int:
     return 0
 
 
+def _also_roots(args) -> list:
+    """The data roots ``--also-data`` names, with ``--data``'s storage options."""
+    from storage.dataset import DataRoot
+
+    options = parse_storage_options(args.storage_option)
+    return [DataRoot(uri, storage_options=options) for uri in args.also_data or []]
+
+
 def cmd_pairs(args) -> int:
     only = ("max_failure_share",) if not args.corpus else ("per_op", "parent_fraction")
     given = [f"--{n.replace('_', '-')}" for n in only if getattr(args, n) is not None]
@@ -254,13 +262,13 @@ def cmd_pairs(args) -> int:
         share = CorpusSettings.max_failure_share if args.max_failure_share is None else args.max_failure_share
         settings = CorpusSettings(gpu_type=args.gpu_type or CorpusSettings.gpu_type, eval_ops=eval_ops,
                                   n_eval_ops=args.n_eval_ops, max_failure_share=share, seed=args.seed)
-        pairs = corpus_pairs(data_root(args), settings)
+        pairs = corpus_pairs(data_root(args), settings, also=_also_roots(args))
         by = ["split", "op", "true_bin"]
     else:
         drawn = {k: getattr(args, k) for k in ("per_op", "parent_fraction") if getattr(args, k) is not None}
         settings = PairSettings(eval_ops=eval_ops, n_eval_ops=args.n_eval_ops, gpu_type=args.gpu_type,
                                 seed=args.seed, **drawn)
-        pairs = build_pairs(data_root(args), settings)
+        pairs = build_pairs(data_root(args), settings, also=_also_roots(args))
         by = ["split", "anchor_kind", "true_bin"]
     write_pairs(pairs, args.out)
     with pd.option_context("display.width", 200):
@@ -329,6 +337,9 @@ def register(sub) -> None:
     sp.add_argument("--n-eval-ops", type=int, default=2, help="without --eval-ops, hold out this many at random")
     sp.add_argument("--seed", type=int, default=0)
     add_data_args(sp)
+    sp.add_argument("--also-data", action="append", metavar="ROOT",
+                    help="another data root whose measurements join --data's (repeatable; a kernel in several "
+                         "counts once, from the first)")
     sp.set_defaults(func=cmd_pairs)
 
     sp = sub.add_parser("import", help="import a KernelBench problem or GPU MODE task as an operation")

@@ -31,8 +31,9 @@ _SEARCH_FLAGS = {
                              "the op are measured first and rewritten by the model (default: it rewrites the eager "
                              "reference)"),
     "generator_children": (int, "children asked of the model per generation (generators llm, freeform, replay; "
-                                "default 16)"), "surrogate": (str, "learned, roofline, random, llm, or none (the "
-                                                             "equal-budget baseline: every child measured)"),
+                                "default 16)"), "surrogate": (str, "learned, source, lmhead, roofline, random, llm, or "
+                                                             "none (the equal-budget baseline: every child measured)"),
+    "surrogate_folder": (str, "surrogate lmhead: the folder `python -m surrogate.lmhead train --out DIR` wrote"),
     "policy": (str, "budget (confidence threshold) or conformal (certified risk)"),
     "trust_threshold": (float, "max-probability at which a forecast is trusted (policy budget)"),
     "target_risk": (float, "risk of trusting a forecast off by more than one bin (policy conformal)"),

@@ -133,12 +133,14 @@ def _forecast_config(args):
     from tasks.config import PACKAGED_POOL, ConfigError, SearchConfig, check_operation, check_settings
 
     config = SearchConfig(op=args.op, gpu_type=args.gpu_type, surrogate=args.surrogate, data=args.data,
+                          surrogate_folder=args.surrogate_folder or "",
                           prior_data=args.prior_data or PACKAGED_POOL, prior_scope=args.prior_scope,
                           storage_options=parse_storage_options(args.storage_option))
     try:
         check_settings(config)
         if config.surrogate in ("llm", "none"):
-            raise ConfigError(f"--surrogate {config.surrogate}: forecast with learned, source, roofline or random")
+            raise ConfigError(f"--surrogate {config.surrogate}: forecast with learned, source, lmhead, roofline or "
+                              "random")
         check_operation(config.replace(generator="freeform"))  # an imported task too: no template space is needed
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
@@ -234,7 +236,9 @@ def register(sub) -> None:
     sp.add_argument("--anchor", default=None, help="what speedups are against: a candidate id measured under "
                                                    "--data, or a kernel file (default: the eager reference)")
     sp.add_argument("--gpu-type", default="h100", help="GPU type to forecast for (default: %(default)s)")
-    sp.add_argument("--surrogate", default="learned", help="learned (default), source, roofline or random")
+    sp.add_argument("--surrogate", default="learned", help="learned (default), source, lmhead, roofline or random")
+    sp.add_argument("--surrogate-folder", default=None, help="--surrogate lmhead: the folder its training wrote "
+                                                            "(python -m surrogate.lmhead train --out DIR)")
     sp.add_argument("--prior-data", default=None, help="measurements the surrogate is fit on (default: the "
                                                        "committed pool)")
     sp.add_argument("--prior-scope", default="other-ops", help="what the prior sees of the op: other-ops (nothing, "
