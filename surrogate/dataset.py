@@ -46,7 +46,7 @@ def case_pairs(root, gpu_type: str | None = None, op: str | None = None) -> pd.D
         names = list(r.case_names) if len(r.case_names) else list(seed["case_names"])
         base = {"op": r.op, "gpu_type": r.gpu_type, "candidate_id": r.candidate_id,
                 "anchor_id": seed["candidate_id"], "template": r.template,
-                "algorithm": (r.template or "/").split("/", 1)[1], "params": json.loads(r.params),
+                "algorithm": (r.template if isinstance(r.template, str) else "/").split("/", 1)[1], "params": json.loads(r.params),
                 "source": r.source, "status": r.status,
                 **{f: getattr(r, f) for f in HARDWARE_FIELDS}}
         for i, name in enumerate(names):

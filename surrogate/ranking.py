@@ -1,0 +1,194 @@
+"""Forecasters judged where ranking matters: whole problems held out, each problem's pool ranked.
+
+A *problem* is one operation with its eager reference (the anchor of every pair) and a small pool
+of implementations. A forecaster is fit on other problems only (``problem_folds``: grouped k-fold;
+``level_folds``: leave one KernelBench level out) and ranks the held-out problem's pool. What a
+search needs of that ranking is scored per problem, so every interval is a bootstrap over
+problems, not over candidates (the candidates of one problem are not independent draws):
+
+- within-problem Spearman of the forecast speedup against the measured one, over the kernels that
+  ran (problems with at least ``MIN_RANKED`` of them);
+- top-1: whether the candidate ranked first measures within 10% of the pool's best;
+- selection (the paper's protocol): measure only the top ``fraction`` of the pool as ranked (at
+  least one candidate); is the best found within 20% of the pool's best;
+- failure AUROC, ECE and AURC over the 9 bins (``surrogate.metrics``), over the candidates.
+
+The ranking score is the forecast speedup times the forecast chance that the kernel runs: a kernel
+that fails finds nothing, so its measured worth is 0.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy.stats import spearmanr
+
+from surrogate import metrics, registry
+
+MIN_RANKED = 3  # kernels that ran, for a problem's Spearman to count
+TOP1_TOLERANCE = 0.10
+SELECTION_TOLERANCE = 0.20
+SELECTION_FRACTIONS = (0.10, 0.20, 0.30)
+_LEVEL = re.compile(r"-l(\d+)-")
+
+
+def problem_level(op: str) -> int:
+    """The KernelBench level of a problem named like ``kb.cudal1-l2-017``."""
+    found = _LEVEL.search(op)
+    if not found:
+        raise ValueError(f"operation {op!r} names no KernelBench level (expected '-l<level>-' as in kb.cudal1-l2-017)")
+    return int(found.group(1))
+
+
+def problem_folds(problems: Sequence[str], k: int = 5, seed: int = 0) -> list[tuple[str, frozenset]]:
+    """(fold name, held-out problems) of a grouped k-fold: each problem held out exactly once, the
+    problems shuffled with ``seed`` and dealt round-robin."""
+    names = sorted(set(problems))
+    if k < 2 or len(names) < 2:
+        raise ValueError(f"grouped cross-validation needs k >= 2 and two or more problems, got k={k} "
+                         f"and {len(names)} problem(s)")
+    order = [names[i] for i in np.random.default_rng(seed).permutation(len(names))]
+    k = min(k, len(names))
+    return [(f"fold {i + 1}/{k}", frozenset(order[i::k])) for i in range(k)]
+
+
+def level_folds(problems: Sequence[str]) -> list[tuple[str, frozenset]]:
+    """(fold name, held-out problems) holding out one level at a time."""
+    by_level: dict[int, set] = {}
+    for op in set(problems):
+        by_level.setdefault(problem_level(op), set()).add(op)
+    if len(by_level) < 2:
+        raise ValueError(f"leave-one-level-out needs two or more levels, the problems have {sorted(by_level)}")
+    return [(f"level {lv}", frozenset(ops)) for lv, ops in sorted(by_level.items())]
+
+
+def ready(name: str, cases: pd.DataFrame, kernels: pd.DataFrame, folder: str | None = None):
+    """Forecaster ``name`` as a search readies it: read from its trained ``folder``, fit on the measured
+    ``cases`` and ``kernels``, or used as it is."""
+    if registry.reads_folder(name):
+        return registry.load_trained(name, folder)
+    forecaster = registry.get_forecaster_factory(name)()
+    if registry.fits_on_prior(name):
+        return registry.fit_prior(name, forecaster, cases, kernels)
+    return forecaster.fit(None)
+
+
+def held_out_forecasts(kernels: pd.DataFrame, cases: pd.DataFrame, name: str, folds: Sequence[tuple[str, frozenset]],
+                       also_kernels: pd.DataFrame | None = None, also_cases: pd.DataFrame | None = None,
+                       folder: str | None = None, log: Callable[[str], None] = lambda _: None) -> pd.DataFrame:
+    """Each row of ``kernels`` (``surrogate.dataset.source_pairs``) forecast by ``name`` fit on the other
+    folds' problems (and ``also_*``, other pools' pairs): columns fold, p_fail, expected (speedup if
+    it runs), probs (9 bins, 0 = failure), aligned with ``kernels``. A forecaster that says nothing of
+    failure gets its training kernels' failure rate, the best constant."""
+    from surrogate.dataset import source_requests
+
+    out = pd.DataFrame(index=kernels.index, columns=["fold", "p_fail", "expected", "probs"], dtype=object)
+    for fold, held in folds:
+        test = kernels["op"].isin(held).to_numpy()
+        if not test.any():
+            continue
+        train_k = pd.concat([kernels[~test], *([also_kernels] if also_kernels is not None else [])], ignore_index=True)
+        train_c = pd.concat([cases[~cases["op"].isin(held)], *([also_cases] if also_cases is not None else [])],
+                            ignore_index=True)
+        forecaster = ready(name, train_c, train_k, folder)
+        forecasts = forecaster.forecast(source_requests(kernels[test]))
+        p_fail = np.array([f.failure_probability for f in forecasts], dtype=float)
+        p_fail = np.where(np.isfinite(p_fail), p_fail, float(train_k["failed"].mean()))
+        probs = metrics.with_failure(np.array([f.probabilities for f in forecasts]), p_fail)
+        rows = kernels.index[test]
+        out.loc[rows, "fold"] = fold
+        out.loc[rows, "p_fail"] = p_fail
+        out.loc[rows, "expected"] = [f.expected_speedup for f in forecasts]
+        out.loc[rows, "probs"] = pd.Series(list(probs), index=rows)
+        log(f"  {name} {fold}: {int(test.sum())} kernels of {len(held)} problems held out")
+    return out
+
+
+def ranking_score(expected, p_fail) -> np.ndarray:
+    """What a candidate is worth measuring: forecast speedup if it runs, times the chance that it runs."""
+    return np.asarray(expected, dtype=float) * (1.0 - np.asarray(p_fail, dtype=float))
+
+
+def worth(speedups, failed) -> np.ndarray:
+    """What measuring each candidate found: its speedup, or 0 where it failed."""
+    return np.where(np.asarray(failed, dtype=bool), 0.0, np.nan_to_num(np.asarray(speedups, dtype=float)))
+
+
+def within_problem_spearman(pred, speedups, ran, problems, min_ranked: int = MIN_RANKED) -> pd.Series:
+    """Per problem with at least ``min_ranked`` kernels that ran: Spearman of ``pred`` against the
+    measured speedup over those kernels (NaN where either side is constant)."""
+    frame = pd.DataFrame({"pred": np.asarray(pred, float), "truth": np.asarray(speedups, float),
+                          "problem": list(problems)})[np.asarray(ran, bool)]
+    out = {}
+    for problem, g in frame.groupby("problem"):
+        if len(g) >= min_ranked:
+            constant = g["pred"].nunique() < 2 or g["truth"].nunique() < 2
+            out[problem] = np.nan if constant else float(spearmanr(g["pred"], g["truth"]).statistic)
+    return pd.Series(out, dtype=float)
+
+
+def found_within(score, found, problems, fraction: float, tolerance: float) -> pd.Series:
+    """Per problem whose best candidate found anything: whether the best among the top ``fraction`` of
+    its pool by ``score`` (at least one) is within ``tolerance`` of the pool's best
+    (``surrogate.metrics.topk_recovery``)."""
+    frame = pd.DataFrame({"score": np.asarray(score, float), "found": np.asarray(found, float),
+                          "problem": list(problems)})
+    frame = frame[frame.groupby("problem")["found"].transform("max") > 0]
+    if frame.empty:
+        return pd.Series(dtype=bool)
+    recovery = metrics.topk_recovery(frame["score"].to_numpy(), frame["found"].to_numpy(), frame["problem"], fraction)
+    return pd.Series(recovery >= 1.0 - tolerance - 1e-12, index=sorted(frame["problem"].unique()))
+
+
+def _interval(statistic, values, draws: int, seed: int) -> tuple[float, float]:
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values)]
+    if len(values) == 0:
+        return float("nan"), float("nan")
+    return metrics.bootstrap_interval(statistic, values, draws=draws, seed=seed)
+
+
+def _over_problems(statistic, rows_of: list[np.ndarray], draws: int, seed: int) -> tuple[float, float]:
+    """Bootstrap interval of a statistic of candidate rows, resampling whole problems."""
+    return metrics.bootstrap_interval(lambda ids: statistic(np.concatenate([rows_of[i] for i in ids])),
+                                      np.arange(len(rows_of)), draws=draws, seed=seed)
+
+
+def score(kernels: pd.DataFrame, forecasts: pd.DataFrame, draws: int = 1000, seed: int = 0,
+          fractions: Sequence[float] = SELECTION_FRACTIONS) -> dict:
+    """Every yardstick of held-out ``forecasts`` (``held_out_forecasts``) of ``kernels``, each with its
+    bootstrap 95% interval over problems (``<key>_lo``, ``<key>_hi``)."""
+    done = forecasts["fold"].notna().to_numpy()
+    kernels, forecasts = kernels[done], forecasts[done]
+    failed = kernels["failed"].to_numpy(dtype=bool)
+    speedups = kernels["speedup"].to_numpy(dtype=float)
+    problems = kernels["op"].to_numpy()
+    expected = forecasts["expected"].to_numpy(dtype=float)
+    p_fail = forecasts["p_fail"].to_numpy(dtype=float)
+    probs = np.vstack(forecasts["probs"].to_list())
+    true_bins = kernels["true_bin"].to_numpy()
+    rank, found = ranking_score(expected, p_fail), worth(speedups, failed)
+    per_problem = {"spearman": within_problem_spearman(expected, speedups, ~failed, problems),
+                   "top1_within_10pct": found_within(rank, found, problems, 0.0, TOP1_TOLERANCE)}
+    for fraction in fractions:
+        per_problem[f"select_top{round(100 * fraction)}_within_20pct"] = found_within(
+            rank, found, problems, fraction, SELECTION_TOLERANCE)
+    out = {"problems": int(len(set(problems))), "kernels": int(len(kernels)), "failed": int(failed.sum()),
+           "spearman_problems": int(per_problem["spearman"].notna().sum())}
+    for key, values in per_problem.items():
+        values = values.astype(float).to_numpy()
+        out[key] = float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
+        out[f"{key}_lo"], out[f"{key}_hi"] = _interval(np.mean, values, draws, seed)
+    rows_of = [np.flatnonzero(problems == p) for p in sorted(set(problems))]
+    losses = metrics.selective_loss(probs, true_bins)
+    confidence = probs.max(axis=1)
+    candidate_level = {"failure_auroc": lambda r: metrics.auroc(p_fail[r], failed[r]),
+                       "ece": lambda r: metrics.ece(probs[r], true_bins[r]),
+                       "aurc": lambda r: metrics.aurc(confidence[r], losses[r])}
+    for key, statistic in candidate_level.items():
+        out[key] = statistic(np.arange(len(kernels)))
+        out[f"{key}_lo"], out[f"{key}_hi"] = _over_problems(statistic, rows_of, draws, seed)
+    return out
