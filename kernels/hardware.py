@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from dataclasses import dataclass
 
 from kernels.records import HardwareSpec
 
@@ -91,3 +92,26 @@ DENSE_BF16_TFLOPS = {"h100": 989.4, "h200": 989.4, "gh200": 989.4, "b200": 2250.
 
 def peak_tflops(gpu_type: str) -> float | None:
     return DENSE_BF16_TFLOPS.get(gpu_type)
+
+
+@dataclass(frozen=True)
+class Datasheet:
+    """A GPU as its vendor's datasheet gives it: peak DRAM bandwidth, dense FP32 rate, SM count."""
+
+    bandwidth_gbps: float
+    fp32_tflops: float
+    sm_count: int
+
+
+# Vendor datasheets: H100 SXM5 80GB, A100 80GB PCIe, L40, H20, GeForce RTX 3090.
+DATASHEETS = {"h100": Datasheet(3350.0, 66.9, 132), "a100": Datasheet(1935.0, 19.5, 108),
+              "l40": Datasheet(864.0, 90.5, 142), "h20": Datasheet(4000.0, 44.0, 78),
+              "rtx3090": Datasheet(936.0, 35.6, 82)}
+
+
+def datasheet(gpu_type: str) -> Datasheet:
+    """The datasheet figures of ``gpu_type``; a clear error where none is kept."""
+    try:
+        return DATASHEETS[gpu_type]
+    except KeyError:
+        raise ValueError(f"no datasheet kept for GPU type {gpu_type!r}; known: {', '.join(DATASHEETS)}") from None
