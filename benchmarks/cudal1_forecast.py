@@ -1,0 +1,256 @@
+"""Forecasters judged where ranking matters, on the measured CUDA-L1 pool: problems held out, pools ranked.
+
+    PYTHONPATH=$PWD python benchmarks/cudal1_forecast.py [--pool data/pools/cudal1] [--protocol kernelcast]
+        [--forecasters learned,source,roofline,random] [--folds 5] [--draws 1000] [--also-data data/pools ...]
+        [--lmhead-folder DIR] [--corpus CUDA-L1 JSON Lines folder] [--out docs/measured/cudal1_forecast]
+
+Each problem of the pool (op ``kb.cudal1-lX-NNN``: its eager reference, the anchor, and its CUDA-L1
+implementations) is forecast by each registered forecaster fit on other problems only, two ways:
+grouped k-fold by problem, and leave one level out (``surrogate.ranking``). ``--also-data`` adds the
+measured pairs of other pools (template pools, LLM corpora) to every fold's training data.
+``lmhead`` is read from a trained folder and runs only when ``--lmhead-folder`` is given.
+
+Also a small cross-GPU table (``surrogate.crossgpu``): CUDA-L1's published speedup of the same kernel on
+A100, L40, H20 and RTX 3090, forecast from our measured H100 speedup, scored against the published
+figures with grouped k-fold again. The published figures come from ``cudal1.parquet``, or where it has
+none for a GPU, from CUDA-L1's files in ``--corpus`` (only kernels whose code in that GPU's file is the
+very code measured here).
+
+Prints the tables; with ``--out STEM`` writes STEM.txt (what was printed) and STEM.json.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+FORECASTERS = ("learned", "source", "roofline", "random")
+PROTOCOLS = ("kernelcast", "kernelbench")
+TARGET_GPUS = ("a100", "l40", "h20", "rtx3090")
+COLUMNS = ("spearman", "top1_within_10pct", "select_top10_within_20pct", "select_top20_within_20pct",
+           "select_top30_within_20pct", "failure_auroc", "ece", "aurc")
+
+
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--pool", default="data/pools/cudal1", help="the pool root: one data root per protocol, cudal1.parquet")
+    p.add_argument("--protocol", default="kernelcast", choices=PROTOCOLS)
+    p.add_argument("--gpu-type", default="h100", help="the GPU type the pool was measured on")
+    p.add_argument("--forecasters", default=",".join(FORECASTERS))
+    p.add_argument("--lmhead-folder", default=None, help="a folder lmhead was trained into: adds lmhead")
+    p.add_argument("--folds", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--draws", type=int, default=1000, help="bootstrap draws per interval (over problems)")
+    p.add_argument("--also-data", action="append", default=[], help="another pool's root to train on (repeatable)")
+    p.add_argument("--corpus", default=str(SHARED / "corpora" / "cuda-l1"),
+                   help="CUDA-L1's JSON Lines files, for published figures the side table lacks")
+    p.add_argument("--out", default=None, help="path stem of the .txt and .json results")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    from kernels.formats import TASKS_ENV
+
+    before = os.environ.get(TASKS_ENV)
+    with tempfile.TemporaryDirectory(prefix="cudal1-forecast-tasks-") as tasks:
+        os.environ[TASKS_ENV] = tasks  # the pool's operations, installed from its root for this run only
+        try:
+            return run(args)
+        finally:
+            if before is None:
+                os.environ.pop(TASKS_ENV, None)
+            else:
+                os.environ[TASKS_ENV] = before
+
+
+def _measured(args):
+    """(kernels, per-case pairs) of the pool under its protocol, anchored at each problem's reference."""
+    from kernels.formats import install_from_root
+    from storage.dataset import DataRoot
+    from surrogate.dataset import case_pairs, source_pairs
+
+    root = DataRoot(str(Path(args.pool) / args.protocol))
+    for op in root.read_candidates()["op"].unique():
+        install_from_root(root, op)
+    kernels = source_pairs(root, gpu_type=args.gpu_type, anchor="reference").reset_index(drop=True)
+    if kernels.empty:
+        raise ValueError(f"no kernel with a measured reference under {root.uri} on {args.gpu_type}")
+    return kernels, case_pairs(root, gpu_type=args.gpu_type)
+
+
+def _also(args):
+    """(kernels, per-case pairs) of the ``--also-data`` roots, or (None, None)."""
+    from storage.dataset import DataRoot
+    from surrogate.dataset import case_pairs, source_pairs
+
+    if not args.also_data:
+        return None, None
+    roots = [DataRoot(uri) for uri in args.also_data]
+    kernels = source_pairs(*roots, gpu_type=args.gpu_type)
+    cases = [c for c in (case_pairs(r, gpu_type=args.gpu_type) for r in roots) if not c.empty]
+    return kernels, (pd.concat(cases, ignore_index=True) if cases else None)
+
+
+def run(args) -> int:
+    from surrogate import ranking
+
+    t0 = time.perf_counter()
+    lines: list[str] = []
+
+    def say(text: str = "") -> None:
+        print(text, flush=True)
+        lines.append(text)
+
+    kernels, cases = _measured(args)
+    also_kernels, also_cases = _also(args)
+    names = [n for n in args.forecasters.split(",") if n]
+    if args.lmhead_folder:
+        names.append("lmhead")
+    skipped = [] if "lmhead" in names else ["lmhead (no trained folder given: --lmhead-folder)"]
+    problems = sorted(kernels["op"].unique())
+    say(f"CUDA-L1 pool {args.pool} ({args.protocol} protocol, {args.gpu_type}): {len(problems)} problems, "
+        f"{len(kernels)} kernels ({int(kernels['failed'].sum())} failed)"
+        + (f"; also trained on {len(also_kernels)} kernels of {', '.join(args.also_data)}" if args.also_data else ""))
+    splits = {f"grouped {min(args.folds, len(problems))}-fold by problem": ranking.problem_folds(problems, args.folds, args.seed),
+              "leave one level out": ranking.level_folds(problems)}
+    rows = []
+    for split, folds in splits.items():
+        for name in names:
+            t = time.perf_counter()
+            forecasts = ranking.held_out_forecasts(kernels, cases, name, folds, also_kernels, also_cases,
+                                                   args.lmhead_folder if name == "lmhead" else None)
+            rows.append({"split": split, "forecaster": name, **ranking.score(kernels, forecasts, args.draws, args.seed),
+                         "seconds": time.perf_counter() - t})
+            print(f"  {split}, {name}: {rows[-1]['seconds']:.0f} s", flush=True)
+    table = pd.DataFrame(rows)
+    say()
+    say("Per forecaster, on held-out problems (95% bootstrap intervals over problems):")
+    say(_table(table))
+    if skipped:
+        say(f"not run: {', '.join(skipped)}")
+    transfer = _cross_gpu(args, kernels, problems)
+    say()
+    say("Cross-GPU: CUDA-L1's published speedup on another GPU forecast from our measured H100 speedup "
+        f"(grouped {min(args.folds, len(problems))}-fold by problem):")
+    say(_transfer_table(transfer) if not transfer.empty else "no kernel with a published figure on another GPU")
+    say(f"total {time.perf_counter() - t0:.0f} s")
+    if args.out:
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        Path(args.out + ".txt").write_text("\n".join(lines) + "\n")
+        meta = {"command": "python benchmarks/cudal1_forecast.py " + " ".join(argv_of(args)),
+                "pool": args.pool, "protocol": args.protocol, "gpu_type": args.gpu_type, "problems": problems,
+                "kernels": len(kernels), "failed": int(kernels["failed"].sum()), "draws": args.draws,
+                "not_run": skipped}
+        Path(args.out + ".json").write_text(json.dumps(
+            {**meta, "rows": table.to_dict("records"), "cross_gpu": transfer.to_dict("records")}, indent=1,
+            default=float))
+    return 0
+
+
+def argv_of(args) -> list[str]:
+    out = []
+    for key, value in vars(args).items():
+        for v in value if isinstance(value, list) else [value]:
+            if v is not None:
+                out += [f"--{key.replace('_', '-')}", str(v)]
+    return out
+
+
+def _cell(r: dict, key: str) -> str:
+    value = r.get(key, float("nan"))
+    if not np.isfinite(value):
+        return "-"
+    lo, hi = r.get(key + "_lo", float("nan")), r.get(key + "_hi", float("nan"))
+    return f"{value:.2f} [{lo:.2f},{hi:.2f}]" if np.isfinite(lo) else f"{value:.2f}"
+
+
+def _table(table: pd.DataFrame) -> str:
+    heads = ("split", "forecaster", "problems", "Spearman (problems)", "top-1 within 10%", "top 10% within 20%",
+             "top 20% within 20%", "top 30% within 20%", "failure AUROC", "ECE", "AURC")
+    body = [[r["split"], r["forecaster"], str(r["problems"]),
+             f"{_cell(r, 'spearman')} ({r['spearman_problems']})", *[_cell(r, k) for k in COLUMNS[1:]]]
+            for r in table.to_dict("records")]
+    return _aligned(heads, body)
+
+
+def _aligned(heads, body) -> str:
+    width = [max(len(str(x)) for x in col) for col in zip(heads, *body)]
+    return "\n".join("  ".join(str(x).ljust(w) for x, w in zip(row, width)) for row in [heads, *body])
+
+
+def published_figures(pool: str, corpus: str, side_table: pd.DataFrame | None = None) -> pd.DataFrame:
+    """candidate_id, gpu_type, target_speedup: CUDA-L1's published speedup of each kernel on each target GPU,
+    from the side table where it has the GPU's figures, else from the corpus files where that GPU's file
+    holds the very code (nothing where neither has it)."""
+    from kernels.formats.cudal1 import VARIANTS, published_gpu, read_corpus
+
+    side = side_table if side_table is not None else pd.read_parquet(Path(pool) / "cudal1.parquet")
+    rows, problems = [], None
+    for gpu in TARGET_GPUS:
+        column = f"published_speedup_{published_gpu(gpu)}"
+        if column in side and side[column].notna().any():
+            same = side.get(f"same_code_{published_gpu(gpu)}", pd.Series(True, index=side.index)).fillna(False)
+            have = side[side[column].notna() & same.astype(bool)]
+            rows += [{"candidate_id": c, "gpu_type": gpu, "target_speedup": float(s)}
+                     for c, s in zip(have["candidate_id"], have[column])]
+            continue
+        if problems is None:
+            problems = {p.op_name: p for p in read_corpus(corpus)} if Path(corpus).is_dir() else {}
+        for r in side.dropna(subset=["candidate_id"]).to_dict("records"):
+            p, v = problems.get(r["op"]), VARIANTS.get(r["variant"])
+            if p is None or v is None or not v.published or v.field is None:
+                continue
+            figure = v.published_speedup(p, published_gpu(gpu))
+            if figure and p.same_code[published_gpu(gpu)].get(v.field):
+                rows.append({"candidate_id": r["candidate_id"], "gpu_type": gpu, "target_speedup": figure})
+    return pd.DataFrame(rows, columns=["candidate_id", "gpu_type", "target_speedup"])
+
+
+def _cross_gpu(args, kernels: pd.DataFrame, problems: list[str]) -> pd.DataFrame:
+    """One row per (target GPU, model) and over all target GPUs: the cross-GPU scores."""
+    from surrogate import crossgpu, ranking
+
+    figures = published_figures(args.pool, args.corpus)
+    ran = kernels[~kernels["failed"] & (kernels["speedup"] > 0)]
+    rows = ran[["op", "candidate_id", "speedup"]].rename(columns={"speedup": "source_speedup"}).merge(
+        figures, on="candidate_id")
+    rows = rows[rows["target_speedup"] > 0].reset_index(drop=True)
+    if rows.empty:
+        return pd.DataFrame()
+    folds = ranking.problem_folds(sorted(rows["op"].unique()), args.folds, args.seed)
+    out = []
+    for model in crossgpu.MODELS:
+        forecast = crossgpu.held_out(rows, folds, model, args.gpu_type)
+        for gpu in [*TARGET_GPUS, "all"]:
+            mine = (rows["gpu_type"] == gpu).to_numpy() if gpu != "all" else np.ones(len(rows), bool)
+            if mine.any():
+                out.append({"gpu_type": gpu, "model": model, "problems": int(rows.loc[mine, "op"].nunique()),
+                            **crossgpu.scores(forecast[mine], rows["target_speedup"].to_numpy()[mine])})
+    return pd.DataFrame(out)
+
+
+def _transfer_table(table: pd.DataFrame) -> str:
+    heads = ("GPU", "model", "kernels (problems)", "Spearman", "median |log error|", "within 20%")
+    body = [[r["gpu_type"], r["model"], f"{r['n']} ({r['problems']})", f"{r['spearman']:.2f}",
+             f"{r['median_abs_log_error']:.3f}", f"{r['within_20pct']:.2f}"] for r in table.to_dict("records")]
+    return _aligned(heads, body)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
