@@ -1,0 +1,161 @@
+"""Forecasters judged where ranking matters: per-problem yardsticks, problem-grouped folds, the CUDA-L1 benchmark."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kernels.records import Candidate, HardwareSpec, Measurement
+from storage.dataset import DataRoot
+from surrogate import crossgpu, ranking
+
+RELU = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """Applies ReLU."""
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.relu(x)
+
+
+batch_size = 4
+dim = 64
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+H100 = HardwareSpec(gpu_type="h100", device_name="NVIDIA H100 80GB HBM3", compute_capability="9.0", sm_count=132,
+                    sm_clock_mhz=1980, mem_clock_mhz=2619, bus_width_bits=5120, memory_gib=79.2, l2_mib=50.0,
+                    threads_per_sm=2048)
+# Per KernelBench level, three problems; per problem, four implementations (speedup, or None: fails).
+PROBLEMS = {f"cudal1-l{level}-{task:03d}": [2.0 * level / task, 1.0, 0.5 + 0.1 * task, None if task == 2 else 0.2]
+            for level in (1, 2, 3) for task in (1, 2, 3)}
+GPU_FACTORS = {"a100": 0.5, "l40": 0.8, "h20": 1.2, "3090": 0.6}  # published = our H100 speedup times this
+
+
+def _forecasts(kernels, expected, p_fail):
+    """A held-out forecasts frame (as ``held_out_forecasts`` gives) of given speedups and failure chances."""
+    probs = np.full((len(kernels), 9), 1.0 / 9)
+    return pd.DataFrame({"fold": "all", "p_fail": p_fail, "expected": expected, "probs": list(probs)},
+                        index=kernels.index)
+
+
+def _kernels():
+    rows = [{"op": op, "speedup": np.nan if s is None else s, "failed": s is None,
+             "true_bin": 0 if s is None else 5} for op, speedups in PROBLEMS.items() for s in speedups]
+    return pd.DataFrame(rows)
+
+
+def test_a_perfect_forecaster_ranks_every_problem_right_and_a_reversed_one_wrong():
+    kernels = _kernels()
+    failed = kernels["failed"].to_numpy()
+    truth = kernels["speedup"].fillna(1.0).to_numpy()
+    perfect = ranking.score(kernels, _forecasts(kernels, truth, failed.astype(float)), draws=50)
+    assert perfect["spearman"] == pytest.approx(1.0) and perfect["spearman_problems"] == 9
+    assert perfect["top1_within_10pct"] == 1.0 and perfect["select_top30_within_20pct"] == 1.0
+    assert perfect["failure_auroc"] == 1.0
+    reversed_ = ranking.score(kernels, _forecasts(kernels, 1.0 / truth, np.where(failed, 0.0, 0.5)), draws=50)
+    assert reversed_["spearman"] == pytest.approx(-1.0)
+    assert reversed_["top1_within_10pct"] == 0.0 and reversed_["failure_auroc"] == 0.0
+
+
+def test_the_selection_counts_a_pool_whose_top_fifth_finds_within_20_percent_of_its_best():
+    problems = ["a"] * 5 + ["b"] * 5
+    found = np.array([1.0, 0.85, 0.5, 0.2, 0.1, 1.0, 0.7, 0.5, 0.2, 0.1])
+    score = np.array([4, 5, 3, 2, 0, 4, 5, 3, 2, 0], dtype=float)  # each ranks its second-best first, its best second
+    within = ranking.found_within(score, found, problems, 0.20, 0.20)
+    assert within.to_dict() == {"a": True, "b": False}
+    assert ranking.found_within(score, found, problems, 0.40, 0.20).all()  # the top two hold the best
+
+
+def test_a_problem_with_fewer_than_three_kernels_that_ran_has_no_spearman():
+    rho = ranking.within_problem_spearman([1, 2, 3, 1, 2], [1, 2, 3, 2, 1], [True, True, True, True, True],
+                                          ["a", "a", "a", "b", "b"])
+    assert rho.to_dict() == {"a": 1.0}
+
+
+def test_folds_never_share_a_problem_and_hold_each_out_once():
+    problems = [f"kb.cudal1-l{lv}-{t:03d}" for lv in (1, 2, 3) for t in range(1, 8)]
+    for folds in (ranking.problem_folds(problems, 5, seed=3), ranking.level_folds(problems)):
+        held = [set(h) for _, h in folds]
+        assert sum(len(h) for h in held) == len(problems) and set().union(*held) == set(problems)
+    assert [sorted({ranking.problem_level(op) for op in h}) for _, h in ranking.level_folds(problems)] == [[1], [2], [3]]
+    with pytest.raises(ValueError, match="names no KernelBench level"):
+        ranking.problem_level("softmax")
+
+
+def test_a_learned_ratio_carries_a_speedup_to_another_gpu_where_the_same_speedup_does_not():
+    rows = pd.DataFrame({"op": [f"p{i}" for i in range(8)] * 2, "gpu_type": ["a100"] * 8 + ["l40"] * 8,
+                         "source_speedup": np.tile(np.linspace(0.5, 4.0, 8), 2)})
+    rows["target_speedup"] = rows["source_speedup"] * rows["gpu_type"].map({"a100": 0.5, "l40": 0.9})
+    folds = ranking.problem_folds(sorted(rows["op"].unique()), 4)
+    ratio = crossgpu.scores(crossgpu.held_out(rows, folds, "ratio"), rows["target_speedup"])
+    same = crossgpu.scores(crossgpu.held_out(rows, folds, "same"), rows["target_speedup"])
+    assert ratio["median_abs_log_error"] == pytest.approx(0.0, abs=1e-9) and ratio["within_20pct"] == 1.0
+    assert same["within_20pct"] == 0.5 and same["median_abs_log_error"] > 0.1
+
+
+def _pool(folder, monkeypatch):
+    """A small measured pool as the CUDA-L1 pool is stored: tasks, candidates, measurements, side table."""
+    from kernels.formats import import_task
+
+    monkeypatch.setenv("KERNELCAST_TASKS", str(folder / "installed"))
+    root = DataRoot(str(folder / "pool" / "kernelcast"))
+    (folder / "relu.py").write_text(RELU)
+    candidates, measurements, side = [], [], []
+    for name, speedups in PROBLEMS.items():
+        op, _ = import_task("kernelbench", str(folder / "relu.py"), name=name, root=root)
+        case = op.cases[0].name
+        reference = op.seed_candidates()[0]
+        candidates.append(reference)
+        measurements.append(Measurement(reference.candidate_id, op.name, "h100", "ok", "gpu", case_names=(case,),
+                                        runtime_us_median=(100.0,), speedup=1.0, hardware=H100))
+        for i, (variant, s) in enumerate(zip(("custom", "cuda-graph", "cudnn", "null"), speedups)):
+            body = "\n".join(f"    y = y * 1.0  # step {k}" for k in range(i + 1))
+            c = Candidate(op=op.name, backend="torch", origin="import",
+                          source=f"import torch\n\n\ndef forward(x):\n    y = torch.relu(x)\n{body}\n    return y\n")
+            candidates.append(c)
+            measurements.append(Measurement(c.candidate_id, op.name, "h100", "incorrect" if s is None else "ok", "gpu",
+                                            case_names=(case,), runtime_us_median=() if s is None else (100.0 / s,),
+                                            speedup=s, hardware=H100))
+            side.append({"op": op.name, "variant": variant, "candidate_id": c.candidate_id,
+                         **{f"published_speedup_{g}": None if s is None or variant == "null" else s * f
+                            for g, f in GPU_FACTORS.items()},
+                         **{f"same_code_{g}": True for g in GPU_FACTORS}})
+    root.write_candidates(candidates)
+    root.write_measurements(measurements)
+    pd.DataFrame(side).to_parquet(folder / "pool" / "cudal1.parquet")
+    return folder / "pool"
+
+
+def test_the_benchmark_runs_end_to_end_on_a_small_pool(tmp_path, monkeypatch, capsys):
+    from benchmarks import cudal1_forecast
+
+    pool = _pool(tmp_path, monkeypatch)
+    out = tmp_path / "out" / "forecast"
+    assert cudal1_forecast.main(["--pool", str(pool), "--folds", "3", "--draws", "20", "--corpus", str(tmp_path),
+                                 "--forecasters", "learned,source,roofline,random", "--out", str(out)]) == 0
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert result["kernels"] == 36 and result["failed"] == 3 and len(result["problems"]) == 9
+    rows = pd.DataFrame(result["rows"])
+    assert set(rows["forecaster"]) == {"learned", "source", "roofline", "random"}
+    assert set(rows["split"]) == {"grouped 3-fold by problem", "leave one level out"}
+    assert (rows["problems"] == 9).all() and rows["top1_within_10pct"].between(0, 1).all()
+    assert result["not_run"] == ["lmhead (no trained folder given: --lmhead-folder)"]
+    transfer = pd.DataFrame(result["cross_gpu"]).set_index(["gpu_type", "model"])
+    assert transfer.loc[("all", "ratio"), "median_abs_log_error"] == pytest.approx(0.0, abs=1e-9)
+    assert transfer.loc[("a100", "same"), "within_20pct"] == 0.0
+    assert "Per forecaster, on held-out problems" in out.with_suffix(".txt").read_text()
+    assert "learned" in capsys.readouterr().out
