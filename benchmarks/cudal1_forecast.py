@@ -164,10 +164,12 @@ def run(args) -> int:
 
 
 def argv_of(args) -> list[str]:
-    out = []
+    """The run's flags; a path given absolute is written relative to the checkout."""
+    out, here = [], Path(__file__).resolve().parents[1]
     for key, value in vars(args).items():
         for v in value if isinstance(value, list) else [value]:
             if v is not None:
+                v = os.path.relpath(v, here) if isinstance(v, str) and os.path.isabs(v) else v
                 out += [f"--{key.replace('_', '-')}", str(v)]
     return out
 
