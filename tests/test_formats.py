@@ -279,3 +279,63 @@ def test_a_file_that_does_not_parse_is_refused_with_its_line(tmp_path):
     ref, _ = write_kernelbench(tmp_path, reference=KB_ROW_SUM + "\ndef broken(:\n")
     with pytest.raises(TaskFormatError, match="does not parse: line"):
         import_task("kernelbench", str(ref))
+
+
+_RNN = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, input_size, hidden_size):
+        super().__init__()
+        self.hidden = torch.randn(batch_size, hidden_size)
+        self.i2h = nn.Linear(input_size + hidden_size, hidden_size)
+
+    def forward(self, x{extra}):
+{reset}        self.hidden = self.hidden.to(x.device)
+        self.hidden = torch.tanh(self.i2h(torch.cat((x, self.hidden), dim=1)))
+        return self.hidden
+
+
+batch_size = 4
+input_size = 8
+hidden_size = 16
+
+
+def get_inputs():
+    return [torch.randn(batch_size, input_size){more}]
+
+
+def get_init_inputs():
+    return [input_size, hidden_size]
+'''
+
+
+def test_a_model_whose_output_depends_on_its_earlier_calls_is_refused_at_import_by_name(tmp_path):
+    """A recurrent hidden state overwritten by every call (CUDA-L1's level3/33 VanillaRNN): its reference
+    could not pass its own check, as the checker's calls and the reference's are not the same in number."""
+    from kernels.formats import kernelbench
+
+    stateful = tmp_path / "33_VanillaRNN.py"
+    stateful.write_text(_RNN.format(extra="", reset="", more=""))
+    with pytest.raises(TaskFormatError, match=r"output 0 differs between two calls on the same inputs .* keeps "
+                                              r"state across calls"):
+        kernelbench.import_task(str(stateful))
+    # the same model with its state given as an input each call (today's KernelBench file) is stateless
+    reset = tmp_path / "33_VanillaRNN_reset.py"
+    reset.write_text(_RNN.format(extra=", h0", reset="        self.hidden = h0.clone()\n",
+                                 more=", torch.randn(batch_size, hidden_size)"))
+    name, files = kernelbench.import_task(str(reset))
+    assert name == "kb.33_vanillarnn_reset" and "manifest.json" in files
+
+
+def test_only_models_that_could_keep_state_are_run_twice_at_import():
+    from kernels.formats.kernelbench import may_depend_on_history
+
+    assert may_depend_on_history(_RNN.format(extra="", reset="", more=""))
+    plain = _RNN.format(extra="", reset="", more="").replace("        self.hidden = self.hidden.to(x.device)\n", "").replace(
+        "        self.hidden = torch.tanh(", "        return torch.tanh(")
+    assert not may_depend_on_history(plain)
+    assert may_depend_on_history(plain.replace("return torch.tanh(", "return torch.randn_like(x) + torch.tanh("))
+    assert may_depend_on_history(plain.replace("    def forward(self, x):\n",
+                                               "    def forward(self, x):\n        self.count.add_(1)\n"))

@@ -20,6 +20,7 @@ Correctness is KernelBench's: every output within rtol = atol = 1e-2.
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
 from contextlib import contextmanager
@@ -210,6 +211,81 @@ def _profile(module, sizes: dict[str, int], where: str) -> dict:
             "signature": [[list(t.shape), str(t.dtype)] for t in inputs], "init": init_repr}
 
 
+_RANDOM_CALLS = {"rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "normal",
+                 "normal_", "uniform_", "bernoulli", "bernoulli_", "multinomial", "exponential_", "random_"}
+
+
+def may_depend_on_history(source: str) -> bool:
+    """Whether ``Model``'s methods other than ``__init__`` could make a call's output depend on earlier calls:
+    they assign to an attribute of ``self``, call an in-place method (``name_``) on one, or draw random numbers.
+    A model doing none of these is judged stateless without running it (history_dependence is costly on a CPU)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return True
+    model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"), None)
+    if model is None:
+        return True
+    for fn in model.body:
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or fn.name == "__init__":
+            continue
+        for node in ast.walk(fn):
+            targets = (node.targets if isinstance(node, ast.Assign) else
+                       [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+            if any(_on_self(t) for t in targets):
+                return True
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                name = node.func.attr
+                if name in _RANDOM_CALLS or (name.endswith("_") and not name.startswith("_") and _on_self(node.func.value)):
+                    return True
+    return False
+
+
+def _on_self(node) -> bool:
+    """``self.x``, ``self.x[i]``, ``self.x.y``: an expression rooted at ``self``."""
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return isinstance(node, ast.Name) and node.id == "self"
+
+
+def history_dependence(module, sizes: dict[str, int], where: str) -> str | None:
+    """Why the problem's ``Model`` cannot be judged one call at a time, or None.
+
+    Built after ``INIT_SEED`` at ``sizes`` on the CPU, the model is called twice on the same inputs. A
+    model whose second output differs from its first keeps state across calls (a recurrent hidden state
+    it overwrites, a counter) or draws random numbers: its output depends on how many times it was
+    called, and kernelcast checks each call of a candidate against a reference that was not called the
+    same number of times. Such a problem is refused here, before any GPU work; KernelBench's own harness
+    can judge one only by calling the model and the candidate in lockstep. A model that cannot run on
+    the CPU (a CUDA-only op) is not judged here: None."""
+    saved = {k: getattr(module, k) for k in sizes}
+    for k, v in sizes.items():
+        setattr(module, k, v)
+    try:
+        with torch.random.fork_rng(devices=[]), on_device("cpu"), torch.no_grad():
+            torch.manual_seed(0)
+            inputs = _tensors(list(module.get_inputs()), where)
+            init = list(module.get_init_inputs())
+            torch.manual_seed(INIT_SEED)
+            model = module.Model(*init).eval()
+            first = as_outputs(model(*[t.clone() for t in inputs]))
+            second = as_outputs(model(*[t.clone() for t in inputs]))
+    except Exception:  # noqa: BLE001 - not runnable on the CPU here: the GPU run judges it
+        return None
+    finally:
+        for k, v in saved.items():
+            setattr(module, k, v)
+    for i, (a, b) in enumerate(zip(first, second)):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape:
+            continue
+        if not torch.equal(a, b) and not torch.allclose(a.double(), b.double(), rtol=1e-5, atol=1e-6, equal_nan=True):
+            gap = float((a.double() - b.double()).abs().nan_to_num(0.0).max())
+            return (f"{where}: Model's output {i} differs between two calls on the same inputs (max abs difference "
+                    f"{gap:.3g}, at sizes {sizes}): it keeps state across calls or draws random numbers, so a "
+                    "call cannot be judged on its own against the reference")
+    return None
+
+
 # The interpreter case made when none is given: the problem's own sizes, halved until its inputs fit here.
 INTERPRET_INPUT_BYTES = 4 << 20  # a CPU checks a few MB of inputs under Triton's interpreter in seconds
 # Integers at or below the first floor are left alone (axes, kernel sizes, strides, groups, small channels);
@@ -279,10 +355,14 @@ def import_task(reference: str, candidates: Sequence[str] = (), name: str | None
     cases = [_profile(module, sizes, reference)]
     scaling: dict = {}
     if interpret_sizes:
+        small = _parse_sizes(interpret_sizes[0], sizes, reference)
         interpret = [_profile(module, _parse_sizes(s, sizes, reference), reference) for s in interpret_sizes]
     else:  # the problem's own sizes, scaled down until a CPU checks them in seconds
         small, scaling = scaled_interpret_sizes(module, sizes, reference)
         interpret = [_profile(module, small, reference)] if scaling else cases
+    why = history_dependence(module, small, reference) if may_depend_on_history(source) else None
+    if why:
+        raise TaskFormatError(why)
     doc = (module.Model.__doc__ or "").strip().splitlines()
     summary = f"KernelBench problem {Path(reference).name}" + (f": {doc[0].strip()}" if doc and doc[0].strip() else "")
     files = {"reference.py": source.encode()}
