@@ -42,6 +42,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local model file only: never t
 
 from storage.dataset import DataRoot  # noqa: E402
 from surrogate.grpo import ANSWER_OPENING, REWARDS, GRPOSettings, scored_pairs, train_grpo  # noqa: E402
+from tasks.setup import grpo_tracker  # noqa: E402
 from surrogate.pairs import CorpusSettings, PairSettings, build_pairs, corpus_pairs, write_pairs  # noqa: E402
 
 COLUMNS = ("bin_accuracy", "spearman", "kendall", "ece", "brier", "crps", "parse_rate")
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             sft_steps=args.sft_steps, sft_learning_rate=args.sft_learning_rate, sft_jitter=not args.sft_fixed_targets, max_seconds=share,
             out_dir=str(out / name), tracking_uri=args.tracking_uri, precision=args.precision)
         start = time.perf_counter()
-        result = train_grpo(pairs, settings)
+        result = train_grpo(pairs, settings, grpo_tracker(settings))
         runs[name] = {**dataclasses.asdict(result), "wall_seconds": time.perf_counter() - start}
         if not rows:  # every run starts from the same base model and scores the same held-out pairs
             rows.append(("before (untrained)", result.before))

@@ -135,12 +135,12 @@ def train_surrogate(surrogate: str = "learned", prior_data: str = "", data: str 
     ``gpu_type`` measurements of ``prior_data``, and returns its run: adapter, before/after metrics."""
     if surrogate == "llm-grpo":
         from surrogate.grpo import GRPOSettings, train_grpo
-        from tasks.setup import grpo_pairs
+        from tasks.setup import grpo_pairs, grpo_tracker
 
         settings = GRPOSettings(**(grpo or {}))  # bad settings fail before any pair or model is loaded
         frame = task(grpo_pairs, name="load pairs", cache_policy=NO_CACHE)(prior_data, pairs, gpu_type, settings.seed)
         result = task(train_grpo, name="train with GRPO", task_run_name=f"GRPO, reward {settings.reward}",
-                      cache_policy=NO_CACHE)(frame, settings)
+                      cache_policy=NO_CACHE)(frame, settings, grpo_tracker(settings))
         return dataclasses.asdict(result)
 
     from kernels.ops import OPERATIONS

@@ -14,7 +14,7 @@ import numpy as np
 
 from surrogate.features import FEATURE_NAMES, feature_matrix
 from surrogate.forecast import Forecast, ForecastRequest, normalise
-from surrogate.learned import bin_probabilities
+from surrogate.bins import bin_probabilities
 
 _F = {name: i for i, name in enumerate(FEATURE_NAMES)}
 

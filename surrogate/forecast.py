@@ -123,3 +123,17 @@ class Forecaster(Protocol):
 
     def forecast(self, requests: Sequence[ForecastRequest]) -> list[Forecast]:
         ...
+
+
+class CandidateIds:
+    """candidate_id hashes the whole source; within one batch each distinct object is hashed once
+    (a batch shares its anchors, and a candidate may come with several cases)."""
+
+    def __init__(self):
+        self._seen: dict[int, tuple[object, str]] = {}
+
+    def __call__(self, candidate) -> str:
+        hit = self._seen.get(id(candidate))
+        if hit is None or hit[0] is not candidate:
+            hit = self._seen[id(candidate)] = (candidate, candidate.candidate_id)
+        return hit[1]

@@ -37,7 +37,7 @@ one and flat bins for one that failed), then GRPO continues from it.
 Before and after training (and after the warm-up, when there is one), the model forecasts
 held-out operations greedily (as a search would) and is scored with ``surrogate.metrics.summary``. The LoRA adapter is written under
 ``out_dir``; metrics go to ``out_dir/metrics.jsonl`` and, with a tracking URI, to MLflow
-through ``storage.tracking.Tracker``, together with the adapter. transformers, trl, peft and
+through the ``storage.tracking.Tracker`` the caller passes (``tasks.setup.grpo_tracker``), together with the adapter. transformers, trl, peft and
 datasets are imported only here (the ``train`` extra): the core runs without them.
 """
 
@@ -456,15 +456,14 @@ def prompt_dataset(pairs: pd.DataFrame, tokenizer, answer_prefix: str = ""):
 class RunLog:
     """Where a run's metrics go: ``metrics.jsonl`` under the run folder, and MLflow when a URI is given."""
 
-    def __init__(self, out_dir: str, tracking_uri: str | None, experiment: str, params: Mapping[str, object],
-                 enabled: bool = True):
+    def __init__(self, out_dir: str, make_tracker, params: Mapping[str, object], enabled: bool = True):
+        """``make_tracker``: makes a ``storage.tracking.Tracker`` (the caller's: tracking is a layer above
+        this one), called in the main process only; None for the run folder alone."""
         self.path = Path(out_dir) / "metrics.jsonl"
         self.enabled = enabled  # only the main process logs in a multi-GPU run
         self.tracker, self.run_id = None, ""
-        if enabled and tracking_uri:
-            from storage.tracking import Tracker
-
-            self.tracker = Tracker(tracking_uri, experiment)
+        if enabled and make_tracker is not None:
+            self.tracker = make_tracker()
             name = f"grpo-{params['reward']}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
             self.run_id = self.tracker.start(name, params, {"kernelcast.surrogate": "llm-grpo"})
 
@@ -605,8 +604,14 @@ def scored_pairs(pairs: pd.DataFrame, n: int, seed: int) -> pd.DataFrame:
     return held_out.sample(n, random_state=seed) if n and len(held_out) > n else held_out
 
 
-def train_grpo(pairs: pd.DataFrame, settings: GRPOSettings) -> GRPOResult:
-    """Train a LoRA adapter with GRPO on the 'train' pairs; score before and after on the 'eval' pairs."""
+def train_grpo(pairs: pd.DataFrame, settings: GRPOSettings, make_tracker=None) -> GRPOResult:
+    """Train a LoRA adapter with GRPO on the 'train' pairs; score before and after on the 'eval' pairs.
+
+    ``make_tracker``: makes the MLflow experiment of ``settings.tracking_uri`` (``tasks.setup.grpo_tracker``),
+    called on the main process only; the caller gives it because tracking sits a layer above the surrogates."""
+    if settings.tracking_uri and make_tracker is None:
+        raise ValueError(f"tracking_uri {settings.tracking_uri!r} is set but no make_tracker was given: "
+                         "pass tasks.setup.grpo_tracker(settings)")
     import torch
     from peft import LoraConfig
     from transformers import set_seed
@@ -643,7 +648,7 @@ def train_grpo(pairs: pd.DataFrame, settings: GRPOSettings) -> GRPOResult:
     params = {**{k: v for k, v in dataclasses.asdict(settings).items() if k != "tracking_uri"},
               "train_pairs": len(train), "eval_pairs": len(held_out), "prompt_version": prompt_version(),
               "eval_ops": ",".join(sorted(held_out["op"].unique()))}
-    log = RunLog(str(out), settings.tracking_uri, settings.experiment, params, enabled=main)
+    log = RunLog(str(out), make_tracker, params, enabled=main)
     trainer.add_callback(_callback(log))
     deadline = Deadline(None, trainer.accelerator.device)
     trainer.add_callback(_stop_at(deadline))

@@ -39,16 +39,14 @@ from typing import Sequence
 
 import numpy as np
 import pandas as pd
-from scipy.stats import norm
 from sklearn.ensemble import HistGradientBoostingRegressor
 from sklearn.model_selection import GroupKFold
 
-from surrogate.bins import UPPER_EDGES
+from surrogate.bins import bin_probabilities  # noqa: F401  (re-exported: its old home)
 from surrogate.dataset import requests_from
 from surrogate.features import FEATURE_NAMES, feature_matrix
-from surrogate.forecast import Forecast, ForecastRequest
+from surrogate.forecast import CandidateIds, Forecast, ForecastRequest
 
-_LOG_EDGES = np.log(np.array(UPPER_EDGES[:-1]))
 _MIN_SIGMA = 0.03
 _MIN_SCALE = 0.01  # a pool whose variants all run alike still has a measurable spread
 _SHAPE_GRID = np.linspace(0.0, 1.0, 101)
@@ -58,13 +56,6 @@ POOL_FEATURES = ("log_bytes", "log_flops", "log_row_len", "log_rows", "dtype_byt
                  "sm_count", "peak_gbps", "l2_mib", "anchor_is_reference", "log_anchor_us",
                  "anchor_fraction_of_roofline", "log_roofline_us")
 _POOL_COLUMNS = np.array([FEATURE_NAMES.index(n) for n in POOL_FEATURES])
-
-
-def bin_probabilities(mu: np.ndarray, sigma: np.ndarray) -> np.ndarray:
-    """(n, 8) bin probabilities of a Gaussian N(mu, sigma) over log speedup."""
-    cdf = norm.cdf((_LOG_EDGES[None, :] - mu[:, None]) / sigma[:, None])
-    cdf = np.hstack([np.zeros((len(mu), 1)), cdf, np.ones((len(mu), 1))])
-    return np.clip(np.diff(cdf, axis=1), 1e-9, None)
 
 
 def _encode(X: np.ndarray) -> np.ndarray:
@@ -232,17 +223,3 @@ def _mean_shape(standardised) -> np.ndarray:
     """The training pools' average quantile function of standardised deviation, on _SHAPE_GRID."""
     curves = [np.quantile(v.to_numpy(), _SHAPE_GRID) for _, v in standardised if len(v) >= 2]
     return np.mean(curves, axis=0) if curves else np.zeros_like(_SHAPE_GRID)
-
-
-class CandidateIds:
-    """candidate_id hashes the whole source; within one batch each distinct object is hashed once
-    (a batch shares its anchors, and a candidate may come with several cases)."""
-
-    def __init__(self):
-        self._seen: dict[int, tuple[object, str]] = {}
-
-    def __call__(self, candidate) -> str:
-        hit = self._seen.get(id(candidate))
-        if hit is None or hit[0] is not candidate:
-            hit = self._seen[id(candidate)] = (candidate, candidate.candidate_id)
-        return hit[1]

@@ -53,7 +53,7 @@ from scipy.stats import norm
 from kernels.ops import get_operation
 from kernels.records import Candidate, HardwareSpec, Measurement
 from surrogate.forecast import Forecast, ForecastRequest, normalise
-from surrogate.learned import bin_probabilities
+from surrogate.bins import bin_probabilities
 
 _SHRINK = 4.0  # pseudo-observations pulling the level correction towards none
 _NEIGHBOUR_SHRINK = 1.0  # kernel weight of the prior in the neighbourhood correction

@@ -50,9 +50,9 @@ from kernels.screen import fingerprint, undefined_name
 # Both parse the source; an anchor is the anchor of many kernels, so each source is parsed once.
 _fingerprint = lru_cache(maxsize=8192)(fingerprint)
 _undefined = lru_cache(maxsize=8192)(undefined_name)
+from surrogate.bins import bin_probabilities
 from surrogate.features import FEATURE_NAMES, feature_matrix
-from surrogate.forecast import Forecast, ForecastRequest
-from surrogate.learned import CandidateIds, bin_probabilities
+from surrogate.forecast import CandidateIds, Forecast, ForecastRequest
 
 # Triton calls by kind, counted on the text so that a kernel that does not parse has them too.
 _TL_CALLS = {

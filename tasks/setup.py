@@ -7,6 +7,7 @@ fails with a clear error before any GPU time is spent.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import pickle
@@ -198,6 +199,14 @@ def grpo_pairs(prior_data: str, pairs_file: str = "", gpu_type: str | None = Non
     if pairs_file:
         return read_pairs(pairs_file)
     return build_pairs(DataRoot(prior_data or PACKAGED_POOL), PairSettings(gpu_type=gpu_type, seed=seed))
+
+
+def grpo_tracker(settings):
+    """What makes the MLflow experiment a GRPO run (``surrogate.grpo.GRPOSettings``) logs to, for
+    ``train_grpo``'s ``make_tracker``; None without a tracking URI."""
+    if not settings.tracking_uri:
+        return None
+    return functools.partial(Tracker, settings.tracking_uri, settings.experiment)
 
 
 def forecaster(config: SearchConfig, root: DataRoot):

@@ -15,7 +15,15 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-KERNELS = Path(__file__).resolve().parents[1] / "kernels"
+import pytest
+
+PROJECT = Path(__file__).resolve().parents[1]
+KERNELS = PROJECT / "kernels"
+# Lowest first: a layer imports only those before it (STYLE rule 15); kernelcast/, the tools for a
+# user's own code, sits on top. The orchestrators each layer may not use (DESIGN's package table).
+LAYERS = ("kernels", "surrogate", "storage", "infra", "tasks", "flows", "kernelcast")
+ORCHESTRATORS = {"kernels": {"prefect", "ray", "mlflow"}, "surrogate": {"prefect", "ray"},
+                 "storage": {"prefect", "ray"}}
 # The layers above kernels/ (kernels <- surrogate <- storage <- infra <- tasks <- flows), and the
 # orchestrators that only those layers may use.
 FORBIDDEN = {"prefect", "ray", "mlflow", "surrogate", "storage", "tasks", "flows", "infra"}
@@ -68,9 +76,9 @@ def _is_dynamic_import(call: ast.Call, project: str) -> bool:
     return not isinstance(arg, ast.Constant) or str(arg.value).split(".")[0] in (project, "")
 
 
-def import_graph(root: Path) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
-    """Module -> the modules under ``root`` it imports; module -> where it imports dynamically."""
-    modules = module_names(root)
+def import_graph(*roots: Path) -> tuple[dict[str, set[str]], dict[str, list[str]]]:
+    """Module -> the modules under ``roots`` it imports; module -> where it imports dynamically."""
+    modules = {name: path for root in roots for name, path in module_names(root).items()}
     graph, dynamic = {}, {}
     for name, path in modules.items():
         targets, dyn = imported(path, name)
@@ -128,6 +136,31 @@ def test_kernels_imports_no_higher_layer_or_orchestrator():
         if bad:
             offending[name] = bad
     assert offending == {}
+
+
+@pytest.mark.parametrize("layer", LAYERS[1:])
+def test_no_layer_imports_a_higher_one_or_a_forbidden_orchestrator(layer):
+    above = set(LAYERS[LAYERS.index(layer) + 1:]) | ORCHESTRATORS.get(layer, set())
+    offending = {}
+    for name, path in module_names(PROJECT / layer).items():
+        targets, _ = imported(path, name)
+        bad = sorted(t for t in targets if t.split(".")[0] in above)
+        if bad:
+            offending[name] = bad
+    assert offending == {}
+
+
+def test_the_project_has_no_import_cycle():
+    graph, _ = import_graph(*(PROJECT / layer for layer in LAYERS))
+    assert "surrogate.learned" in graph["surrogate.online"] or "surrogate.bins" in graph["surrogate.online"]
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+@pytest.mark.parametrize("layer", ("surrogate", "storage", "infra"))
+def test_a_layer_imports_its_own_modules_by_import_statements_only(layer):
+    _, dynamic = import_graph(PROJECT / layer)
+    assert dynamic == {}, f"dynamic imports hide edges from the cycle check: {dynamic}"
 
 
 def test_the_operation_modules_sit_below_the_registry_and_the_spaces():

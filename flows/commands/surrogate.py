@@ -86,10 +86,10 @@ def cmd_train(args) -> int:
             import dataclasses
 
             from surrogate.grpo import train_grpo
-            from tasks.setup import grpo_pairs
+            from tasks.setup import grpo_pairs, grpo_tracker
 
             run = dataclasses.asdict(train_grpo(grpo_pairs(args.prior_data or "", args.pairs or "", args.gpu_type,
-                                                           settings.seed), settings))
+                                                           settings.seed), settings, grpo_tracker(settings)))
             if not run["before"]:  # not the main process: the main one evaluates and prints
                 return 0
         else:
