@@ -50,7 +50,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--memcheck", default="off", choices=("off", "auto", "all"),
                    help="compute-sanitizer per candidate (8-23 s each on an H100; default: %(default)s)")
     p.add_argument("--mode", default="gpu", choices=("gpu", "interpreter"))
-    p.add_argument("--report-only", action="store_true", help="measure nothing: write the report of what is stored")
+    p.add_argument("--report-only", action="store_true",
+                   help="measure nothing: read the published figures again from --corpus and write the report of what "
+                        "is stored")
     p.add_argument("--gpu-type", default=None, help="report on this GPU type (default: this machine's)")
     return p.parse_args(argv)
 
@@ -89,7 +91,7 @@ def main(argv=None) -> int:
               f"{time.monotonic() - started:.0f} s to import", flush=True)
         measure(args, prepared, roots, protocols, hardware, started, pool.chunk_size(args.concurrency, len(variants)))
     gpu_type = gpu_type or _hardware("gpu").gpu_type
-    side = pool.read_side_table(top)
+    side = pool.refresh_published(top, problems) if args.report_only else pool.read_side_table(top)
     wanted = {(p.level, p.task_id) for p in problems}
     side = side[[(lv, t) in wanted for lv, t in zip(side["level"], side["task_id"])]] if not side.empty else side
     rows = report.classify(side, report.measured(roots, gpu_type), protocols)

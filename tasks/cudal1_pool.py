@@ -180,15 +180,38 @@ def side_rows(prepared: Sequence[Prepared], corpus_sha256: str = "") -> list[dic
                    "file": corpus_file(SOURCE_GPU), "field": v.field or "ref_code", "corpus_sha256": corpus_sha256,
                    "kernelbench_file": p.kernelbench.file, "kernelbench_status": p.kernelbench.status,
                    "kernelbench_diff": p.kernelbench.summary}
-            for gpu in GPUS:
-                row[f"published_speedup_{gpu}"] = v.published_speedup(pr, gpu)
-                same = pr.same_code[gpu].get(v.field) if v.field else True
-                row[f"same_code_{gpu}"] = same  # that GPU's figures are for this very code
-            for gpu in GPUS:
-                for score in SCORES:
-                    row[f"{gpu}_{score}"] = pr.scores[gpu][score]
+            row.update(published_columns(pr, b.variant))
             rows.append(row)
     return rows
+
+
+def published_columns(problem: Problem, variant: str) -> dict:
+    """CUDA-L1's figures for one problem and variant on every GPU: the implied speedup over eager, whether that
+    GPU's file has this very code, and the raw scores."""
+    v = VARIANTS[variant]
+    cols = {}
+    for gpu in GPUS:
+        cols[f"published_speedup_{gpu}"] = v.published_speedup(problem, gpu)
+        cols[f"same_code_{gpu}"] = problem.same_code[gpu].get(v.field) if v.field else True
+    for gpu in GPUS:
+        for score in SCORES:
+            cols[f"{gpu}_{score}"] = problem.scores[gpu][score]
+    return cols
+
+
+def refresh_published(top: DataRoot, problems: Sequence[Problem]) -> pd.DataFrame:
+    """The stored side table with its published columns read again from ``problems`` (a corpus folder with more
+    GPUs' files than the one measured from, say); the candidates and measurements are untouched."""
+    with _side_table_lock(top):
+        table = read_side_table(top)
+        if table.empty:
+            return table
+        by_key = {(p.level, p.task_id): p for p in problems}
+        rows = []
+        for row in table.to_dict("records"):
+            problem = by_key.get((int(row["level"]), int(row["task_id"])))
+            rows.append({**row, **published_columns(problem, row["variant"])} if problem else row)
+        return _merge_side_table(top, pd.DataFrame(rows))
 
 
 def file_sha256(path: str | Path) -> str:

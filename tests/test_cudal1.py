@@ -231,3 +231,21 @@ def test_shards_split_the_problems_and_their_side_rows_all_land(tmp_path):
         pool.write_side_table(top, [{"op": p.op_name, "level": p.level, "task_id": p.task_id, "variant": "custom"}
                                     for p in part])
     assert sorted(pool.read_side_table(top)["task_id"]) == list(range(1, 8))
+
+
+def test_a_report_reads_the_published_figures_again_from_a_fuller_corpus(tmp_path, monkeypatch):
+    import benchmarks.cudal1_pool as bench
+
+    monkeypatch.setenv("KERNELCAST_TASKS", str(tmp_path / "tasks"))
+    (tmp_path / "kb").mkdir()
+    common = ["--kernelbench", str(tmp_path / "kb"), "--root", str(tmp_path / "pool"), "--out", str(tmp_path / "out"),
+              "--protocols", "kernelcast", "--variants", "custom,null", "--mode", "interpreter", "--concurrency", "1"]
+    assert bench.main(["--corpus", str(_corpus(tmp_path / "h100only", [_row(1, 19)])), *common]) == 0
+    top = pool.DataRoot(str(tmp_path / "pool"))
+    assert pool.read_side_table(top)["published_speedup_a100"].isna().all()
+    fuller = _corpus(tmp_path / "full", [_row(1, 19)], other=[_row(1, 19, score_default=1.7)])
+    assert bench.main(["--corpus", str(fuller), *common, "--report-only", "--gpu-type", "interpreter"]) == 0
+    side = pool.read_side_table(top).set_index("variant")
+    assert side.loc["custom", "published_speedup_a100"] == 1.7 and side.loc["custom", "same_code_a100"]
+    assert pd.isna(side.loc["null", "published_speedup_a100"])  # nothing of theirs to compare the null with
+    assert len(pool.protocol_root(tmp_path / "pool", "kernelcast").read_measurements()) == 3  # untouched
