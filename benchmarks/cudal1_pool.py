@@ -43,8 +43,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--shuffle", action="store_true",
                    help="measure the problems in an order shuffled by --seed, so that a call cut short covers every level")
     p.add_argument("--shard", default=None, metavar="I/N",
-                   help="measure only every N-th problem from the I-th (0-based), after any shuffle: one process a GPU, "
-                        "each with its own CUDA_VISIBLE_DEVICES, all writing the same pool root")
+                   help="measure only every N-th problem from the I-th (0-based), after any shuffle, on the I-th of N "
+                        "shares of this machine's cores: one process a GPU, each with its own CUDA_VISIBLE_DEVICES, "
+                        "all writing the same pool root")
     p.add_argument("--max-minutes", type=float, default=None, help="start no chunk after this long")
     p.add_argument("--concurrency", type=int, default=15)
     p.add_argument("--memcheck", default="off", choices=("off", "auto", "all"),
@@ -108,6 +109,18 @@ def main(argv=None) -> int:
     return 0
 
 
+def shard_cpus(spec: str | None) -> tuple[int, ...] | None:
+    """The cores of shard I of N (``spec`` "I/N"): one process a GPU on a host, each compiling and timing on
+    cores of its own (kernels.harness.cores.share), so that no GPU's lock holder shares a core with another's
+    compiling children. None without a shard: every core this process may use."""
+    if not spec:
+        return None
+    from kernels.harness import cores
+
+    index, parts = (int(x) for x in spec.split("/"))
+    return cores.share(index, parts)
+
+
 def measure(args, prepared, roots, protocols, hardware, started: float, chunk: int) -> None:
     """One worker per protocol, sharing one GPU lock so that the two never time at once."""
     from kernels.harness.worker import MeasureWorker
@@ -116,7 +129,8 @@ def measure(args, prepared, roots, protocols, hardware, started: float, chunk: i
     deadline = started + args.max_minutes * 60 if args.max_minutes is not None else None
     with tempfile.TemporaryDirectory(prefix="cudal1-lock-") as folder:
         lock = str(Path(folder) / "gpu.lock")
-        settings = dict(mode=args.mode, concurrency=args.concurrency, memcheck=args.memcheck, gpu_lock=lock)
+        settings = dict(mode=args.mode, concurrency=args.concurrency, memcheck=args.memcheck, gpu_lock=lock,
+                        cpus=shard_cpus(args.shard))
         with contextlib.ExitStack() as stack:
             workers = {p: stack.enter_context(MeasureWorker(hardware, pool.worker_config(p, **settings)))
                        for p in protocols}

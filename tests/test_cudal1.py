@@ -249,3 +249,17 @@ def test_a_report_reads_the_published_figures_again_from_a_fuller_corpus(tmp_pat
     assert side.loc["custom", "published_speedup_a100"] == 1.7 and side.loc["custom", "same_code_a100"]
     assert pd.isna(side.loc["null", "published_speedup_a100"])  # nothing of theirs to compare the null with
     assert len(pool.protocol_root(tmp_path / "pool", "kernelcast").read_measurements()) == 3  # untouched
+
+
+def test_a_shard_compiles_and_times_on_its_own_share_of_the_cores():
+    import os
+
+    import benchmarks.cudal1_pool as bench
+
+    assert bench.shard_cpus(None) is None
+    assert set(bench.shard_cpus("0/1")) == os.sched_getaffinity(0)
+    try:
+        first, second = bench.shard_cpus("0/2"), bench.shard_cpus("1/2")
+    except ValueError:  # fewer than two whole cores here: nothing to share out
+        pytest.skip("this machine has fewer than two whole cores")
+    assert first and second and not set(first) & set(second)
