@@ -339,3 +339,75 @@ def test_only_models_that_could_keep_state_are_run_twice_at_import():
     assert may_depend_on_history(plain.replace("return torch.tanh(", "return torch.randn_like(x) + torch.tanh("))
     assert may_depend_on_history(plain.replace("    def forward(self, x):\n",
                                                "    def forward(self, x):\n        self.count.add_(1)\n"))
+
+
+_SCALED = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """Multiplies a matrix by a scalar."""
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, A, s):
+        return A * s
+
+
+M = 48
+N = 40
+
+
+def get_inputs():
+    return [torch.randn(M, N), 3.5]
+
+
+def get_init_inputs():
+    return []
+'''
+
+_SCALED_NEW = '''import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, A, s):
+        assert isinstance(s, float), type(s)
+        return A.mul(s)
+'''
+
+
+def test_a_number_among_get_inputs_is_a_constant_of_the_case_put_back_at_its_position(tmp_path):
+    """KernelBench's level1/5 passes a float beside its matrix: once refused, now held at its value."""
+    reference, candidate = tmp_path / "5_Matrix_scalar.py", tmp_path / "new.py"
+    reference.write_text(_SCALED)
+    candidate.write_text(_SCALED_NEW)
+    wrong = tmp_path / "wrong.py"
+    wrong.write_text(_SCALED_NEW.replace("A.mul(s)", "A.mul(s + 1.0)"))
+    op, (good, bad) = import_task("kernelbench", str(reference), [str(candidate), str(wrong)])
+    assert op.info(op.cases[0])["constants"] == [[1, 3.5]]
+    (a,) = op.make_inputs(op.interpret_cases[0], torch.Generator().manual_seed(1), "cpu")
+    (y,) = op.reference(a)
+    assert torch.equal(y, a * 3.5)
+    assert "_KC_CONSTANTS = {(((48, 40), 'torch.float32'),): [[1, 3.5]]}" in good.source
+    found = _measure([op.seed_candidates()[0], good, bad])
+    assert [found[c.candidate_id].status for c in (op.seed_candidates()[0], good, bad)] == ["ok", "ok", "incorrect"]
+
+
+def test_a_task_without_numbers_among_its_inputs_keeps_its_wrapper(kb):
+    op, (good, _) = kb
+    assert "_KC_CONSTANTS" not in good.source and "out = model(*inputs)" in good.source
+
+
+def test_get_inputs_returning_no_tensor_or_an_object_is_refused_naming_what(tmp_path):
+    from kernels.formats import kernelbench
+
+    for body, words in (("[3.5]", "returned no tensor"), ("[torch.randn(M, N), 'x']", "returned a str at position 1")):
+        path = tmp_path / "p.py"
+        path.write_text(_SCALED.replace("[torch.randn(M, N), 3.5]", body))
+        with pytest.raises(TaskFormatError, match=words):
+            kernelbench.import_task(str(path))

@@ -29,7 +29,7 @@ from typing import Sequence
 
 import torch
 
-from kernels.formats.common import (MANIFEST, TaskFormatError, default_task_name, load_module, op_name,
+from kernels.formats.common import (MANIFEST, WRAPPER_MARK, TaskFormatError, default_task_name, load_module, op_name,
                                     read_required)
 from kernels.formats.operation import (ImportedOperation, first_float_dtype, is_literal, on_device, rng_fork, seed_from,
                                        tensor_bytes)
@@ -75,6 +75,28 @@ def launch(*inputs):
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 """.replace("{seed}", str(INIT_SEED))
 
+    # Where get_inputs() passes numbers beside its tensors, the launch puts them back at their positions. Only
+    # such tasks get this longer wrapper: every other candidate's source (and so its id) stays as it was.
+    WRAPPER_WITH_CONSTANTS = WRAPPER.replace(
+        "_KC_MODELS = {{}}\n",
+        "_KC_MODELS = {{}}\n_KC_CONSTANTS = {constants}  # input shapes and dtypes -> the numbers get_inputs() "
+        "passes beside them, by position\n").replace(
+        "        out = model(*inputs)\n",
+        "        args = list(inputs)\n        for position, value in _KC_CONSTANTS.get(key, ()):\n"
+        "            args.insert(position, value)\n        out = model(*args)\n")
+
+    def wrap(self, submission: str, entry: str | None = None) -> str:
+        table = {}
+        for case in (*self.cases, *self.interpret_cases):
+            info = self.info(case)
+            if info.get("constants") and info.get("signature") is not None:
+                table[tuple((tuple(shape), dtype) for shape, dtype in info["signature"])] = info["constants"]
+        if not table:
+            return super().wrap(submission, entry)
+        body = self.WRAPPER_WITH_CONSTANTS.format(entry=entry or self.entry, table=self.wrapper_table(),
+                                                  constants=repr(table))
+        return submission.rstrip() + "\n\n\n" + WRAPPER_MARK + "\n" + body
+
     def __init__(self, folder: Path, manifest):
         super().__init__(folder, manifest)
         self.module = load_module(self.folder / manifest["reference"], f"kernelcast_task_{self.name.replace('.', '_')}")
@@ -97,8 +119,8 @@ def launch(*inputs):
         seed = seed_from(gen)
         with self.sized(case) as m, rng_fork(device), on_device(device):
             torch.manual_seed(seed)
-            values = list(m.get_inputs())
-        return self.remember(case, (v.to(device) for v in _tensors(values, self.name)))
+            tensors, _ = split_inputs(list(m.get_inputs()), self.name)  # numbers: the case's constants, as imported
+        return self.remember(case, (v.to(device) for v in tensors))
 
     def model(self, cls, case, device) -> torch.nn.Module:
         """``cls`` built on ``device`` with the case's init inputs after seeding ``INIT_SEED``, cached."""
@@ -119,25 +141,47 @@ def launch(*inputs):
     def null_submission(self) -> str:
         return self.reference_source.rstrip() + "\n\n\nModelNew = Model\n"
 
+    def constants(self, case) -> list:
+        """The numbers ``get_inputs()`` passes beside the tensors of ``case``, with their positions (often none)."""
+        return self.info(case).get("constants", [])
+
     def reference(self, *inputs):
-        model = self.model(self.module.Model, self.case_of(inputs), inputs[0].device)
+        case = self.case_of(inputs)
+        model = self.model(self.module.Model, case, inputs[0].device)
         with torch.no_grad():
-            return as_outputs(model(*inputs))
+            return as_outputs(model(*with_constants(inputs, self.constants(case))))
 
     def reference_float64(self, case, *inputs):
         """The same model (its weights made the same way) in float64, on float64 copies of the inputs."""
         model = copy.deepcopy(self.model(self.module.Model, case, inputs[0].device)).double()
+        doubled = [t.double() if t.dtype.is_floating_point else t for t in inputs]
         with torch.no_grad():
-            return as_outputs(model(*(t.double() if t.dtype.is_floating_point else t for t in inputs)))
+            return as_outputs(model(*with_constants(doubled, self.constants(case))))
 
 
-def _tensors(values, where: str) -> list[torch.Tensor]:
+def split_inputs(values, where: str) -> tuple[list[torch.Tensor], list[list]]:
+    """``get_inputs()``'s values as (tensors, constants): a number among them (KernelBench's level1/5 passes a
+    float scalar) is a constant ``[position, value]``, held at the value the import saw; anything else refused."""
+    tensors, constants = [], []
     for i, v in enumerate(values):
-        if not isinstance(v, torch.Tensor):
-            raise TaskFormatError(f"{where}: get_inputs() returned a {type(v).__name__} at position {i}; "
-                                  "kernelcast passes a model's inputs as tensors (move constants into "
-                                  "get_init_inputs)")
-    return list(values)
+        if isinstance(v, torch.Tensor):
+            tensors.append(v)
+        elif isinstance(v, (bool, int, float)):
+            constants.append([i, v])
+        else:
+            raise TaskFormatError(f"{where}: get_inputs() returned a {type(v).__name__} at position {i}; kernelcast "
+                                  "passes a model's inputs as tensors, and numbers as constants of the case")
+    if not tensors:
+        raise TaskFormatError(f"{where}: get_inputs() returned no tensor; kernelcast needs at least one")
+    return tensors, constants
+
+
+def with_constants(tensors, constants) -> list:
+    """The model's arguments: ``tensors`` with each constant put back at its position."""
+    args = list(tensors)
+    for position, value in constants or ():
+        args.insert(position, value)
+    return args
 
 
 def operation_from_manifest(folder: Path, manifest) -> KernelBenchOperation:
@@ -166,8 +210,9 @@ def _parse_sizes(text: str, known: dict[str, int], where: str) -> dict[str, int]
     return sizes
 
 
-def _on_meta(module, sizes: dict[str, int], where: str) -> tuple[list, list, int | None, int | None]:
-    """(inputs, init inputs, output bytes, parameter bytes) of the problem at ``sizes``, run on the meta device.
+def _on_meta(module, sizes: dict[str, int], where: str) -> tuple[list, list, int | None, int | None, list]:
+    """(tensor inputs, init inputs, output bytes, parameter bytes, constants) of the problem at ``sizes``, run on
+    the meta device.
 
     Output and parameter bytes are None where the model cannot run on meta tensors."""
     saved = {k: getattr(module, k) for k in sizes}
@@ -177,13 +222,13 @@ def _on_meta(module, sizes: dict[str, int], where: str) -> tuple[list, list, int
     try:
         with torch.random.fork_rng(devices=[]), on_device("meta"):
             torch.manual_seed(0)
-            inputs = _tensors(list(module.get_inputs()), where)
+            inputs, constants = split_inputs(list(module.get_inputs()), where)
             init = list(module.get_init_inputs())
         try:  # outputs and parameters on the meta device: no memory, no compute
             with on_device("meta"):
                 model = module.Model(*init)
                 param_bytes = tensor_bytes([*model.parameters(), *model.buffers()])
-                out_bytes = tensor_bytes(as_outputs(model(*inputs)))
+                out_bytes = tensor_bytes(as_outputs(model(*with_constants(inputs, constants))))
         except Exception:  # noqa: BLE001 - an op meta tensors cannot run; outputs assumed input-sized
             pass
     except TaskFormatError:
@@ -194,18 +239,21 @@ def _on_meta(module, sizes: dict[str, int], where: str) -> tuple[list, list, int
     finally:
         for k, v in saved.items():
             setattr(module, k, v)
-    return inputs, init, out_bytes, param_bytes
+    return inputs, init, out_bytes, param_bytes, constants
 
 
 def _profile(module, sizes: dict[str, int], where: str) -> dict:
     """One manifest case: sizes, the input dtype, the bytes of inputs, outputs and parameters, from meta tensors."""
-    inputs, init, out_bytes, param_bytes = _on_meta(module, sizes, where)
+    inputs, init, out_bytes, param_bytes, constants = _on_meta(module, sizes, where)
     in_bytes = tensor_bytes(inputs)
     init_repr = repr(init)
     if not is_literal(init_repr, init):
         raise TaskFormatError(f"{where}: get_init_inputs() returned {init!r}, which cannot be written into a "
                               "candidate as a literal (use numbers, strings, lists)") from None
-    return {"dims": sizes or {"inputs": len(inputs)}, "dtype": first_float_dtype(inputs),
+    if not is_literal(repr(constants), constants):
+        raise TaskFormatError(f"{where}: get_inputs() returned numbers {constants!r} that cannot be written as "
+                              "literals") from None
+    return {**({"constants": constants} if constants else {}),"dims": sizes or {"inputs": len(inputs)}, "dtype": first_float_dtype(inputs),
             "bytes": in_bytes + (out_bytes if out_bytes is not None else in_bytes),
             "parameter_bytes": param_bytes or 0,
             "signature": [[list(t.shape), str(t.dtype)] for t in inputs], "init": init_repr}
@@ -264,12 +312,12 @@ def history_dependence(module, sizes: dict[str, int], where: str) -> str | None:
     try:
         with torch.random.fork_rng(devices=[]), on_device("cpu"), torch.no_grad():
             torch.manual_seed(0)
-            inputs = _tensors(list(module.get_inputs()), where)
+            inputs, constants = split_inputs(list(module.get_inputs()), where)
             init = list(module.get_init_inputs())
             torch.manual_seed(INIT_SEED)
             model = module.Model(*init).eval()
-            first = as_outputs(model(*[t.clone() for t in inputs]))
-            second = as_outputs(model(*[t.clone() for t in inputs]))
+            first = as_outputs(model(*with_constants([t.clone() for t in inputs], constants)))
+            second = as_outputs(model(*with_constants([t.clone() for t in inputs], constants)))
     except Exception:  # noqa: BLE001 - not runnable on the CPU here: the GPU run judges it
         return None
     finally:
@@ -302,7 +350,7 @@ def scaled_interpret_sizes(module, sizes: dict[str, int], where: str) -> tuple[d
     Shapes come from the meta device, so nothing is allocated. ``how`` is empty when the problem's own
     sizes already fit.
     """
-    inputs, _, out_bytes, _ = _on_meta(module, sizes, where)
+    inputs, _, out_bytes, _, _ = _on_meta(module, sizes, where)
     full_bytes = tensor_bytes(inputs)
     scaled, now_bytes, refused = dict(sizes), full_bytes, set()
     for floor in SCALE_FLOORS:
@@ -313,7 +361,7 @@ def scaled_interpret_sizes(module, sizes: dict[str, int], where: str) -> tuple[d
             name = max(movable, key=lambda k: scaled[k])  # ties: the first in the file
             trial = {**scaled, name: scaled[name] // 2}
             try:
-                t_inputs, _, t_out, _ = _on_meta(module, trial, where)
+                t_inputs, _, t_out, _, _ = _on_meta(module, trial, where)
             except TaskFormatError:
                 t_inputs = t_out = None
             if t_inputs is None or (out_bytes is not None and t_out is None):
