@@ -123,7 +123,7 @@ class Measurement:
     error_rel: tuple[float, ...] = ()
     reference_error_rel: tuple[float, ...] = ()
     checks: str = ""  # how the timed window was checked ("profiled", or why not) and the memcheck's outcome
-    protocol: str = "kernelcast"  # how it was timed (kernels.harness.timing.PROTOCOLS); kernelbench: means
+    protocol: str = "kernelcast"  # how it was timed (kernels.harness.timing.PROTOCOLS); kernelbench, gpumode: means
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

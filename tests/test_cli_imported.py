@@ -55,3 +55,22 @@ def test_measure_takes_the_candidates_stored_for_an_imported_operation(tmp_path,
 def test_measure_of_an_imported_name_nobody_imported_is_a_clear_error(tmp_path, capsys):
     assert main(["measure", "--op", "kb.never_imported", "--data", str(tmp_path / "data")]) == 2
     assert "kb.never_imported" in capsys.readouterr().err
+
+
+def test_measure_times_by_a_formats_protocol_into_a_root_of_its_own(tmp_path, capsys):
+    """--timing kernelbench is recorded with each row; the same root, already timed by kernelcast's protocol,
+    refuses it before anything runs, naming the fix."""
+    ref, (new,) = write_kernelbench(tmp_path / "kb", new=KB_ROW_SUM_NEW)
+    roots = [tmp_path / "ours", tmp_path / "theirs"]
+    for root in roots:
+        assert main(["import", "--format", "kernelbench", "--reference", str(ref), "--candidate", str(new),
+                     "--data", str(root)]) == 0
+    assert main(["measure", "--op", "kb.row_sum", "--data", str(roots[0]), "--concurrency", "1"]) == 0
+    assert main(["measure", "--op", "kb.row_sum", "--data", str(roots[1]), "--concurrency", "1",
+                 "--timing", "kernelbench"]) == 0
+    assert set(pd.read_parquet(roots[1] / "measurements")["protocol"]) == {"kernelbench"}
+    capsys.readouterr()
+    assert main(["measure", "--op", "kb.row_sum", "--data", str(roots[0]), "--timing", "gpumode"]) == 2
+    err = capsys.readouterr().err
+    assert "already holds kb.row_sum's measurements on interpreter timed by the kernelcast protocol" in err
+    assert "another --data root" in err

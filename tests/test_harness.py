@@ -92,3 +92,18 @@ def test_the_fastest_timing_window_counts_with_every_windows_repetitions():
     # windows are added until the two fastest agree within 1%: a slowed window does not hold it up
     assert not agree([slow]) and not agree([slow, quick])
     assert agree([slow, quick, Timing(453.0, 12.0, 25)])
+
+
+def test_gpumode_protocol_ends_a_benchmark_by_its_own_rule():
+    """GPU MODE's eval.py: at least three runs; then stop once the mean's standard error is under 0.1%, or the
+    runs add up to the time budget, or the loop has run two minutes."""
+    from kernels.harness.timing import gpumode_stop, mean_and_error
+
+    assert mean_and_error([1.0, 2.0, 3.0]) == (2.0, pytest.approx(1.0 / 3 ** 0.5))
+    steady = [1000.0] * 3
+    assert not gpumode_stop(steady[:2], 0.0)  # two runs never end it
+    assert gpumode_stop(steady, 0.0)  # no spread: the error is 0
+    noisy = [1000.0, 2000.0, 1500.0]
+    assert not gpumode_stop(noisy, 0.0)
+    assert gpumode_stop(noisy, 0.0, max_time_ns=4000.0)  # 3 runs of a 1500 ns mean pass 4000 ns
+    assert gpumode_stop(noisy, 121e9)  # past two minutes of wall time

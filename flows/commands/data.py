@@ -94,6 +94,20 @@ def _resolve_mode(requested: str):
     return mode, detect()
 
 
+def _check_one_protocol(root, ops: list[str], gpu_type: str, protocol: str, where: str) -> None:
+    """A data root holds one timing protocol's measurements per GPU type (a candidate has one row per GPU type):
+    measuring the same operations another way needs a root of its own; say so before anything runs."""
+    for name in ops:
+        table = root.read_measurements(name, gpu_type)
+        if table.empty or "protocol" not in table:
+            continue
+        others = sorted(set(table["protocol"].fillna("kernelcast")) - {protocol})
+        if others:
+            raise UsageError(f"{where} already holds {name}'s measurements on {gpu_type} timed by the "
+                             f"{', '.join(others)} protocol; measure with --timing {protocol} into another --data "
+                             "root (one protocol a root), or keep --timing " + others[0])
+
+
 def cmd_measure(args) -> int:
     if args.limit is not None and args.limit < 0:
         raise UsageError(f"--limit must be zero or more, got {args.limit}")
@@ -106,7 +120,8 @@ def cmd_measure(args) -> int:
 
     config = WorkerConfig(mode=mode, concurrency=args.concurrency or max(1, (os.cpu_count() or 2) - 1),
                           timeout_s=args.timeout, gpu_timeout_s=args.gpu_timeout,
-                          seeds=args.seeds if args.seeds else (3 if mode == "gpu" else 1))
+                          seeds=args.seeds if args.seeds else (3 if mode == "gpu" else 1), protocol=args.timing)
+    _check_one_protocol(root, ops, hw.gpu_type, args.timing, args.data)
     plan = []
     for name in ops:
         todo = _to_measure(root, name, args.limit)
@@ -301,6 +316,9 @@ def register(sub) -> None:
     sp.add_argument("--seeds", type=int, default=0, help="seeded correctness inputs per case (default 3 GPU, 1 CPU)")
     sp.add_argument("--remeasure", action="store_true", help="measure again what is already measured here")
     sp.add_argument("--max-minutes", type=float, default=0, help="stop (keeping results) after this long")
+    sp.add_argument("--timing", choices=["kernelcast", "kernelbench", "gpumode"], default="kernelcast",
+                    help="timing protocol: kernelcast's (default), or a format's own harness's, so that a published "
+                         "figure compares like for like (docs/harness.md); one protocol a data root")
     add_data_args(sp)
     sp.set_defaults(func=cmd_measure)
 

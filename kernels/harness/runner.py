@@ -50,13 +50,16 @@ import triton.language as tl
 from kernels.harness import ahead, budget, cores, prebuild, sandbox, verify
 from kernels.harness.anticheat import CallGuard, Checker, Rejected, install_stream_guard, scan_source
 from kernels.harness.correctness import CandidateLoadError, call_candidate, load_launch, poisoned_outputs
-from kernels.harness.timing import (Timing, agree, fastest, flush_us, l2_flush_buffer, time_call, time_pair,
-                                    time_trials)
+from kernels.harness.timing import (FORMAT_PROTOCOLS, Timing, agree, fastest, flush_us, l2_flush_buffer, time_call,
+                                    time_gpumode, time_pair, time_trials)
 from kernels.ops import get_operation
 from kernels.records import Candidate
 
 # Seeds of the inputs: compile call 0, correctness 1..seeds, timing sets from 1000, recheck 9000.
 _TIMING_SEED, _RECHECK_SEED = 1000, 9000
+
+# The timers of the formats' own harnesses (Job.protocol): KernelBench's 100 trials, GPU MODE's adaptive runs.
+_FORMAT_TIMERS = {"kernelbench": time_trials, "gpumode": time_gpumode}
 
 
 @dataclass(frozen=True)
@@ -438,8 +441,8 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
         out_bytes = max(budget.tensor_bytes(first_outs), footprints.get(case.name, 0))
         # the anchor (the reference) writes outputs of its own: the sets are sized for both
         n_sets = budget.rotation_sets(free, budget.tensor_bytes(first), out_bytes * (2 if anchor else 1))
-        if job.protocol == "kernelbench":
-            n_sets = 1  # its harness calls the model on the same inputs every time
+        if job.protocol in FORMAT_PROTOCOLS:
+            n_sets = 1  # their harnesses call the model on the same inputs every time
         sets = [first] + [checker.inputs(case, _TIMING_SEED + k) for k in range(1, n_sets)]
         outs = [first_outs] + [poisoned_outputs(op, case, "cuda") for _ in range(1, n_sets)]
         params = job.candidate.params
@@ -457,14 +460,14 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
                 k = i % len(sets)
                 ref_launch(*sets[k], *ref_outs[k], **ref_params)
 
-            if job.protocol == "kernelbench":  # its harness: the reference's trials, then the candidate's
-                ref_timing = time_trials(call_reference, flush)
-                timing = (time_trials(call, flush), ref_timing)
+            if job.protocol in FORMAT_PROTOCOLS:  # their harnesses: the reference's trials, then the candidate's
+                ref_timing = _FORMAT_TIMERS[job.protocol](call_reference, flush)
+                timing = (_FORMAT_TIMERS[job.protocol](call, flush), ref_timing)
             else:
                 timing = time_pair(call, call_reference, flush, max_seconds=max_seconds)
             del ref_outs
-        elif job.protocol == "kernelbench":
-            timing = time_trials(call, flush)
+        elif job.protocol in FORMAT_PROTOCOLS:
+            timing = _FORMAT_TIMERS[job.protocol](call, flush)
         else:
             timing = time_call(call, flush, max_seconds=max_seconds)
         phase("timed", {"case": case.name, "us": (timing[0] if anchor else timing).runtime_us_median,
@@ -495,7 +498,7 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
     # kernelcast's protocol times host-bound cases again (below), beside the reference where it can. KernelBench's
     # times the reference and the candidate one after the other in one process: every case is timed again so,
     # as the reference's runtime stored by the worker was taken at another moment, under another host load.
-    if job.protocol == "kernelbench":
+    if job.protocol in FORMAT_PROTOCOLS:
         bound = list(cases)
     else:
         bound = [c for c in cases if windows[c.name][0].host_bound(head_start_us)]

@@ -159,7 +159,10 @@ def time_pair(call: Callable[[int], object], anchor: Callable[[int], object], fl
     return timing, anchored
 
 
-PROTOCOLS = ("kernelcast", "kernelbench")
+PROTOCOLS = ("kernelcast", "kernelbench", "gpumode")
+# The protocols that time each call alone on the same inputs, as a format's own harness does: the reference's
+# trials are taken beside each candidate's, in its process (kernels.harness.runner).
+FORMAT_PROTOCOLS = ("kernelbench", "gpumode")
 
 
 def time_trials(call: Callable[[int], object], flush: torch.Tensor, *, warmup: int = 3,
@@ -184,4 +187,50 @@ def time_trials(call: Callable[[int], object], flush: torch.Tensor, *, warmup: i
     ordered = sorted(times)
     return Timing(runtime_us_median=sum(times) / len(times),
                   runtime_us_iqr=_quantile(ordered, 0.75) - _quantile(ordered, 0.25), repetitions=trials,
+                  host_us_median=_quantile(sorted(host), 0.5) * 1e6)
+
+
+def gpumode_stop(durations_ns: list[float], elapsed_ns: float, max_time_ns: float = 10e9,
+                 max_wall_ns: float = 120e9) -> bool:
+    """GPU MODE's rule for ending a benchmark (its eval.py): after at least three runs, once the standard error
+    of the mean is below 0.1% of it, or the runs add up to ``max_time_ns``, or the loop has run ``max_wall_ns``."""
+    if len(durations_ns) < 3:
+        return False
+    mean, err = mean_and_error(durations_ns)
+    return err / mean < 0.001 or mean * len(durations_ns) > max_time_ns or elapsed_ns > max_wall_ns
+
+
+def mean_and_error(values: list[float]) -> tuple[float, float]:
+    """The mean and its standard error (sample standard deviation over the square root of the count)."""
+    n = len(values)
+    mean = sum(values) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+    return mean, std / math.sqrt(n)
+
+
+def time_gpumode(call: Callable[[int], object], flush: torch.Tensor, *, max_repeats: int = 100,
+                 max_time_ns: float = 10e9) -> Timing:
+    """GPU MODE's own timing (reference-kernels' eval.py, ranked benchmarks), for comparing with its leaderboards:
+    the same inputs every call; each run a synchronisation, an L2 flush, then the call between two events and a
+    synchronisation; up to ``max_repeats`` runs, ended by ``gpumode_stop``; the figure is their mean (carried in
+    ``runtime_us_median``). Its warm-up (a first benchmark of up to 0.1 s) is the first loop below."""
+    for budget_ns in (1e8, max_time_ns):
+        durations, host = [], []
+        started = time.perf_counter_ns()
+        for _ in range(max_repeats):
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            flush.zero_()
+            start.record()
+            t = time.perf_counter()
+            call(0)
+            host.append(time.perf_counter() - t)
+            end.record()
+            torch.cuda.synchronize()
+            durations.append(start.elapsed_time(end) * 1e6)
+            if gpumode_stop(durations, time.perf_counter_ns() - started, budget_ns):
+                break
+    ordered = sorted(d / 1e3 for d in durations)
+    return Timing(runtime_us_median=sum(ordered) / len(ordered),
+                  runtime_us_iqr=_quantile(ordered, 0.75) - _quantile(ordered, 0.25), repetitions=len(ordered),
                   host_us_median=_quantile(sorted(host), 0.5) * 1e6)
