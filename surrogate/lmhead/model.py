@@ -66,7 +66,7 @@ class PairModel:
         import torch
         from peft import LoraConfig, PeftModel, get_peft_model
 
-        from surrogate.grpo import load_causal_lm
+        from surrogate.grpo.model import load_causal_lm
 
         self.config, self.device = config, device or default_device()
         base, self.tokenizer = load_causal_lm(config.model, config.precision)

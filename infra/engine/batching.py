@@ -1,63 +1,31 @@
-"""A batched generation engine behind an OpenAI-compatible chat endpoint, on torch and transformers alone.
-
-Where vLLM is installed, ``vllm serve`` is the engine to use; where neither vLLM nor
-llama.cpp is (a GPU image with torch and transformers only), this one serves a GGUF file
-(dequantized by transformers) or a transformers model folder:
-
-    python -m infra.engine --model qwen2.5-coder-1.5b-instruct-q4_k_m.gguf --port 8000
+"""The engine: a model, a request queue and the worker thread that decodes the queue in slots.
 
 Concurrent requests queue up; one worker thread keeps up to ``max_batch`` of them decoding
 together, each in a slot of a KV cache allocated once (``infra/slots.py``). A request is
 prefilled into a free slot, decodes one token a step beside the others, and is answered the
 moment it ends; its slot then takes the next queued request (continuous batching), so a
 batch never waits for its longest answer. Each row keeps its own temperature, top_p,
-max_tokens, stop strings and seeded random stream, so a request's text depends on its own
-seed, not on what shares the batch.
-
-Only the standard library, torch and transformers (with the ``gguf`` package for GGUF
-files) are imported, so it runs where kernelcast's other dependencies are missing.
+max_tokens, stop strings and seeded random stream (``sample``), so a request's text depends
+on its own seed, not on what shares the batch.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
-import importlib.util
-import inspect
-import json
 import os
 import random
-import secrets
-import sys
 import threading
 import time
-import uuid
 from collections import deque
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
-# The KV cache grows by one column every step; with the default allocator each step's slightly larger
-# blocks fragment the pool until it holds most of the GPU (72 GiB seen on an H100 for a 3 GiB model),
-# leaving nothing for kernels measured between generations. Expandable segments grow in place.
-os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+import torch
 
-import torch  # noqa: E402 - after the allocator setting, which CUDA reads once at start
+from infra.engine.api import Job, RequestError, read_request
+from infra.engine.loading import chat_template, end_token_ids
+from infra.slots import SlotCache, register
+from infra.slots import masks as slots_masks
 
-from infra.slots import SlotCache, register  # noqa: E402
-from infra.slots import masks as slots_masks  # noqa: E402
-
-# Qwen2 instruct models are trained on ChatML; some GGUF exports of them carry no
-# ``tokenizer.chat_template``, and then this one stands in (for qwen2 models only: another
-# family's prompt format cannot be guessed, and a wrong one silently ruins its answers).
-CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-CHATML_FAMILIES = ("qwen2",)
-# Chat models end a turn with one of these; a GGUF names a single EOS, often the other one.
-END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
-# OpenAI fields this engine cannot honour; a request that asks for them is refused, never half-served.
-UNSUPPORTED = {"stream": False, "logprobs": False, "tools": None, "tool_choice": None}
 # A batch waits for stragglers at most this long, so that a steady stream of requests still gets
 # served; short beside a batch's generation, long enough for hundreds of requests to be tokenized.
 GATHER_LIMIT_S = 1.0
@@ -66,124 +34,6 @@ SLOT_ROUNDING = 128
 # With a shared GPU lock, the engine waits this long after each step before taking it again: a child
 # of the harness blocked on the lock is woken when it is released and needs a moment to take it.
 LOCK_PAUSE_S = 0.002
-
-
-class RequestError(ValueError):
-    """A request the engine refuses; the message says what is wrong and ``status`` is the HTTP status."""
-
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(message)
-        self.status = status
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How one request is decoded. ``temperature`` 0 is greedy; ``seed`` fixes its random stream."""
-
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int = 0
-    stop: tuple[str, ...] = ()
-
-
-@dataclass(eq=False)
-class Job:
-    """One request in flight: its prompt and sampling, then its result, filled in by the worker."""
-
-    prompt_ids: list[int]
-    sampling: Sampling
-    token_ids: list[int] = field(default_factory=list)
-    text: str | None = None  # set once the job is finished
-    finish_reason: str | None = None
-    error: str | None = None
-    batch_id: int = -1
-    batch_size: int = 0
-    done: threading.Event = field(default_factory=threading.Event)
-
-
-# ---------------------------------------------------------------------------------------- loading
-
-
-def _dequantizing(kwargs: dict) -> dict:
-    """Ask transformers to unpack GGUF blocks into dense weights at load time, where it can keep them packed.
-
-    A batched decode multiplies hundreds of rows by each weight: dense matmuls serve that, while
-    packed GGUF layers unpack their blocks on every call above a few rows (and would first try
-    to fetch a kernel from a hub). Releases without ``GgufConfig(dequantize=...)`` always unpack.
-    """
-    try:
-        from transformers import GgufConfig
-    except ImportError:
-        return kwargs
-    if "dequantize" not in inspect.signature(GgufConfig).parameters:
-        return kwargs
-    return {**kwargs, "quantization_config": GgufConfig(dequantize=True)}
-
-
-def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} asked for, but torch sees no CUDA GPU")
-    return device
-
-
-def resolve_dtype(dtype: str, device: str) -> torch.dtype:
-    # bfloat16 on a GPU; float32 on a CPU, where bfloat16 matmuls are slow on most cores.
-    if dtype == "auto":
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    known = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-    if dtype not in known:
-        raise ValueError(f"unknown dtype {dtype!r}; known: auto, {', '.join(known)}")
-    return known[dtype]
-
-
-def load(model: str | os.PathLike, *, device: str = "auto", dtype: str = "auto"):
-    """(tokenizer, model) from a ``.gguf`` file or a transformers folder, the model on ``device`` in eval mode."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = Path(model).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(f"model {str(model)!r} not found: expected a .gguf file or a transformers folder")
-    device = resolve_device(device)
-    kwargs = {}
-    if path.is_file():
-        if path.suffix != ".gguf":
-            raise ValueError(f"model file {path} is not a .gguf file")
-        if importlib.util.find_spec("gguf") is None:
-            raise ImportError("transformers reads a .gguf file with the pure-Python 'gguf' package, which is not "
-                              "installed: pip install --no-deps gguf (or a gguf-*.whl carried to this machine)")
-        kwargs = _dequantizing({"gguf_file": path.name})
-        path = path.parent
-    tokenizer = AutoTokenizer.from_pretrained(str(path), **{k: v for k, v in kwargs.items() if k == "gguf_file"})
-    net = AutoModelForCausalLM.from_pretrained(str(path), dtype=resolve_dtype(dtype, device), **kwargs)
-    return tokenizer, net.to(device).eval()
-
-
-def chat_template(tokenizer, config, override: str | None = None) -> str:
-    """The chat template: ``override``, else the model's own (GGUF metadata), else ChatML for qwen2 models."""
-    if override:
-        return override
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.chat_template
-    if getattr(config, "model_type", None) in CHATML_FAMILIES:
-        return CHATML
-    raise ValueError(f"the model ({getattr(config, 'model_type', '?')}) carries no chat template; "
-                     "pass --chat-template FILE with its Jinja template")
-
-
-def end_token_ids(tokenizer, model) -> frozenset[int]:
-    """Token ids that end a reply: the model's EOS ids and any end-of-turn token its vocabulary has."""
-    ids = set()
-    for value in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
-        ids.update(value if isinstance(value, (list, tuple)) else [value] if value is not None else [])
-    vocab = tokenizer.get_vocab()
-    ids.update(vocab[t] for t in END_OF_TURN if t in vocab)
-    return frozenset(ids)
-
-
-# --------------------------------------------------------------------------------------- sampling
 
 
 TOP_K = 256  # tokens a sampled row chooses among (see sample)
@@ -212,9 +62,6 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
     index = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.shape[-1] - 1)
     chosen[rows] = order.gather(-1, index).flatten()
     return chosen
-
-
-# ----------------------------------------------------------------------------------------- engine
 
 
 class Engine:
@@ -280,46 +127,9 @@ class Engine:
 
     def job(self, body) -> Job:
         """The job for a chat completions request body; ``RequestError`` naming the field when it is bad."""
-        if not isinstance(body, dict):
-            raise RequestError("the request body must be a JSON object")
-        for key, default in UNSUPPORTED.items():
-            if body.get(key, default) not in (default, None, False, []):
-                raise RequestError(f"{key!r} is not supported by this engine")
-        if body.get("n", 1) != 1:
-            raise RequestError(f"'n' must be 1 (one choice per request), got {body['n']!r}")
-        fmt = body.get("response_format")
-        if fmt not in (None, {"type": "text"}) and not self.ignore_response_format:
-            raise RequestError("'response_format' cannot be enforced by this engine (no constrained decoding); "
-                               "send none, serve the model with vLLM or llama.cpp, or start the engine with "
-                               "--ignore-response-format to answer unconstrained")
-        ids = self.prompt_ids(_messages(body.get("messages")))
-        room = min(self.context, self.max_batch_tokens) - len(ids)
-        if room < 1:
-            raise RequestError(f"the prompt is {len(ids)} tokens; this engine takes at most "
-                               f"{min(self.context, self.max_batch_tokens) - 1} (context {self.context} tokens)")
-        max_tokens = next((body[k] for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None), None)
-        if max_tokens is None:
-            max_tokens = min(self.default_max_tokens, room)
-        _check_number("max_tokens", max_tokens, integer=True, low=1)
-        if max_tokens > room:
-            raise RequestError(f"the prompt is {len(ids)} tokens and max_tokens is {max_tokens}: "
-                               f"{len(ids) + max_tokens} tokens, more than this engine's "
-                               f"{min(self.context, self.max_batch_tokens)} (context {self.context} tokens)")
-        # OpenAI's defaults; a client may also send null for "the default".
-        temperature = 1.0 if body.get("temperature") is None else body["temperature"]
-        top_p = 1.0 if body.get("top_p") is None else body["top_p"]
-        seed = body.get("seed")
-        _check_number("temperature", temperature, low=0.0, high=2.0)
-        _check_number("top_p", top_p, low=0.0, high=1.0, open_low=True)
-        if seed is None:
-            seed = secrets.randbits(63)
-        _check_number("seed", seed, integer=True)
-        stop = body.get("stop") or ()
-        stop = (stop,) if isinstance(stop, str) else stop
-        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
-            raise RequestError("'stop' must be a non-empty string or a list of them")
-        return Job(ids, Sampling(max_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p),
-                                 seed=seed, stop=tuple(stop)))
+        return read_request(body, self.prompt_ids, context=self.context, max_batch_tokens=self.max_batch_tokens,
+                            default_max_tokens=self.default_max_tokens,
+                            ignore_response_format=self.ignore_response_format)
 
     def submit(self, job: Job, timeout_s: float | None = None) -> Job:
         """Queue ``job`` and wait until the worker has generated it."""
@@ -580,158 +390,3 @@ def _need(job: Job) -> int:
     """Tokens ``job`` occupies in its slot at most: its prompt and every token it may generate."""
     return len(job.prompt_ids) + job.sampling.max_tokens
 
-
-def _check_number(name: str, value, *, integer: bool = False, low=None, high=None, open_low: bool = False):
-    kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds):
-        raise RequestError(f"{name!r} must be {'an integer' if integer else 'a number'}, got {value!r}")
-    if low is not None and (value <= low if open_low else value < low) or high is not None and value > high:
-        raise RequestError(f"{name!r} is {value!r}, outside {'(' if open_low else '['}{low}, {high}]")
-
-
-def _messages(messages) -> list[dict]:
-    """Chat messages with text content (OpenAI's list-of-parts content is joined into text)."""
-    if not isinstance(messages, list) or not messages:
-        raise RequestError("'messages' must be a non-empty list of {role, content} objects")
-    clean = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise RequestError(f"messages[{i}] must be an object with a 'role' string")
-        content = m.get("content")
-        if isinstance(content, list):
-            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-                raise RequestError(f"messages[{i}].content: only text parts are supported")
-            content = "".join(str(p.get("text", "")) for p in content)
-        if not isinstance(content, str):
-            raise RequestError(f"messages[{i}].content must be a string")
-        clean.append({"role": m["role"], "content": content})
-    return clean
-
-
-# ------------------------------------------------------------------------------------------- HTTP
-
-
-def completion(engine: Engine, job: Job) -> dict:
-    """The OpenAI chat completion object for a finished job."""
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-        "model": engine.name,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": job.text},
-                     "finish_reason": job.finish_reason}],
-        "usage": {"prompt_tokens": len(job.prompt_ids), "completion_tokens": len(job.token_ids),
-                  "total_tokens": len(job.prompt_ids) + len(job.token_ids)},
-        "engine": {"batch": job.batch_id, "batch_size": job.batch_size},
-    }
-
-
-def make_server(engine: Engine, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPServer:
-    """An HTTP server (one thread per connection) answering the OpenAI routes from ``engine``."""
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive: a client's pooled connections are reused
-
-        def log_message(self, *args):  # one line per request is noise at hundreds of requests a second
-            pass
-
-        def reply(self, status: int, body: dict) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def error(self, status: int, message: str) -> None:
-            kind = "invalid_request_error" if status < 500 else "server_error"
-            self.reply(status, {"error": {"message": message, "type": kind, "code": status}})
-
-        def do_GET(self):
-            route = self.path.split("?")[0].rstrip("/")
-            if route in ("/v1/models", "/models"):
-                self.reply(200, {"object": "list", "data": [
-                    {"id": engine.name, "object": "model", "owned_by": "kernelcast", "max_model_len": engine.context}]})
-            elif route == "/health":
-                self.reply(200, {"status": "ok"})
-            elif route in ("/stats", "/v1/stats"):
-                self.reply(200, engine.snapshot())
-            else:
-                self.error(404, f"no route GET {route}; known: /v1/models, /health, /stats")
-
-        def do_POST(self):
-            route = self.path.split("?")[0].rstrip("/")
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length)
-            if route not in ("/v1/chat/completions", "/chat/completions"):
-                return self.error(404, f"no route POST {route}; known: /v1/chat/completions")
-            try:
-                body = json.loads(raw or b"null")
-            except ValueError as e:
-                return self.error(400, f"the request body is not JSON: {e}")
-            try:
-                job = engine.submit(engine.job(body))
-            except RequestError as e:
-                return self.error(e.status, str(e))
-            except Exception as e:  # noqa: BLE001 - a bug answers 500 with its name, never a dropped connection
-                return self.error(500, f"{type(e).__name__}: {e}")
-            if job.error:
-                return self.error(500, job.error)
-            self.reply(200, completion(engine, job))
-
-    class Server(ThreadingHTTPServer):
-        daemon_threads = True
-        request_queue_size = 1024  # hundreds of clients connect at once; the default backlog of 5 drops them
-
-    return Server((host, port), Handler)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m infra.engine", description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="a .gguf file, or a transformers model folder")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", default=None, help="the model id /v1/models reports (default: file stem)")
-    p.add_argument("--device", default="auto", help="auto (cuda when available), cuda, cuda:N or cpu")
-    p.add_argument("--dtype", default="auto",
-                   help="auto (bfloat16 on a GPU, float32 on a CPU), bfloat16, float16, float32")
-    p.add_argument("--max-batch", type=int, default=256, help="most requests generated together (default: %(default)s)")
-    p.add_argument("--max-batch-tokens", type=int, default=None,
-                   help="most padded prompt+new tokens a batch holds (default: half the free memory as KV cache)")
-    p.add_argument("--prefill-tokens", type=int, default=16384, help="most tokens one prefill forward takes")
-    p.add_argument("--max-context", type=int, default=None, help="cap on prompt+new tokens (default: the model's)")
-    p.add_argument("--default-max-tokens", type=int, default=1024, help="max_tokens when a request names none")
-    p.add_argument("--gather-ms", type=float, default=20.0, help="wait this long for more requests before a batch")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
-    p.add_argument("--chat-template", type=Path, default=None, help="a Jinja chat template file to use instead")
-    p.add_argument("--gpu-lock", default=os.environ.get("KERNELCAST_GPU_LOCK") or None,
-                   help="a lock file shared with kernelcast's measurement on this GPU (the harness's children take "
-                        "it to time a kernel; the engine holds it for each step): generation and measurement can "
-                        "then share one GPU without disturbing timings (default: $KERNELCAST_GPU_LOCK)")
-    p.add_argument("--ignore-response-format", action="store_true",
-                   help="answer requests that ask for a response_format unconstrained instead of refusing them")
-    args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    start = time.perf_counter()
-    tokenizer, model = load(args.model, device=args.device, dtype=args.dtype)
-    engine = Engine(model, tokenizer, name=args.served_model_name or Path(args.model).stem,
-                    template=args.chat_template.read_text() if args.chat_template else None,
-                    max_batch=args.max_batch, max_batch_tokens=args.max_batch_tokens,
-                    prefill_tokens=args.prefill_tokens, context=args.max_context,
-                    default_max_tokens=args.default_max_tokens, gather_s=args.gather_ms / 1000,
-                    ignore_response_format=args.ignore_response_format, gpu_lock=args.gpu_lock)
-    server = make_server(engine, args.host, args.port)
-    print(f"serving {engine.name} on http://{args.host}:{server.server_address[1]}/v1 "
-          f"({engine.device}, {next(model.parameters()).dtype}, loaded in {time.perf_counter() - start:.1f} s; "
-          f"max batch {engine.max_batch} rows, {engine.max_batch_tokens} tokens)", file=sys.stderr, flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-        engine.close()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
