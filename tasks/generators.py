@@ -155,10 +155,10 @@ class VariantGenerator:
         operation = get_operation(op)
         reference = operation.seed_candidates()[0]
         ranked = sorted(archive.parents(), key=lambda e: -e.value)
-        parents = [e.candidate for e in ranked if e.value >= 1.0] + [reference] + \
-                  [e.candidate for e in ranked if e.value < 1.0]
+        parents = [e.candidate for e in ranked if e.value >= 0.0] + [reference] + \
+                  [e.candidate for e in ranked if e.value < 0.0]  # value: log speedup
         kids, skipped, seen = [], [], set(archive.entries)
-        for parent in dict.fromkeys(parents):
+        for parent in {p.candidate_id: p for p in parents}.values():
             made, why = variant_children(operation, parent)
             kids += [k for k in made if k.candidate_id not in seen]
             seen.update(k.candidate_id for k in made)
