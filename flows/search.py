@@ -41,18 +41,20 @@ def _search_name() -> str:
 
 
 @flow(name="kernel-search", flow_run_name=_search_name, log_prints=True)
-def kernel_search(op: str, gpu_type: str = "auto", budget: int = 32, generations: int = 4, children: int = 256,
-                  generator: str = "template", surrogate: str = "learned", policy: str = "budget", seed: int = 0,
+def kernel_search(op: str, gpu_type: str = "auto", budget: int | float = 32, generations: int = 4,
+                  children: int = 256, budget_kind: str = "measurements", generator: str = "template", surrogate: str = "learned", policy: str = "budget", seed: int = 0,
                   run_id: str = "", data: str = "kernelcast-data", backend: str = "auto", tracking_uri: str = "",
                   options: dict[str, Any] | None = None) -> dict:
     """One search run: generations of generate -> forecast -> select -> measure -> update.
 
-    ``options`` takes any other ``SearchConfig`` setting (trust_threshold, target_risk,
+    ``budget`` is in ``budget_kind``'s units: measurements, gpu_seconds, or gpu_compile_seconds (GPU plus
+    compile seconds charged). ``options`` takes any other ``SearchConfig`` setting (trust_threshold, target_risk,
     replay_pool, storage_options, llm_url, ...). Rerunning with the same ``run_id``
     replays the finished generations from the journal and continues after them.
     """
     config = SearchConfig.from_mapping({
-        "op": op, "gpu_type": gpu_type, "budget": budget, "generations": generations, "children": children,
+        "op": op, "gpu_type": gpu_type, "budget": budget, "budget_kind": budget_kind, "generations": generations,
+        "children": children,
         "generator": generator, "surrogate": surrogate, "policy": policy, "seed": seed, "run_id": run_id,
         "data": data, "backend": backend, "tracking_uri": tracking_uri, **(options or {})})
     logger = get_run_logger()
@@ -72,6 +74,9 @@ def kernel_search(op: str, gpu_type: str = "auto", budget: int = 32, generations
             steps.select(search, gen)
             steps.measure(search, gen)
             summary = steps.update(search, gen)
+            if gen.skipped:
+                logger.info("generation %d: %d execution variants not made: %s", g, len(gen.skipped),
+                            "; ".join(f"{s.variant} of {s.parent_id}: {s.reason}" for s in gen.skipped[:8]))
             logger.info("generation %d: measured %d, trusted %d, dropped %d, best measured speedup %s",
                         g, summary.measured, summary.trusted, summary.dropped, summary.best_speedup)
             if summary.generator_asked:

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from typing import Any, Mapping
 
 BACKENDS = ("triton", "cuda", "torch")
-ORIGINS = ("template", "llm", "seed", "import")
+ORIGINS = ("template", "llm", "seed", "import", "variant")  # a variant's origin names it: "variant:cuda-graph"
 STATUSES = ("ok", "compile_error", "runtime_error", "incorrect", "timeout", "crashed", "rejected")
 MODES = ("gpu", "interpreter", "replay")
 
@@ -49,7 +49,8 @@ class Candidate:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown backend {self.backend!r}; known: {', '.join(BACKENDS)}")
-        if self.origin not in ORIGINS:
+        kind, colon, name = self.origin.partition(":")
+        if kind not in ORIGINS or bool(colon) != (kind == "variant") or (colon and not name):
             raise ValueError(f"unknown origin {self.origin!r}; known: {', '.join(ORIGINS)}")
         object.__setattr__(self, "params", dict(sorted(dict(self.params).items())))
 
@@ -198,6 +199,13 @@ class GenerationSummary:
     screened_undefined: int = 0
     screened_forbidden: int = 0
     screened_duplicate: int = 0
+    # The budget in its own units (SearchConfig.budget_kind: measurements, gpu_seconds, gpu_compile_seconds):
+    # spent over all generations and left; and the compile seconds the measurements charged.
+    budget_kind: str = "measurements"
+    budget_spent: float = 0.0
+    budget_remaining: float = 0.0
+    compile_seconds: float = 0.0
+    compile_seconds_total: float = 0.0
     finished_at: datetime = field(default_factory=utc_now)
 
 

@@ -37,7 +37,8 @@ _log = logging.getLogger(__name__)
 GENERATION_METRICS = ("generated", "forecast", "measured", "reused", "trusted", "dropped", "failed", "budget_used",
                       "budget_left", "gpu_seconds", "gpu_seconds_total", "best_speedup", "surrogate_bin_accuracy",
                       "surrogate_within_one", "wall_seconds", "overhead_seconds", "generator_asked",
-                      "generator_children", *(f"screened_{reason}" for reason in SCREEN_REASONS))
+                      "generator_children", *(f"screened_{reason}" for reason in SCREEN_REASONS), "budget_spent",
+                      "budget_remaining", "compile_seconds", "compile_seconds_total")
 
 
 class TrackingError(OSError):

@@ -20,9 +20,13 @@ PACKAGED_POOL = str(Path(__file__).resolve().parents[1] / "data" / "pools")
 # The measured corpus of LLM-written children shipped with the project: the replay generator's answers.
 PACKAGED_CORPUS = str(Path(PACKAGED_POOL) / "llm")
 
-# Generators are named in tasks/generators.py (template, llm, freeform, replay); these two ask a model.
+# Generators are named in tasks/generators.py (template, llm, freeform, replay, variants, and a model generator
+# composed with variants: freeform+variants); these two ask a model, alone or composed.
 LLM_GENERATORS = ("llm", "freeform")
 POLICIES = ("budget", "conformal")
+# What a search's budget counts: measurements charged, GPU-seconds charged, or GPU-seconds plus the seconds spent
+# compiling (each measurement's gpu_seconds and compile_seconds: torch.compile and max-autotune are not free).
+BUDGET_KINDS = ("measurements", "gpu_seconds", "gpu_compile_seconds")
 ACQUISITIONS = ("thompson", "ei")  # how unsure children are ranked for the budget (surrogate.online)
 # What the learned prior may have seen of the searched operation: nothing (an honest forecast of
 # a new operation), its measurements on other GPU types (porting a tuned operation to a new GPU
@@ -41,7 +45,8 @@ class ConfigError(ValueError):
 class SearchConfig:
     op: str
     gpu_type: str = "auto"  # "auto": the local GPU's type, or h100 when replaying without a GPU
-    budget: int = 32  # measurements charged over the whole search
+    budget: int | float = 32  # over the whole search, in budget_kind's units: measurements, or seconds
+    budget_kind: str = "measurements"  # measurements | gpu_seconds | gpu_compile_seconds (BUDGET_KINDS)
     generations: int = 4
     children: int = 256  # per generation (forecasts are cheap); with surrogate "none", children = the budget
     generator: str = "template"  # template | llm | freeform | replay (tasks/generators.py)
@@ -64,8 +69,9 @@ class SearchConfig:
     target_risk: float = 0.05  # trusted-and-wrong-by-more-than-one-bin rate (policy conformal)
     acquisition: str = "thompson"  # thompson: a draw from each child's forecast; ei: expected improvement
     explore: float = 0.2  # fraction of children drawn fresh from the space rather than bred from parents
-    gpu_seconds_budget: float = 0.0  # stop once this much GPU time is charged (0: no limit), checked wave by wave
-    measure_wave: int = 8  # with a GPU-seconds budget: candidates measured between two checks of it
+    # With budget_kind measurements: also stop once this much GPU time is charged (0: no limit), checked wave by wave.
+    gpu_seconds_budget: float = 0.0
+    measure_wave: int = 8  # with a budget in seconds: candidates measured between two checks of it
     seed: int = 0
     run_id: str = ""  # "": a new one from op, GPU type, surrogate, budget, seed and the time; rerun an id to resume
     data: str = "kernelcast-data"
@@ -88,8 +94,19 @@ class SearchConfig:
     def children_for(self, generation_budget: int) -> int:
         return self.children if self.surrogate_on else generation_budget
 
+    @property
+    def budget_in_seconds(self) -> bool:
+        return self.budget_kind != "measurements"
+
+    def charge(self, measurement) -> float:
+        """What one measurement costs in the budget's units."""
+        if self.budget_kind == "measurements":
+            return 1.0
+        return measurement.gpu_seconds + (measurement.compile_seconds if self.budget_kind == "gpu_compile_seconds"
+                                          else 0.0)
+
     def generation_budgets(self) -> list[int]:
-        """The budget split over generations, the remainder to the earliest ones."""
+        """A measurements budget split over generations, the remainder to the earliest ones."""
         base, extra = divmod(self.budget, self.generations)
         return [base + (1 if g < extra else 0) for g in range(self.generations)]
 
@@ -138,28 +155,37 @@ def check_settings(config: SearchConfig) -> None:
     """
     from kernels.hardware import INTERPRETER, KNOWN_GPU_TYPES
     from surrogate.registry import FACTORIES, reads_folder
-    from tasks.generators import GENERATORS
+    from tasks.generators import base_generator, generator_names
 
     if config.gpu_type != "auto" and config.gpu_type not in (*KNOWN_GPU_TYPES, INTERPRETER):
         raise ConfigError(f"unknown GPU type {config.gpu_type!r}; known: auto, {', '.join(KNOWN_GPU_TYPES)}")
-    for name in ("budget", "generations", "children", "measure_wave", "generator_children", "generator_max_tokens",
+    if config.budget_kind not in BUDGET_KINDS:
+        raise ConfigError(f"unknown budget_kind {config.budget_kind!r}; known: {', '.join(BUDGET_KINDS)}")
+    if config.budget_in_seconds:
+        if not (isinstance(config.budget, (int, float)) and not isinstance(config.budget, bool) and config.budget > 0):
+            raise ConfigError(f"budget must be a positive number of seconds (budget_kind {config.budget_kind}), "
+                              f"got {config.budget!r}")
+        if config.gpu_seconds_budget:
+            raise ConfigError(f"gpu_seconds_budget caps a measurements budget; with budget_kind "
+                              f"{config.budget_kind} the budget itself is in seconds: leave it at 0")
+    for name in (*(() if config.budget_in_seconds else ("budget",)), "generations", "children", "measure_wave", "generator_children", "generator_max_tokens",
                  "generator_concurrency"):
         value = getattr(config, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"{name} must be a positive whole number, got {value!r}")
-    if config.budget < config.generations:
+    if not config.budget_in_seconds and config.budget < config.generations:
         raise ConfigError(f"budget {config.budget} is less than one measurement per generation "
                           f"({config.generations} generations)")
     surrogates = (*FACTORIES, "llm", NO_SURROGATE)
     if config.surrogate not in surrogates:
         raise ConfigError(f"unknown surrogate {config.surrogate!r}; known: {', '.join(surrogates)}")
-    for name, allowed in (("generator", GENERATORS), ("policy", POLICIES), ("acquisition", ACQUISITIONS),
+    for name, allowed in (("generator", generator_names()), ("policy", POLICIES), ("acquisition", ACQUISITIONS),
                           ("backend", BACKENDS), ("prior_scope", PRIOR_SCOPES)):
         if getattr(config, name) not in allowed:
             raise ConfigError(f"unknown {name} {getattr(config, name)!r}; known: {', '.join(allowed)}")
     if config.backend == "ray" and config.gpu_type == "auto":
         raise ConfigError("backend ray needs an explicit gpu_type: the cluster may hold several")
-    if config.generator in LLM_GENERATORS:
+    if base_generator(config.generator) in LLM_GENERATORS:
         if not (config.generator_url and config.generator_model):
             raise ConfigError(f"generator {config.generator!r} needs generator_url (an OpenAI-compatible endpoint) "
                               "and generator_model")
@@ -173,7 +199,7 @@ def check_settings(config: SearchConfig) -> None:
         if config.generator_model_sha256 and not re.fullmatch(r"[0-9a-f]{64}", config.generator_model_sha256):
             raise ConfigError(f"generator_model_sha256 must be 64 lowercase hex digits, got "
                               f"{config.generator_model_sha256!r}")
-    if config.generator == "replay" and not config.replay_corpus:
+    if base_generator(config.generator) == "replay" and not config.replay_corpus:
         raise ConfigError("generator 'replay' needs replay_corpus (a measured corpus, e.g. data/pools/llm)")
     if config.surrogate in FACTORIES and reads_folder(config.surrogate) and not config.surrogate_folder:
         raise ConfigError(f"surrogate {config.surrogate!r} needs surrogate_folder: the folder it was trained into")
@@ -206,9 +232,15 @@ def check_operation(config: SearchConfig) -> None:
             raise ConfigError(str(exc)) from None
     if config.generator == "template" and is_imported_name(config.op):
         raise ConfigError(f"operation {config.op} is an imported task with no template space; search it with "
-                          "generator 'freeform' or 'llm' (generator_url, generator_model)")
+                          "generator 'freeform' or 'llm' (generator_url, generator_model), or 'variants'")
+    if config.generator.endswith("variants"):
+        from kernels.ops import get_operation
+
+        if getattr(get_operation(config.op), "format", "") != "kernelbench":
+            raise ConfigError(f"generator {config.generator!r} runs a KernelBench ModelNew another way; "
+                              f"{config.op} is not an imported KernelBench task (kb.<name>)")
     if config.generator_roots:
-        if config.generator != "freeform":
+        if base_generator(config.generator) != "freeform":
             raise ConfigError(f"generator_roots starts a free-form search from template kernels; generator "
                               f"{config.generator!r} takes none")
         from tasks.generators import template_roots

@@ -8,7 +8,11 @@ the search's generate step calls ``children`` once per generation, whichever it 
 - ``freeform``: a model rewrites parents' whole sources;
 - ``replay``: a measured corpus answers for the model (``tasks/replay.py``): a parent's children
   are the ones a model wrote for it when the corpus was made, so a search without a model or a
-  GPU walks the corpus's recorded tree.
+  GPU walks the corpus's recorded tree;
+- ``variants``: execution variants (``kernels.variants``: torch.compile, CUDA graphs, channels_last,
+  cuDNN autotuning) of the reference and of the archive's measured parents, for KernelBench tasks;
+  ``<model generator>+variants`` (``freeform+variants``) composes it with a model's rewrites, so the
+  model's measured children get variants too.
 
 The three model generators share one path, ``ModelGenerator``: parents chosen from the archive,
 one request per parent, the same static checks, counts and provenance rows. Only the model differs.
@@ -30,6 +34,7 @@ class Offspring:
     children: list[Candidate]
     counts: object = None  # tasks.llm_generator.GeneratorCounts of a model's answers; None: no model asked
     provenance: list[Provenance] = field(default_factory=list)  # who wrote each child (model generators)
+    skipped: list = field(default_factory=list)  # kernels.variants.Skipped: variants that could not apply, and why
 
 
 class Generator(Protocol):
@@ -128,6 +133,52 @@ class ModelGenerator:
         return self.model.exhausted([e.candidate.candidate_id for e in archive.parents()]) and self.model.exhausted([])
 
 
+class VariantGenerator:
+    """Execution variants of the op's reference and of the archive's parents (best first), behind an optional
+    base generator: the base's children first, the variants fill up; at least half of ``n`` is left to them
+    while they have children to give. Repeatable: a parent's variants are the same every time."""
+
+    def __init__(self, op: str, base: Generator | None = None):
+        self.op = op
+        self.base = base
+        self.name = f"{base.name}+variants" if base else "variants"
+        self.repeatable = base.repeatable if base else True
+
+    def probe(self) -> None:
+        if self.base is not None:
+            self.base.probe()
+
+    def _variants(self, op: str, archive) -> tuple[list[Candidate], list]:
+        from kernels.ops import get_operation
+        from kernels.variants import variant_children
+
+        operation = get_operation(op)
+        reference = operation.seed_candidates()[0]
+        ranked = sorted(archive.parents(), key=lambda e: -e.value)
+        parents = [e.candidate for e in ranked if e.value >= 0.0] + [reference] + \
+                  [e.candidate for e in ranked if e.value < 0.0]  # value: log speedup
+        kids, skipped, seen = [], [], set(archive.entries)
+        for parent in {p.candidate_id: p for p in parents}.values():
+            made, why = variant_children(operation, parent)
+            kids += [k for k in made if k.candidate_id not in seen]
+            seen.update(k.candidate_id for k in made)
+            skipped += why
+        return kids, skipped
+
+    def children(self, op, space, archive, n, rng, explore, *, seed, run_id, generation) -> Offspring:
+        variants, skipped = self._variants(op, archive)
+        if self.base is None:
+            return Offspring(variants[:n], skipped=skipped)
+        made = self.base.children(op, space, archive, n - min(len(variants), n // 2), rng, explore, seed=seed,
+                                  run_id=run_id, generation=generation)
+        ids = {c.candidate_id for c in made.children}
+        extra = [v for v in variants if v.candidate_id not in ids][: n - len(made.children)]
+        return Offspring(made.children + extra, made.counts, made.provenance, skipped)
+
+    def exhausted(self, space, archive) -> bool:
+        return not self._variants(self.op, archive)[0] and (self.base is None or self.base.exhausted(space, archive))
+
+
 def _template(config) -> Generator:
     return TemplateGenerator()
 
@@ -187,14 +238,30 @@ def _replay(config) -> Generator:
                           config.generator_children)
 
 
+def _variants(config) -> Generator:
+    return VariantGenerator(config.op)
+
+
 GENERATORS: dict[str, Callable[[object], Generator]] = {
-    "template": _template, "llm": _llm, "freeform": _freeform, "replay": _replay}
+    "template": _template, "llm": _llm, "freeform": _freeform, "replay": _replay, "variants": _variants}
+# Generators whose children may also get execution variants: "freeform+variants".
+COMPOSABLE = ("llm", "freeform", "replay")
+VARIANTS_SUFFIX = "+variants"
+
+
+def base_generator(name: str) -> str:
+    """The generator a name composes variants with ('freeform+variants' -> 'freeform'), or the name itself."""
+    return name[: -len(VARIANTS_SUFFIX)] if name.endswith(VARIANTS_SUFFIX) else name
+
+
+def generator_names() -> list[str]:
+    """Every name ``make_generator`` accepts."""
+    return [*GENERATORS, *(f"{g}{VARIANTS_SUFFIX}" for g in COMPOSABLE)]
 
 
 def make_generator(config) -> Generator:
     """The generator ``config.generator`` names, built from the config's settings; a clear error for an unknown name."""
-    try:
-        factory = GENERATORS[config.generator]
-    except KeyError:
-        raise ValueError(f"unknown generator {config.generator!r}; known: {', '.join(GENERATORS)}") from None
-    return factory(config)
+    if config.generator not in generator_names():
+        raise ValueError(f"unknown generator {config.generator!r}; known: {', '.join(generator_names())}")
+    base = GENERATORS[base_generator(config.generator)](config)
+    return VariantGenerator(config.op, base) if config.generator != base_generator(config.generator) else base

@@ -15,6 +15,7 @@ one; a measured candidate is never measured twice and never lost.
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -37,9 +38,10 @@ from tasks.generators import make_generator
 from tasks.state import Archive
 
 _FLUSH_EVERY = 8  # measurements buffered before a write
-# Why a search ends: its measurement budget or GPU-seconds budget is spent, its generator has no
-# new candidates left (template space or replay corpus exhausted), or it ran all its generations.
-STOP_REASONS = ("budget", "gpu_seconds", "no candidates", "generations")
+# Why a search ends: its budget is spent ("budget": measurements; "gpu_seconds", "gpu_compile_seconds": a
+# budget of that kind, or the GPU-seconds cap on a measurements budget), its generator has no new candidates
+# left (template space or replay corpus exhausted), or it ran all its generations.
+STOP_REASONS = ("budget", "gpu_seconds", "gpu_compile_seconds", "no candidates", "generations")
 
 
 @dataclass
@@ -54,6 +56,7 @@ class Generation:
     measurements: list[Measurement] = field(default_factory=list)
     reused: int = 0
     generator_counts: object = None  # tasks.llm_generator.GeneratorCounts of an LLM generator's answers
+    skipped: list = field(default_factory=list)  # kernels.variants.Skipped: variants that could not apply
     started: float = field(default_factory=time.perf_counter)
     forecast_seconds: float = 0.0
     measure_seconds: float = 0.0
@@ -96,8 +99,12 @@ class Search:
         self.summaries: list[GenerationSummary] = []
         self.trajectory: list[float] = []  # measured speedups in the order they were charged (0: failed)
         self.charges: list[float] = []  # the GPU-seconds each of those measurements charged
-        self.budget_used = 0
+        self.spent_each: list[float] = []  # what each of them cost in the budget's units (config.charge)
+        self.budget_used = 0  # measurements charged
         self.gpu_seconds = 0.0
+        self.compile_seconds = 0.0
+        self.budget_spent = 0.0  # in the budget's units (config.budget_kind)
+        self.reference_charge = 0.0  # what measuring the reference cost, in the budget's units
         self.carry = 0  # budget a generation left unspent passes to the next
         self.completed: set[int] = set()
         self.surrogate: SearchSurrogate | None = None
@@ -124,6 +131,7 @@ class Search:
         self.root.write_candidates([reference])
         ref = self._measure([reference])[0][0]
         self.replayed = ref.replayed
+        self.reference_charge = c.charge(ref)
         if ref.status != "ok" and ref.mode != "interpreter":
             raise RuntimeError(f"the {c.op} reference failed to measure on {c.gpu_type}: {ref.status}: {ref.error}")
         if self.forecaster is not None:
@@ -139,8 +147,16 @@ class Search:
     # ---- the five steps --------------------------------------------------------------------
 
     def plan(self, g: int) -> Generation:
-        """Generation ``g`` with its budget (its share plus what earlier generations left)."""
-        return Generation(g, self.config.generation_budgets()[g] + self.carry)
+        """Generation ``g`` with its budget in measurements: its share plus what earlier generations left; with a
+        budget in seconds, its share of the seconds left over what a measurement has cost so far (the reference's
+        at first), the waves of ``measure`` stopping where the seconds run out."""
+        c = self.config
+        if not c.budget_in_seconds:
+            return Generation(g, c.generation_budgets()[g] + self.carry)
+        share = max(0.0, c.budget - self.budget_spent) / max(1, c.generations - g)
+        costs = [x for x in self.spent_each if x > 0] or ([self.reference_charge] if self.reference_charge > 0 else [])
+        count = c.children if not costs else math.ceil(share / (sum(costs) / len(costs)))
+        return Generation(g, max(1, min(c.children, count)))
 
     def generate(self, gen: Generation) -> list[Candidate]:
         c = self.config
@@ -155,6 +171,7 @@ class Search:
             made = self.generator.children(c.op, self.space, self.archive, n, rng, explore, seed=c.seed,
                                            run_id=c.run_id, generation=gen.index)
             gen.children, gen.generator_counts, provenance = made.children, made.counts, made.provenance
+            gen.skipped = made.skipped
         for child in gen.children:
             self.candidates.setdefault(child.candidate_id, child)
         self.root.write_candidates(gen.children)
@@ -188,21 +205,23 @@ class Search:
         return gen.selection
 
     def measure(self, gen: Generation) -> list[Measurement]:
-        """The selected children, measured; with a GPU-seconds budget, in waves of ``measure_wave``, and
-        the children of the waves after the one that spends it dropped unmeasured."""
+        """The selected children, measured; with a budget in seconds (or a GPU-seconds cap), in waves of
+        ``measure_wave``, and the children of the waves after the one that spends it dropped unmeasured."""
         c = self.config
         t0 = time.perf_counter()
         wanted = [self.candidates[i] for i in gen.selection.measure]
-        wave = c.measure_wave if c.gpu_seconds_budget else max(1, len(wanted))
+        waves = c.budget_in_seconds or c.gpu_seconds_budget
+        wave = c.measure_wave if waves else max(1, len(wanted))
         gen.measurements, gen.reused = [], 0
-        spent = self.gpu_seconds
+        spent, gpu = self.budget_spent, self.gpu_seconds
         for start in range(0, len(wanted), wave):
-            if c.gpu_seconds_budget and spent >= c.gpu_seconds_budget:
+            if (c.budget_in_seconds and spent >= c.budget) or (c.gpu_seconds_budget and gpu >= c.gpu_seconds_budget):
                 break
             measured, reused = self._measure(wanted[start: start + wave])
             gen.measurements += measured
             gen.reused += reused
-            spent += sum(m.gpu_seconds for m in measured)
+            spent += sum(c.charge(m) for m in measured)
+            gpu += sum(m.gpu_seconds for m in measured)
         if len(gen.measurements) < len(wanted):  # a measure decision is a charged measurement: the rest are drops
             s = gen.selection
             gen.selection = dataclasses.replace(s, measure=s.measure[: len(gen.measurements)],
@@ -226,10 +245,14 @@ class Search:
         charged = len(gen.measurements)
         self.trajectory += [m.speedup if m.status == "ok" and m.speedup else 0.0 for m in gen.measurements]
         self.charges += [m.gpu_seconds for m in gen.measurements]
+        self.spent_each += [c.charge(m) for m in gen.measurements]
         gen_gpu = sum(m.gpu_seconds for m in gen.measurements)
+        gen_compile = sum(m.compile_seconds for m in gen.measurements)
         self.budget_used += charged
         self.gpu_seconds += gen_gpu
-        self.carry = max(0, gen.budget - charged)
+        self.compile_seconds += gen_compile
+        self.budget_spent += sum(c.charge(m) for m in gen.measurements)
+        self.carry = 0 if c.budget_in_seconds else max(0, gen.budget - charged)
         best_id, best = self.archive.best()
         wall = time.perf_counter() - gen.started
         summary = GenerationSummary(
@@ -237,8 +260,10 @@ class Search:
             policy=c.policy if c.surrogate_on else "measure-all", generated=len(gen.children),
             forecast=len(gen.forecasts), measured=charged, reused=gen.reused, trusted=len(gen.selection.trust),
             dropped=len(gen.selection.drop), failed=sum(m.status != "ok" for m in gen.measurements),
-            budget_used=self.budget_used, budget_left=c.budget - self.budget_used, gpu_seconds=gen_gpu,
-            gpu_seconds_total=self.gpu_seconds, best_candidate_id=best_id, best_speedup=best,
+            budget_used=self.budget_used, budget_left=0 if c.budget_in_seconds else c.budget - self.budget_used,
+            gpu_seconds=gen_gpu, gpu_seconds_total=self.gpu_seconds, budget_kind=c.budget_kind,
+            budget_spent=self.budget_spent, budget_remaining=max(0.0, c.budget - self.budget_spent),
+            compile_seconds=gen_compile, compile_seconds_total=self.compile_seconds, best_candidate_id=best_id, best_speedup=best,
             surrogate_bin_accuracy=_mean([p == b for p, b in forecast_hits]),
             surrogate_within_one=_mean([abs(p - b) <= 1 for p, b in forecast_hits]),
             wall_seconds=wall, overhead_seconds=max(0.0, wall - gen.forecast_seconds - gen.measure_seconds),
@@ -266,7 +291,9 @@ class Search:
     def should_stop(self) -> str:
         """Why the search ends before its next generation (one of ``STOP_REASONS``), or '' if it goes on."""
         c = self.config
-        if self.budget_used >= c.budget:
+        if c.budget_in_seconds and self.budget_spent >= c.budget:
+            return c.budget_kind
+        if not c.budget_in_seconds and self.budget_used >= c.budget:
             return "budget"
         if c.gpu_seconds_budget and self.gpu_seconds >= c.gpu_seconds_budget:
             return "gpu_seconds"

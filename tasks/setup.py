@@ -17,6 +17,7 @@ from threadpoolctl import threadpool_limits
 
 from storage.dataset import DataRoot, RetryPolicy
 from storage.tracking import Tracker, default_tracking_uri
+from tasks.generators import base_generator
 from tasks.config import NO_SURROGATE, PACKAGED_POOL, ConfigError, SearchConfig, validate
 
 MODEL_FOLDER = "models"  # fitted surrogate priors under the data root, reused across runs
@@ -32,7 +33,7 @@ def data_root(config: SearchConfig) -> DataRoot:
 def resolve(config: SearchConfig) -> SearchConfig:
     """Validate, then settle backend 'auto' and GPU type 'auto' against what this machine has."""
     config = validate(config)
-    if config.generator == "replay" and config.replay_pool == PACKAGED_POOL:
+    if base_generator(config.generator) == "replay" and config.replay_pool == PACKAGED_POOL:
         config = config.replace(replay_pool=config.replay_corpus)  # replayed children replay their own measurements
     backend = config.backend
     if backend == "auto":
@@ -94,7 +95,7 @@ def _code_version() -> str:
 def prior_corpus(config: SearchConfig) -> str:
     """The written corpus the prior's source model also learns from: the replay corpus of a replayed
     search, else ``prior_data``'s ``llm`` folder where one holds measurements; "" when there is none."""
-    if config.generator == "replay":
+    if base_generator(config.generator) == "replay":
         return config.replay_corpus
     corpus = posixpath.join(config.prior_data.rstrip("/"), "llm")
     return corpus if DataRoot(corpus).fingerprint("measurements") else ""
@@ -158,7 +159,7 @@ def prior_sources(config: SearchConfig):
         return None
     if config.prior_scope != "all":
         rows = rows[rows["op"] != config.op]
-    elif config.generator == "replay":
+    elif base_generator(config.generator) == "replay":
         rows = rows[(rows["op"] != config.op) | (rows["origin"] == "template")]
     return rows if not rows.empty else None
 

@@ -13,11 +13,15 @@ from flows.commands.common import (UsageError, add_data_args, check_data_root, p
 _SEARCH_FLAGS = {
     "op": (str, "operation to search"), "gpu_type": (str, "GPU type to measure on (default: this GPU, or h100 "
                                                           "when replaying without one)"),
-    "budget": (int, "measurements charged over the whole search (default 32)"),
+    "budget": (float, "the whole search's budget in --budget-kind's units (default 32 measurements)"),
+    "budget_kind": (str, "what --budget counts: measurements (default), gpu_seconds, or gpu_compile_seconds (GPU "
+                         "plus compile seconds charged)"),
     "generations": (int, "generations (default 4)"), "children": (int, "children per generation (default 256)"),
     "generator": (str, "template; llm (a model picks template variants; template ones fill up); freeform (a "
-                       "model rewrites the parent's whole source); or replay (a measured corpus's recorded "
-                       "children answer for the model)"),
+                       "model rewrites the parent's whole source); replay (a measured corpus's recorded "
+                       "children answer for the model); variants (KernelBench tasks: torch.compile, CUDA graph, "
+                       "channels_last, cuDNN-autotuned runs of the reference and measured parents); or "
+                       "llm+variants, freeform+variants, replay+variants"),
     "replay_corpus": (str, "generator replay: the corpus whose recorded children answer (default: the packaged "
                            "data/pools/llm); the replay backend then answers from its measurements"),
     "generator_url": (str, "OpenAI-compatible endpoint (generator llm)"),
@@ -41,7 +45,7 @@ _SEARCH_FLAGS = {
                          "(expected improvement)"),
     "gpu_seconds_budget": (float, "also stop once this many GPU-seconds are charged (checked after each wave "
                                   "of measurements)"),
-    "measure_wave": (int, "with --gpu-seconds-budget: measurements between two checks of it (default 8)"),
+    "measure_wave": (int, "with a budget in seconds: measurements between two checks of it (default 8)"),
     "seed": (int, "random seed"), "run_id": (str, "run id; rerun the same id to resume"),
     "backend": (str, "auto, local, replay or ray"), "replay_pool": (str, "measured pool the replay backend answers from"),
     "prior_data": (str, "measurements the learned surrogate's prior is fit on"),
@@ -73,6 +77,9 @@ def search_config(args):
         if getattr(args, name) is not None:
             values[name] = getattr(args, name)
     values["data"] = args.data
+    if isinstance(values.get("budget"), float) and values["budget"].is_integer() \
+            and values.get("budget_kind", "measurements") == "measurements":
+        values["budget"] = int(values["budget"])  # a count of measurements, given as --budget 32
     options = parse_storage_options(args.storage_option)
     if options:
         values["storage_options"] = options
@@ -103,7 +110,8 @@ def cmd_search(args) -> int:
     from tasks.setup import resolve
 
     config = resolve(config)  # backend and GPU type 'auto' settled against this machine
-    fields = {f: getattr(config, f) for f in ("op", "gpu_type", "budget", "generations", "children", "generator",
+    fields = {f: getattr(config, f) for f in ("op", "gpu_type", "budget", "budget_kind", "generations", "children",
+                                              "generator",
                                               "surrogate", "policy", "seed", "run_id", "data", "backend",
                                               "tracking_uri")}
     options = {k: v for k, v in config.__dict__.items() if k not in fields}

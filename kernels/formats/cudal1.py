@@ -29,6 +29,7 @@ from typing import Mapping, Sequence
 
 from kernels.formats.common import TaskFormatError, backend_of, top_level_names
 from kernels.records import Candidate
+from kernels.variants import variant_source
 
 REPOSITORY = "github.com/deepreinforce-ai/CUDA-L1"
 COMMIT = "51e8356bf844101cab2aeeca4bdff47ebb1953b8"
@@ -171,30 +172,13 @@ def variants_named(spec: str | Sequence[str]) -> list[str]:
 
 
 _MAPPED = "\n\n# ---- kernelcast: the {cls} this variant defines is the candidate ----\nModelNew = {cls}\n"
-_COMPILED = '''
-
-# ---- kernelcast: the reference above, called through torch.compile(mode={mode!r}) ----
-import torch as _kc_torch
-
-
-class ModelNew(_kc_torch.nn.Module):
-    """The reference Model, built first (so with the reference's weights) and called through torch.compile."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__()
-        self.model = Model(*args, **kwargs)
-        self.compiled = _kc_torch.compile(self.model, mode={mode!r})
-
-    def forward(self, *inputs):
-        return self.compiled(*inputs)
-'''
 
 
 def submission(problem: Problem, variant: str) -> tuple[str | None, str]:
     """(the variant's KernelBench submission, '') or (None, why it cannot be built). The null is built from its op."""
     v = VARIANTS[variant]
     if v.compile_mode is not None:
-        return problem.ref_code.rstrip() + _COMPILED.format(mode=v.compile_mode), ""
+        return variant_source(problem.ref_code, f"compile-{v.compile_mode}"), ""
     if v.field is None:
         return None, "built from the imported operation (kernels.null)"
     code = problem.codes.get(v.field)

@@ -1,0 +1,203 @@
+"""Execution variants of a PyTorch model: the same ``ModelNew`` run another way (torch.compile, CUDA graphs,
+channels_last, cuDNN autotuning), written as a wrapper appended to the model's own submission.
+
+A variant's source is the parent's submission verbatim, then a marked block that binds the class above
+(``ModelNew``, or a reference's ``Model``) to a private name and defines a new ``ModelNew`` around it. The
+wrapper builds the wrapped model first thing in its constructor, so it draws the same weights from the
+seeded generator as the model itself would (KernelBench's eval makes both models after one seed). Variants
+compose: a variant of a variant wraps the wrapper, each kind under a name of its own; a second variant of
+the same kind is refused, as is one that cannot apply to the parent (``reason_not``).
+
+Left out on purpose: TF32 on or off. It changes the arithmetic (a 10-bit mantissa in matmuls and
+convolutions), so its speedup is bought with precision; a variant here runs the same arithmetic faster.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from kernels.formats.common import TaskFormatError, submission_of, top_level_names
+
+ORIGIN_PREFIX = "variant"  # a variant child's origin: "variant:<name>"
+_MARK = "# ---- kernelcast variant: {name} ({what}) ----"
+_MARKED = re.compile(r"^# ---- kernelcast variant: ([a-z0-9-]+) ", re.M)
+
+_HEAD = '''
+
+{mark}
+import torch as _kc_torch
+
+_kc_{kind}_base = {base}
+
+
+class ModelNew(_kc_torch.nn.Module):
+    """{doc}"""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+        self.model = _kc_{kind}_base(*args, **kwargs)  # first: the wrapped model draws the weights it would alone
+'''
+
+_BODIES = {
+    "compile": '''        self.compiled = _kc_torch.compile(self.model, mode={mode!r})
+
+    def forward(self, *inputs):
+        return self.compiled(*inputs)
+''',
+    # Warm-up runs on the current stream: the harness refuses streams a candidate makes itself, while
+    # torch.cuda.graph captures on a side stream of torch's own. Inputs are copied into the captured
+    # (static) tensors before each replay; outputs are cloned, since the harness may hold the outputs
+    # of one call while it makes the next, and a replay overwrites the static outputs.
+    "cuda_graph": '''        self.graphs = {}
+
+    def forward(self, *inputs):
+        if _kc_torch.is_grad_enabled() or not all(isinstance(t, _kc_torch.Tensor) and t.is_cuda for t in inputs):
+            return self.model(*inputs)  # a graph replays device work only: off the GPU, the model as it is
+        key = tuple((tuple(t.shape), t.dtype, t.stride()) for t in inputs)
+        captured = self.graphs.get(key)
+        if captured is None:
+            static = [t.clone() for t in inputs]
+            for _ in range(3):  # lazy initialisation and library workspaces happen before the capture
+                self.model(*static)
+            _kc_torch.cuda.synchronize()
+            graph = _kc_torch.cuda.CUDAGraph()
+            with _kc_torch.cuda.graph(graph):
+                out = self.model(*static)
+            captured = self.graphs[key] = (graph, static, out)
+        graph, static, out = captured
+        for s, t in zip(static, inputs):
+            s.copy_(t)
+        graph.replay()
+        if isinstance(out, (tuple, list)):
+            return type(out)(o.clone() if isinstance(o, _kc_torch.Tensor) else o for o in out)
+        return out.clone()
+''',
+    "channels_last": '''        self.model = self.model.to(memory_format=_kc_torch.channels_last)
+
+    def forward(self, *inputs):
+        return self.model(*(t.contiguous(memory_format=_kc_torch.channels_last)
+                            if isinstance(t, _kc_torch.Tensor) and t.dim() == 4 else t for t in inputs))
+''',
+    # The flag is process-wide: it is set only around this model's call, so that a reference run in
+    # the same process runs as it was written.
+    "cudnn_benchmark": '''
+    def forward(self, *inputs):
+        saved = _kc_torch.backends.cudnn.benchmark
+        _kc_torch.backends.cudnn.benchmark = True
+        try:
+            return self.model(*inputs)
+        finally:
+            _kc_torch.backends.cudnn.benchmark = saved
+''',
+}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way of running a model: its name (the child's origin is ``variant:<name>``), its kind (two
+    variants of one kind never stack), and what it does, in words."""
+
+    name: str
+    kind: str
+    what: str
+    mode: str | None = None  # torch.compile's mode (kind compile)
+
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+VARIANTS: dict[str, Variant] = {v.name: v for v in (
+    *(Variant(f"compile-{m}", "compile", f"torch.compile, mode {m!r}", mode=m) for m in COMPILE_MODES),
+    Variant("cuda-graph", "cuda_graph", "captured once per input shape in a CUDA graph, replayed"),
+    Variant("channels-last", "channels_last", "weights and 4-D inputs in channels_last memory format"),
+    Variant("cudnn-benchmark", "cudnn_benchmark", "torch.backends.cudnn.benchmark on: cuDNN autotunes"),
+)}
+# Modes whose compiled model already replays CUDA graphs: a cuda-graph variant of one captures nothing new.
+_GRAPHED_MODES = ("reduce-overhead", "max-autotune")
+_CONV2D = re.compile(r"\b(Conv2d|ConvTranspose2d|conv2d|conv_transpose2d|LazyConv2d)\b")
+
+
+def variant_named(name: str) -> Variant:
+    try:
+        return VARIANTS[name]
+    except KeyError:
+        raise ValueError(f"unknown execution variant {name!r}; known: {', '.join(VARIANTS)}") from None
+
+
+def applied(source: str) -> list[Variant]:
+    """The variants a source already runs under, innermost first (read from their marks)."""
+    return [VARIANTS[n] for n in _MARKED.findall(submission_of(source)) if n in VARIANTS]
+
+
+def model_class(submission: str) -> str:
+    """The class a variant wraps: ``ModelNew`` if the submission defines one, else a reference's ``Model``."""
+    names = top_level_names(submission, "the parent's source")
+    for cls in ("ModelNew", "Model"):
+        if names.get(cls) in ("class", "value"):
+            return cls
+    raise TaskFormatError("the parent's source defines no ModelNew or Model to run another way")
+
+
+def reason_not(variant: Variant, submission: str, input_dims: tuple[int, ...] = ()) -> str:
+    """Why ``variant`` cannot apply to ``submission`` (whose inputs have ``input_dims`` dimensions), or ''."""
+    try:
+        model_class(submission)
+    except TaskFormatError as exc:
+        return str(exc)
+    done = applied(submission)
+    same = [v.name for v in done if v.kind == variant.kind]
+    if same:
+        return f"the parent already runs as {same[0]}: a {variant.kind.replace('_', ' ')} variant of it adds nothing"
+    if variant.kind == "cuda_graph":
+        graphed = [v.name for v in done if v.mode in _GRAPHED_MODES]
+        if graphed:
+            return f"the parent already runs as {graphed[0]}, which replays CUDA graphs of its own"
+    if variant.kind == "channels_last":
+        if 4 not in input_dims:
+            return "no 4-D input: channels_last changes the layout of 4-D (N, C, H, W) tensors only"
+        if not _CONV2D.search(submission):
+            return "no 2-D convolution in the model: channels_last pays off in cuDNN's NHWC convolutions"
+    return ""
+
+
+def variant_source(submission: str, name: str) -> str:
+    """``submission`` (a KernelBench model file) followed by the wrapper that runs it as variant ``name``."""
+    v = variant_named(name)
+    head = _HEAD.format(mark=_MARK.format(name=v.name, what=v.what), kind=v.kind, base=model_class(submission),
+                        doc=f"The model above, run as {v.name}: {v.what}.")
+    return submission.rstrip() + "\n" + head + _BODIES[v.kind].replace("{mode!r}", repr(v.mode))
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A variant not made for a parent, and why."""
+
+    parent_id: str
+    variant: str
+    reason: str
+
+
+def input_dims(op) -> tuple[int, ...]:
+    """The numbers of dimensions of an imported KernelBench op's inputs, over all its cases (from its manifest)."""
+    dims = set()
+    for case in (*op.cases, *op.interpret_cases):
+        dims.update(len(shape) for shape, _ in op.info(case).get("signature") or ())
+    return tuple(sorted(dims))
+
+
+def variant_children(op, parent, names=tuple(VARIANTS)) -> tuple[list, list[Skipped]]:
+    """(children, skipped): each named variant of ``parent`` (a candidate of the imported KernelBench op ``op``)
+    as a child with origin ``variant:<name>``, or the reason it cannot be one."""
+    if getattr(op, "format", "") != "kernelbench":
+        raise ValueError(f"execution variants run a KernelBench ModelNew another way; {op.name} is not a "
+                         "KernelBench task")
+    submission = submission_of(parent.source)
+    dims = input_dims(op)
+    children, skipped = [], []
+    for name in names:
+        why = reason_not(variant_named(name), submission, dims)
+        if why:
+            skipped.append(Skipped(parent.candidate_id, name, why))
+        else:
+            children.append(op.candidate(variant_source(submission, name), origin=f"{ORIGIN_PREFIX}:{name}",
+                                         parent_id=parent.candidate_id))
+    return children, skipped

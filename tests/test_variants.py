@@ -1,0 +1,205 @@
+"""Execution variants of an imported KernelBench task (kernels.variants, the ``variants`` generator) and a
+search's budget in seconds (``budget_kind``), on the CPU."""
+
+from __future__ import annotations
+
+import random
+import shutil
+
+import pytest
+import torch
+
+from kernels.formats import import_task, submission_of
+from kernels.formats.cudal1 import Problem, submission
+from kernels.records import Measurement
+from kernels.variants import VARIANTS, applied, variant_children
+from storage.dataset import DataRoot
+from tasks.config import ConfigError, SearchConfig
+from tasks.generators import VariantGenerator, make_generator
+from tasks.setup import resolve
+from tasks.state import Archive
+from tests.formats_for_tests import KB_ROW_SUM, KB_ROW_SUM_NEW, _src, write_kernelbench
+from tests.test_search import run
+
+CONV = _src('''
+    import torch
+    import torch.nn as nn
+
+
+    class Model(nn.Module):
+        """A 3x3 convolution and a ReLU."""
+
+        def __init__(self, cin, cout):
+            super().__init__()
+            self.conv = nn.Conv2d(cin, cout, 3, padding=1)
+
+        def forward(self, x):
+            return torch.relu(self.conv(x))
+
+
+    batch_size = 2
+    channels = 4
+    size = 8
+
+
+    def get_inputs():
+        return [torch.randn(batch_size, channels, size, size)]
+
+
+    def get_init_inputs():
+        return [channels, 8]
+    ''')
+# Run on the CPU: everything but torch.compile (needs a C++ compiler, and is slow) and CUDA graphs (checked
+# for building only: off the GPU the wrapper calls the model as it is).
+CPU_RUNNABLE = ("channels-last", "cudnn-benchmark", "cuda-graph")
+
+
+@pytest.fixture(scope="module")
+def conv(tmp_path_factory):
+    ref, _ = write_kernelbench(tmp_path_factory.mktemp("conv"), CONV)
+    op, _ = import_task("kernelbench", str(ref), name="variants-conv")
+    return op
+
+
+@pytest.fixture(scope="module")
+def row_sum(tmp_path_factory):
+    ref, cands = write_kernelbench(tmp_path_factory.mktemp("rowsum"), KB_ROW_SUM, new=KB_ROW_SUM_NEW)
+    op, _ = import_task("kernelbench", str(ref), cands, name="variants-row-sum")
+    return op
+
+
+def outputs(op, source: str):
+    """The candidate's outputs and the reference's, on the op's interpreter case, on the CPU."""
+    namespace: dict = {}
+    exec(compile(source, "<variant>", "exec"), namespace)  # noqa: S102 - our own generated wrapper, under test
+    inputs = op.make_inputs(op.interpret_cases[0], torch.Generator().manual_seed(0), "cpu")
+    return namespace["launch"](*inputs), op.reference(*inputs)
+
+
+def test_every_variant_of_a_conv_reference_is_a_child_with_its_parent_and_origin(conv):
+    parent = conv.seed_candidates()[0]
+    kids, skipped = variant_children(conv, parent)
+    assert not skipped
+    assert [k.origin for k in kids] == [f"variant:{name}" for name in VARIANTS]
+    assert {k.parent_id for k in kids} == {parent.candidate_id} and len({k.candidate_id for k in kids}) == len(kids)
+    for kid in kids:
+        compile(kid.source, kid.origin, "exec")  # every wrapper parses, CUDA graph and cuDNN ones included
+        assert submission_of(kid.source).startswith(conv.reference_source.rstrip())
+        assert [v.name for v in applied(kid.source)] == [kid.origin.split(":")[1]]
+    assert "mode='max-autotune-no-cudagraphs'" in kids[3].source and "cuda.graph(" in kids[4].source
+
+
+@pytest.mark.parametrize("name", CPU_RUNNABLE)
+def test_a_variant_runs_on_the_cpu_and_matches_the_reference(conv, name):
+    kid = next(k for k in variant_children(conv, conv.seed_candidates()[0])[0] if k.origin == f"variant:{name}")
+    got, want = outputs(conv, kid.source)
+    assert torch.allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
+
+
+def test_torch_compile_default_runs_on_the_cpu_and_matches_the_reference(conv):
+    if not (shutil.which("g++") or shutil.which("c++")):
+        pytest.skip("torch.compile on the CPU needs a C++ compiler; none on PATH")
+    kid = next(k for k in variant_children(conv, conv.seed_candidates()[0])[0] if k.origin == "variant:compile-default")
+    got, want = outputs(conv, kid.source)
+    assert torch.allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_variant_of_a_variant_is_never_of_the_same_kind_and_composes_otherwise(conv):
+    compiled = variant_children(conv, conv.seed_candidates()[0])[0][1]  # compile-reduce-overhead
+    kids, skipped = variant_children(conv, compiled)
+    assert [k.origin for k in kids] == ["variant:channels-last", "variant:cudnn-benchmark"]
+    reasons = {s.variant: s.reason for s in skipped}
+    assert set(reasons) == {*(n for n in VARIANTS if n.startswith("compile-")), "cuda-graph"}
+    assert "already runs as compile-reduce-overhead" in reasons["compile-default"]
+    assert "replays CUDA graphs of its own" in reasons["cuda-graph"]
+    twice = kids[0]
+    assert [v.name for v in applied(twice.source)] == ["compile-reduce-overhead", "channels-last"]
+    assert "variant:channels-last" not in [k.origin for k in variant_children(conv, twice)[0]]
+
+
+def test_a_modelnew_parent_gets_variants_and_channels_last_needs_4d_inputs(row_sum):
+    parent = row_sum.imported_candidates()[0]
+    kids, skipped = variant_children(row_sum, parent)
+    assert "channels-last" not in [k.origin.split(":")[1] for k in kids]
+    assert [s.variant for s in skipped] == ["channels-last"] and "no 4-D input" in skipped[0].reason
+    graph = next(k for k in kids if k.origin == "variant:cuda-graph")
+    assert "_kc_cuda_graph_base = ModelNew" in graph.source  # it wraps the parent's ModelNew, not the reference
+    compile(graph.source, "<cuda-graph>", "exec")
+
+
+def test_cudal1_compile_variants_use_the_one_wrapper():
+    ref = KB_ROW_SUM
+    problem = Problem(1, 1, ref, {}, {}, {})
+    code, why = submission(problem, "compile-reduce-overhead")
+    assert why == "" and [v.name for v in applied(code)] == ["compile-reduce-overhead"]
+
+
+def test_the_variants_generator_gives_the_references_variants_then_those_of_measured_parents(row_sum):
+    config = SearchConfig(op=row_sum.name, generator="variants")
+    generator = make_generator(config)
+    assert isinstance(generator, VariantGenerator) and generator.name == "variants"
+    archive = Archive()
+    made = generator.children(row_sum.name, None, archive, 64, random.Random(0), 0.0, seed=0, run_id="r",
+                              generation=0)
+    reference = row_sum.seed_candidates()[0]
+    assert {k.parent_id for k in made.children} == {reference.candidate_id}
+    assert [s.variant for s in made.skipped] == ["channels-last"]
+    parent = row_sum.imported_candidates()[0]
+    archive.add_measured(parent, Measurement(parent.candidate_id, row_sum.name, "h100", "ok", "gpu", speedup=2.0))
+    later = generator.children(row_sum.name, None, archive, 64, random.Random(0), 0.0, seed=0, run_id="r",
+                               generation=1)
+    assert later.children[0].parent_id == parent.candidate_id  # the best measured parent first
+    assert not generator.exhausted(None, archive)
+    for kid in later.children:
+        archive.add_measured(kid, Measurement(kid.candidate_id, row_sum.name, "h100", "incorrect", "gpu"))
+    assert generator.exhausted(None, archive)  # nothing measured ran, so no parent has a variant left
+
+
+def test_variants_compose_with_a_model_generator_and_need_a_kernelbench_task(row_sum):
+    composed = make_generator(SearchConfig(op=row_sum.name, generator="replay+variants"))
+    assert composed.name == "replay+variants" and composed.base.name == "replay"
+    with pytest.raises(ConfigError, match="not an imported KernelBench task"):
+        resolve(SearchConfig(op="softmax", generator="variants", gpu_type="h100", backend="replay"))
+    with pytest.raises(ConfigError, match="known: template, llm, freeform, replay, variants, llm\\+variants"):
+        resolve(SearchConfig(op=row_sum.name, generator="template+variants", gpu_type="h100", backend="replay"))
+
+
+# ---- a budget in seconds -------------------------------------------------------------------------
+
+
+def replay_config(tmp_path, **changes) -> SearchConfig:
+    base = dict(op="softmax", gpu_type="h100", generations=4, children=16, generator="template", surrogate="none",
+                seed=2, data=str(tmp_path / "data"), backend="replay", measure_wave=2)
+    return SearchConfig(**{**base, **changes})
+
+
+def test_a_gpu_plus_compile_seconds_budget_stops_when_the_recorded_seconds_are_spent(tmp_path):
+    limit = 3.0
+    search, result = run(replay_config(tmp_path, budget=limit, budget_kind="gpu_compile_seconds"))
+    assert result.stop_reason == "gpu_compile_seconds"
+    rows = DataRoot(str(tmp_path / "data")).read_measurements(op="softmax", gpu_type="h100").set_index("candidate_id")
+    decided = DataRoot(str(tmp_path / "data")).read_run_rows("decisions", result.run_id, op="softmax")
+    measured = decided.loc[decided["decision"] == "measure", "candidate_id"]
+    spent = float((rows.loc[measured, "gpu_seconds"] + rows.loc[measured, "compile_seconds"]).sum())
+    assert spent >= limit and (rows.loc[measured, "compile_seconds"] > 0).any()  # stored rows, both charged
+    assert sum(search.spent_each[:-2]) < limit  # the last wave of two began under the limit
+    last = result.generations[-1]
+    assert last.budget_kind == "gpu_compile_seconds" and last.budget_spent == pytest.approx(spent)
+    assert last.budget_remaining == 0.0 and last.compile_seconds_total > 0
+    stored = DataRoot(str(tmp_path / "data")).read_run_rows("generations", result.run_id, op="softmax")
+    assert stored["budget_spent"].max() == pytest.approx(spent)
+
+
+def test_a_gpu_seconds_budget_charges_gpu_seconds_only(tmp_path):
+    search, result = run(replay_config(tmp_path, budget=3.0, budget_kind="gpu_seconds"))
+    assert result.stop_reason == "gpu_seconds"
+    assert result.generations[-1].budget_spent == pytest.approx(result.gpu_seconds)
+
+
+def test_budget_kinds_are_checked(tmp_path):
+    with pytest.raises(ConfigError, match="unknown budget_kind 'hours'"):
+        resolve(replay_config(tmp_path, budget=3, budget_kind="hours"))
+    with pytest.raises(ConfigError, match="budget must be a positive whole number"):
+        resolve(replay_config(tmp_path, budget=2.5))
+    with pytest.raises(ConfigError, match="gpu_seconds_budget caps a measurements budget"):
+        resolve(replay_config(tmp_path, budget=2.5, budget_kind="gpu_seconds", gpu_seconds_budget=1.0))
