@@ -112,7 +112,7 @@ CASES = [
     (["search"], "a search needs an operation: set 'op'", ()),
     (["search", "--op", "softmax", "--gpu-type", "zz9"], "unknown GPU type 'zz9'; known: auto, h200, h100", ()),
     (["search", "--op", "softmax", "--budget", "0"], "budget must be a positive whole number, got 0", ()),
-    (["search", "--op", "softmax", "--budget", "x"], "argument --budget: invalid int value: 'x'", ()),
+    (["search", "--op", "softmax", "--budget", "x"], "argument --budget: invalid float value: 'x'", ()),
     (["search", "--op", "softmax", "--budget", "2", "--generations", "4"],
      "budget 2 is less than one measurement per generation (4 generations)", ()),
     (["search", "--op", "softmax", "--children", "0"], "children must be a positive whole number, got 0", ()),
