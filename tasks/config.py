@@ -240,6 +240,8 @@ def check_operation(config: SearchConfig) -> None:
             raise ConfigError(f"generator {config.generator!r} runs a KernelBench ModelNew another way; "
                               f"{config.op} is not an imported KernelBench task (kb.<name>)")
     if config.generator_roots:
+        from tasks.generators import base_generator
+
         if base_generator(config.generator) != "freeform":
             raise ConfigError(f"generator_roots starts a free-form search from template kernels; generator "
                               f"{config.generator!r} takes none")

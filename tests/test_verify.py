@@ -152,8 +152,16 @@ def test_a_half_precision_answer_to_a_float32_task_is_flagged_lower():
     assert flagged["precision"].startswith("lower") and flagged["error_rel"] > 8 * flagged["reference_error_rel"]
 
 
-def test_kernelbench_timing_protocol_is_known_to_the_worker():
-    assert timing.PROTOCOLS == ("kernelcast", "kernelbench")
+def test_the_formats_timing_protocols_are_known_to_the_worker():
+    from kernels.hardware import INTERPRETER
+    from kernels.harness.worker import MeasureWorker, WorkerConfig
+    from kernels.records import HardwareSpec
+
+    assert timing.PROTOCOLS == ("kernelcast", "kernelbench", "gpumode")
+    assert set(timing.FORMAT_PROTOCOLS) == {"kernelbench", "gpumode"}
+    with pytest.raises(ValueError, match="unknown timing protocol 'kb'; known: kernelcast, kernelbench, gpumode"):
+        MeasureWorker(HardwareSpec(gpu_type=INTERPRETER, device_name="cpu"), WorkerConfig(mode="interpreter",
+                                                                                         protocol="kb"))
 
 
 @pytest.mark.gpu

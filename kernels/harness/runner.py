@@ -651,7 +651,9 @@ def child_main(job: Job, conn) -> None:
             cores.pin(job.compile_cpus)
         report = enter_sandbox(job)
         conn.send(("sandbox", report.summary()))
-        if not job.verify:  # verified, a candidate's own streams are allowed: the trace shows what escapes the timer
+        # Verified on a GPU, a candidate's own streams are allowed: the trace shows what escapes the timer. Without
+        # the verification, or in the interpreter (no device, no trace), another stream is refused as it is made.
+        if not job.verify or job.mode != "gpu":
             install_stream_guard()
         result = evaluate(job, notify=lambda *msg: conn.send(msg))
     except BaseException as exc:  # a harness bug must still come back as a classified result
