@@ -44,16 +44,24 @@ REFERENCE_NEEDS = {"ref_kernel": "function", "generate_input": "function", "chec
 CANDIDATE_NEEDS = {"custom_kernel": "function"}
 
 
-def flatten(data) -> tuple[list[torch.Tensor], Any]:
-    """(the tensors in ``data``, in order; a structure that ``unflatten`` rebuilds ``data`` from)."""
+def flatten(data, numbers: bool = False) -> tuple[list[torch.Tensor], Any]:
+    """(the tensors in ``data``, in order; a structure that ``unflatten`` rebuilds ``data`` from).
+
+    With ``numbers`` (a result, not inputs) Python numbers become 0-d tensors as well, so a
+    candidate's own numbers reach ``check_implementation`` rather than the reference's."""
     tensors: list[torch.Tensor] = []
 
     def walk(x):
         if isinstance(x, torch.Tensor):
             tensors.append(x)
             return ("tensor", len(tensors) - 1)
+        if numbers and isinstance(x, (bool, int, float)):
+            tensors.append(torch.tensor(x))
+            return ("number", [len(tensors) - 1, type(x).__name__])
         if isinstance(x, (tuple, list)):
-            return (type(x).__name__, [walk(v) for v in x])
+            # a named tuple (torch.geqrf's (a, tau), torch.linalg.eigh's) comes back as a plain tuple:
+            # what a task's check_implementation can ask of it (isinstance tuple, len, unpacking) holds
+            return ("list" if isinstance(x, list) else "tuple", [walk(v) for v in x])
         if isinstance(x, dict):
             return ("dict", [(k, walk(v)) for k, v in x.items()])
         return ("const", x)
@@ -71,6 +79,9 @@ def unflatten(structure, tensors: Sequence[torch.Tensor]):
         return [unflatten(s, tensors) for s in body]
     if kind == "dict":
         return {k: unflatten(s, tensors) for k, s in body}
+    if kind == "number":
+        index, number_type = body
+        return {"bool": bool, "int": int, "float": float}[number_type](tensors[index].item())
     return body
 
 
@@ -123,6 +134,8 @@ def _kc_build(structure, tensors):
 def _kc_tensors(out):
     if isinstance(out, _kc_torch.Tensor):
         return [out]
+    if isinstance(out, (bool, int, float)):  # a number the task returns: checked as the task's judge reads it
+        return [_kc_torch.tensor(out)]
     if isinstance(out, dict):
         out = list(out.values())
     if isinstance(out, (tuple, list)):
@@ -189,20 +202,20 @@ def launch(*inputs):
         return self.data_of(tuple(t.clone() for t in tensors))
 
     def reference(self, *inputs):
-        return tuple(flatten(self.module.ref_kernel(self._untouched(inputs)))[0])
+        return tuple(flatten(self.module.ref_kernel(self._untouched(inputs)), numbers=True)[0])
 
     def reference_float64(self, case, *inputs):
         """``ref_kernel`` on the task's data with its floating-point tensors in float64 (the task may cast back)."""
         tensors, structure = flatten(self._untouched(inputs))
         wide = [t.double() if t.dtype.is_floating_point else t for t in tensors]
-        return tuple(flatten(self.module.ref_kernel(unflatten(structure, wide)))[0])
+        return tuple(flatten(self.module.ref_kernel(unflatten(structure, wide)), numbers=True)[0])
 
     def check(self, case, inputs, got) -> str | None:
         """The task's own judge: ``check_implementation(data, output)`` on untouched inputs."""
         data = self._untouched(inputs)
         structure = self.info(case).get("output_structure")
         if structure is None:
-            _, structure = flatten(self.module.ref_kernel(self._untouched(inputs)))
+            _, structure = flatten(self.module.ref_kernel(self._untouched(inputs)), numbers=True)
         try:
             output = unflatten(structure, tuple(got))
         except (IndexError, TypeError):
@@ -348,7 +361,7 @@ def _profile(module, spec: dict, where: str) -> dict:
     rooms = fresh.untouched(tensors)
     try:
         with on_device("meta"):
-            outputs, out_structure = flatten(module.ref_kernel(unflatten(structure, list(tensors))))
+            outputs, out_structure = flatten(module.ref_kernel(unflatten(structure, list(tensors))), numbers=True)
         # tensors of data returned as outputs are not extra bytes
         out_bytes = tensor_bytes(o for o in outputs if not any(o is t for t in tensors))
         writable = [i for i, t in enumerate(tensors)
@@ -407,7 +420,7 @@ def _fill_from_smallest_test(module, tests: list[dict], rows: list[dict]) -> Non
             with Uninitialised() as fresh:
                 tensors, structure = flatten(module.generate_input(**smallest))
             versions, rooms = [t._version for t in tensors], fresh.untouched(tensors)
-            outputs, out_structure = flatten(module.ref_kernel(unflatten(structure, list(tensors))))
+            outputs, out_structure = flatten(module.ref_kernel(unflatten(structure, list(tensors))), numbers=True)
     except Exception:  # noqa: BLE001 - nothing more can be learnt without a GPU; measured as the task runs
         return
     writable = [i for i, t in enumerate(tensors)
