@@ -25,6 +25,7 @@ bytes, output structure and writable buffers.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import re
 import shutil
@@ -373,11 +374,33 @@ def _profile(module, spec: dict, where: str) -> dict:
     in_bytes = tensor_bytes(tensors)
     structure_repr = repr(structure)
     if not is_literal(structure_repr, structure):
-        raise TaskFormatError(f"{where}: generate_input(**{spec}) returned data holding values other than tensors "
-                              "and plain constants (numbers, strings, lists, dicts), which a candidate cannot be given")
+        odd = "; ".join(_not_plain(structure)) or "a value whose repr does not read back"
+        raise TaskFormatError(f"{where}: generate_input(**{spec}) returned data that a candidate cannot be given: "
+                              f"{odd}. kernelcast calls a candidate with the task's tensors in tuples, lists and "
+                              "dicts of them, and plain constants (numbers, strings, None)")
     row.update(dtype=first_float_dtype(tensors), bytes=in_bytes + (out_bytes if out_bytes is not None else in_bytes),
                signature=[[list(t.shape), str(t.dtype)] for t in tensors], structure=structure_repr)
     return row
+
+
+def _not_plain(structure, path: str = "data") -> list[str]:
+    """Where ``structure`` holds a constant that is not a plain literal, and what it is (naming tensors it holds)."""
+    kind, body = structure
+    if kind in ("tuple", "list"):
+        return [bad for i, s in enumerate(body) for bad in _not_plain(s, f"{path}[{i}]")]
+    if kind == "dict":
+        return [bad for k, s in body for bad in _not_plain(s, f"{path}[{k!r}]")]
+    if kind != "const" or is_literal(repr(body), body):
+        return []
+    what = type(body)
+    holds = [name for name, value in vars(body).items() if isinstance(value, torch.Tensor)] \
+        if hasattr(body, "__dict__") else []
+    if isinstance(body, torch.nn.Module):
+        holds += [name for name, _ in body.named_buffers()] + [name for name, _ in body.named_parameters()]
+    kind_name = ("a torch.nn.Module" if isinstance(body, torch.nn.Module)
+                 else "a dataclass" if dataclasses.is_dataclass(body) else "an object")
+    tensors = f" holding tensors ({', '.join(dict.fromkeys(holds))})" if holds else ""
+    return [f"{path} is {what.__name__}, {kind_name}{tensors}"]
 
 
 class Uninitialised(TorchFunctionMode):
@@ -406,14 +429,27 @@ class Uninitialised(TorchFunctionMode):
         return {i for i, t in enumerate(tensors) if any(t is m and t._version == v for m, v in self.made)}
 
 
-def _fill_from_smallest_test(module, tests: list[dict], rows: list[dict]) -> None:
+# Running a task's smallest test on the host at import is for small tests only: a task of half-precision
+# matrix products (GPU MODE's amd/moe: 0.9 GB of float16 experts) would run for many minutes on a CPU.
+FILL_MAX_BYTES = 256 << 20
+
+
+def _fill_from_smallest_test(module, tests: list[dict], test_rows: list[dict], rows: list[dict]) -> None:
     """Which inputs the reference writes and what it returns, for cases meta tensors could not run (a task
     reading a value with ``.item()``, an output sized by the data): found by running the smallest test spec
-    for real on the CPU, and assumed alike for every case (one task, one calling convention)."""
+    for real on the CPU, and assumed alike for every case (one task, one calling convention). Not when that
+    test's bytes (from meta tensors) pass FILL_MAX_BYTES: then no input is declared writable."""
     if all("writable" in r for r in rows) or not tests:
         return
-    smallest = min(tests, key=lambda spec: sum(v for v in spec.values() if isinstance(v, int)
-                                               and not isinstance(v, bool)))
+    sized = sorted((r["bytes"], i) for i, r in enumerate(test_rows) if r.get("bytes"))
+    if sized:
+        nbytes, index = sized[0]
+        if nbytes > FILL_MAX_BYTES:
+            return
+        smallest = tests[index]
+    else:
+        smallest = min(tests, key=lambda spec: sum(v for v in spec.values() if isinstance(v, int)
+                                                   and not isinstance(v, bool)))
     try:
         with torch.random.fork_rng(devices=[]), on_device("cpu"):
             torch.manual_seed(0)
@@ -478,7 +514,7 @@ def _import(ref_path: Path, source: str, subs: list[str], name: str, tests, benc
     module = load_module(ref_path, f"kernelcast_import_{name.replace('.', '_')}")
     interpret = _distinct([_profile(module, s, reference) for s in tests])
     cases = _distinct([_profile(module, s, reference) for s in benchmarks]) if benchmarks else interpret
-    _fill_from_smallest_test(module, tests, interpret + cases)
+    _fill_from_smallest_test(module, tests, interpret, interpret + cases)
     summary = f"GPU MODE task {name.split('.', 1)[1]}" + (f": {description.splitlines()[0]}" if description else "")
     files = {ref_path.name: source.encode(), **helpers}
     files.update({f"submission_{i}.py": text.encode() for i, text in enumerate(subs)})
