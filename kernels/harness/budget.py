@@ -75,8 +75,8 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
-def refusal(fp: Footprint, total_bytes: int, where: str = "the device") -> str | None:
-    """Why a case cannot be checked in ``total_bytes`` of ``where``, or None when it can.
+def refusal(fp: Footprint, total_bytes: int, holder: str = "the device") -> str | None:
+    """Why a case cannot be checked in ``total_bytes`` of ``holder``, or None when it can.
 
     Judged against the device's whole memory (or, on the host, the child's address-space limit)
     less a fixed reserve, not against what is free at the moment: the verdict must not depend on
@@ -88,8 +88,9 @@ def refusal(fp: Footprint, total_bytes: int, where: str = "the device") -> str |
     parts = f"inputs {_gib(fp.input_bytes)}, outputs {_gib(fp.output_bytes)}"
     if fp.parameter_bytes:
         parts += f", parameters {_gib(fp.parameter_bytes)}"
-    return (f"case {fp.case} does not fit in {where}: its correctness check needs {_gib(fp.check_bytes)} "
-            f"({fp.check_bytes} bytes: {parts}, each twice, the candidate's and the reference's) but {where} "
+    where = "on the device" if holder == "the device" else f"in {holder}"
+    return (f"case {fp.case} does not fit {where}: its correctness check needs {_gib(fp.check_bytes)} "
+            f"({fp.check_bytes} bytes: {parts}, each twice, the candidate's and the reference's) but {holder} "
             f"has {_gib(usable)} usable ({usable} bytes: {_gib(total_bytes)} less {_gib(RESERVE_BYTES)} reserved)")
 
 

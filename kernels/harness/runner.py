@@ -313,7 +313,8 @@ def evaluate(job: Job, notify=lambda *msg: None) -> dict:
         except Exception:  # noqa: BLE001 - inputs that meta tensors cannot describe: measured under the lock
             continue
         output_bytes[case.name] = fp.output_bytes
-        too_big = budget.refusal(fp, total, "the device" if gpu else "the interpreter's address-space limit")
+        too_big = budget.refusal(fp, total, "the device" if gpu or job.device_memory_bytes is not None
+                                 else "the interpreter's address-space limit")
         if too_big:
             return fail("rejected", too_big)
     if gpu:
