@@ -268,3 +268,32 @@ def test_a_case_too_large_for_the_interpreters_address_space_is_refused_before_i
     assert f"case {op.interpret_cases[1].name} does not fit in the interpreter's address-space limit" in ref.error
     assert ref.wall_seconds < 60
     assert (tasks_dir() / op.name / "manifest.json").is_file()
+
+
+# Input code that reads a value (as eigh's "mixed" cases do with bool(...)): meta tensors cannot run it.
+READS_A_VALUE = '''
+    import torch
+
+    def generate_input(size: int, seed: int):
+        gen = torch.Generator(device="cuda")
+        gen.manual_seed(seed)
+        x = torch.randn((size,), device="cuda", generator=gen)
+        if bool((x > 0).any()):
+            x = x.abs()
+        return x, {"scale": 2.0}
+
+    def ref_kernel(data):
+        x, config = data
+        return x * config["scale"]
+
+    def check_implementation(data, output):
+        return torch.allclose(output, ref_kernel(data)), "differs"
+    '''
+
+
+def test_data_whose_structure_meta_tensors_could_not_find_is_named_when_made(tmp_path):
+    op = _task(tmp_path, "reads_a_value", READS_A_VALUE, [{"size": 8, "seed": 1}])
+    (case,) = op.interpret_cases
+    with pytest.raises(TaskFormatError, match=r"case 8-fp32: generate_input\(\*\*\{.*\}\) could not run on meta "
+                                              r"tensors at import \(RuntimeError: .*meta"):
+        op.make_inputs(case, torch.Generator().manual_seed(1), "cpu")

@@ -70,6 +70,11 @@ def flatten(data, numbers: bool = False) -> tuple[list[torch.Tensor], Any]:
     return tensors, walk(data)
 
 
+def _flat(n: int):
+    """The structures of ``n`` tensors that a wrapper without a structure for them passes correctly (as a tuple)."""
+    return [(kind, [("tensor", i) for i in range(n)]) for kind in ("tuple", "list")]
+
+
 def unflatten(structure, tensors: Sequence[torch.Tensor]):
     kind, body = structure
     if kind == "tensor":
@@ -176,6 +181,13 @@ def launch(*inputs):
         if "seed" in spec:
             spec["seed"] = seed
         tensors, structure = self._generate(spec, device)
+        row = self.info(case)
+        if row.get("structure") is None and structure not in (("tensor", 0), *_flat(len(tensors))):
+            # the wrapper written at import knows no structure for these inputs and would pass a flat tuple
+            raise TaskFormatError(
+                f"{self.name}: case {case.name}: generate_input(**{row['spec']}) could not run on meta tensors at "
+                f"import ({row.get('meta_error', 'no reason kept')}), so its data's structure is not written into "
+                "candidates, and this data is not a tensor or a flat tuple of tensors")
         sig = signature(tensors)
         self._structure[sig] = structure
         self._made[sig] = (tuple(map(id, tensors)), spec, device)
@@ -352,8 +364,8 @@ def _profile(module, spec: dict, where: str) -> dict:
         if "generate_input()" in str(exc):
             raise TaskFormatError(f"{where}: generate_input(**{spec}) does not take this spec: {exc}") from None
         return row
-    except Exception:  # noqa: BLE001 - input code meta tensors cannot run: shapes found when measured
-        return row
+    except Exception as exc:  # noqa: BLE001 - input code meta tensors cannot run: shapes found when measured
+        return {**row, "meta_error": f"{type(exc).__name__}: {exc}"[:300]}
     tensors, structure = flatten(data)
     if not tensors:
         raise TaskFormatError(f"{where}: generate_input(**{spec}) returned no tensors")
