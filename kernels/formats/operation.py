@@ -80,8 +80,8 @@ def on_device(device) -> Iterator[None]:
     Factories without a device make tensors there (the default device); on ``meta`` or
     ``cpu`` the CUDA device the task names is redirected too, so shapes can be found
     without a GPU (meta: no memory at all, so on ``meta`` a CPU the task names is
-    redirected as well) and tasks written for CUDA run under the interpreter. On ``cuda`` nothing is redirected: the task makes its inputs on the GPU,
-    as it was written to.
+    redirected as well) and tasks written for CUDA run under the interpreter. On ``cuda``
+    nothing is redirected: the task makes its inputs on the GPU, as it was written to.
     """
     device = str(device)
     with torch.device(device):
