@@ -25,6 +25,7 @@ bytes, output structure and writable buffers.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import re
 import shutil
@@ -44,21 +45,34 @@ REFERENCE_NEEDS = {"ref_kernel": "function", "generate_input": "function", "chec
 CANDIDATE_NEEDS = {"custom_kernel": "function"}
 
 
-def flatten(data) -> tuple[list[torch.Tensor], Any]:
-    """(the tensors in ``data``, in order; a structure that ``unflatten`` rebuilds ``data`` from)."""
+def flatten(data, numbers: bool = False) -> tuple[list[torch.Tensor], Any]:
+    """(the tensors in ``data``, in order; a structure that ``unflatten`` rebuilds ``data`` from).
+
+    With ``numbers`` (a result, not inputs) Python numbers become 0-d tensors as well, so a
+    candidate's own numbers reach ``check_implementation`` rather than the reference's."""
     tensors: list[torch.Tensor] = []
 
     def walk(x):
         if isinstance(x, torch.Tensor):
             tensors.append(x)
             return ("tensor", len(tensors) - 1)
+        if numbers and isinstance(x, (bool, int, float)):
+            tensors.append(torch.tensor(x))
+            return ("number", [len(tensors) - 1, type(x).__name__])
         if isinstance(x, (tuple, list)):
-            return (type(x).__name__, [walk(v) for v in x])
+            # a named tuple (torch.geqrf's (a, tau), torch.linalg.eigh's) comes back as a plain tuple:
+            # what a task's check_implementation can ask of it (isinstance tuple, len, unpacking) holds
+            return ("list" if isinstance(x, list) else "tuple", [walk(v) for v in x])
         if isinstance(x, dict):
             return ("dict", [(k, walk(v)) for k, v in x.items()])
         return ("const", x)
 
     return tensors, walk(data)
+
+
+def _flat(n: int):
+    """The structures of ``n`` tensors that a wrapper without a structure for them passes correctly (as a tuple)."""
+    return [(kind, [("tensor", i) for i in range(n)]) for kind in ("tuple", "list")]
 
 
 def unflatten(structure, tensors: Sequence[torch.Tensor]):
@@ -71,6 +85,9 @@ def unflatten(structure, tensors: Sequence[torch.Tensor]):
         return [unflatten(s, tensors) for s in body]
     if kind == "dict":
         return {k: unflatten(s, tensors) for k, s in body}
+    if kind == "number":
+        index, number_type = body
+        return {"bool": bool, "int": int, "float": float}[number_type](tensors[index].item())
     return body
 
 
@@ -123,6 +140,8 @@ def _kc_build(structure, tensors):
 def _kc_tensors(out):
     if isinstance(out, _kc_torch.Tensor):
         return [out]
+    if isinstance(out, (bool, int, float)):  # a number the task returns: checked as the task's judge reads it
+        return [_kc_torch.tensor(out)]
     if isinstance(out, dict):
         out = list(out.values())
     if isinstance(out, (tuple, list)):
@@ -162,6 +181,13 @@ def launch(*inputs):
         if "seed" in spec:
             spec["seed"] = seed
         tensors, structure = self._generate(spec, device)
+        row = self.info(case)
+        if row.get("structure") is None and structure not in (("tensor", 0), *_flat(len(tensors))):
+            # the wrapper written at import knows no structure for these inputs and would pass a flat tuple
+            raise TaskFormatError(
+                f"{self.name}: case {case.name}: generate_input(**{row['spec']}) could not run on meta tensors at "
+                f"import ({row.get('meta_error', 'no reason kept')}), so its data's structure is not written into "
+                "candidates, and this data is not a tensor or a flat tuple of tensors")
         sig = signature(tensors)
         self._structure[sig] = structure
         self._made[sig] = (tuple(map(id, tensors)), spec, device)
@@ -189,20 +215,20 @@ def launch(*inputs):
         return self.data_of(tuple(t.clone() for t in tensors))
 
     def reference(self, *inputs):
-        return tuple(flatten(self.module.ref_kernel(self._untouched(inputs)))[0])
+        return tuple(flatten(self.module.ref_kernel(self._untouched(inputs)), numbers=True)[0])
 
     def reference_float64(self, case, *inputs):
         """``ref_kernel`` on the task's data with its floating-point tensors in float64 (the task may cast back)."""
         tensors, structure = flatten(self._untouched(inputs))
         wide = [t.double() if t.dtype.is_floating_point else t for t in tensors]
-        return tuple(flatten(self.module.ref_kernel(unflatten(structure, wide)))[0])
+        return tuple(flatten(self.module.ref_kernel(unflatten(structure, wide)), numbers=True)[0])
 
     def check(self, case, inputs, got) -> str | None:
         """The task's own judge: ``check_implementation(data, output)`` on untouched inputs."""
         data = self._untouched(inputs)
         structure = self.info(case).get("output_structure")
         if structure is None:
-            _, structure = flatten(self.module.ref_kernel(self._untouched(inputs)))
+            _, structure = flatten(self.module.ref_kernel(self._untouched(inputs)), numbers=True)
         try:
             output = unflatten(structure, tuple(got))
         except (IndexError, TypeError):
@@ -338,8 +364,8 @@ def _profile(module, spec: dict, where: str) -> dict:
         if "generate_input()" in str(exc):
             raise TaskFormatError(f"{where}: generate_input(**{spec}) does not take this spec: {exc}") from None
         return row
-    except Exception:  # noqa: BLE001 - input code meta tensors cannot run: shapes found when measured
-        return row
+    except Exception as exc:  # noqa: BLE001 - input code meta tensors cannot run: shapes found when measured
+        return {**row, "meta_error": f"{type(exc).__name__}: {exc}"[:300]}
     tensors, structure = flatten(data)
     if not tensors:
         raise TaskFormatError(f"{where}: generate_input(**{spec}) returned no tensors")
@@ -348,7 +374,7 @@ def _profile(module, spec: dict, where: str) -> dict:
     rooms = fresh.untouched(tensors)
     try:
         with on_device("meta"):
-            outputs, out_structure = flatten(module.ref_kernel(unflatten(structure, list(tensors))))
+            outputs, out_structure = flatten(module.ref_kernel(unflatten(structure, list(tensors))), numbers=True)
         # tensors of data returned as outputs are not extra bytes
         out_bytes = tensor_bytes(o for o in outputs if not any(o is t for t in tensors))
         writable = [i for i, t in enumerate(tensors)
@@ -360,11 +386,33 @@ def _profile(module, spec: dict, where: str) -> dict:
     in_bytes = tensor_bytes(tensors)
     structure_repr = repr(structure)
     if not is_literal(structure_repr, structure):
-        raise TaskFormatError(f"{where}: generate_input(**{spec}) returned data holding values other than tensors "
-                              "and plain constants (numbers, strings, lists, dicts), which a candidate cannot be given")
+        odd = "; ".join(_not_plain(structure)) or "a value whose repr does not read back"
+        raise TaskFormatError(f"{where}: generate_input(**{spec}) returned data that a candidate cannot be given: "
+                              f"{odd}. kernelcast calls a candidate with the task's tensors in tuples, lists and "
+                              "dicts of them, and plain constants (numbers, strings, None)")
     row.update(dtype=first_float_dtype(tensors), bytes=in_bytes + (out_bytes if out_bytes is not None else in_bytes),
                signature=[[list(t.shape), str(t.dtype)] for t in tensors], structure=structure_repr)
     return row
+
+
+def _not_plain(structure, path: str = "data") -> list[str]:
+    """Where ``structure`` holds a constant that is not a plain literal, and what it is (naming tensors it holds)."""
+    kind, body = structure
+    if kind in ("tuple", "list"):
+        return [bad for i, s in enumerate(body) for bad in _not_plain(s, f"{path}[{i}]")]
+    if kind == "dict":
+        return [bad for k, s in body for bad in _not_plain(s, f"{path}[{k!r}]")]
+    if kind != "const" or is_literal(repr(body), body):
+        return []
+    what = type(body)
+    holds = [name for name, value in vars(body).items() if isinstance(value, torch.Tensor)] \
+        if hasattr(body, "__dict__") else []
+    if isinstance(body, torch.nn.Module):
+        holds += [name for name, _ in body.named_buffers()] + [name for name, _ in body.named_parameters()]
+    kind_name = ("a torch.nn.Module" if isinstance(body, torch.nn.Module)
+                 else "a dataclass" if dataclasses.is_dataclass(body) else "an object")
+    tensors = f" holding tensors ({', '.join(dict.fromkeys(holds))})" if holds else ""
+    return [f"{path} is {what.__name__}, {kind_name}{tensors}"]
 
 
 class Uninitialised(TorchFunctionMode):
@@ -393,21 +441,34 @@ class Uninitialised(TorchFunctionMode):
         return {i for i, t in enumerate(tensors) if any(t is m and t._version == v for m, v in self.made)}
 
 
-def _fill_from_smallest_test(module, tests: list[dict], rows: list[dict]) -> None:
+# Running a task's smallest test on the host at import is for small tests only: a task of half-precision
+# matrix products (GPU MODE's amd/moe: 0.9 GB of float16 experts) would run for many minutes on a CPU.
+FILL_MAX_BYTES = 256 << 20
+
+
+def _fill_from_smallest_test(module, tests: list[dict], test_rows: list[dict], rows: list[dict]) -> None:
     """Which inputs the reference writes and what it returns, for cases meta tensors could not run (a task
     reading a value with ``.item()``, an output sized by the data): found by running the smallest test spec
-    for real on the CPU, and assumed alike for every case (one task, one calling convention)."""
+    for real on the CPU, and assumed alike for every case (one task, one calling convention). Not when that
+    test's bytes (from meta tensors) pass FILL_MAX_BYTES: then no input is declared writable."""
     if all("writable" in r for r in rows) or not tests:
         return
-    smallest = min(tests, key=lambda spec: sum(v for v in spec.values() if isinstance(v, int)
-                                               and not isinstance(v, bool)))
+    sized = sorted((r["bytes"], i) for i, r in enumerate(test_rows) if r.get("bytes"))
+    if sized:
+        nbytes, index = sized[0]
+        if nbytes > FILL_MAX_BYTES:
+            return
+        smallest = tests[index]
+    else:
+        smallest = min(tests, key=lambda spec: sum(v for v in spec.values() if isinstance(v, int)
+                                                   and not isinstance(v, bool)))
     try:
         with torch.random.fork_rng(devices=[]), on_device("cpu"):
             torch.manual_seed(0)
             with Uninitialised() as fresh:
                 tensors, structure = flatten(module.generate_input(**smallest))
             versions, rooms = [t._version for t in tensors], fresh.untouched(tensors)
-            outputs, out_structure = flatten(module.ref_kernel(unflatten(structure, list(tensors))))
+            outputs, out_structure = flatten(module.ref_kernel(unflatten(structure, list(tensors))), numbers=True)
     except Exception:  # noqa: BLE001 - nothing more can be learnt without a GPU; measured as the task runs
         return
     writable = [i for i, t in enumerate(tensors)
@@ -465,7 +526,7 @@ def _import(ref_path: Path, source: str, subs: list[str], name: str, tests, benc
     module = load_module(ref_path, f"kernelcast_import_{name.replace('.', '_')}")
     interpret = _distinct([_profile(module, s, reference) for s in tests])
     cases = _distinct([_profile(module, s, reference) for s in benchmarks]) if benchmarks else interpret
-    _fill_from_smallest_test(module, tests, interpret + cases)
+    _fill_from_smallest_test(module, tests, interpret, interpret + cases)
     summary = f"GPU MODE task {name.split('.', 1)[1]}" + (f": {description.splitlines()[0]}" if description else "")
     files = {ref_path.name: source.encode(), **helpers}
     files.update({f"submission_{i}.py": text.encode() for i, text in enumerate(subs)})

@@ -34,16 +34,22 @@ def seed_from(gen: torch.Generator) -> int:
 
 
 class _CudaRedirect(TorchFunctionMode):
-    """Rewrites the CUDA device named in torch calls (``device="cuda"``, ``.cuda()``, ``.to("cuda")``) to another."""
+    """Rewrites the CUDA device named in torch calls (``device="cuda"``, ``.cuda()``, ``.to("cuda")``) to another.
 
-    def __init__(self, device: str):
+    With ``host_too`` the CPU named explicitly is rewritten as well: a task that picks
+    ``"cuda" if torch.cuda.is_available() else "cpu"`` names the CPU on a machine without a
+    GPU, and its shapes must still come from meta tensors, not from running it on the host
+    (GPU MODE's linalg tasks build 32768 x 32768 matrices that way)."""
+
+    def __init__(self, device: str, host_too: bool = False):
         super().__init__()
         self.device = torch.device(device)
+        self.types = ("cuda", "cpu") if host_too else ("cuda",)
 
     def _map(self, value):
-        if isinstance(value, torch.device) and value.type == "cuda":
+        if isinstance(value, torch.device) and value.type in self.types:
             return self.device
-        if isinstance(value, str) and (value == "cuda" or value.startswith("cuda:")):
+        if isinstance(value, str) and value.split(":")[0] in self.types:
             return self.device
         return value
 
@@ -60,7 +66,7 @@ def _generator_on(device: str):
 
         def __new__(cls, device_=None, **kwargs):
             where = kwargs.get("device", device_)
-            if where is not None and str(where).startswith("cuda"):
+            if where is not None and str(where).split(":")[0] in ("cuda", "meta"):
                 where = "cpu" if device == "meta" else device  # meta tensors draw from a CPU generator
             return torch._C.Generator(device=where) if where is not None else torch._C.Generator()
 
@@ -73,22 +79,27 @@ def on_device(device) -> Iterator[None]:
 
     Factories without a device make tensors there (the default device); on ``meta`` or
     ``cpu`` the CUDA device the task names is redirected too, so shapes can be found
-    without a GPU (meta: no memory at all) and tasks written for CUDA run under the
-    interpreter. On ``cuda`` nothing is redirected: the task makes its inputs on the GPU,
-    as it was written to.
+    without a GPU (meta: no memory at all, so on ``meta`` a CPU the task names is
+    redirected as well) and tasks written for CUDA run under the interpreter. On ``cuda``
+    nothing is redirected: the task makes its inputs on the GPU, as it was written to.
     """
     device = str(device)
     with torch.device(device):
         if device.startswith("cuda"):
             yield
             return
-        saved = torch.Generator
+        saved = torch.Generator, torch.distributions.Distribution._validate_args
         torch.Generator = _generator_on(device)
+        if device == "meta":
+            # A distribution checks its parameters' values when made (``Cauchy(0, 2)``), which meta
+            # tensors do not have; sampling needs only shapes.
+            torch.distributions.Distribution.set_default_validate_args(False)
         try:
-            with _CudaRedirect(device):
+            with _CudaRedirect(device, host_too=device == "meta"):
                 yield
         finally:
-            torch.Generator = saved
+            torch.Generator = saved[0]
+            torch.distributions.Distribution.set_default_validate_args(saved[1])
 
 
 def rng_fork(device):

@@ -314,7 +314,8 @@ class Checker:
 
     def __init__(self, op: Operation, candidate: Candidate, launch: Callable, device: str,
                  on_inputs: Callable[[], None] = lambda: None, measure_precision: bool = False,
-                 on_first_call: Callable[[str, float], None] = lambda case, seconds: None):
+                 on_first_call: Callable[[str, float], None] = lambda case, seconds: None,
+                 on_first_call_start: Callable[[str], None] = lambda case: None):
         self.op, self.candidate, self.launch, self.device = op, candidate, launch, device
         self.seeds: dict[str, list[int]] = {}  # case -> seeds of the inputs it was called with, in order
         self.wrote: dict[str, bool] = {}  # case -> some earlier call wrote into the harness outputs
@@ -322,6 +323,7 @@ class Checker:
         self.first_call_seconds: dict[str, float] = {}  # case -> seconds its first call took
         self._on_inputs = on_inputs  # told once, when the first inputs are made on the device
         self._on_first_call = on_first_call  # told each case's first call's seconds, as soon as it returns
+        self._on_first_call_start = on_first_call_start  # told as each case's first call begins
         self.measure_precision = measure_precision
         self.precision: dict[str, dict] = {}  # case -> its errors against float64 (kernels.harness.precision)
 
@@ -391,6 +393,8 @@ class Checker:
 
     def _timed_call(self, case: Case, inputs, outputs):
         """A guarded call, finished on the device; the first per case is timed (wall clock, warm-up included)."""
+        if case.name not in self.first_call_seconds:
+            self._on_first_call_start(case.name)
         t0 = time.perf_counter()
         got = self._guarded(inputs, outputs)
         self._sync()

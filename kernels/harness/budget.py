@@ -75,11 +75,12 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
-def refusal(fp: Footprint, total_bytes: int) -> str | None:
-    """Why a case cannot be checked on a device of ``total_bytes``, or None when it can.
+def refusal(fp: Footprint, total_bytes: int, holder: str = "the device") -> str | None:
+    """Why a case cannot be checked in ``total_bytes`` of ``holder``, or None when it can.
 
-    Judged against the device's whole memory less a fixed reserve, not against what is free
-    at the moment: the verdict must not depend on what other processes hold.
+    Judged against the device's whole memory (or, on the host, the child's address-space limit)
+    less a fixed reserve, not against what is free at the moment: the verdict must not depend on
+    what other processes hold.
     """
     usable = total_bytes - RESERVE_BYTES
     if fp.check_bytes <= usable:
@@ -87,8 +88,9 @@ def refusal(fp: Footprint, total_bytes: int) -> str | None:
     parts = f"inputs {_gib(fp.input_bytes)}, outputs {_gib(fp.output_bytes)}"
     if fp.parameter_bytes:
         parts += f", parameters {_gib(fp.parameter_bytes)}"
-    return (f"case {fp.case} does not fit on the device: its correctness check needs {_gib(fp.check_bytes)} "
-            f"({fp.check_bytes} bytes: {parts}, each twice, the candidate's and the reference's) but the device "
+    where = "on the device" if holder == "the device" else f"in {holder}"
+    return (f"case {fp.case} does not fit {where}: its correctness check needs {_gib(fp.check_bytes)} "
+            f"({fp.check_bytes} bytes: {parts}, each twice, the candidate's and the reference's) but {holder} "
             f"has {_gib(usable)} usable ({usable} bytes: {_gib(total_bytes)} less {_gib(RESERVE_BYTES)} reserved)")
 
 
@@ -123,6 +125,9 @@ class Limits:
     ahead_s: float  # outside the lock: load, compile ahead (waiting for the lock is not counted)
     first_calls_s: float  # under the lock, the first call per case when it could not be made ahead
     device_s: float  # under the lock, from the first calls' end to the result
+    # per case, in the op's case order: its first call alone (inputs made, one call, finished). A call
+    # that runs past it is named with its case, long before the whole device limit would end it.
+    call_s: tuple[float, ...] = ()
 
 
 def limits_for(case_bytes: list[int], *, mode: str, seeds: int, max_seconds_per_case: float,
@@ -136,13 +141,19 @@ def limits_for(case_bytes: list[int], *, mode: str, seeds: int, max_seconds_per_
     """
     floor = GPU_FLOOR_BYTES_PER_S if mode == "gpu" else INTERPRETER_FLOOR_BYTES_PER_S
     device = base_device_s
+    calls = []
     for i, nbytes in enumerate(case_bytes):
         # inputs made for the first call, each seed, the recheck and the rotation sets; copied and compared
         device += (seeds + 4 + MAX_ROTATION_SETS) * 2 * nbytes / floor + max_seconds_per_case
+        # one call: its inputs made, read and its outputs written at the floor rate; on a GPU it may compile
+        # (and autotune) as well. Once the reference's first call is known, ten times that if longer.
+        call = (compile_s if mode == "gpu" else base_device_s) + 4 * nbytes / floor
         if reference_us and i < len(reference_us) and reference_us[i] and math.isfinite(reference_us[i]):
             device += CALLS_PER_CASE * RUNTIME_SLACK * reference_us[i] * 1e-6
+            call = max(call, RUNTIME_SLACK * reference_us[i] * 1e-6)
+        calls.append(call)
     first = compile_s + sum(2 * b / floor for b in case_bytes)
-    return Limits(ahead_s=compile_s, first_calls_s=first, device_s=device)
+    return Limits(ahead_s=compile_s, first_calls_s=first, device_s=device, call_s=tuple(calls))
 
 
 # ---- out of memory -----------------------------------------------------------------------------------

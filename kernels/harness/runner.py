@@ -197,8 +197,8 @@ def _dynamo_frames() -> int:
 def _device_bytes(job: Job) -> int:
     if job.device_memory_bytes is not None:
         return job.device_memory_bytes
-    if job.mode != "gpu":
-        return 1 << 62  # the host: bounded by the address-space limit instead
+    if job.mode != "gpu":  # the host: what the child's address-space limit leaves
+        return job.address_space_bytes or 1 << 62
     return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
 
 
@@ -316,7 +316,8 @@ def evaluate(job: Job, notify=lambda *msg: None) -> dict:
         except Exception:  # noqa: BLE001 - inputs that meta tensors cannot describe: measured under the lock
             continue
         output_bytes[case.name] = fp.output_bytes
-        too_big = budget.refusal(fp, total)
+        too_big = budget.refusal(fp, total, "the device" if gpu or job.device_memory_bytes is not None
+                                 else "the interpreter's address-space limit")
         if too_big:
             return fail("rejected", too_big)
     if gpu:
@@ -358,7 +359,8 @@ def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: d
             launch = load_launch(cand.source, job.scratch_dir)
         # the worker scales a reference's limit by how long its calls take: told before the checks' own calls
         checker = Checker(op, cand, launch, device, on_inputs=lambda: phase("first_inputs"), measure_precision=True,
-                          on_first_call=lambda name, seconds: phase("call", {"case": name, "seconds": seconds}))
+                          on_first_call=lambda name, seconds: phase("call", {"case": name, "seconds": seconds}),
+                          on_first_call_start=lambda name: phase("calling", {"case": name}))
         for case in first_calls:  # the others compiled ahead: their first checked call loads what was built
             try:
                 checker.first_call(case)
@@ -371,6 +373,7 @@ def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: d
         phase("checks")
         for case in cases:
             for seed in range(1, job.seeds + 1):
+                phase("check", {"case": case.name, "seed": seed})
                 problem = checker.check(case, seed)
                 if problem:
                     return fail("incorrect", f"seed {seed}: {problem}")
@@ -385,6 +388,7 @@ def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: d
         # Once more on fresh inputs and outputs, after all the calls above: a kernel that
         # computes only on its first calls, or replays a cached answer, fails here.
         for case in cases:
+            phase("recheck", {"case": case.name})
             problem = checker.check(case, _RECHECK_SEED)
             if problem:
                 return fail("incorrect", f"after {checker.calls} calls, on fresh inputs: {problem}")

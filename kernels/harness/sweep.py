@@ -132,7 +132,7 @@ def _row(task: Task, op, import_s: float, import_error: str, ref=None, null=None
         row.update(cases=len(cases), case_bytes_max=max((s for s in sizes if s), default=None))
     if ref is not None and null is not None:
         r, n = _status_row(ref), _status_row(null)
-        refused = "does not fit on the device" in r["error"]
+        refused = re.search(r"does not fit (on the device|in the interpreter)", r["error"]) is not None
         row.update({f"reference_{k}": v for k, v in r.items()})
         row.update({f"null_{k}": v for k, v in n.items()})
         row.update({f"{role}_timing_windows": w for role, w in (windows or {}).items()})

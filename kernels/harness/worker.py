@@ -124,6 +124,8 @@ class _Running:
     gpu_started: float | None = None
     compiles_under_lock: bool = False
     checks_started: float | None = None
+    doing: str = ""  # what the child said it was doing last, for a timeout's message
+    calling: tuple[str, float] | None = None  # (case, since) while a case's first call runs
     released: float | None = None
     result: dict | None = None
     peak_rss_bytes: int = 0
@@ -195,6 +197,24 @@ def _kill_group(pid: int | None) -> None:
             os.killpg(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def _doing(phase: str, detail) -> str:
+    """A child's phase in words, for the message of a limit it passed ('' for phases that say nothing new)."""
+    if phase == "timing":
+        return f"timing case {detail}"
+    detail = detail if isinstance(detail, dict) else {}
+    if phase == "locked":
+        return "making its first inputs"
+    if phase == "calling":
+        return f"in the first call of case {detail.get('case')}"
+    if phase == "call":
+        return f"after the first call of case {detail.get('case')}"
+    if phase == "check":
+        return f"in the correctness check of case {detail.get('case')}, seed {detail.get('seed')}"
+    if phase == "recheck":
+        return f"in the recheck of case {detail.get('case')} after timing"
+    return ""
 
 
 def geometric_mean(values: Iterable[float]) -> float | None:
@@ -492,6 +512,8 @@ class MeasureWorker:
 
     def _phase(self, r: _Running, name: str, detail, t: float) -> None:
         self._note(r, name, t, detail)
+        r.doing = _doing(name, detail) or r.doing
+        r.calling = (detail["case"], t) if name == "calling" else None if name == "call" else r.calling
         if name == "waiting":
             r.waiting_since = t
         elif name == "locked":
@@ -510,18 +532,34 @@ class MeasureWorker:
     def _over_limit(self, r: _Running, now: float) -> str | None:
         """Which limit a running child has passed, or None. Waiting for the lock counts against none."""
         lim = r.limits
+        device = "the GPU" if self.config.mode == "gpu" else "the interpreter (the CPU)"
+        doing = f", {r.doing}" if r.doing else ""
         if r.waiting_since is None and now - r.started > lim.ahead_s:
             return f"exceeded its time limit of {lim.ahead_s:.0f} s for loading and compiling (outside the GPU lock)"
         if r.released is not None and now - r.released > 30:
             return "released the GPU but sent no result within the 30 s limit"
+        if r.calling is not None and lim.call_s:
+            case, since = r.calling
+            names = [c.name for c in self._cases(r.candidate.op)]
+            limit = lim.call_s[names.index(case)] if case in names and names.index(case) < len(lim.call_s) else None
+            if limit is not None and now - since > limit:
+                known = bool(self._reference_call_us.get(r.candidate.op, {}).get(case))
+                basis = "the case's bytes and its reference's first call" if known else "the case's bytes"
+                who = "the task's reference itself: too slow to check here" if r.candidate.origin == "seed" else ""
+                return (f"held {device} past its limit of {limit:.0f} s (from {basis}) for the first call of case "
+                        f"{case}" + (f"; {who}" if who else ""))
         if r.checks_started is not None:
             if now - r.checks_started > lim.device_s:
-                return f"held the GPU past its limit of {lim.device_s:.0f} s"
+                return f"held {device} past its limit of {lim.device_s:.0f} s{doing}"
         elif r.gpu_started is not None:
             first = lim.first_calls_s if r.compiles_under_lock else lim.device_s
             if now - r.gpu_started > first:
-                return f"held the GPU past its limit of {first:.0f} s for its first calls"
+                return f"held {device} past its limit of {first:.0f} s for its first calls{doing}"
         return None
+
+    def _cases(self, op_name: str):
+        op = get_operation(op_name)
+        return op.cases if self.config.mode == "gpu" else op.interpret_cases
 
     def _gpu_held(self, r: _Running, now: float) -> float:
         return now - r.gpu_started if r.gpu_started is not None else 0.0
