@@ -12,7 +12,6 @@ import math
 from typing import Sequence
 
 import numpy as np
-from scipy.stats import norm
 
 UPPER_EDGES = (0.25, 0.5, 0.71, 1.0, 1.41, 2.0, 4.0, math.inf)
 N_BINS = len(UPPER_EDGES)  # 8 speedup bins, numbered 1..8
@@ -62,6 +61,10 @@ _LOG_EDGES = np.log(np.array(UPPER_EDGES[:-1]))
 
 def bin_probabilities(mu: np.ndarray, sigma: np.ndarray) -> np.ndarray:
     """(n, 8) bin probabilities of a Gaussian N(mu, sigma) over log speedup."""
+    # imported here: the storage schema imports this module, and a command refusing a bad flag should not pay
+    # the most of a second that scipy.stats takes
+    from scipy.stats import norm
+
     cdf = norm.cdf((_LOG_EDGES[None, :] - mu[:, None]) / sigma[:, None])
     cdf = np.hstack([np.zeros((len(mu), 1)), cdf, np.ones((len(mu), 1))])
     return np.clip(np.diff(cdf, axis=1), 1e-9, None)
