@@ -137,3 +137,23 @@ class CandidateIds:
         if hit is None or hit[0] is not candidate:
             hit = self._seen[id(candidate)] = (candidate, candidate.candidate_id)
         return hit[1]
+
+
+def gaussian_forecasts(requests: Sequence[ForecastRequest], surrogate: str, version: str, p_fail, mu, sigma,
+                       started: float) -> list[Forecast]:
+    """Forecasts from a failure probability and a Gaussian over log speedup per request (``mu``, ``sigma``): its
+    mass in each speed bin (renormalised, the raw sum kept), its median speedup, and the latency since
+    ``started`` (``time.perf_counter()``) shared out over the requests."""
+    import time
+
+    from surrogate.bins import bin_probabilities
+
+    probs = bin_probabilities(np.asarray(mu), np.asarray(sigma))
+    raw_sums = probs.sum(axis=1)
+    probs /= raw_sums[:, None]
+    latency = (time.perf_counter() - started) / len(requests)
+    ids = CandidateIds()
+    return [Forecast(ids(req.candidate), ids(req.anchor), surrogate, version, tuple(p.tolist()),
+                     raw_sum=float(r), latency_s=latency, expected_speedup=math.exp(m), failure_probability=float(f),
+                     extra={"log_speedup_mean": float(m), "log_speedup_sigma": float(sd)})
+            for req, p, r, m, sd, f in zip(requests, probs, raw_sums, mu, sigma, p_fail)]

@@ -50,9 +50,8 @@ from kernels.screen import fingerprint, undefined_name
 # Both parse the source; an anchor is the anchor of many kernels, so each source is parsed once.
 _fingerprint = lru_cache(maxsize=8192)(fingerprint)
 _undefined = lru_cache(maxsize=8192)(undefined_name)
-from surrogate.bins import bin_probabilities
 from surrogate.features import FEATURE_NAMES, feature_matrix
-from surrogate.forecast import CandidateIds, Forecast, ForecastRequest
+from surrogate.forecast import Forecast, ForecastRequest, gaussian_forecasts
 
 # Triton calls by kind, counted on the text so that a kernel that does not parse has them too.
 _TL_CALLS = {
@@ -345,16 +344,7 @@ class SourceForecaster:
             return []
         t0 = time.perf_counter()
         p_fail, mu, sigma = self.predict(requests)
-        probs = bin_probabilities(mu, sigma)
-        raw_sums = probs.sum(axis=1)
-        probs /= raw_sums[:, None]
-        latency = (time.perf_counter() - t0) / len(requests)
-        ids = CandidateIds()
-        return [Forecast(ids(req.candidate), ids(req.anchor), self.name, self.version, tuple(p.tolist()),
-                         raw_sum=float(r), latency_s=latency, expected_speedup=math.exp(m),
-                         failure_probability=float(f),
-                         extra={"log_speedup_mean": float(m), "log_speedup_sigma": float(s)})
-                for req, p, r, m, s, f in zip(requests, probs, raw_sums, mu, sigma, p_fail)]
+        return gaussian_forecasts(requests, self.name, self.version, p_fail, mu, sigma, t0)
 
 
 def _encode(X: np.ndarray) -> np.ndarray:

@@ -183,3 +183,31 @@ def write_gpumode(folder: Path, reference: str = GPUMODE_REFERENCE, specs: str |
         (folder / f"{name}.py").write_text(text)
         paths.append(folder / f"{name}.py")
     return folder / "reference.py", paths
+
+
+# A KernelBench problem as CUDA-L1 published its ref_code: ReLU over a (4, 64) input.
+KB_RELU = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """Applies ReLU."""
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.relu(x)
+
+
+batch_size = 4
+dim = 64
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []
+'''

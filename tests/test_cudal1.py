@@ -11,32 +11,7 @@ from kernels.formats.cudal1 import (VARIANTS, compare_with_kernelbench, diff_sum
                                     variants_named)
 from tasks import cudal1_pool as pool
 from tasks import cudal1_report as report
-
-RELU = '''import torch
-import torch.nn as nn
-
-
-class Model(nn.Module):
-    """Applies ReLU."""
-
-    def __init__(self):
-        super().__init__()
-
-    def forward(self, x):
-        return torch.relu(x)
-
-
-batch_size = 4
-dim = 64
-
-
-def get_inputs():
-    return [torch.randn(batch_size, dim)]
-
-
-def get_init_inputs():
-    return []
-'''
+from tests.formats_for_tests import KB_RELU as RELU
 
 CLAMP = '''import torch
 import torch.nn as nn

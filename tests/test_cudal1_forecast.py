@@ -9,32 +9,7 @@ import pytest
 from kernels.records import Candidate, HardwareSpec, Measurement
 from storage.dataset import DataRoot
 from surrogate import crossgpu, ranking
-
-RELU = '''import torch
-import torch.nn as nn
-
-
-class Model(nn.Module):
-    """Applies ReLU."""
-
-    def __init__(self):
-        super().__init__()
-
-    def forward(self, x):
-        return torch.relu(x)
-
-
-batch_size = 4
-dim = 64
-
-
-def get_inputs():
-    return [torch.randn(batch_size, dim)]
-
-
-def get_init_inputs():
-    return []
-'''
+from tests.formats_for_tests import KB_RELU as RELU
 
 H100 = HardwareSpec(gpu_type="h100", device_name="NVIDIA H100 80GB HBM3", compute_capability="9.0", sm_count=132,
                     sm_clock_mhz=1980, mem_clock_mhz=2619, bus_width_bits=5120, memory_gib=79.2, l2_mib=50.0,

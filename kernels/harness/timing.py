@@ -173,21 +173,31 @@ def time_trials(call: Callable[[int], object], flush: torch.Tensor, *, warmup: i
     for _ in range(warmup):
         call(0)
     torch.cuda.synchronize()
-    times, host = [], []
-    for _ in range(trials):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        flush.zero_()
-        start.record()
-        t = time.perf_counter()
-        call(0)
-        host.append(time.perf_counter() - t)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    ordered = sorted(times)
-    return Timing(runtime_us_median=sum(times) / len(times),
-                  runtime_us_iqr=_quantile(ordered, 0.75) - _quantile(ordered, 0.25), repetitions=trials,
-                  host_us_median=_quantile(sorted(host), 0.5) * 1e6)
+    runs = [_event_run(call, flush) for _ in range(trials)]
+    return _mean_timing(runs)
+
+
+def _event_run(call: Callable[[int], object], flush: torch.Tensor) -> tuple[float, float]:
+    """One call alone, as the formats' own harnesses time it: an L2 flush, the call between two events, a
+    synchronisation. (device microseconds, host seconds spent issuing the call)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    flush.zero_()
+    start.record()
+    t = time.perf_counter()
+    call(0)
+    host = time.perf_counter() - t
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3, host
+
+
+def _mean_timing(runs: list[tuple[float, float]]) -> Timing:
+    """The formats' figure from ``_event_run``s: the mean device time (in ``runtime_us_median``), its IQR, the
+    median host time."""
+    ordered = sorted(us for us, _ in runs)
+    return Timing(runtime_us_median=sum(ordered) / len(ordered),
+                  runtime_us_iqr=_quantile(ordered, 0.75) - _quantile(ordered, 0.25), repetitions=len(ordered),
+                  host_us_median=_quantile(sorted(h for _, h in runs), 0.5) * 1e6)
 
 
 def gpumode_stop(durations_ns: list[float], elapsed_ns: float, max_time_ns: float = 10e9,
@@ -215,22 +225,11 @@ def time_gpumode(call: Callable[[int], object], flush: torch.Tensor, *, max_repe
     synchronisation; up to ``max_repeats`` runs, ended by ``gpumode_stop``; the figure is their mean (carried in
     ``runtime_us_median``). Its warm-up (a first benchmark of up to 0.1 s) is the first loop below."""
     for budget_ns in (1e8, max_time_ns):
-        durations, host = [], []
+        runs = []
         started = time.perf_counter_ns()
         for _ in range(max_repeats):
             torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            flush.zero_()
-            start.record()
-            t = time.perf_counter()
-            call(0)
-            host.append(time.perf_counter() - t)
-            end.record()
-            torch.cuda.synchronize()
-            durations.append(start.elapsed_time(end) * 1e6)
-            if gpumode_stop(durations, time.perf_counter_ns() - started, budget_ns):
+            runs.append(_event_run(call, flush))
+            if gpumode_stop([us * 1e3 for us, _ in runs], time.perf_counter_ns() - started, budget_ns):
                 break
-    ordered = sorted(d / 1e3 for d in durations)
-    return Timing(runtime_us_median=sum(ordered) / len(ordered),
-                  runtime_us_iqr=_quantile(ordered, 0.75) - _quantile(ordered, 0.25), repetitions=len(ordered),
-                  host_us_median=_quantile(sorted(host), 0.5) * 1e6)
+    return _mean_timing(runs)

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from surrogate.forecast import Forecast, ForecastRequest
+from surrogate.forecast import Forecast, ForecastRequest, gaussian_forecasts
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")  # the attention projections of Qwen2 (and Llama)
 ADAPTER_FOLDER, HEADS_FILE, CONFIG_FILE, CALIBRATION_FILE = "adapter", "heads.pt", "config.json", "calibration.json"
@@ -322,22 +322,11 @@ class LMHeadForecaster:
         return self.net_.embed(_texts(requests), self.batch_size)
 
     def forecast(self, requests: Sequence[ForecastRequest]) -> list[Forecast]:
-        from surrogate.learned import CandidateIds, bin_probabilities
-
         if not requests:
             return []
         t0 = time.perf_counter()
         p_fail, mu, sigma = self.predict(requests)
-        probs = bin_probabilities(mu, sigma)
-        raw_sums = probs.sum(axis=1)
-        probs /= raw_sums[:, None]
-        latency = (time.perf_counter() - t0) / len(requests)
-        version, ids = self.version, CandidateIds()
-        return [Forecast(ids(req.candidate), ids(req.anchor), self.name, version, tuple(p.tolist()),
-                         raw_sum=float(r), latency_s=latency, expected_speedup=math.exp(m),
-                         failure_probability=float(f),
-                         extra={"log_speedup_mean": float(m), "log_speedup_sigma": float(s)})
-                for req, p, r, m, s, f in zip(requests, probs, raw_sums, mu, sigma, p_fail)]
+        return gaussian_forecasts(requests, self.name, self.version, p_fail, mu, sigma, t0)
 
 
 def append_embeddings(features: np.ndarray, requests: Sequence[ForecastRequest],
