@@ -65,3 +65,22 @@ def test_a_host_bound_call_is_timed_in_several_windows_and_a_gpu_bound_one_in_on
     host = time_call(host_bound, flush)
     assert not gpu.host_bound(head_start) and host.host_bound(head_start)
     assert host.host_us_median > head_start > 0
+
+
+def test_the_formats_timers_time_a_kernel_by_their_own_rules():
+    """KernelBench's 100 trials and GPU MODE's adaptive runs, on a 64 MiB copy: a mean near the copy's time,
+    the number of runs each rule allows."""
+    import torch
+
+    from kernels.harness.timing import l2_flush_buffer, time_gpumode, time_trials
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    x = torch.randn(16 << 20, device="cuda")
+    y = torch.empty_like(x)
+    flush = l2_flush_buffer()
+    kb, gm = time_trials(lambda i: y.copy_(x), flush), time_gpumode(lambda i: y.copy_(x), flush)
+    assert kb.repetitions == 100 and 3 <= gm.repetitions <= 100
+    for t in (kb, gm):  # 128 MiB moved: more than 10 us on any GPU, far less than 100 ms
+        assert 10 < t.runtime_us_median < 100_000 and t.runtime_us_iqr >= 0
+    assert 0.5 < kb.runtime_us_median / gm.runtime_us_median < 2
