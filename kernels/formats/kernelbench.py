@@ -102,17 +102,9 @@ def launch(*inputs):
         self.module = load_module(self.folder / manifest["reference"], f"kernelcast_task_{self.name.replace('.', '_')}")
         self._models: dict = {}
 
-    @contextmanager
     def sized(self, case):
         """The task module with its size integers set to ``case``'s values (restored after)."""
-        saved = {k: getattr(self.module, k) for k, _ in case.dims}
-        for k, v in case.dims:
-            setattr(self.module, k, v)
-        try:
-            yield self.module
-        finally:
-            for k, v in saved.items():
-                setattr(self.module, k, v)
+        return sized_module(self.module, case.dims)
 
     def make_inputs(self, case, gen, device):
         """``get_inputs()`` at the case's sizes, made on ``device`` from torch's generators seeded from ``gen``."""
@@ -210,35 +202,42 @@ def _parse_sizes(text: str, known: dict[str, int], where: str) -> dict[str, int]
     return sizes
 
 
+@contextmanager
+def sized_module(module, sizes):
+    """``module`` with its size integers set to ``sizes`` (a mapping or (name, value) pairs), restored after."""
+    sizes = dict(sizes)
+    saved = {k: getattr(module, k) for k in sizes}
+    for k, v in sizes.items():
+        setattr(module, k, v)
+    try:
+        yield module
+    finally:
+        for k, v in saved.items():
+            setattr(module, k, v)
+
+
 def _on_meta(module, sizes: dict[str, int], where: str) -> tuple[list, list, int | None, int | None, list]:
     """(tensor inputs, init inputs, output bytes, parameter bytes, constants) of the problem at ``sizes``, run on
     the meta device.
 
     Output and parameter bytes are None where the model cannot run on meta tensors."""
-    saved = {k: getattr(module, k) for k in sizes}
-    for k, v in sizes.items():
-        setattr(module, k, v)
     out_bytes = param_bytes = None
     try:
-        with torch.random.fork_rng(devices=[]), on_device("meta"):
+        with sized_module(module, sizes), torch.random.fork_rng(devices=[]), on_device("meta"):
             torch.manual_seed(0)
             inputs, constants = split_inputs(list(module.get_inputs()), where)
             init = list(module.get_init_inputs())
-        try:  # outputs and parameters on the meta device: no memory, no compute
-            with on_device("meta"):
+            try:  # outputs and parameters on the meta device: no memory, no compute
                 model = module.Model(*init)
                 param_bytes = tensor_bytes([*model.parameters(), *model.buffers()])
                 out_bytes = tensor_bytes(as_outputs(model(*with_constants(inputs, constants))))
-        except Exception:  # noqa: BLE001 - an op meta tensors cannot run; outputs assumed input-sized
-            pass
+            except Exception:  # noqa: BLE001 - an op meta tensors cannot run; outputs assumed input-sized
+                pass
     except TaskFormatError:
         raise
     except Exception as exc:
         raise TaskFormatError(f"{where}: get_inputs()/get_init_inputs() failed on the meta device for sizes {sizes}: "
                               f"{type(exc).__name__}: {exc}") from exc
-    finally:
-        for k, v in saved.items():
-            setattr(module, k, v)
     return inputs, init, out_bytes, param_bytes, constants
 
 
@@ -306,11 +305,8 @@ def history_dependence(module, sizes: dict[str, int], where: str) -> str | None:
     same number of times. Such a problem is refused here, before any GPU work; KernelBench's own harness
     can judge one only by calling the model and the candidate in lockstep. A model that cannot run on
     the CPU (a CUDA-only op) is not judged here: None."""
-    saved = {k: getattr(module, k) for k in sizes}
-    for k, v in sizes.items():
-        setattr(module, k, v)
     try:
-        with torch.random.fork_rng(devices=[]), on_device("cpu"), torch.no_grad():
+        with sized_module(module, sizes), torch.random.fork_rng(devices=[]), on_device("cpu"), torch.no_grad():
             torch.manual_seed(0)
             inputs, constants = split_inputs(list(module.get_inputs()), where)
             init = list(module.get_init_inputs())
@@ -320,9 +316,6 @@ def history_dependence(module, sizes: dict[str, int], where: str) -> str | None:
             second = as_outputs(model(*with_constants([t.clone() for t in inputs], constants)))
     except Exception:  # noqa: BLE001 - not runnable on the CPU here: the GPU run judges it
         return None
-    finally:
-        for k, v in saved.items():
-            setattr(module, k, v)
     for i, (a, b) in enumerate(zip(first, second)):
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape:
             continue
