@@ -29,7 +29,7 @@ from typing import Sequence
 
 import torch
 
-from kernels.formats.common import (MANIFEST, WRAPPER_MARK, TaskFormatError, default_task_name, load_module, op_name,
+from kernels.formats.common import (MANIFEST, TaskFormatError, default_task_name, load_module, op_name,
                                     read_required)
 from kernels.formats.operation import (ImportedOperation, first_float_dtype, is_literal, on_device, rng_fork, seed_from,
                                        tensor_bytes)
@@ -85,17 +85,11 @@ def launch(*inputs):
         "        args = list(inputs)\n        for position, value in _KC_CONSTANTS.get(key, ()):\n"
         "            args.insert(position, value)\n        out = model(*args)\n")
 
-    def wrap(self, submission: str, entry: str | None = None) -> str:
-        table = {}
-        for case in (*self.cases, *self.interpret_cases):
-            info = self.info(case)
-            if info.get("constants") and info.get("signature") is not None:
-                table[tuple((tuple(shape), dtype) for shape, dtype in info["signature"])] = info["constants"]
-        if not table:
-            return super().wrap(submission, entry)
-        body = self.WRAPPER_WITH_CONSTANTS.format(entry=entry or self.entry, table=self.wrapper_table(),
-                                                  constants=repr(table))
-        return submission.rstrip() + "\n\n\n" + WRAPPER_MARK + "\n" + body
+    def wrapper_body(self, entry: str) -> str:
+        constants = self.wrapper_table("constants")
+        if constants == "{}":
+            return super().wrapper_body(entry)
+        return self.WRAPPER_WITH_CONSTANTS.format(entry=entry, table=self.wrapper_table(), constants=constants)
 
     def __init__(self, folder: Path, manifest):
         super().__init__(folder, manifest)

@@ -224,19 +224,24 @@ class ImportedOperation(Operation):
         candidates that reach into it); what it needs per case is written into it as a
         table keyed by the inputs' shapes and dtypes.
         """
-        body = self.WRAPPER.format(entry=entry or self.entry, table=self.wrapper_table())
-        return submission.rstrip() + "\n\n\n" + WRAPPER_MARK + "\n" + body
+        return submission.rstrip() + "\n\n\n" + WRAPPER_MARK + "\n" + self.wrapper_body(entry or self.entry)
 
     WRAPPER = ""  # the format's launch, with {entry} and {table} to fill in
 
-    def wrapper_table(self) -> str:
-        """A Python literal: input signature -> what the wrapper needs for that case (a repr per row)."""
+    def wrapper_body(self, entry: str) -> str:
+        """The launch written after a submission whose entry point is ``entry``."""
+        return self.WRAPPER.format(entry=entry, table=self.wrapper_table())
+
+    def wrapper_table(self, field: str | None = None) -> str:
+        """A Python literal: input signature -> what the wrapper needs for that case, the manifest's ``field``
+        (default ``TABLE_FIELD``, a repr) of each case that has it."""
+        field = field or self.TABLE_FIELD
         rows = {}
         for case in (*self.cases, *self.interpret_cases):
             info = self.info(case)
-            if info.get("signature") is not None and info.get(self.TABLE_FIELD) is not None:
+            if info.get("signature") is not None and info.get(field) is not None:
                 key = tuple((tuple(shape), dtype) for shape, dtype in info["signature"])
-                rows[key] = info[self.TABLE_FIELD]
+                rows[key] = info[field]
         return "{" + ", ".join(f"{k!r}: {v}" for k, v in rows.items()) + "}"
 
     TABLE_FIELD = ""  # the manifest field (a repr) the wrapper table holds per case
