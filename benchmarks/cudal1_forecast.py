@@ -56,22 +56,34 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--folds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--draws", type=int, default=1000, help="bootstrap draws per interval (over problems)")
+    p.add_argument("--forecasts", action="append", default=[], metavar="NAME=DIR",
+                   help="held-out forecasts made elsewhere, scored beside the others: DIR's forecasts-*.parquet, one "
+                        "a fold (benchmarks/cudal1_lmhead.py writes them); repeatable")
     p.add_argument("--also-data", action="append", default=[], help="another pool's root to train on (repeatable)")
     p.add_argument("--corpus", default=str(SHARED / "corpora" / "cuda-l1"),
                    help="CUDA-L1's JSON Lines files, for published figures the side table lacks")
     p.add_argument("--out", default=None, help="path stem of the .txt and .json results")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for value in args.forecasts:
+        if "=" not in value or not value.split("=", 1)[0] or not value.split("=", 1)[1]:
+            p.error(f"--forecasts wants NAME=DIR, got {value!r}")
+    return args
 
 
 def main(argv=None) -> int:
     args = parse(argv)
+    return with_pool_tasks(lambda: run(args))
+
+
+def with_pool_tasks(work):
+    """``work()`` with the pool's operations installed, from its root, into a folder of this run's own."""
     from kernels.formats import TASKS_ENV
 
     before = os.environ.get(TASKS_ENV)
     with tempfile.TemporaryDirectory(prefix="cudal1-forecast-tasks-") as tasks:
-        os.environ[TASKS_ENV] = tasks  # the pool's operations, installed from its root for this run only
+        os.environ[TASKS_ENV] = tasks
         try:
-            return run(args)
+            return work()
         finally:
             if before is None:
                 os.environ.pop(TASKS_ENV, None)
@@ -138,6 +150,14 @@ def run(args) -> int:
             rows.append({"split": split, "forecaster": name, **ranking.score(kernels, forecasts, args.draws, args.seed),
                          "seconds": time.perf_counter() - t})
             print(f"  {split}, {name}: {rows[-1]['seconds']:.0f} s", flush=True)
+    for label, folder in (f.split("=", 1) for f in args.forecasts):
+        files = sorted(Path(folder).glob("forecasts-*.parquet"))
+        if not files:
+            raise ValueError(f"--forecasts {label}={folder}: no forecasts-*.parquet there")
+        split, folds = next(iter(splits.items()))
+        forecasts = ranking.stored_forecasts(kernels, [pd.read_parquet(f) for f in files], folds)
+        rows.append({"split": split, "forecaster": label, **ranking.score(kernels, forecasts, args.draws, args.seed),
+                     "seconds": 0.0})
     table = pd.DataFrame(rows)
     say()
     say("Per forecaster, on held-out problems (95% bootstrap intervals over problems):")

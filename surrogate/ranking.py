@@ -83,8 +83,6 @@ def held_out_forecasts(kernels: pd.DataFrame, cases: pd.DataFrame, name: str, fo
     folds' problems (and ``also_*``, other pools' pairs): columns fold, p_fail, expected (speedup if
     it runs), probs (9 bins, 0 = failure), aligned with ``kernels``. A forecaster that says nothing of
     failure gets its training kernels' failure rate, the best constant."""
-    from surrogate.dataset import source_requests
-
     out = pd.DataFrame(index=kernels.index, columns=["fold", "p_fail", "expected", "probs"], dtype=object)
     for fold, held in folds:
         test = kernels["op"].isin(held).to_numpy()
@@ -94,17 +92,54 @@ def held_out_forecasts(kernels: pd.DataFrame, cases: pd.DataFrame, name: str, fo
         train_c = pd.concat([cases[~cases["op"].isin(held)], *([also_cases] if also_cases is not None else [])],
                             ignore_index=True)
         forecaster = ready(name, train_c, train_k, folder)
-        forecasts = forecaster.forecast(source_requests(kernels[test]))
-        p_fail = np.array([f.failure_probability for f in forecasts], dtype=float)
-        p_fail = np.where(np.isfinite(p_fail), p_fail, float(train_k["failed"].mean()))
-        probs = metrics.with_failure(np.array([f.probabilities for f in forecasts]), p_fail)
         rows = kernels.index[test]
+        got = fold_forecasts(forecaster, kernels[test], float(train_k["failed"].mean()))
         out.loc[rows, "fold"] = fold
-        out.loc[rows, "p_fail"] = p_fail
-        out.loc[rows, "expected"] = [f.expected_speedup for f in forecasts]
-        out.loc[rows, "probs"] = pd.Series(list(probs), index=rows)
+        for column in ("p_fail", "expected", "probs"):
+            out.loc[rows, column] = got[column]
         log(f"  {name} {fold}: {int(test.sum())} kernels of {len(held)} problems held out")
     return out
+
+
+def stored_forecasts(kernels: pd.DataFrame, tables: Sequence[pd.DataFrame],
+                     folds: Sequence[tuple[str, frozenset]]) -> pd.DataFrame:
+    """Held-out forecasts made elsewhere (say, a forecaster trained on a GPU once per fold), aligned with
+    ``kernels`` as ``held_out_forecasts`` returns them. Each table has op, candidate_id, fold, p_fail,
+    expected and probs; a kernel forecast under another fold than ``folds`` gives it, or not forecast at
+    all, is refused by name: its forecaster may have trained on it."""
+    table = pd.concat(list(tables), ignore_index=True)
+    fold_of = {op: name for name, held in folds for op in held}
+    other = table[table["op"].map(fold_of) != table["fold"]]
+    if len(other):
+        first = other.iloc[0]
+        raise ValueError(f"{len(other)} stored forecast(s) were made under other folds than this run's, e.g. "
+                         f"{first['op']} ({first['candidate_id']}) in {first['fold']!r}, here in "
+                         f"{fold_of.get(first['op'])!r}: give the same --folds and --seed, on the same pool")
+    if table.duplicated(["op", "candidate_id"]).any():
+        raise ValueError("the stored forecasts hold a kernel twice: give each fold's file once")
+    merged = kernels[["op", "candidate_id"]].merge(table, on=["op", "candidate_id"], how="left")
+    missing = merged["p_fail"].isna()
+    if missing.any():
+        raise ValueError(f"{int(missing.sum())} of {len(kernels)} kernels have no stored forecast, e.g. "
+                         f"{merged.loc[missing, 'op'].iloc[0]} {merged.loc[missing, 'candidate_id'].iloc[0]}")
+    out = pd.DataFrame(index=kernels.index, columns=["fold", "p_fail", "expected", "probs"], dtype=object)
+    for column in ("fold", "p_fail", "expected"):
+        out[column] = merged[column].to_numpy()
+    out["probs"] = pd.Series([np.asarray(p, dtype=float) for p in merged["probs"]], index=kernels.index)
+    return out
+
+
+def fold_forecasts(forecaster, kernels: pd.DataFrame, train_failure_rate: float) -> pd.DataFrame:
+    """``forecaster``'s forecasts of the rows of ``kernels`` (p_fail, expected, probs), indexed as they are;
+    a forecaster that says nothing of failure gets ``train_failure_rate``, the best constant."""
+    from surrogate.dataset import source_requests
+
+    forecasts = forecaster.forecast(source_requests(kernels))
+    p_fail = np.array([f.failure_probability for f in forecasts], dtype=float)
+    p_fail = np.where(np.isfinite(p_fail), p_fail, train_failure_rate)
+    probs = metrics.with_failure(np.array([f.probabilities for f in forecasts]), p_fail)
+    return pd.DataFrame({"p_fail": p_fail, "expected": [f.expected_speedup for f in forecasts],
+                         "probs": list(probs)}, index=kernels.index)
 
 
 def ranking_score(expected, p_fail) -> np.ndarray:

@@ -134,3 +134,21 @@ def test_the_benchmark_runs_end_to_end_on_a_small_pool(tmp_path, monkeypatch, ca
     assert transfer.loc[("a100", "same"), "within_20pct"] == 0.0
     assert "Per forecaster, on held-out problems" in out.with_suffix(".txt").read_text()
     assert "learned" in capsys.readouterr().out
+
+
+def test_stored_forecasts_are_aligned_by_kernel_and_refused_under_other_folds_or_with_a_kernel_missing():
+    kernels = _kernels().assign(candidate_id=lambda k: [f"c{i}" for i in range(len(k))])
+    folds = ranking.problem_folds(sorted(PROBLEMS), 3, 0)
+    fold_of = {op: name for name, held in folds for op in held}
+    table = pd.DataFrame({"op": kernels["op"], "candidate_id": kernels["candidate_id"],
+                          "fold": kernels["op"].map(fold_of), "p_fail": 0.1, "expected": kernels["speedup"].fillna(0.1),
+                          "probs": [list(np.full(9, 1 / 9)) for _ in range(len(kernels))]})
+    shuffled = table.sample(frac=1.0, random_state=0)
+    got = ranking.stored_forecasts(kernels, [shuffled.iloc[:10], shuffled.iloc[10:]], folds)
+    assert list(got["expected"]) == list(table["expected"]) and (got["fold"] == table["fold"]).all()
+    assert ranking.score(kernels, got, draws=20)["spearman"] == pytest.approx(1.0)
+    moved = table.assign(fold=table["fold"].where(table["op"] != "cudal1-l1-001", "elsewhere"))
+    with pytest.raises(ValueError, match="cudal1-l1-001.*other folds|other folds.*cudal1-l1-001"):
+        ranking.stored_forecasts(kernels, [moved], folds)
+    with pytest.raises(ValueError, match="1 of 36 kernels have no stored forecast"):
+        ranking.stored_forecasts(kernels, [table.iloc[1:]], folds)

@@ -92,6 +92,19 @@ def test_grouped_folds_never_share_a_problem_and_cover_every_pair_once():
     assert sorted(tested) == list(range(len(groups)))  # each pair is tested in exactly one fold
 
 
+def test_named_held_out_problems_replace_the_fold_and_unknown_ones_are_refused():
+    from surrogate.lmhead.train import grouped_split
+
+    groups = np.repeat([f"p{i}" for i in range(8)], 3)
+    train, calibration, test = grouped_split(groups, 4, 0, 0.25, held_out=("p2", "p5"))
+    assert set(groups[test]) == {"p2", "p5"} and len(test) == 6
+    assert not ({"p2", "p5"} & set(groups[train]) or {"p2", "p5"} & set(groups[calibration]))
+    with pytest.raises(ValueError, match="p9"):
+        grouped_split(groups, 4, 0, 0.25, held_out=("p2", "p9"))
+    with pytest.raises(ValueError, match="nothing is left"):
+        grouped_split(groups, 4, 0, 0.25, held_out=tuple(f"p{i}" for i in range(8)))
+
+
 def test_training_a_few_steps_lowers_the_loss_below_the_base_rates(tiny_gguf):
     from surrogate.lmhead.model import HeadConfig, PairModel
     from surrogate.lmhead.train import TrainSettings, grouped_split, mean_loss, targets, train

@@ -41,6 +41,9 @@ class TrainSettings:
     # Recompute the decoder's activations in the backward pass: longer pairs or a larger model fit in memory.
     gradient_checkpointing: bool = False
     seed: int = 0
+    # The problems to hold out for testing, in place of fold ``fold`` of ``folds`` (the same split as
+    # another forecaster's, say); the calibration split is still a share of the rest.
+    held_out: tuple = ()
 
     def __post_init__(self) -> None:
         if self.folds < 2:
@@ -73,7 +76,7 @@ def targets(pairs: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def grouped_split(groups: np.ndarray, folds: int, fold: int, calibration_fraction: float,
-                  seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                  seed: int = 0, held_out=()) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(train, calibration, test) row indices: the test fold is fold ``fold`` of a ``GroupKFold`` over
     the problems, the calibration split a seeded share of the other problems; no problem is in two."""
     from sklearn.model_selection import GroupKFold
@@ -82,7 +85,16 @@ def grouped_split(groups: np.ndarray, folds: int, fold: int, calibration_fractio
     if len(problems) < max(folds, 3):
         raise ValueError(f"{len(problems)} problem(s) ({', '.join(problems)}) cannot be split into {folds} folds "
                          "with a calibration split: need at least max(folds, 3)")
-    train, test = list(GroupKFold(n_splits=folds).split(np.zeros(len(groups)), groups=groups))[fold]
+    if held_out:
+        unknown = sorted(set(held_out) - set(problems))
+        if unknown:
+            raise ValueError(f"held-out problem(s) {', '.join(unknown)} have no pairs")
+        is_test = np.isin(groups, list(held_out))
+        if is_test.all():
+            raise ValueError("every problem is held out: nothing is left to train on")
+        train, test = np.flatnonzero(~is_test), np.flatnonzero(is_test)
+    else:
+        train, test = list(GroupKFold(n_splits=folds).split(np.zeros(len(groups)), groups=groups))[fold]
     rest = sorted(set(groups[train]))
     n_calibration = min(len(rest) - 1, max(1, round(calibration_fraction * len(rest))))
     calibration = set(np.random.default_rng(seed).choice(rest, n_calibration, replace=False))
@@ -181,7 +193,7 @@ def train(pairs: pd.DataFrame, head: HeadConfig, settings: TrainSettings = Train
     started = time.monotonic()
     failed, log_speedup, groups = targets(pairs)
     train_ix, calibration_ix, test_ix = grouped_split(groups, settings.folds, settings.fold,
-                                                      settings.calibration_fraction, settings.seed)
+                                                      settings.calibration_fraction, settings.seed, settings.held_out)
     texts = list(zip(pairs["anchor_source"].astype(str), pairs["candidate_source"].astype(str)))
     torch.manual_seed(settings.seed)
     net = PairModel(head, device or default_device())
