@@ -154,8 +154,13 @@ def run(args) -> int:
         files = sorted(Path(folder).glob("forecasts-*.parquet"))
         if not files:
             raise ValueError(f"--forecasts {label}={folder}: no forecasts-*.parquet there")
-        split, folds = next(iter(splits.items()))
-        forecasts = ranking.stored_forecasts(kernels, [pd.read_parquet(f) for f in files], folds)
+        tables = [pd.read_parquet(f) for f in files]
+        # the folds the forecasts were made under: dealt by the seed they record (this run's when they do not)
+        seeds = {int(v) for t in tables for v in (t["fold_seed"] if "fold_seed" in t else [args.seed])}
+        if len(seeds) != 1:
+            raise ValueError(f"--forecasts {label}={folder}: its files were made under folds of seeds {sorted(seeds)}")
+        split = next(iter(splits))
+        forecasts = ranking.stored_forecasts(kernels, tables, ranking.problem_folds(problems, args.folds, seeds.pop()))
         rows.append({"split": split, "forecaster": label, **ranking.score(kernels, forecasts, args.draws, args.seed),
                      "seconds": 0.0})
     table = pd.DataFrame(rows)

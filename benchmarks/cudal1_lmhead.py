@@ -8,7 +8,8 @@ The folds are ``surrogate.ranking.problem_folds`` of the pool's problems: the ve
 benchmark scores every other forecaster on, so a fold's problems are never in its training. One fold a
 process (one a GPU, in parallel). Writes DIR/fold-I/ (the trained folder: adapter, heads, calibration,
 training.json naming its held-out problems) and DIR/forecasts-I.parquet (per held-out kernel: op,
-candidate_id, fold, p_fail, expected, probs). Needs torch, transformers, peft and gguf.
+candidate_id, fold, fold_seed (the seed that dealt the folds, which is also the training seed), p_fail,
+expected, probs). Needs torch, transformers, peft and gguf.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def run(args) -> int:
                    out=str(Path(args.out) / f"fold-{args.fold}"))
     test = kernels[kernels["op"].isin(held)]
     got = ranking.fold_forecasts(result.forecaster, test, float(kernels[~kernels["op"].isin(held)]["failed"].mean()))
-    table = pd.DataFrame({"op": test["op"], "candidate_id": test["candidate_id"], "fold": name,
+    table = pd.DataFrame({"op": test["op"], "candidate_id": test["candidate_id"], "fold": name, "fold_seed": args.seed,
                           "p_fail": got["p_fail"].astype(float), "expected": got["expected"].astype(float),
                           "probs": [list(map(float, p)) for p in got["probs"]]})
     table.to_parquet(Path(args.out) / f"forecasts-{args.fold}.parquet", index=False)

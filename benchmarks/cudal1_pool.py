@@ -48,6 +48,8 @@ def parse(argv=None) -> argparse.Namespace:
                         "all writing the same pool root")
     p.add_argument("--max-minutes", type=float, default=None, help="start no chunk after this long")
     p.add_argument("--concurrency", type=int, default=15)
+    p.add_argument("--anchor", default="host-bound", choices=("host-bound", "all", "off"),
+                   help="kernelcast's protocol: the cases timed again beside the reference (default: %(default)s)")
     p.add_argument("--memcheck", default="off", choices=("off", "auto", "all"),
                    help="compute-sanitizer per candidate (8-23 s each on an H100; default: %(default)s)")
     p.add_argument("--mode", default="gpu", choices=("gpu", "interpreter"))
@@ -130,7 +132,7 @@ def measure(args, prepared, roots, protocols, hardware, started: float, chunk: i
     with tempfile.TemporaryDirectory(prefix="cudal1-lock-") as folder:
         lock = str(Path(folder) / "gpu.lock")
         settings = dict(mode=args.mode, concurrency=args.concurrency, memcheck=args.memcheck, gpu_lock=lock,
-                        cpus=shard_cpus(args.shard))
+                        cpus=shard_cpus(args.shard), anchor=args.anchor)
         with contextlib.ExitStack() as stack:
             workers = {p: stack.enter_context(MeasureWorker(hardware, pool.worker_config(p, **settings)))
                        for p in protocols}

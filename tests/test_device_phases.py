@@ -9,6 +9,7 @@ kernels with no GPU present).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -440,5 +441,29 @@ def test_the_worker_anchors_candidates_but_never_the_reference():
     cand = get_space("softmax").spread_subset(1)[0]
     assert worker._anchor(cand) == (10.0, 20.0, 30.0)
     assert worker._anchor(reference) == ()
-    worker.config = WorkerConfig(mode="gpu", concurrency=1, anchor_host_bound=False)
+    worker.config = WorkerConfig(mode="gpu", concurrency=1, anchor="off")
     assert worker._anchor(cand) == ()
+
+
+def test_anchor_all_pairs_every_case_with_the_reference_and_host_bound_only_those_cases(tmp_path):
+    """kernelcast's protocol pairs the host-bound cases by default, every case with anchor "all"; a format's
+    protocol pairs every case whatever the setting."""
+    from kernels.harness import runner
+    from kernels.ops import get_operation
+
+    op = get_operation("softmax")
+    cand = get_space("softmax").spread_subset(1)[0]
+    host_bound = op.cases[1:2]
+    job = _anchor_job(tmp_path, cand, (100.0,) * len(op.cases))
+    assert runner.cases_to_pair(job, op.cases, host_bound) == list(host_bound)
+    every = dataclasses.replace(job, anchor_all=True)
+    assert runner.cases_to_pair(every, op.cases, host_bound) == list(op.cases)
+    kernelbench = dataclasses.replace(job, protocol="kernelbench")
+    assert runner.cases_to_pair(kernelbench, op.cases, []) == list(op.cases)
+
+
+def test_the_worker_refuses_an_unknown_anchor_setting_by_name():
+    from kernels.hardware import detect
+
+    with pytest.raises(ValueError, match="unknown anchor setting 'sometimes'.*host-bound, all, off"):
+        MeasureWorker(detect(), WorkerConfig(mode="interpreter", anchor="sometimes"))

@@ -84,3 +84,21 @@ def test_the_formats_timers_time_a_kernel_by_their_own_rules():
     for t in (kb, gm):  # 128 MiB moved: more than 10 us on any GPU, far less than 100 ms
         assert 10 < t.runtime_us_median < 100_000 and t.runtime_us_iqr >= 0
     assert 0.5 < kb.runtime_us_median / gm.runtime_us_median < 2
+
+
+def test_with_anchor_all_every_case_of_the_null_is_timed_beside_the_reference_and_comes_out_near_one():
+    """anchor="all": each case of the null (the reference's own code) is paired with the reference, so the
+    drift between the reference's measurement and the null's cancels: 1.00 within a few percent, each case."""
+    from kernels.null import null_candidate
+
+    op = get_operation("softmax")
+    seed, null = op.seed_candidates()[0], null_candidate(op)
+    with MeasureWorker(detect(), WorkerConfig(mode="gpu", concurrency=1, anchor="all")) as w:
+        out = {m.candidate_id: m for m in w.measure([seed, null])}
+        anchored = {d["case"]: d["ratio"] for cid, _, phase, _, d in w.timeline
+                    if cid == null.candidate_id and phase == "anchored"}
+    m = out[null.candidate_id]
+    assert m.status == "ok", m.error
+    assert sorted(anchored) == sorted(c.name for c in op.cases)
+    assert all(0.95 < r < 1.05 for r in anchored.values()), anchored
+    assert 0.97 < m.speedup < 1.03

@@ -93,6 +93,7 @@ class Job:
     l2_bytes: int = 0  # outputs up to this size may still sit in the L2 when the timed call ends
     precision: str = "tolerance"  # "strict": a result of a lower precision class than the reference fails
     protocol: str = "kernelcast"  # how cases are timed (kernels.harness.timing.PROTOCOLS)
+    anchor_all: bool = False  # every case of a candidate timed again beside the reference, not only host-bound ones
 
     def policy(self) -> sandbox.SandboxPolicy:
         return sandbox.SandboxPolicy(scratch_dir=self.scratch_dir, triton_cache_dir=self.triton_cache_dir,
@@ -499,18 +500,13 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
     for case in cases:
         timing, rotation[case.name] = time_case(case, check=job.verify)
         windows[case.name] = [timing]
-    # kernelcast's protocol times host-bound cases again (below), beside the reference where it can. KernelBench's
-    # times the reference and the candidate one after the other in one process: every case is timed again so,
-    # as the reference's runtime stored by the worker was taken at another moment, under another host load.
-    if job.protocol in FORMAT_PROTOCOLS:
-        bound = list(cases)
-    else:
-        bound = [c for c in cases if windows[c.name][0].host_bound(head_start_us)]
-    anchored = _anchored(job, op, [c for c in bound if c.name in reference], time_pair_case, result, phase)
+    host_bound = [c for c in cases if windows[c.name][0].host_bound(head_start_us)]
+    paired = cases_to_pair(job, cases, host_bound)
+    anchored = _anchored(job, op, [c for c in paired if c.name in reference], time_pair_case, result, phase)
     # Other host-bound cases again, in passes over the cases, until their two fastest windows agree (kernelcast's
     # protocol only: KernelBench's takes one window as it comes).
     for _ in range(job.host_bound_windows - 1 if job.protocol == "kernelcast" else 0):
-        again = [c for c in bound if c.name not in anchored and not agree(windows[c.name])]
+        again = [c for c in host_bound if c.name not in anchored and not agree(windows[c.name])]
         for case in again:
             windows[case.name].append(time_case(case, max_seconds=job.max_seconds_per_case / 4)[0])
     timings = {name: anchored.get(name) or fastest(w) for name, w in windows.items()}
@@ -606,6 +602,17 @@ def torch_fingerprint() -> dict[str, int]:
                 if callable(value):
                     found[prefix + name] = id(value)
     return found
+
+
+def cases_to_pair(job: Job, cases, host_bound) -> list:
+    """The cases timed again beside the reference (where the candidate has one to meet).
+
+    kernelcast's protocol pairs the ``host_bound`` cases, or every case with ``job.anchor_all``. A format's
+    protocol pairs every case: its harness times the reference and the candidate one after the other in
+    one process, while the reference's runtime stored by the worker was taken at another moment."""
+    if job.protocol in FORMAT_PROTOCOLS or job.anchor_all:
+        return list(cases)
+    return list(host_bound)
 
 
 def _anchored(job: Job, op, cases, time_pair_case, result: dict, phase) -> dict[str, Timing]:

@@ -163,6 +163,8 @@ PROTOCOLS = ("kernelcast", "kernelbench", "gpumode")
 # The protocols that time each call alone on the same inputs, as a format's own harness does: the reference's
 # trials are taken beside each candidate's, in its process (kernels.harness.runner).
 FORMAT_PROTOCOLS = ("kernelbench", "gpumode")
+# Which of a candidate's cases kernelcast's protocol times beside the reference (WorkerConfig.anchor).
+ANCHORS = ("host-bound", "all", "off")
 
 
 def time_trials(call: Callable[[int], object], flush: torch.Tensor, *, warmup: int = 3,

@@ -41,7 +41,7 @@ from typing import Iterable, Iterator
 
 from kernels.harness import ahead, budget, cores, memcheck, precision, sandbox
 from kernels.harness.runner import Job, child_main, probe_main
-from kernels.harness.timing import PROTOCOLS
+from kernels.harness.timing import ANCHORS, PROTOCOLS
 from kernels.formats import tasks_dir
 from kernels.formats.common import is_imported_name
 from kernels.hardware import INTERPRETER, peak_tflops
@@ -91,9 +91,11 @@ class WorkerConfig:
     # the mean), to compare with figures published under it (kernels.harness.timing).
     protocol: str = "kernelcast"
     memcheck_timeout_s: float = 180.0
-    # a host-bound case of a candidate is timed in one window beside its op's reference, and reported as
-    # the reference's runtime times their ratio (kernels.harness.runner._anchored); False: fastest window
-    anchor_host_bound: bool = True
+    # Which of a candidate's cases are timed again in one window beside its op's reference, and reported as
+    # the reference's runtime times their ratio (kernels.harness.runner._anchored): "host-bound" (whose host
+    # side outlasts the flush), "all" (every case: drift of the clocks and the host between the reference's
+    # measurement and the candidate's cancels, for about twice the timing), or "off" (the fastest window).
+    anchor: str = "host-bound"
     # A lock file shared with the machine's other GPU users (an inference engine started with the same
     # --gpu-lock): children take it for their GPU work as they take the worker's own, so nothing else runs
     # on the GPU while a kernel is timed. None: the worker's private lock. Default: $KERNELCAST_GPU_LOCK.
@@ -234,6 +236,8 @@ class MeasureWorker:
             raise ValueError(f"unknown measurement mode {config.mode!r}; known: gpu, interpreter")
         if config.protocol not in PROTOCOLS:
             raise ValueError(f"unknown timing protocol {config.protocol!r}; known: {', '.join(PROTOCOLS)}")
+        if config.anchor not in ANCHORS:
+            raise ValueError(f"unknown anchor setting {config.anchor!r}; known: {', '.join(ANCHORS)}")
         if config.memcheck not in memcheck.MODES:
             raise ValueError(f"unknown memcheck setting {config.memcheck!r}; known: {', '.join(memcheck.MODES)}")
         if config.precision not in precision.MODES:
@@ -342,7 +346,7 @@ class MeasureWorker:
                    compile_cpus=self.cores.compile, timing_cpus=self.cores.timing,
                    host_bound_windows=cfg.host_bound_windows, reference_us=self._anchor(cand),
                    verify=cfg.verify, fresh_calls=cfg.fresh_calls, precision=cfg.precision,
-                   protocol=cfg.protocol,
+                   protocol=cfg.protocol, anchor_all=cfg.anchor == "all",
                    peak_bandwidth_gbps=self.hardware.peak_bandwidth_gbps if cfg.mode == "gpu" else None,
                    peak_tflops=peak_tflops(self.hardware.gpu_type) if cfg.mode == "gpu" else None,
                    l2_bytes=int(self.hardware.l2_mib * 2**20))
@@ -355,7 +359,7 @@ class MeasureWorker:
 
     def _anchor(self, cand: Candidate) -> tuple[float, ...]:
         """The reference runtimes a candidate's host-bound cases are anchored to; () for none (the reference itself)."""
-        if self.config.mode != "gpu" or not self.config.anchor_host_bound:
+        if self.config.mode != "gpu" or self.config.anchor == "off":
             return ()
         if cand.candidate_id == get_operation(cand.op).seed_candidates()[0].candidate_id:
             return ()
