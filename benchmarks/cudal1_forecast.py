@@ -134,7 +134,8 @@ def run(args) -> int:
     names = [n for n in args.forecasters.split(",") if n]
     if args.lmhead_folder:
         names.append("lmhead")
-    skipped = [] if "lmhead" in names else ["lmhead (no trained folder given: --lmhead-folder)"]
+    skipped = ([] if "lmhead" in names or any(f.startswith("lmhead") for f in args.forecasts)
+               else ["lmhead (no trained folder given: --lmhead-folder, nor its forecasts: --forecasts lmhead=DIR)"])
     problems = sorted(kernels["op"].unique())
     say(f"CUDA-L1 pool {args.pool} ({args.protocol} protocol, {args.gpu_type}): {len(problems)} problems, "
         f"{len(kernels)} kernels ({int(kernels['failed'].sum())} failed)"

@@ -128,7 +128,8 @@ def test_the_benchmark_runs_end_to_end_on_a_small_pool(tmp_path, monkeypatch, ca
     assert set(rows["forecaster"]) == {"learned", "source", "roofline", "random"}
     assert set(rows["split"]) == {"grouped 3-fold by problem", "leave one level out"}
     assert (rows["problems"] == 9).all() and rows["top1_within_10pct"].between(0, 1).all()
-    assert result["not_run"] == ["lmhead (no trained folder given: --lmhead-folder)"]
+    assert result["not_run"] == ["lmhead (no trained folder given: --lmhead-folder, nor its forecasts: "
+                                 "--forecasts lmhead=DIR)"]
     transfer = pd.DataFrame(result["cross_gpu"]).set_index(["gpu_type", "model"])
     assert transfer.loc[("all", "ratio"), "median_abs_log_error"] == pytest.approx(0.0, abs=1e-9)
     assert transfer.loc[("a100", "same"), "within_20pct"] == 0.0
@@ -152,3 +153,31 @@ def test_stored_forecasts_are_aligned_by_kernel_and_refused_under_other_folds_or
         ranking.stored_forecasts(kernels, [moved], folds)
     with pytest.raises(ValueError, match="1 of 36 kernels have no stored forecast"):
         ranking.stored_forecasts(kernels, [table.iloc[1:]], folds)
+
+
+def test_the_benchmark_scores_forecasts_made_elsewhere_under_the_folds_their_seed_dealt(tmp_path, monkeypatch):
+    from benchmarks import cudal1_forecast
+
+    pool = _pool(tmp_path, monkeypatch)
+    args = cudal1_forecast.parse(["--pool", str(pool)])
+    kernels, _ = cudal1_forecast.with_pool_tasks(lambda: cudal1_forecast._measured(args))
+    folds = ranking.problem_folds(sorted(kernels["op"].unique()), 3, 7)
+    fold_of = {op: name for name, held in folds for op in held}
+    stored = tmp_path / "stored"
+    stored.mkdir()
+    for i, (name, held) in enumerate(folds):  # a perfect forecaster, one file a fold, dealt by seed 7
+        rows = kernels[kernels["op"].isin(held)]
+        pd.DataFrame({"op": rows["op"], "candidate_id": rows["candidate_id"], "fold": rows["op"].map(fold_of),
+                      "fold_seed": 7, "p_fail": rows["failed"].astype(float),
+                      "expected": rows["speedup"].fillna(0.01),
+                      "probs": [list(np.full(9, 1 / 9)) for _ in range(len(rows))]}).to_parquet(stored / f"forecasts-{i}.parquet")
+    out = tmp_path / "out" / "forecast"
+    assert cudal1_forecast.main(["--pool", str(pool), "--folds", "3", "--draws", "20", "--corpus", str(tmp_path),
+                                 "--forecasters", "random", "--forecasts", f"lmhead-made-elsewhere={stored}",
+                                 "--out", str(out)]) == 0
+    result = json.loads(out.with_suffix(".json").read_text())
+    row = next(r for r in result["rows"] if r["forecaster"] == "lmhead-made-elsewhere")
+    assert row["spearman"] == pytest.approx(1.0) and row["failure_auroc"] == pytest.approx(1.0)
+    assert result["not_run"] == []
+    with pytest.raises(SystemExit):  # NAME=DIR or nothing
+        cudal1_forecast.parse(["--pool", str(pool), "--forecasts", str(stored)])
