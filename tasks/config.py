@@ -243,7 +243,7 @@ def check_operation(config: SearchConfig) -> None:
         from tasks.generators import base_generator
 
         if base_generator(config.generator) != "freeform":
-            raise ConfigError(f"generator_roots starts a free-form search from template kernels; generator "
+            raise ConfigError(f"generator_roots starts a free-form search from a pool's kernels; generator "
                               f"{config.generator!r} takes none")
         from tasks.generators import template_roots
 

@@ -204,24 +204,28 @@ def _freeform(config) -> Generator:
 
 def template_roots(pool: str, op: str, gpu_type: str | None = None,
                    fallback: bool = True) -> list[tuple[Candidate, float]]:
-    """(candidate, speedup) of ``op``'s best, median and poor (10th percentile) template variant measured
-    in the data root ``pool``, ranked by their speedups on ``gpu_type``; where the pool measured none of
-    them there (or ``gpu_type`` is None or 'auto'), on the GPU type it measured most of them on, or a
-    ValueError without ``fallback``. These were the corpus's parents (``benchmarks/llm_corpus.py``),
-    and are a live free-form search's roots."""
+    """(candidate, speedup) of ``op``'s best, median and poor (10th percentile) kernel measured in the data
+    root ``pool``, ranked by their speedups on ``gpu_type``: its template variants, and for an imported
+    task the kernels imported with it (CUDA-L1's, in data/pools/cudal1), never its reference nor the null
+    resubmission of it. Where the pool measured none of them there (or ``gpu_type`` is None or 'auto'), on
+    the GPU type it measured most of them on, or a ValueError without ``fallback``. These were the corpus's
+    parents (``benchmarks/llm_corpus.py``), and are a live free-form search's roots."""
+    from kernels.null import NULL_MARK
     from storage.dataset import DataRoot
     from storage.schema import candidates_from_frame
 
     root = DataRoot(pool)
     c = root.read_candidates(op=op)
     m = root.read_measurements(op=op)
+    if not c.empty:
+        c = c[c["origin"].isin(ROOT_ORIGINS) & ~c["source"].str.contains(NULL_MARK, regex=False)]
     if not m.empty and not c.empty:
-        m = m[(m["status"] == "ok") & m["candidate_id"].isin(c.loc[c["origin"] == "template", "candidate_id"])]
-    if m.empty:
-        raise ValueError(f"the pool {pool} has no measured {op} template variants to start from")
+        m = m[(m["status"] == "ok") & m["candidate_id"].isin(c["candidate_id"])]
+    if m.empty or c.empty:
+        raise ValueError(f"the pool {pool} has no measured {op} template variants or imported kernels to start from")
     if gpu_type not in set(m["gpu_type"]):
         if not fallback:
-            raise ValueError(f"the pool {pool} has no measured {op} template variants on {gpu_type}")
+            raise ValueError(f"the pool {pool} has no measured {op} template variants or imported kernels on {gpu_type}")
         gpu_type = m["gpu_type"].value_counts().sort_index().idxmax()
     m = m[m["gpu_type"] == gpu_type].drop_duplicates("candidate_id", keep="last")
     m = m.sort_values(["speedup", "candidate_id"]).reset_index(drop=True)
@@ -229,6 +233,11 @@ def template_roots(pool: str, op: str, gpu_type: str | None = None,
     by_id = {x.candidate_id: x for x in candidates_from_frame(c[c["candidate_id"].isin([r.candidate_id
                                                                                        for r in picks])])}
     return [(by_id[r.candidate_id], float(r.speedup)) for r in picks]
+
+
+# A pool's kernels that can root a free-form search: template variants, and kernels imported with a task
+# (the reference is the search's own seed, origin "seed"; a search's children have other origins).
+ROOT_ORIGINS = ("template", "import")
 
 
 def _replay(config) -> Generator:

@@ -237,3 +237,26 @@ def test_a_shard_compiles_and_times_on_its_own_share_of_the_cores():
     except ValueError:  # fewer than two whole cores here: nothing to share out
         pytest.skip("this machine has fewer than two whole cores")
     assert first and second and not set(first) & set(second)
+
+
+def test_a_free_form_search_on_a_cudal1_problem_is_rooted_at_its_measured_kernels_not_its_reference_or_null():
+    """generator_roots on data/pools/cudal1: CUDA-L1's kernels of the problem, best first, as measured on the H100."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from kernels.null import NULL_MARK
+    from storage.dataset import DataRoot
+    from tasks.generators import template_roots
+
+    pool = str(Path(__file__).resolve().parents[1] / "data" / "pools" / "cudal1" / "kernelcast")
+    op = "kb.cudal1-l2-017"
+    roots = template_roots(pool, op, "h100")
+    candidates = DataRoot(pool).read_candidates(op=op).set_index("candidate_id")
+    measured = DataRoot(pool).read_measurements(op=op, gpu_type="h100").set_index("candidate_id")
+    assert len(roots) == 3
+    assert all(c.origin == "import" and NULL_MARK not in c.source for c, _ in roots)
+    assert [s for _, s in roots] == sorted((s for _, s in roots), reverse=True)
+    assert all(measured.loc[c.candidate_id, "speedup"] == pytest.approx(s) for c, s in roots)
+    reference = candidates[candidates["origin"] == "seed"].index
+    assert not set(reference) & {c.candidate_id for c, _ in roots} and len(pd.Index(reference)) == 1

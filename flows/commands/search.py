@@ -31,9 +31,10 @@ _SEARCH_FLAGS = {
     "generator_concurrency": (int, "requests to the generator's model in flight at once (default 4; a batching "
                                    "server such as vLLM or the GPU engine answers many together)"),
     "generator_max_tokens": (int, "most tokens of one rewritten source (generator freeform; default 2048)"),
-    "generator_roots": (str, "generator freeform: a measured pool whose best, median and poor template variants of "
-                             "the op are measured first and rewritten by the model (default: it rewrites the eager "
-                             "reference)"),
+    "generator_roots": (str, "generator freeform: a measured pool whose best, median and poor kernels of the op "
+                             "(template variants, or those imported with the task, as CUDA-L1's in "
+                             "data/pools/cudal1/kernelcast) are measured first and rewritten by the model "
+                             "(default: it rewrites the eager reference)"),
     "generator_children": (int, "children asked of the model per generation (generators llm, freeform, replay; "
                                 "default 16)"), "surrogate": (str, "learned, source, lmhead, roofline, random, llm, or "
                                                              "none (the equal-budget baseline: every child measured)"),
