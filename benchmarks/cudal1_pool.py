@@ -100,8 +100,9 @@ def main(argv=None) -> int:
     rows = report.classify(side, report.measured(roots, gpu_type), protocols)
     stats = report.summary(rows)
     (out / "report.md").write_text(report.markdown(rows, stats, gpu_type))
-    (out / "report.json").write_text(json.dumps({"gpu_type": gpu_type, "problems": len(problems),
-                                                 "summary": stats}, indent=1, default=str))
+    (out / "report.json").write_text(json.dumps({"gpu_type": gpu_type, "problems": len(problems), "summary": stats,
+                                                 "headroom": report.headroom(rows).to_dict("records")},
+                                                indent=1, default=str))
     if not rows.empty:
         rows.to_csv(out / "rows.csv", index=False)
     for key, s in stats.items():

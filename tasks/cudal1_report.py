@@ -112,6 +112,23 @@ def summary(rows: pd.DataFrame) -> dict:
     return out
 
 
+HEADROOM = 1.3  # a search target: a measured kernel at least this much faster than eager
+
+
+def headroom(rows: pd.DataFrame, protocol: str = "kernelcast", levels: Sequence[int] = (2, 3),
+             threshold: float = HEADROOM) -> pd.DataFrame:
+    """The problems of ``levels`` where a kernel measured ok under ``protocol`` (not the null) ran at least
+    ``threshold`` times faster than eager: where a search has something to find. One row a problem, best
+    first: op, level, variant and speedup of its fastest kernel, and CUDA-L1's published figure for it."""
+    cols = ["op", "level", "variant", "ours", "theirs"]
+    if rows.empty:
+        return pd.DataFrame(columns=cols)
+    ok = rows[(rows["protocol"] == protocol) & (rows["status"] == "ok") & (rows["variant"] != "null")
+              & rows["level"].isin(list(levels)) & rows["ours"].notna()]
+    best = ok.sort_values("ours", ascending=False).drop_duplicates("op")
+    return best[best["ours"] >= threshold][cols].reset_index(drop=True)
+
+
 def markdown(rows: pd.DataFrame, stats: dict, gpu_type: str) -> str:
     """The summary table and the disagreements, by class, as Markdown."""
     lines = [f"# CUDA-L1's kernels measured on {gpu_type}, against their published H100 speedups", "",
@@ -123,6 +140,13 @@ def markdown(rows: pd.DataFrame, stats: dict, gpu_type: str) -> str:
         classes = ", ".join(f"{k} {v}" for k, v in s["classes"].items() if k != "unpublished")
         lines.append(f"| {key} | {s['rows']} | {s['ok']} | {s['published']} | {s['both_ok']} | {s['agree']} | {share} "
                      f"| {f'{g:.3f}' if g else '-'} | {classes or '-'} |")
+    room = headroom(rows)
+    if not room.empty:
+        lines += ["", f"## Headroom: {len(room)} level-2/3 problems with a kernel at {HEADROOM}x eager or more "
+                  "(kernelcast's protocol)", "", "| op | level | fastest | ours | published |", "|---|---|---|---|---|"]
+        for r in room.itertuples(index=False):
+            theirs = f"{r.theirs:.2f}" if r.theirs is not None and not pd.isna(r.theirs) else "-"
+            lines.append(f"| {r.op} | {r.level} | {r.variant} | {r.ours:.2f} | {theirs} |")
     bad = rows[rows["agrees"].eq(False)] if not rows.empty else rows
     if not bad.empty:
         lines += ["", "## Disagreements", "", "| op | variant | protocol | class | ours | theirs | status / reason |",

@@ -260,3 +260,23 @@ def test_a_free_form_search_on_a_cudal1_problem_is_rooted_at_its_measured_kernel
     assert all(measured.loc[c.candidate_id, "speedup"] == pytest.approx(s) for c, s in roots)
     reference = candidates[candidates["origin"] == "seed"].index
     assert not set(reference) & {c.candidate_id for c, _ in roots} and len(pd.Index(reference)) == 1
+
+
+def test_headroom_lists_level_2_and_3_problems_whose_fastest_kernel_ran_1_3x_eager_or_more():
+    import pandas as pd
+
+    from tasks.cudal1_report import headroom
+
+    def row(op, level, variant, ours, status="ok", protocol="kernelcast"):
+        return {"op": op, "level": level, "variant": variant, "ours": ours, "theirs": 2.0, "status": status,
+                "protocol": protocol}
+
+    rows = pd.DataFrame([row("a", 2, "custom", 1.8), row("a", 2, "cudnn", 1.1),
+                         row("b", 3, "cuda-graph", 1.31), row("b", 3, "custom", 5.0, status="incorrect"),
+                         row("c", 1, "custom", 9.0),  # level 1: not a search target here
+                         row("d", 2, "null", 1.5),  # the null's speed is noise, not headroom
+                         row("e", 2, "custom", 1.29), row("f", 3, "custom", 3.0, protocol="kernelbench")])
+    room = headroom(rows)
+    assert list(room["op"]) == ["a", "b"] and list(room["variant"]) == ["custom", "cuda-graph"]
+    assert list(room["ours"]) == [1.8, 1.31]
+    assert list(headroom(rows, protocol="kernelbench")["op"]) == ["f"]
