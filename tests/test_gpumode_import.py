@@ -297,3 +297,24 @@ def test_data_whose_structure_meta_tensors_could_not_find_is_named_when_made(tmp
     with pytest.raises(TaskFormatError, match=r"case 8-fp32: generate_input\(\*\*\{.*\}\) could not run on meta "
                                               r"tensors at import \(RuntimeError: .*meta"):
         op.make_inputs(case, torch.Generator().manual_seed(1), "cpu")
+
+
+# A task of GPU MODE's amd_distributed folder: each of world_size processes makes its rank's inputs.
+DISTRIBUTED = '''
+    import torch
+
+    def generate_input(world_size: int, m: int, seed: int, rank: int):
+        g = torch.Generator().manual_seed(seed + rank)
+        return torch.randn(m // world_size, 16, generator=g)
+
+    def ref_kernel(data):
+        return data * 2
+
+    def check_implementation(data, output):
+        return torch.allclose(ref_kernel(data), output), ""
+'''
+
+
+def test_a_distributed_task_is_refused_at_import_naming_its_processes(tmp_path):
+    with pytest.raises(TaskFormatError, match="distributed task .*takes a rank.*world_size=8 processes.*one device"):
+        _task(tmp_path, "ag_gemm_like", DISTRIBUTED, [{"world_size": 8, "m": 64, "seed": 1}])

@@ -350,12 +350,32 @@ def _read_specs(path: Path) -> tuple[list[dict], list[dict], str, dict[str, Path
     return tests, benchmarks, str(doc.get("description") or "").strip(), shared
 
 
+def _distributed(module, spec: dict) -> str | None:
+    """Why a task is a multi-process one kernelcast cannot measure, or None: its ``generate_input`` takes a
+    ``rank`` (each process makes its own shard) or its spec names a ``world_size`` above one."""
+    import inspect
+
+    try:
+        params = inspect.signature(module.generate_input).parameters
+    except (TypeError, ValueError):
+        params = {}
+    world = spec.get("world_size")
+    if "rank" in params or (isinstance(world, int) and world > 1):
+        return (f"a distributed task (generate_input {'takes a rank' if 'rank' in params else 'is one process of many'}"
+                f"{f', its cases run world_size={world} processes' if isinstance(world, int) else ''}, one a GPU, "
+                "through torch.distributed): kernelcast measures a kernel in one process on one device")
+    return None
+
+
 def _profile(module, spec: dict, where: str) -> dict:
     """One manifest case from the meta device: the spec, its integer entries as dims, input dtype, the bytes
     of inputs plus outputs, the output structure and which inputs the reference writes into."""
     # Sizes name a case; the seed does not (each correctness run draws its own).
     dims = {k: v for k, v in spec.items() if isinstance(v, int) and not isinstance(v, bool) and k != "seed"}
     row = {"spec": spec, "dims": dims, "dtype": "float32", "bytes": None}
+    why = _distributed(module, spec)
+    if why:
+        raise TaskFormatError(f"{where}: {why}")
     try:
         with torch.random.fork_rng(devices=[]), on_device("meta"), Uninitialised() as fresh:
             torch.manual_seed(0)
