@@ -318,3 +318,36 @@ DISTRIBUTED = '''
 def test_a_distributed_task_is_refused_at_import_naming_its_processes(tmp_path):
     with pytest.raises(TaskFormatError, match="distributed task .*takes a rank.*world_size=8 processes.*one device"):
         _task(tmp_path, "ag_gemm_like", DISTRIBUTED, [{"world_size": 8, "m": 64, "seed": 1}])
+
+
+# A task of GPU MODE's nvidia folder: a block-scaled FP4 GEMM, which only a compute capability 10.0 GPU runs.
+FP4 = '''
+    import torch
+
+    def generate_input(m: int, seed: int):
+        return torch.randn(m, 16, generator=torch.Generator().manual_seed(seed))
+
+    def ref_kernel(data):
+        if data.is_cuda:  # the task's own path: operands viewed as torch.float4_e2m1fn_x2 for torch._scaled_mm
+            raise RuntimeError("not reached in these tests")
+        return data * 2
+
+    def check_implementation(data, output):
+        return torch.allclose(ref_kernel(data), output), ""
+'''
+
+
+def test_a_task_naming_a_newer_gpus_number_format_is_refused_before_running_naming_the_capability(tmp_path):
+    from kernels.formats.common import device_requirement, unmet_requirement
+
+    op = _task(tmp_path, "fp4_gemm_like", FP4, [{"m": 32, "seed": 1}])
+    assert op.requires["compute_capability"] == "10.0" and op.requires["on_cpu"] is False
+    got = _measure([op])
+    for role in ("reference", "null"):
+        m = got[(op.name, role)]
+        assert m.status == "rejected" and "needs a CUDA GPU of compute capability 10.0" in m.error, m.error
+    assert "this device is 9.0" in unmet_requirement(op.requires, (9, 0))
+    assert unmet_requirement(op.requires, (10, 0)) is None
+    fp8 = device_requirement("w = x.to(torch.float8_e4m3fn)")
+    assert fp8["compute_capability"] == "8.9" and unmet_requirement(fp8, None) is None  # torch's CPU build runs FP8
+    assert device_requirement("torch.float16", "torch.bfloat16") is None

@@ -95,6 +95,43 @@ def read_required(path: str | os.PathLike, what: str, needed: Mapping[str, str])
     return source
 
 
+# Number formats whose arithmetic needs a GPU of at least this compute capability, named in the task's code,
+# and whether torch's CPU build runs them (the interpreter then checks such a task as any other).
+# FP8 matrix multiplies run from 8.9 (Ada, Hopper); block-scaled FP4 ones from 10.0 (Blackwell), never on a CPU.
+CAPABILITY_FORMATS = (
+    (re.compile(r"\bfloat4_e2m1fn(_x2)?\b"), "10.0", False, "FP4 (torch.float4_e2m1fn_x2) block-scaled matrix multiplies"),
+    (re.compile(r"\bfloat8_e[45]m[23]fn(uz)?\b|\bfloat8_e8m0fnu\b"), "8.9", True, "FP8 (torch.float8_*) matrix multiplies"),
+)
+
+
+def device_requirement(*sources: str) -> dict | None:
+    """The compute capability a task's code needs, from the number formats it names: {"compute_capability",
+    "on_cpu", "why"}, or None. The highest requirement any source names wins."""
+    text = "\n".join(sources)
+    for pattern, capability, on_cpu, what in CAPABILITY_FORMATS:  # highest first
+        if pattern.search(text):
+            return {"compute_capability": capability, "on_cpu": on_cpu,
+                    "why": f"{what} need compute capability {capability} or newer"}
+    return None
+
+
+def unmet_requirement(requires: Mapping | None, capability: tuple[int, int] | None) -> str | None:
+    """Why a task that ``requires`` a compute capability cannot run on a device of ``capability`` ((major,
+    minor); None: the CPU interpreter), or None when it can."""
+    if not requires:
+        return None
+    need = tuple(int(x) for x in str(requires["compute_capability"]).split("."))
+    if capability is None:
+        if requires.get("on_cpu", True):
+            return None
+        return (f"needs a CUDA GPU of compute capability {requires['compute_capability']} ({requires['why']}): "
+                "the interpreter cannot run it")
+    if tuple(capability) < need:
+        return (f"needs compute capability {requires['compute_capability']} ({requires['why']}); this device is "
+                f"{capability[0]}.{capability[1]}")
+    return None
+
+
 def backend_of(source: str) -> str:
     """The candidate's backend as the candidates table records it, read from what the source uses."""
     if re.search(r"\btriton\b", source):

@@ -36,8 +36,8 @@ from typing import Any, Sequence
 import torch
 from torch.overrides import TorchFunctionMode
 
-from kernels.formats.common import (MANIFEST, TaskFormatError, default_task_name, load_module, op_name,
-                                    read_required)
+from kernels.formats.common import (MANIFEST, TaskFormatError, default_task_name, device_requirement, load_module,
+                                    op_name, read_required)
 from kernels.formats.operation import (ImportedOperation, first_float_dtype, is_literal, on_device, seed_from,
                                        signature, tensor_bytes)
 
@@ -553,5 +553,8 @@ def _import(ref_path: Path, source: str, subs: list[str], name: str, tests, benc
     manifest = {"format": "gpumode", "name": name, "summary": summary, "reference": ref_path.name,
                 "files": sorted(files), "candidates": [f"submission_{i}.py" for i in range(len(subs))],
                 "cases": cases, "interpret_cases": interpret, "tolerance": tolerance}
+    requires = device_requirement(source, *(text.decode(errors="replace") for text in helpers.values()))
+    if requires:
+        manifest["requires"] = requires
     files[MANIFEST] = json.dumps(manifest, indent=1, sort_keys=True).encode()
     return name, files

@@ -29,8 +29,8 @@ from typing import Sequence
 
 import torch
 
-from kernels.formats.common import (MANIFEST, TaskFormatError, default_task_name, load_module, op_name,
-                                    read_required)
+from kernels.formats.common import (MANIFEST, TaskFormatError, default_task_name, device_requirement, load_module,
+                                    op_name, read_required)
 from kernels.formats.operation import (ImportedOperation, first_float_dtype, is_literal, on_device, rng_fork, seed_from,
                                        tensor_bytes)
 
@@ -406,6 +406,9 @@ def import_task(reference: str, candidates: Sequence[str] = (), name: str | None
                 "files": sorted(files), "candidates": [f"candidate_{i}.py" for i in range(len(subs))],
                 "cases": cases, "interpret_cases": interpret, "tolerance": tolerance or TOLERANCE,
                 "source_file": Path(reference).name}
+    requires = device_requirement(source)
+    if requires:
+        manifest["requires"] = requires
     if scaling:
         manifest["interpret_scaling"] = scaling
     files[MANIFEST] = json.dumps(manifest, indent=1, sort_keys=True).encode()

@@ -148,6 +148,7 @@ class ImportedOperation(Operation):
         self.cases = self._cases(manifest["cases"])
         self.interpret_cases = self._cases(manifest["interpret_cases"])
         self._last_case: dict[Signature, Case] = {}
+        self.requires = manifest.get("requires")  # the compute capability its code needs (common.device_requirement)
         tol = manifest.get("tolerance")
         self.tolerance_overrides = {}
         self._tolerance = (float(tol["rtol"]), float(tol["atol"])) if tol else None

@@ -47,6 +47,7 @@ import torch
 import triton  # imported here so the fork server preloads it
 import triton.language as tl
 
+from kernels.formats.common import unmet_requirement
 from kernels.harness import ahead, budget, cores, prebuild, sandbox, verify
 from kernels.harness.anticheat import CallGuard, Checker, Rejected, install_stream_guard, scan_source
 from kernels.harness.correctness import CandidateLoadError, call_candidate, load_launch, poisoned_outputs
@@ -309,6 +310,9 @@ def evaluate(job: Job, notify=lambda *msg: None) -> dict:
         return fail("compile_error", str(exc))
     except Rejected as exc:  # a stream made at import time
         return fail("rejected", str(exc))
+    unmet = unmet_requirement(op.requires, torch.cuda.get_device_capability() if gpu else None)
+    if unmet:
+        return fail("rejected", unmet)
     total = _device_bytes(job)
     output_bytes: dict[str, int] = {}
     for case in cases:

@@ -132,11 +132,13 @@ def _row(task: Task, op, import_s: float, import_error: str, ref=None, null=None
         row.update(cases=len(cases), case_bytes_max=max((s for s in sizes if s), default=None))
     if ref is not None and null is not None:
         r, n = _status_row(ref), _status_row(null)
-        refused = re.search(r"does not fit (on the device|in the interpreter)", r["error"]) is not None
+        # refused before any device work: too big for it, or its code needs a newer GPU
+        refused = ("size" if re.search(r"does not fit (on the device|in the interpreter)", r["error"]) else
+                   "requirement" if re.search(r"needs (a CUDA GPU of )?compute capability", r["error"]) else None)
         row.update({f"reference_{k}": v for k, v in r.items()})
         row.update({f"null_{k}": v for k, v in n.items()})
         row.update({f"{role}_timing_windows": w for role, w in (windows or {}).items()})
-        row.update(fits=not refused, measured=r["status"] == "ok" and n["status"] == "ok",
+        row.update(fits=not refused, refused=refused, measured=r["status"] == "ok" and n["status"] == "ok",
                    reference_us_geomean=_geomean(r["us"]), null_speedup=null.speedup,
                    wall_s=round(import_s + r["wall_s"] + n["wall_s"], 3))
     else:

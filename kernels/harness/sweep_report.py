@@ -79,7 +79,9 @@ def summarize(rows: list[dict]) -> dict:
         chunks.setdefault(r["chunk"], []).append(r)
     summary = {
         "tasks": len(rows), "imported": len(imported), "not_imported": len(rows) - len(imported),
-        "refused_too_big": len(judged) - len(fits), "fit": len(fits), "measured": len(measured),
+        "refused_too_big": sum(1 for r in judged if not r["fits"] and r.get("refused", "size") == "size"),
+        "refused_requirement": sum(1 for r in judged if r.get("refused") == "requirement"),
+        "fit": len(fits), "measured": len(measured),
         "measured_share": len(measured) / len(fits) if fits else None,
         "null_speedups": len(speedups),
         "null_within_2pct_share": sum(d <= NULL_BAND for d in devs) / len(devs) if devs else None,

@@ -94,6 +94,8 @@ class Operation:
     forbidden_calls: tuple[str, ...] = ()
     # Environment variables the op's own code needs in the measuring process (set before CUDA starts).
     environment: dict = {}
+    # The compute capability the op's code needs ({"compute_capability", "on_cpu", "why"}), or None: any device.
+    requires: dict | None = None
     # The template space (searched by ``kernels.spaces``): one Algorithm per source template.
     # Empty for an operation without one (an imported task: its children come from an LLM).
     algorithms: tuple[Algorithm, ...] = ()
