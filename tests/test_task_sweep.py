@@ -138,3 +138,12 @@ def test_kernelcast_sweep_of_a_missing_folder_says_so(tmp_path):
     done = subprocess.run([sys.executable, "-m", "flows.cli", "sweep", str(tmp_path / "nowhere"), "--out",
                            str(tmp_path / "out")], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and f"no task folder at {tmp_path / 'nowhere'}" in done.stderr
+
+
+def test_the_table_names_an_import_refusals_reason_not_the_staging_folder():
+    from kernels.harness.sweep_report import reason
+
+    staged = ("TaskFormatError: /tmp/kernelcast-gpumode-i_2yhj0l/mixed-mla/reference.py failed to import: "
+              "ModuleNotFoundError: No module named 'aiter'")
+    assert reason(staged) == "reference.py failed to import: ModuleNotFoundError: No module named 'aiter'"
+    assert reason("case 7168x1-fp32: AssertionError: boom") == "case 7168x1-fp32: AssertionError: boom"

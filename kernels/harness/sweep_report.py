@@ -6,6 +6,7 @@ Standard library only: it runs where the sweep runs, on a machine with torch and
 
 from __future__ import annotations
 
+import re
 import statistics
 
 GOALS = {"measured_share": 0.97, "null_within_2pct_share": 0.95, "null_median_abs_dev": 0.005}
@@ -49,7 +50,7 @@ def lock_breakdown(timeline) -> dict[str, dict[str, float]]:
 def task_line(row: dict) -> str:
     """One task's row as the sweep prints it when it is done."""
     if not row["imported"]:
-        return f"{row['task']}: not imported ({row['import_error'][:160]})"
+        return f"{row['task']}: not imported ({reason(row['import_error'])[:160]})"
     ref, null = row.get("reference_status", "?"), row.get("null_status", "?")
     us = row.get("reference_us_geomean")
     s = row.get("null_speedup")
@@ -60,6 +61,15 @@ def task_line(row: dict) -> str:
     elif null != "ok":
         text += f" [{row.get('null_error', '')[:160]}]"
     return text
+
+
+_STAGED_PATH = re.compile(r"(?:\w+Error: )?(?:/[^\s:]+/)+(?P<file>[^/\s:]+\.py)")
+
+
+def reason(error: str) -> str:
+    """An error as a table shows it: the exception's class and the import's staging folder dropped, the file
+    named alone (the reason is the part worth the width)."""
+    return _STAGED_PATH.sub(lambda m: m.group("file"), error, count=1)
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -119,13 +129,13 @@ def markdown(rows: list[dict], summary: dict) -> str:
              "|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: r["task"]):
         if not r["imported"]:
-            lines.append(f"| {r['task']} | no: {r['import_error'][:80]} | | | | | {r['wall_s']:.1f} |")
+            lines.append(f"| {r['task']} | no: {reason(r['import_error'])[:160].replace('|', '/')} | | | | | {r['wall_s']:.1f} |")
             continue
         us = r.get("reference_us_geomean")
         s = r.get("null_speedup")
         ref = r.get("reference_status", "")
         if ref and ref != "ok":
-            ref += ": " + r.get("reference_error", "")[:80].replace("|", "/")
+            ref += ": " + reason(r.get("reference_error", ""))[:160].replace("|", "/")
         lines.append(f"| {r['task']} | yes | {ref} | {f'{us:.1f}' if us else ''} | {r.get('null_status', '')} | "
                      f"{f'{s:.4f}' if s else ''} | {r['wall_s']:.1f} |")
     lines += ["", "| summary | value |", "|---|---|"]
