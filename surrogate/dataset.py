@@ -93,7 +93,7 @@ def requests_from(pairs: pd.DataFrame, anchors: dict[str, Candidate] | None = No
 ANCHORS = ("parent", "reference")
 
 
-def source_pairs(*roots, gpu_type: str = "h100", anchor: str = "parent") -> pd.DataFrame:
+def source_pairs(*roots, gpu_type: str = "h100", anchor: str = "parent", ops=None) -> pd.DataFrame:
     """One row per candidate measured on ``gpu_type`` under ``roots`` (data roots), with its anchor.
 
     The anchor is the op's eager reference (its seed candidate), or with ``anchor="parent"`` the
@@ -107,7 +107,8 @@ def source_pairs(*roots, gpu_type: str = "h100", anchor: str = "parent") -> pd.D
     unless both ran), anchor_speedup (the anchor's over the reference), true_bin (0 if failed),
     bytes_moved and flops (summed over the cases), and the hardware fields. A candidate whose op
     has no measured reference (nor, with ``anchor="parent"``, a parent that ran) is left out, and
-    so is one that ran on no case its anchor ran on (no speedup to learn).
+    so is one that ran on no case its anchor ran on (no speedup to learn). ``ops``: only these operations
+    (None: every one).
     """
     if anchor not in ANCHORS:
         raise ValueError(f"unknown anchor {anchor!r}; known: {', '.join(ANCHORS)}")
@@ -120,7 +121,7 @@ def source_pairs(*roots, gpu_type: str = "h100", anchor: str = "parent") -> pd.D
     for i, kernels in enumerate(tables):
         order = [i] + [j for j in range(len(tables)) if j != i]
         for r in kernels.itertuples(index=False):
-            if r.origin == "seed" or r.candidate_id in seen:
+            if r.origin == "seed" or r.candidate_id in seen or (ops is not None and r.op not in ops):
                 continue
             base = _anchor_of(r, [tables[j] for j in order], [references[j] for j in order], anchor)
             row = None if base is None else _source_row(r, base)

@@ -181,3 +181,18 @@ def test_the_benchmark_scores_forecasts_made_elsewhere_under_the_folds_their_see
     assert result["not_run"] == []
     with pytest.raises(SystemExit):  # NAME=DIR or nothing
         cudal1_forecast.parse(["--pool", str(pool), "--forecasts", str(stored)])
+
+
+def test_a_problem_whose_reference_does_not_load_here_is_left_out_by_name_and_the_rest_scored(tmp_path, monkeypatch,
+                                                                                              capsys):
+    from benchmarks import cudal1_forecast
+
+    pool = _pool(tmp_path, monkeypatch)
+    stored = pool / "kernelcast" / "tasks" / "kb.cudal1-l2-003" / "reference.py"
+    stored.write_text("import a_package_this_machine_lacks\n" + stored.read_text())
+    out = tmp_path / "out" / "forecast"
+    assert cudal1_forecast.main(["--pool", str(pool), "--folds", "3", "--draws", "20", "--corpus", str(tmp_path),
+                                 "--forecasters", "random", "--out", str(out)]) == 0
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert len(result["problems"]) == 8 and not any("l2-003" in p for p in result["problems"])
+    assert "left out: kb.cudal1-l2-003 does not load here" in capsys.readouterr().out
