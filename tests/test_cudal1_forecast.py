@@ -196,3 +196,17 @@ def test_a_problem_whose_reference_does_not_load_here_is_left_out_by_name_and_th
     result = json.loads(out.with_suffix(".json").read_text())
     assert len(result["problems"]) == 8 and not any("l2-003" in p for p in result["problems"])
     assert "left out: kb.cudal1-l2-003 does not load here" in capsys.readouterr().out
+
+
+def test_the_null_scatter_benchmark_measures_reference_and_null_under_both_anchor_settings(tmp_path, monkeypatch):
+    from benchmarks import null_scatter
+
+    pool = _pool(tmp_path, monkeypatch)
+    out = tmp_path / "scatter.json"
+    assert null_scatter.main(["--root", str(pool / "kernelcast"), "--problems", "kb.cudal1-l1-001", "--repeats", "1",
+                              "--mode", "interpreter", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert set(row["runs"]) == {"host-bound", "all"}
+    assert all(r["status"] == "ok" and r["reference_status"] == "ok" for runs in row["runs"].values() for r in runs)
+    with pytest.raises(ValueError, match="holds no task kb.cudal1-l9-999"):
+        null_scatter.main(["--root", str(pool / "kernelcast"), "--problems", "kb.cudal1-l9-999", "--mode", "interpreter"])
