@@ -10,8 +10,9 @@ each candidate in a child process of its own. Printed per problem: the null's sp
 their spread (largest over smallest), and, under ``all``, the ratios of the null to the reference timed
 in alternating rounds in the null's own process. If those ratios scatter as much as the speedups do, the
 two copies of the same code differ within one process (placement, inputs, the timer); if only the speedups
-scatter, the reference's own measurement moves from process to process. The problems come installed from
-the data root that holds their tasks (a CUDA-L1 pool root, say).
+scatter, the reference's own measurement moves from process to process. The problems are installed into
+this machine's tasks directory (as `kernelcast import` installs a task) from the data root that holds them
+(a CUDA-L1 pool root, say), where the measuring children find them.
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.cudal1_forecast import with_pool_tasks  # noqa: E402
 
 SETTINGS = ("host-bound", "all")
 
@@ -109,8 +108,7 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    args = parse(argv)
-    return with_pool_tasks(lambda: run(args))
+    return run(parse(argv))
 
 
 if __name__ == "__main__":
