@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import inspect
 import json
 import re
 import shutil
@@ -353,8 +354,6 @@ def _read_specs(path: Path) -> tuple[list[dict], list[dict], str, dict[str, Path
 def _distributed(module, spec: dict) -> str | None:
     """Why a task is a multi-process one kernelcast cannot measure, or None: its ``generate_input`` takes a
     ``rank`` (each process makes its own shard) or its spec names a ``world_size`` above one."""
-    import inspect
-
     try:
         params = inspect.signature(module.generate_input).parameters
     except (TypeError, ValueError):

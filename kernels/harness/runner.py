@@ -310,9 +310,10 @@ def evaluate(job: Job, notify=lambda *msg: None) -> dict:
         return fail("compile_error", str(exc))
     except Rejected as exc:  # a stream made at import time
         return fail("rejected", str(exc))
-    unmet = unmet_requirement(op.requires, torch.cuda.get_device_capability() if gpu else None)
-    if unmet:
-        return fail("rejected", unmet)
+    if op.requires:  # a task whose code needs a newer GPU: refused before any device work where this one is older
+        unmet = unmet_requirement(op.requires, torch.cuda.get_device_capability() if gpu else None)
+        if unmet:
+            return fail("rejected", unmet)
     total = _device_bytes(job)
     output_bytes: dict[str, int] = {}
     for case in cases:
