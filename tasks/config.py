@@ -133,7 +133,8 @@ def default_run_id(config: SearchConfig) -> str:
     from datetime import datetime, timezone
 
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dt%H%M%S")
-    return f"{config.op}-{config.gpu_type}-{config.surrogate}-b{config.budget}-s{config.seed}-{stamp}".replace("_", "-")
+    budget = f"{config.budget:.2f}s" if config.budget_in_seconds else f"{config.budget}"  # 27.51s, not 17 digits
+    return f"{config.op}-{config.gpu_type}-{config.surrogate}-b{budget}-s{config.seed}-{stamp}".replace("_", "-")
 
 
 def _install_imported(config: SearchConfig) -> bool:
@@ -242,9 +243,9 @@ def check_operation(config: SearchConfig) -> None:
     if config.generator_roots:
         from tasks.generators import base_generator
 
-        if base_generator(config.generator) != "freeform":
-            raise ConfigError(f"generator_roots starts a free-form search from a pool's kernels; generator "
-                              f"{config.generator!r} takes none")
+        if base_generator(config.generator) != "freeform" and config.generator != "variants":
+            raise ConfigError(f"generator_roots starts a free-form or variants search from a pool's kernels; "
+                              f"generator {config.generator!r} takes none")
         from tasks.generators import template_roots
 
         try:

@@ -136,11 +136,17 @@ class ModelGenerator:
 class VariantGenerator:
     """Execution variants of the op's reference and of the archive's parents (best first), behind an optional
     base generator: the base's children first, the variants fill up; at least half of ``n`` is left to them
-    while they have children to give. Repeatable: a parent's variants are the same every time."""
+    while they have children to give. Repeatable: a parent's variants are the same every time.
 
-    def __init__(self, op: str, base: Generator | None = None):
+    ``roots`` (alone, with no base): kernels given as the first children, as a free-form search's are (a
+    measured pool's kernels of the task, ``template_roots``); their variants follow once they are measured."""
+
+    def __init__(self, op: str, base: Generator | None = None, roots: Sequence[Candidate] = ()):
+        if base is not None and roots:
+            raise ValueError("a composed generator's roots belong to its base generator")
         self.op = op
         self.base = base
+        self.roots = tuple(roots)
         self.name = f"{base.name}+variants" if base else "variants"
         self.repeatable = base.repeatable if base else True
 
@@ -148,7 +154,10 @@ class VariantGenerator:
         if self.base is not None:
             self.base.probe()
 
-    def _variants(self, op: str, archive) -> tuple[list[Candidate], list]:
+    def _variants(self, op: str, archive, rng: random.Random | None = None) -> tuple[list[Candidate], list]:
+        """Every variant not yet in the archive, parent by parent (best measured first); with ``rng``, each
+        parent's own in an order drawn from it, so that a search that measures the first few (the equal-budget
+        baseline) picks among them at random rather than always in the order the variants are listed."""
         from kernels.ops import get_operation
         from kernels.variants import variant_children
 
@@ -160,13 +169,18 @@ class VariantGenerator:
         kids, skipped, seen = [], [], set(archive.entries)
         for parent in {p.candidate_id: p for p in parents}.values():
             made, why = variant_children(operation, parent)
+            if rng is not None:
+                rng.shuffle(made)
             kids += [k for k in made if k.candidate_id not in seen]
             seen.update(k.candidate_id for k in made)
             skipped += why
         return kids, skipped
 
     def children(self, op, space, archive, n, rng, explore, *, seed, run_id, generation) -> Offspring:
-        variants, skipped = self._variants(op, archive)
+        pending = [c for c in self.roots if c.candidate_id not in archive.entries]
+        variants, skipped = self._variants(op, archive, rng)
+        if pending:  # the roots first, beside the reference's own variants: theirs follow once they are measured
+            return Offspring((pending + variants)[:n], skipped=skipped)
         if self.base is None:
             return Offspring(variants[:n], skipped=skipped)
         made = self.base.children(op, space, archive, n - min(len(variants), n // 2), rng, explore, seed=seed,
@@ -176,6 +190,8 @@ class VariantGenerator:
         return Offspring(made.children + extra, made.counts, made.provenance, skipped)
 
     def exhausted(self, space, archive) -> bool:
+        if any(c.candidate_id not in archive.entries for c in self.roots):
+            return False
         return not self._variants(self.op, archive)[0] and (self.base is None or self.base.exhausted(space, archive))
 
 
@@ -196,10 +212,14 @@ def _llm(config) -> Generator:
     return ModelGenerator("llm", _llm_model(config, "variant"), config.generator_children)
 
 
-def _freeform(config) -> Generator:
-    roots = [c for c, _ in template_roots(config.generator_roots, config.op, config.gpu_type)] \
+def _roots(config) -> list[Candidate]:
+    """The kernels ``config.generator_roots`` starts a search from (none without it)."""
+    return [c for c, _ in template_roots(config.generator_roots, config.op, config.gpu_type)] \
         if config.generator_roots else []
-    return ModelGenerator("freeform", _llm_model(config, "source"), config.generator_children, roots)
+
+
+def _freeform(config) -> Generator:
+    return ModelGenerator("freeform", _llm_model(config, "source"), config.generator_children, _roots(config))
 
 
 def template_roots(pool: str, op: str, gpu_type: str | None = None,
@@ -248,7 +268,7 @@ def _replay(config) -> Generator:
 
 
 def _variants(config) -> Generator:
-    return VariantGenerator(config.op)
+    return VariantGenerator(config.op, roots=_roots(config))
 
 
 GENERATORS: dict[str, Callable[[object], Generator]] = {

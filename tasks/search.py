@@ -99,6 +99,7 @@ class Search:
         self.summaries: list[GenerationSummary] = []
         self.trajectory: list[float] = []  # measured speedups in the order they were charged (0: failed)
         self.charges: list[float] = []  # the GPU-seconds each of those measurements charged
+        self.compile_charges: list[float] = []  # the compile seconds each of them charged
         self.spent_each: list[float] = []  # what each of them cost in the budget's units (config.charge)
         self.budget_used = 0  # measurements charged
         self.gpu_seconds = 0.0
@@ -245,6 +246,7 @@ class Search:
         charged = len(gen.measurements)
         self.trajectory += [m.speedup if m.status == "ok" and m.speedup else 0.0 for m in gen.measurements]
         self.charges += [m.gpu_seconds for m in gen.measurements]
+        self.compile_charges += [m.compile_seconds for m in gen.measurements]
         self.spent_each += [c.charge(m) for m in gen.measurements]
         gen_gpu = sum(m.gpu_seconds for m in gen.measurements)
         gen_compile = sum(m.compile_seconds for m in gen.measurements)

@@ -203,3 +203,41 @@ def test_budget_kinds_are_checked(tmp_path):
         resolve(replay_config(tmp_path, budget=2.5))
     with pytest.raises(ConfigError, match="gpu_seconds_budget caps a measurements budget"):
         resolve(replay_config(tmp_path, budget=2.5, budget_kind="gpu_seconds", gpu_seconds_budget=1.0))
+
+
+def test_a_variants_search_from_a_pools_kernels_measures_them_first_then_runs_them_other_ways(row_sum, tmp_path):
+    """generator_roots with ``variants``: the pool's imported kernels of the task come first (beside the
+    reference's own variants), and their variants once they are measured; roots with a base generator belong
+    to the base."""
+    pool = DataRoot(str(tmp_path / "pool"))
+    imported = row_sum.imported_candidates()[0]
+    pool.write_candidates([imported])
+    pool.write_measurements([Measurement(imported.candidate_id, row_sum.name, "h100", "ok", "gpu", speedup=1.7)])
+    config = SearchConfig(op=row_sum.name, generator="variants", generator_roots=str(tmp_path / "pool"),
+                          gpu_type="h100", backend="replay")
+    resolve(config)  # accepted: roots from a pool for a variants search
+    generator = make_generator(config)
+    assert [c.candidate_id for c in generator.roots] == [imported.candidate_id]
+    archive = Archive()
+    first = generator.children(row_sum.name, None, archive, 64, random.Random(0), 0.0, seed=0, run_id="r",
+                               generation=0)
+    reference = row_sum.seed_candidates()[0]
+    assert first.children[0].candidate_id == imported.candidate_id
+    assert {k.parent_id for k in first.children[1:]} == {reference.candidate_id}
+    assert not generator.exhausted(None, archive)
+    archive.add_measured(imported, Measurement(imported.candidate_id, row_sum.name, "h100", "ok", "gpu", speedup=1.7))
+    later = generator.children(row_sum.name, None, archive, 64, random.Random(0), 0.0, seed=0, run_id="r",
+                               generation=1)
+    assert later.children and later.children[0].parent_id == imported.candidate_id
+    with pytest.raises(ValueError, match="belong to its base"):
+        VariantGenerator(row_sum.name, make_generator(SearchConfig(op=row_sum.name, generator="replay")),
+                         roots=[imported])
+    with pytest.raises(ConfigError, match="generator_roots starts a free-form or variants search"):
+        resolve(config.replace(generator="replay"))
+
+
+def test_a_budget_in_seconds_of_any_value_gives_a_valid_run_id(tmp_path):
+    config = replay_config(tmp_path, budget=27.514536035999953, budget_kind="gpu_compile_seconds")
+    run_id = resolve(config).run_id
+    assert "-b27.51s-" in run_id
+    assert resolve(replay_config(tmp_path, budget=16)).run_id.count("-b16-") == 1

@@ -1,0 +1,288 @@
+"""Searches where there is something to find: KernelBench level-2/3 problems whose fastest measured kernel ran
+at 1.3x eager or more, searched live with execution variants from CUDA-L1's kernels, the surrogate against the
+equal-budget baseline.
+
+Each search is ``--generator variants`` rooted at the problem's kernels in the CUDA-L1 pool
+(``generator_roots``: its best, median and poor imported kernel as measured there), so its children are those
+kernels and the reference run another way (torch.compile in four modes, a CUDA graph, channels_last, cuDNN
+autotuning) and their variants in turn; every child is compiled, checked and timed by the harness on this
+machine's GPU (``--backend local``). The surrogates' prior is the pool itself without the searched problem
+(``prior_scope other-ops``), on this GPU type.
+
+Per problem, budget and seed: the baseline (``surrogate none``: the generator's children measured as they come,
+each parent's variants in an order drawn from the seed) and each surrogate run at ``budget`` measurements; then
+each surrogate again with a budget of GPU plus compile seconds equal to what the baseline spent
+(``budget_kind gpu_compile_seconds``), the comparison the search's cost is really charged in. The runs of one
+problem share a data root, so a child two runs chose is measured once and charged to both at its stored cost;
+the order of baseline and surrogate alternates with the seed, since compile caches make the second compile of
+related code cheaper. The reference's ``compile-default`` child is measured once per problem as well: the best
+kernel found is reported against eager and against torch.compile.
+
+    python -m benchmarks.headroom_search --budgets 8 16 32 --seeds 2 --shard 0/4 --data /tmp/hs0 --json hs0.json
+    python -m benchmarks.headroom_search --summary-only --json hs0.json hs1.json --markdown docs/measured/X.md
+
+``--problems`` names problems (``l2-017,...``); the default is the pool report's headroom list in the order
+``--order-seed`` shuffles it into.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.llm_search import BASELINE
+from tasks.config import SearchConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+POOL = ROOT / "data" / "pools" / "cudal1"
+REPORT = ROOT / "docs" / "measured" / "cudal1_pool_h100_2026-11-26.json"
+MODES = ("measurements", "gpu-compile-seconds")
+TORCH_COMPILE = "variant:compile-default"
+
+
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--pool", default=str(POOL), help="the CUDA-L1 pool root (its kernelcast protocol's data root)")
+    p.add_argument("--protocol", default="kernelcast")
+    p.add_argument("--report", default=str(REPORT), help="the pool report whose headroom list is searched")
+    p.add_argument("--problems", default="", help="l2-017,... (default: the report's headroom list)")
+    p.add_argument("--order-seed", type=int, default=0, help="the headroom list is searched in this shuffled order")
+    p.add_argument("--shard", default="", metavar="I/N", help="every N-th problem from the I-th")
+    p.add_argument("--seeds", type=int, default=2)
+    p.add_argument("--budgets", type=int, nargs="+", default=[8, 16, 32])
+    p.add_argument("--surrogates", nargs="+", default=["learned"])
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument("--generations", type=int, default=4)
+    p.add_argument("--gpu-type", default="auto")
+    p.add_argument("--backend", default="local", help="local: this machine's GPU; replay: answers from --pool "
+                   "(a child it did not measure comes back rejected: a check of this script, not a search)")
+    p.add_argument("--data", default="/tmp/kernelcast-headroom-search")
+    p.add_argument("--max-minutes", type=float, default=math.inf, help="start no problem after this long")
+    p.add_argument("--json", nargs="+", default=[], help="write every run here (--summary-only: read these)")
+    p.add_argument("--markdown", default="")
+    p.add_argument("--summary-only", action="store_true")
+    return p.parse_args(argv)
+
+
+def problems(args) -> list[str]:
+    """The ops to search, in order: those named, or the report's headroom list shuffled by ``--order-seed``."""
+    from tasks.cudal1_pool import _PROBLEM
+
+    if args.problems:
+        ops = []
+        for item in filter(None, (s.strip() for s in args.problems.split(","))):
+            m = _PROBLEM.fullmatch(item)
+            if not m:
+                raise ValueError(f"unknown problem {item!r}: name one as l<level>-<task> (l2-017)")
+            ops.append(f"kb.cudal1-l{m.group(1)}-{int(m.group(2)):03d}")
+    else:
+        ops = sorted(r["op"] for r in json.loads(Path(args.report).read_text())["headroom"])
+        random.Random(args.order_seed).shuffle(ops)
+    if args.shard:
+        index, parts = (int(x) for x in args.shard.split("/"))
+        ops = ops[index::parts]
+    return ops
+
+
+def install_pool_tasks(pool) -> list[str]:
+    """Every operation of the pool installed from its root (where this process looks for tasks); those that load."""
+    from kernels.formats import install_from_root
+    from kernels.ops import get_operation
+
+    loadable = []
+    for op in sorted(pool.read_candidates()["op"].unique()):
+        install_from_root(pool, op)
+        try:
+            get_operation(op)
+            loadable.append(op)
+        except Exception as exc:  # noqa: BLE001 - its reference needs what this machine lacks
+            print(f"left out: {op} does not load here ({type(exc).__name__}: {str(exc)[-160:]})", flush=True)
+    return loadable
+
+
+def run_one(config: SearchConfig) -> dict:
+    """One search, run to its end: its best, what it charged, and each charged measurement in order."""
+    from tasks.setup import open_search
+
+    search = open_search(config, track=False)
+    t0 = time.perf_counter()
+    result = search.run()
+    search.pool.close()
+    return {"run_id": result.run_id, "best": result.best_speedup or 0.0, "best_candidate": result.best_candidate_id,
+            "measurements": result.budget_used, "gpu_seconds": result.gpu_seconds,
+            "compile_seconds": sum(search.compile_charges), "stop_reason": result.stop_reason,
+            "trajectory": search.trajectory, "costs": [g + c for g, c in zip(search.charges, search.compile_charges)],
+            "trusted": sum(s.trusted for s in result.generations), "dropped": sum(s.dropped for s in result.generations),
+            "failed": sum(s.failed for s in result.generations), "seconds": time.perf_counter() - t0}
+
+
+def to_reach(run: dict, target: float, mode: str) -> float | None:
+    """Measurements, or GPU plus compile seconds, the run charged until its best reached ``target``; None if never."""
+    spent = itertools.accumulate(run["costs"]) if mode != "measurements" else itertools.count(1)
+    for best, used in zip(itertools.accumulate(run["trajectory"], max), spent):
+        if best >= target:
+            return used
+    return None
+
+
+def torch_compile_speedup(base: dict, op: str) -> float | None:
+    """The speedup over eager of the reference under torch.compile (default mode), measured in the problem's root."""
+    from kernels.ops import get_operation
+    from kernels.variants import variant_children
+    from tasks.search import measure_and_store
+    from tasks.setup import open_search
+
+    config = SearchConfig(**base, surrogate=BASELINE, budget=1, run_id=f"torch-compile-{op.replace('.', '-')}"[:64])
+    search = open_search(config, track=False)  # the root, the pool and the reference's own measurement
+    try:
+        operation = get_operation(op)
+        kid = next(k for k in variant_children(operation, operation.seed_candidates()[0])[0]
+                   if k.origin == TORCH_COMPILE)
+        search.root.write_candidates([kid])
+        found, _ = measure_and_store(search.root, search.pool, [kid], search.config.gpu_type)
+    finally:
+        search.pool.close()
+    m = found.get(kid.candidate_id)
+    return m.speedup if m is not None and m.status == "ok" else None
+
+
+def search_problem(args, op: str, rows: list, save) -> None:
+    base = dict(op=op, generations=args.generations, data=f"{args.data}/{op}", gpu_type=args.gpu_type,
+                backend=args.backend, generator="variants", prior_data=f"{args.pool}/{args.protocol}",
+                generator_roots=f"{args.pool}/{args.protocol}")
+    if args.backend == "replay":
+        base["replay_pool"] = f"{args.pool}/{args.protocol}"
+    compiled = torch_compile_speedup(base | dict(seed=0, generations=1), op)
+    for budget, seed in itertools.product(args.budgets, range(args.seeds)):
+        mine = base | dict(seed=seed)
+        done: dict = {}
+        order = [BASELINE, *args.surrogates] if seed % 2 == 0 else [*args.surrogates, BASELINE]
+        for name in order:
+            done[name] = run_one(SearchConfig(**mine, budget=budget, surrogate=name))
+        ref = done[BASELINE]
+        spent = ref["gpu_seconds"] + ref["compile_seconds"]
+        for mode, name in itertools.product(args.modes, args.surrogates):
+            if mode == "measurements":
+                run, scale = done[name], budget
+            else:
+                run = run_one(SearchConfig(**mine, surrogate=name, budget=max(spent, 1e-6),
+                                           budget_kind="gpu_compile_seconds"))
+                scale = spent
+            reached = to_reach(run, ref["best"], mode) if ref["best"] else None
+            row = {"op": op, "budget": budget, "seed": seed, "mode": mode, "surrogate": name,
+                   "surrogate_best": run["best"], "baseline_best": ref["best"], "torch_compile": compiled,
+                   "ratio": run["best"] / ref["best"] if ref["best"] else None,
+                   "to_baseline_best": reached, "share_of_baseline_budget": reached / scale if reached else None,
+                   **{f"surrogate_{k}": run[k] for k in ("run_id", "best_candidate", "measurements", "gpu_seconds",
+                                                         "compile_seconds", "stop_reason", "trusted", "dropped",
+                                                         "failed", "seconds")},
+                   **{f"baseline_{k}": ref[k] for k in ("run_id", "best_candidate", "measurements", "gpu_seconds",
+                                                        "compile_seconds", "stop_reason", "failed")}}
+            rows.append(row)
+            save()
+            print(json.dumps(row), flush=True)
+
+
+def geomean(values) -> float:
+    values = [max(v, 1e-9) for v in values]
+    return math.exp(statistics.mean(math.log(v) for v in values)) if values else float("nan")
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """The goal's table per (mode, surrogate, budget), then per problem the best kernel found."""
+    ops = sorted({r["op"] for r in rows})
+    seeds = sorted({r["seed"] for r in rows})
+    lines = [f"Live search, generator variants from CUDA-L1's kernels, on {len(ops)} problems x {len(seeds)} seeds.",
+             "", "| budget kind | surrogate | budget | runs | geomean best(surrogate) / best(baseline) | wins / ties / "
+             "losses | reached the baseline's best | median share of the baseline's cost to get there | "
+             "measured (surrogate / baseline, mean) | GPU + compile s (surrogate / baseline, mean) |",
+             "|---|---|---:|---:|---:|---|---:|---:|---:|---:|"]
+    keys = sorted({(r["mode"], r["surrogate"], r["budget"]) for r in rows}, key=lambda k: (MODES.index(k[0]), k[1:]))
+    for mode, name, budget in keys:
+        mine = [r for r in rows if (r["mode"], r["surrogate"], r["budget"]) == (mode, name, budget) and r["ratio"]]
+        if not mine:
+            continue
+        wins = sum(r["ratio"] > 1.0005 for r in mine)
+        losses = sum(r["ratio"] < 0.9995 for r in mine)
+        share = statistics.median(r["share_of_baseline_budget"] if r["share_of_baseline_budget"] is not None else 2.0
+                                  for r in mine)
+        cost = [(r["surrogate_gpu_seconds"] + r["surrogate_compile_seconds"],
+                 r["baseline_gpu_seconds"] + r["baseline_compile_seconds"]) for r in mine]
+        lines.append(f"| {mode} | {name} | {budget} | {len(mine)} | **{geomean(r['ratio'] for r in mine):.3f}** | "
+                     f"{wins} / {len(mine) - wins - losses} / {losses} | "
+                     f"{sum(r['to_baseline_best'] is not None for r in mine)}/{len(mine)} | {share:.2f} | "
+                     f"{statistics.mean(r['surrogate_measurements'] for r in mine):.1f} / "
+                     f"{statistics.mean(r['baseline_measurements'] for r in mine):.1f} | "
+                     f"{statistics.mean(c[0] for c in cost):.0f} / {statistics.mean(c[1] for c in cost):.0f} |")
+    lines += ["", "Per problem, the best kernel any of its runs measured (speedup over eager, and over the reference "
+              "under torch.compile's default mode, measured in the same root):", "",
+              "| problem | best over eager | torch.compile over eager | best over torch.compile | found by |",
+              "|---|---:|---:|---:|---|"]
+    for op in ops:
+        mine = [r for r in rows if r["op"] == op]
+        best = max(mine, key=lambda r: max(r["surrogate_best"], r["baseline_best"]))
+        top = max(best["surrogate_best"], best["baseline_best"])
+        who = best["surrogate_best_candidate"] if best["surrogate_best"] >= best["baseline_best"] else \
+            best["baseline_best_candidate"]
+        tc = best["torch_compile"]
+        lines.append(f"| {op} | {top:.3f} | {f'{tc:.3f}' if tc else '-'} | {f'{top / tc:.3f}' if tc else '-'} | "
+                     f"{who} |")
+    return lines
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    if args.summary_only:
+        rows = [r for path in args.json for r in json.loads(Path(path).read_text())["runs"]]
+        return write(summary(rows), args.markdown)
+    if len(args.json) > 1:
+        print("error: a search writes one --json file; several are read only with --summary-only", file=sys.stderr)
+        return 2
+    from storage.dataset import DataRoot
+
+    try:
+        ops = problems(args)
+    except (ValueError, OSError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    loadable = set(install_pool_tasks(DataRoot(f"{args.pool}/{args.protocol}")))
+    rows: list[dict] = []
+
+    def save() -> None:  # after every row: a run cut short keeps what it finished
+        if args.json:
+            Path(args.json[0]).write_text(json.dumps({"runs": rows}, indent=1))
+
+    deadline = time.monotonic() + 60 * args.max_minutes
+    for op in ops:
+        if time.monotonic() > deadline:
+            print(f"--max-minutes {args.max_minutes:g} passed: no more problems started", flush=True)
+            break
+        if op not in loadable:
+            print(f"{op}: not in the pool or does not load here; skipped", flush=True)
+            continue
+        t0 = time.monotonic()
+        try:
+            search_problem(args, op, rows, save)
+        except Exception as exc:  # noqa: BLE001 - one problem's failure is reported, the others still run
+            print(f"{op}: search failed: {type(exc).__name__}: {str(exc)[:400]}", flush=True)
+        print(f"{op}: {time.monotonic() - t0:.0f} s", flush=True)
+    save()
+    return write(summary(rows), args.markdown)
+
+
+def write(lines: list[str], markdown: str) -> int:
+    print("\n".join(lines))
+    if markdown:
+        Path(markdown).write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
