@@ -36,7 +36,15 @@ class ModelNew(_kc_torch.nn.Module):
 
     def __init__(self, *args, **kwargs):
         super().__init__()
-        self.model = _kc_{kind}_base(*args, **kwargs)  # first: the wrapped model draws the weights it would alone
+        # First, so that the wrapped model draws the weights it would alone; and while this module's name
+        # {base} still means the wrapped class, as that class's own code (super({base}, self)) expects.
+        names = globals()
+        mine = names[{base!r}]
+        names[{base!r}] = _kc_{kind}_base
+        try:
+            self.model = _kc_{kind}_base(*args, **kwargs)
+        finally:
+            names[{base!r}] = mine
 '''
 
 _BODIES = {
@@ -113,6 +121,9 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
 )}
 # Modes whose compiled model already replays CUDA graphs: a cuda-graph variant of one captures nothing new.
 _GRAPHED_MODES = ("reduce-overhead", "max-autotune")
+# A submission that captures CUDA graphs itself (CUDA-L1's cuda_graph_code does): a capture cannot hold another
+# capture, and torch.compile cannot trace one (measured on an H100: every such child failed at its first call).
+_CAPTURES = re.compile(r"\bcuda\.graph\(|\bCUDAGraph\(|\bmake_graphed_callables\b")
 _CONV2D = re.compile(r"\b(Conv2d|ConvTranspose2d|conv2d|conv_transpose2d|LazyConv2d)\b")
 
 
@@ -147,6 +158,13 @@ def reason_not(variant: Variant, submission: str, input_dims: tuple[int, ...] = 
     same = [v.name for v in done if v.kind == variant.kind]
     if same:
         return f"the parent already runs as {same[0]}: a {variant.kind.replace('_', ' ')} variant of it adds nothing"
+    if variant.kind in ("cuda_graph", "compile"):
+        graphed = [v.name for v in done if v.kind == "cuda_graph"]
+        if graphed or _CAPTURES.search(submission):
+            how = f"runs as {graphed[0]}" if graphed else "captures CUDA graphs in its own code"
+            what = "a capture cannot hold another" if variant.kind == "cuda_graph" else \
+                "torch.compile cannot trace a capture"
+            return f"the parent {how}: {what}"
     if variant.kind == "cuda_graph":
         graphed = [v.name for v in done if v.mode in _GRAPHED_MODES]
         if graphed:

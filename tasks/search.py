@@ -196,13 +196,21 @@ class Search:
         return gen.forecasts
 
     def select(self, gen: Generation) -> Selection:
+        # A search's roots (a pool's kernels it starts from) are its starting point, not candidates to weigh:
+        # measured first by every search, the equal-budget baseline and the surrogate's alike.
+        roots = {c.candidate_id for c in getattr(self.generator, "roots", ())}
+        pending = [ch.candidate_id for ch in gen.children if ch.candidate_id in roots]
+        forced, late = pending[: gen.budget], pending[gen.budget:]
+        rest = [ch for ch in gen.children if ch.candidate_id not in roots]
+        budget = gen.budget - len(forced)
         if self.surrogate is None:
-            gen.selection = Selection(measure=[ch.candidate_id for ch in gen.children[: gen.budget]],
-                                      drop=[ch.candidate_id for ch in gen.children[gen.budget:]])
+            gen.selection = Selection(measure=forced + [ch.candidate_id for ch in rest[:budget]],
+                                      drop=[ch.candidate_id for ch in rest[budget:]] + late)
         else:
             _, best = self.archive.best()
-            gen.selection = select_children(self.config, gen.forecasts, best or 0.0, gen.index, gen.budget,
-                                            self.calibration)
+            chosen = select_children(self.config, [f for f in gen.forecasts if f.candidate_id not in roots],
+                                     best or 0.0, gen.index, budget, self.calibration)
+            gen.selection = dataclasses.replace(chosen, measure=forced + chosen.measure, drop=chosen.drop + late)
         return gen.selection
 
     def measure(self, gen: Generation) -> list[Measurement]:

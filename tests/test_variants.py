@@ -241,3 +241,91 @@ def test_a_budget_in_seconds_of_any_value_gives_a_valid_run_id(tmp_path):
     run_id = resolve(config).run_id
     assert "-b27.51s-" in run_id
     assert resolve(replay_config(tmp_path, budget=16)).run_id.count("-b16-") == 1
+
+
+@pytest.mark.parametrize("surrogate", ["none", "source"])
+def test_a_searchs_roots_are_measured_first_by_the_baseline_and_the_surrogate_alike(surrogate, tmp_path, monkeypatch):
+    """On the committed CUDA-L1 pool, replayed: a variants search from a problem's imported kernels measures
+    those kernels in its first generation whatever the surrogate forecasts of them, and weighs only the rest."""
+    from pathlib import Path
+
+    from kernels.formats import TASKS_ENV, install_from_root
+    from tasks.generators import template_roots
+
+    pool = str(Path(__file__).resolve().parents[1] / "data" / "pools" / "cudal1" / "kernelcast")
+    monkeypatch.setenv(TASKS_ENV, str(tmp_path / "tasks"))
+    root = DataRoot(pool)
+    for op in sorted(root.read_candidates()["op"].unique()):
+        install_from_root(root, op)
+    op = "kb.cudal1-l2-017"
+    config = SearchConfig(op=op, gpu_type="h100", backend="replay", replay_pool=pool, prior_data=pool,
+                          generator="variants", generator_roots=pool, surrogate=surrogate, budget=8, generations=2,
+                          data=str(tmp_path / "data"), seed=1)
+    search, result = run(config)
+    roots = {c.candidate_id for c, _ in template_roots(pool, op, "h100")}
+    decided = DataRoot(str(tmp_path / "data")).read_run_rows("decisions", result.run_id, op=op)
+    first = decided[decided["generation"] == 0]
+    assert roots <= set(first.loc[first["decision"] == "measure", "candidate_id"])
+    assert len(first[first["decision"] == "measure"]) == 4  # the budget's share: the three roots and one more
+    if surrogate != "none":
+        assert len(first) > 4  # the surrogate weighed every other child of the generation
+    assert result.best_speedup >= max(s for _, s in template_roots(pool, op, "h100")) - 1e-9
+
+
+CONV_NEW_OLD_SUPER = _src('''
+    import torch
+    import torch.nn as nn
+
+
+    class ModelNew(nn.Module):
+        """The convolution and ReLU, written with the two-argument super() that CUDA-L1's kernels use."""
+
+        def __init__(self, cin, cout):
+            super(ModelNew, self).__init__()
+            self.conv = nn.Conv2d(cin, cout, 3, padding=1)
+
+        def forward(self, x):
+            return torch.relu(self.conv(x))
+    ''')
+
+
+def test_a_variant_of_a_class_that_names_itself_in_super_builds_and_matches(tmp_path):
+    """Measured on an H100: every variant of such a CUDA-L1 kernel failed with 'super(type, obj): obj must be
+    an instance or subtype of type', since the wrapper rebinds the name ModelNew before the class is built."""
+    ref, cands = write_kernelbench(tmp_path, CONV, new=CONV_NEW_OLD_SUPER)
+    op, _ = import_task("kernelbench", str(ref), cands, name="variants-conv-old-super")
+    parent = op.imported_candidates()[0]
+    kids = {k.origin: k for k in variant_children(op, parent)[0]}
+    for name in CPU_RUNNABLE:
+        got, want = outputs(op, kids[f"variant:{name}"].source)
+        assert torch.allclose(got[0], want[0], rtol=1e-5, atol=1e-5), name
+    twice = {k.origin: k for k in variant_children(op, kids["variant:channels-last"])[0]}["variant:cudnn-benchmark"]
+    got, want = outputs(op, twice.source)  # nested wrappers each build their model under the name it expects
+    assert torch.allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
+
+
+def test_no_cuda_graph_or_compile_variant_of_a_parent_that_captures_graphs_itself(conv):
+    graphed = next(k for k in variant_children(conv, conv.seed_candidates()[0])[0] if k.origin == "variant:cuda-graph")
+    kids, skipped = variant_children(conv, graphed)
+    assert not [k for k in kids if k.origin.startswith("variant:compile-")]
+    reasons = {s.variant: s.reason for s in skipped}
+    assert "torch.compile cannot trace a capture" in reasons["compile-default"]
+    own = _src('''
+        import torch
+        import torch.nn as nn
+
+
+        class ModelNew(nn.Module):
+            def __init__(self, cin, cout):
+                super().__init__()
+                self.conv = nn.Conv2d(cin, cout, 3, padding=1)
+                self.graph = torch.cuda.CUDAGraph()
+
+            def forward(self, x):
+                return torch.relu(self.conv(x))
+        ''')
+    from kernels.variants import reason_not, variant_named
+
+    assert "captures CUDA graphs in its own code" in reason_not(variant_named("cuda-graph"), own)
+    assert "torch.compile cannot trace a capture" in reason_not(variant_named("compile-max-autotune"), own)
+    assert reason_not(variant_named("cudnn-benchmark"), own) == ""
