@@ -94,8 +94,9 @@ def replay(args, ops) -> list[dict]:
     return rows
 
 
-def sweep(args, ops) -> list[dict]:
-    """Per (op, algorithm, case) on this GPU: every variant timed, and the pruned autotune's choice."""
+def sweep(args, ops, save=lambda rows: None) -> list[dict]:
+    """Per (op, algorithm, case) on this GPU: every variant timed, and the pruned autotune's choice; ``save``
+    gets the rows so far after each one (the sweep compiles every config, and a run cut short keeps its rows)."""
     import torch
     import triton.testing
 
@@ -133,6 +134,7 @@ def sweep(args, ops) -> list[dict]:
                 rows.append({"op": op_name, "algorithm": algo.name, "case": case.name, "configs": len(configs),
                              "timed": len(kept), "fraction_timed": len(kept) / len(configs),
                              "best_us": best * 1e3, "chosen_us": chosen * 1e3, "slowdown_vs_best": chosen / best})
+                save(rows)
                 print(f"  {op_name}/{algo.name} {case.name}: timed {len(kept)}/{len(configs)}, "
                       f"chosen {chosen * 1e3:.1f} us vs best {best * 1e3:.1f} us", flush=True)
     return rows
@@ -182,7 +184,11 @@ def main(argv=None) -> int:
     # longer than a sweep's whole budget; the sweep's table is the figure that counts.
     if gpu and "sweep" in args.parts:
         print(f"GPU sweep on {torch.cuda.get_device_name(0)}:")
-        result["sweep"] = sweep(args, ops)
+        def save(rows: list[dict]) -> None:
+            if args.json:
+                Path(args.json).write_text(json.dumps(result | {"sweep": rows, "partial": True}, indent=2))
+
+        result["sweep"] = sweep(args, ops, save)
         result["sweep_summary"] = summary(result["sweep"], "GPU sweep")
     elif "sweep" in args.parts:
         print("no CUDA GPU: skipping the GPU part (compiling and timing every config)")

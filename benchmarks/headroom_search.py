@@ -61,8 +61,10 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--generations", type=int, default=4)
     p.add_argument("--gpu-type", default="auto")
-    p.add_argument("--backend", default="local", help="local: this machine's GPU; replay: answers from --pool "
-                   "(a child it did not measure comes back rejected: a check of this script, not a search)")
+    p.add_argument("--backend", default="local", help="local: this machine's GPU; replay: answers from "
+                   "--replay-pool (a child it did not measure comes back rejected)")
+    p.add_argument("--replay-pool", default="", help="--backend replay: a folder of per-problem data roots, as "
+                   "live runs of this script leave under --data (data/pools/headroom); default: the pool's root")
     p.add_argument("--data", default="/tmp/kernelcast-headroom-search")
     p.add_argument("--max-minutes", type=float, default=math.inf, help="start no problem after this long")
     p.add_argument("--json", nargs="+", default=[], help="write every run here (--summary-only: read these)")
@@ -158,7 +160,7 @@ def search_problem(args, op: str, rows: list, save) -> None:
                 backend=args.backend, generator="variants", prior_data=f"{args.pool}/{args.protocol}",
                 generator_roots=f"{args.pool}/{args.protocol}")
     if args.backend == "replay":
-        base["replay_pool"] = f"{args.pool}/{args.protocol}"
+        base["replay_pool"] = f"{args.replay_pool}/{op}" if args.replay_pool else f"{args.pool}/{args.protocol}"
     compiled = torch_compile_speedup(base | dict(seed=0, generations=1), op)
     for budget, seed in itertools.product(args.budgets, range(args.seeds)):
         mine = base | dict(seed=seed)

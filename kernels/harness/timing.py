@@ -121,7 +121,12 @@ class _Series:
 
 def _time_series(calls: list[Callable[[int], object]], flush: torch.Tensor, warmup: int, min_reps: int,
                  max_reps: int, target_notch: float, max_seconds: float, round_size: int) -> list[Timing]:
-    """Rounds of each call in turn until every median is pinned down (or the repetitions or time run out)."""
+    """Rounds of each call in turn until every median is pinned down (or the repetitions or time run out).
+
+    Each round starts on an idle device, for every call alike: issued behind another call's round, a
+    host-bound call's launches queue up while the device is still busy and its events see less of the
+    host's time than they do after a synchronisation. (Measured on an H100: a problem's own code timed first
+    in each round came out 0-8% slower than the same code timed second, on references of 28-187 us.)"""
     series = [_Series(call) for call in calls]
     for s in series:
         for i in range(warmup):
@@ -129,9 +134,9 @@ def _time_series(calls: list[Callable[[int], object]], flush: torch.Tensor, warm
     torch.cuda.synchronize()
     started = time.perf_counter()
     while True:
-        issued = [s.round(flush, round_size) for s in series]
-        torch.cuda.synchronize()
-        for s, events in zip(series, issued):
+        for s in series:
+            events = s.round(flush, round_size)
+            torch.cuda.synchronize()
             s.times_ms.extend(start.elapsed_time(end) for start, end in events)
         if all(s.settled(min_reps, target_notch) for s in series) or \
                 min(len(s.times_ms) for s in series) >= max_reps or \
