@@ -22,7 +22,12 @@ kernel found is reported against eager and against torch.compile.
     python -m benchmarks.headroom_search --summary-only --json hs0.json hs1.json --markdown docs/measured/X.md
 
 ``--problems`` names problems (``l2-017,...``); the default is the pool report's headroom list in the order
-``--order-seed`` shuffles it into.
+``--order-seed`` shuffles it into. ``--backend replay --replay-pool data/pools/headroom`` replays the live runs'
+measured children (the variants they made, as recorded, with their measurements; a child no live run measured
+comes back rejected) for more seeds, on a machine with no GPU:
+
+    python -m benchmarks.headroom_search --problems l2-096,l2-098,l3-007,l3-017 --backend replay \
+        --replay-pool data/pools/headroom --gpu-type h100 --seeds 10 --json replay.json
 """
 
 from __future__ import annotations
@@ -138,6 +143,7 @@ def torch_compile_speedup(base: dict, op: str) -> float | None:
     """The speedup over eager of the reference under torch.compile (default mode), measured in the problem's root."""
     from kernels.ops import get_operation
     from kernels.variants import variant_children
+    from tasks.generators import recorded_variants
     from tasks.search import measure_and_store
     from tasks.setup import open_search
 
@@ -145,8 +151,12 @@ def torch_compile_speedup(base: dict, op: str) -> float | None:
     search = open_search(config, track=False)  # the root, the pool and the reference's own measurement
     try:
         operation = get_operation(op)
-        kid = next(k for k in variant_children(operation, operation.seed_candidates()[0])[0]
-                   if k.origin == TORCH_COMPILE)
+        reference = operation.seed_candidates()[0]
+        kids = recorded_variants(base["variants_recorded"], op).get(reference.candidate_id, []) \
+            if base.get("variants_recorded") else variant_children(operation, reference)[0]
+        kid = next((k for k in kids if k.origin == TORCH_COMPILE), None)
+        if kid is None:  # a replay of live runs that never made it
+            return None
         search.root.write_candidates([kid])
         found, _ = measure_and_store(search.root, search.pool, [kid], search.config.gpu_type)
     finally:
@@ -161,6 +171,8 @@ def search_problem(args, op: str, rows: list, save) -> None:
                 generator_roots=f"{args.pool}/{args.protocol}")
     if args.backend == "replay":
         base["replay_pool"] = f"{args.replay_pool}/{op}" if args.replay_pool else f"{args.pool}/{args.protocol}"
+        if args.replay_pool:  # the children the live runs made, with their ids: the variants' text may have moved on
+            base["variants_recorded"] = base["replay_pool"]
     compiled = torch_compile_speedup(base | dict(seed=0, generations=1), op)
     for budget, seed in itertools.product(args.budgets, range(args.seeds)):
         mine = base | dict(seed=seed)

@@ -62,6 +62,9 @@ class SearchConfig:
     # are the first generation's children and the model's first parents; "": the model rewrites the reference.
     generator_roots: str = ""
     replay_corpus: str = PACKAGED_CORPUS  # generator "replay": the corpus whose recorded children answer
+    # generator variants: a data root whose recorded variant children (as a live variants search made them) are
+    # offered rather than made anew, so a replay of that search meets the very children, and ids, it measured.
+    variants_recorded: str = ""
     surrogate: str = "learned"  # learned | source | lmhead | roofline | random | llm | none
     surrogate_folder: str = ""  # a surrogate trained elsewhere (lmhead): the folder its training wrote
     policy: str = "budget"  # budget: trust a confidence threshold; conformal: a certified risk
@@ -240,6 +243,17 @@ def check_operation(config: SearchConfig) -> None:
         if getattr(get_operation(config.op), "format", "") != "kernelbench":
             raise ConfigError(f"generator {config.generator!r} runs a KernelBench ModelNew another way; "
                               f"{config.op} is not an imported KernelBench task (kb.<name>)")
+    if config.variants_recorded:
+        if not config.generator.endswith("variants"):
+            raise ConfigError(f"variants_recorded gives a variants generator its recorded children; generator "
+                              f"{config.generator!r} makes no variants")
+        from tasks.generators import recorded_variants
+
+        try:
+            if not recorded_variants(config.variants_recorded, config.op):
+                raise ValueError(f"{config.variants_recorded} holds no recorded variant children of {config.op}")
+        except (ValueError, OSError) as exc:
+            raise ConfigError(f"variants_recorded: {exc}") from None
     if config.generator_roots:
         from tasks.generators import base_generator
 

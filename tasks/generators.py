@@ -141,12 +141,14 @@ class VariantGenerator:
     ``roots`` (alone, with no base): kernels given as the first children, as a free-form search's are (a
     measured pool's kernels of the task, ``template_roots``); their variants follow once they are measured."""
 
-    def __init__(self, op: str, base: Generator | None = None, roots: Sequence[Candidate] = ()):
+    def __init__(self, op: str, base: Generator | None = None, roots: Sequence[Candidate] = (),
+                 recorded: dict[str, list[Candidate]] | None = None):
         if base is not None and roots:
             raise ValueError("a composed generator's roots belong to its base generator")
         self.op = op
         self.base = base
         self.roots = tuple(roots)
+        self.recorded = recorded  # parent id -> the variant children a live search made of it (replayed searches)
         self.name = f"{base.name}+variants" if base else "variants"
         self.repeatable = base.repeatable if base else True
 
@@ -168,7 +170,10 @@ class VariantGenerator:
                   [e.candidate for e in ranked if e.value < 0.0]  # value: log speedup
         kids, skipped, seen = [], [], set(archive.entries)
         for parent in {p.candidate_id: p for p in parents}.values():
-            made, why = variant_children(operation, parent)
+            if self.recorded is not None:
+                made, why = list(self.recorded.get(parent.candidate_id, ())), []
+            else:
+                made, why = variant_children(operation, parent)
             if rng is not None:
                 rng.shuffle(made)
             kids += [k for k in made if k.candidate_id not in seen]
@@ -267,8 +272,24 @@ def _replay(config) -> Generator:
                           config.generator_children)
 
 
+def recorded_variants(pool: str, op: str) -> dict[str, list[Candidate]]:
+    """The variant children of ``op`` recorded in the data root ``pool``, by parent id, in the order stored."""
+    from storage.dataset import DataRoot
+    from storage.schema import candidates_from_frame
+
+    frame = DataRoot(pool).read_candidates(op=op)
+    if frame.empty:
+        return {}
+    frame = frame[frame["origin"].str.startswith("variant:")].drop_duplicates("candidate_id")
+    found: dict[str, list[Candidate]] = {}
+    for c in candidates_from_frame(frame):
+        found.setdefault(c.parent_id, []).append(c)
+    return found
+
+
 def _variants(config) -> Generator:
-    return VariantGenerator(config.op, roots=_roots(config))
+    recorded = recorded_variants(config.variants_recorded, config.op) if config.variants_recorded else None
+    return VariantGenerator(config.op, roots=_roots(config), recorded=recorded)
 
 
 GENERATORS: dict[str, Callable[[object], Generator]] = {

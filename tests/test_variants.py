@@ -329,3 +329,27 @@ def test_no_cuda_graph_or_compile_variant_of_a_parent_that_captures_graphs_itsel
     assert "captures CUDA graphs in its own code" in reason_not(variant_named("cuda-graph"), own)
     assert "torch.compile cannot trace a capture" in reason_not(variant_named("compile-max-autotune"), own)
     assert reason_not(variant_named("cudnn-benchmark"), own) == ""
+
+
+def test_a_replayed_variants_search_offers_the_children_a_live_one_recorded_with_their_ids(row_sum, tmp_path):
+    """variants_recorded: the recorded children of each parent, even where today's wrapper would write other
+    text (and so another id); refused for a generator that makes no variants or a root with none."""
+    from kernels.records import Candidate
+
+    reference = row_sum.seed_candidates()[0]
+    live = variant_children(row_sum, reference)[0][0]
+    older = Candidate(op=live.op, backend=live.backend, source=live.source + "\n# as an older wrapper wrote it\n",
+                      params=live.params, parent_id=live.parent_id, origin=live.origin)
+    assert older.candidate_id != live.candidate_id
+    pool = DataRoot(str(tmp_path / "pool"))
+    pool.write_candidates([reference, older])
+    config = SearchConfig(op=row_sum.name, generator="variants", variants_recorded=str(tmp_path / "pool"),
+                          gpu_type="h100", backend="replay")
+    resolve(config)
+    made = make_generator(config).children(row_sum.name, None, Archive(), 64, random.Random(0), 0.0, seed=0,
+                                           run_id="r", generation=0)
+    assert [k.candidate_id for k in made.children] == [older.candidate_id]
+    with pytest.raises(ConfigError, match="generator 'replay' makes no variants"):
+        resolve(config.replace(generator="replay"))
+    with pytest.raises(ConfigError, match="holds no recorded variant children"):
+        resolve(config.replace(variants_recorded=str(tmp_path / "empty")))
