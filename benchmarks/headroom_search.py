@@ -63,6 +63,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, default=2)
     p.add_argument("--budgets", type=int, nargs="+", default=[8, 16, 32])
     p.add_argument("--surrogates", nargs="+", default=["learned"])
+    p.add_argument("--acquisition", default="thompson", help="the surrogate runs' acquisition (thompson, ei)")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--generations", type=int, default=4)
     p.add_argument("--gpu-type", default="auto")
@@ -167,6 +168,7 @@ def torch_compile_speedup(base: dict, op: str) -> float | None:
 
 def search_problem(args, op: str, rows: list, save) -> None:
     base = dict(op=op, generations=args.generations, data=f"{args.data}/{op}", gpu_type=args.gpu_type,
+                acquisition=args.acquisition,
                 backend=args.backend, generator="variants", prior_data=f"{args.pool}/{args.protocol}",
                 generator_roots=f"{args.pool}/{args.protocol}")
     if args.backend == "replay":
@@ -194,6 +196,7 @@ def search_problem(args, op: str, rows: list, save) -> None:
                    "surrogate_best": run["best"], "baseline_best": ref["best"], "torch_compile": compiled,
                    "ratio": run["best"] / ref["best"] if ref["best"] else None,
                    "to_baseline_best": reached, "share_of_baseline_budget": reached / scale if reached else None,
+                   "baseline_to_its_best": to_reach(ref, ref["best"], mode) if ref["best"] else None,
                    **{f"surrogate_{k}": run[k] for k in ("run_id", "best_candidate", "measurements", "gpu_seconds",
                                                          "compile_seconds", "stop_reason", "trusted", "dropped",
                                                          "failed", "seconds")},
@@ -216,8 +219,9 @@ def summary(rows: list[dict]) -> list[str]:
     lines = [f"Live search, generator variants from CUDA-L1's kernels, on {len(ops)} problems x {len(seeds)} seeds.",
              "", "| budget kind | surrogate | budget | runs | geomean best(surrogate) / best(baseline) | wins / ties / "
              "losses | reached the baseline's best | median share of the baseline's cost to get there | "
+             "median cost to the baseline's best, over the baseline's own | "
              "measured (surrogate / baseline, mean) | GPU + compile s (surrogate / baseline, mean) |",
-             "|---|---|---:|---:|---:|---|---:|---:|---:|---:|"]
+             "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
     keys = sorted({(r["mode"], r["surrogate"], r["budget"]) for r in rows}, key=lambda k: (MODES.index(k[0]), k[1:]))
     for mode, name, budget in keys:
         mine = [r for r in rows if (r["mode"], r["surrogate"], r["budget"]) == (mode, name, budget) and r["ratio"]]
@@ -227,11 +231,15 @@ def summary(rows: list[dict]) -> list[str]:
         losses = sum(r["ratio"] < 0.9995 for r in mine)
         share = statistics.median(r["share_of_baseline_budget"] if r["share_of_baseline_budget"] is not None else 2.0
                                   for r in mine)
+        # A run that never reached it counts as 2x; a row without the baseline's own (older files) is left out.
+        relative = [(r["to_baseline_best"] or 2 * r["baseline_to_its_best"]) / r["baseline_to_its_best"]
+                    for r in mine if r.get("baseline_to_its_best")]
         cost = [(r["surrogate_gpu_seconds"] + r["surrogate_compile_seconds"],
                  r["baseline_gpu_seconds"] + r["baseline_compile_seconds"]) for r in mine]
         lines.append(f"| {mode} | {name} | {budget} | {len(mine)} | **{geomean(r['ratio'] for r in mine):.3f}** | "
                      f"{wins} / {len(mine) - wins - losses} / {losses} | "
                      f"{sum(r['to_baseline_best'] is not None for r in mine)}/{len(mine)} | {share:.2f} | "
+                     f"{f'{statistics.median(relative):.2f}' if relative else '-'} | "
                      f"{statistics.mean(r['surrogate_measurements'] for r in mine):.1f} / "
                      f"{statistics.mean(r['baseline_measurements'] for r in mine):.1f} | "
                      f"{statistics.mean(c[0] for c in cost):.0f} / {statistics.mean(c[1] for c in cost):.0f} |")

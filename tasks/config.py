@@ -27,7 +27,9 @@ POLICIES = ("budget", "conformal")
 # What a search's budget counts: measurements charged, GPU-seconds charged, or GPU-seconds plus the seconds spent
 # compiling (each measurement's gpu_seconds and compile_seconds: torch.compile and max-autotune are not free).
 BUDGET_KINDS = ("measurements", "gpu_seconds", "gpu_compile_seconds")
-ACQUISITIONS = ("thompson", "ei")  # how unsure children are ranked for the budget (surrogate.online)
+# How unsure children are ranked for the budget (surrogate.online): a Thompson draw, expected improvement, or
+# expected improvement per expected second (what a child of its origin has cost so far in this run).
+ACQUISITIONS = ("thompson", "ei", "ei-per-second")
 # What the learned prior may have seen of the searched operation: nothing (an honest forecast of
 # a new operation), its measurements on other GPU types (porting a tuned operation to a new GPU
 # type), or everything in prior_data.
@@ -70,7 +72,8 @@ class SearchConfig:
     policy: str = "budget"  # budget: trust a confidence threshold; conformal: a certified risk
     trust_threshold: float = 0.9  # max-probability at which a forecast is trusted (policy budget)
     target_risk: float = 0.05  # trusted-and-wrong-by-more-than-one-bin rate (policy conformal)
-    acquisition: str = "thompson"  # thompson: a draw from each child's forecast; ei: expected improvement
+    acquisition: str = "thompson"  # thompson: a draw from each child's forecast; ei: expected improvement;
+    # ei-per-second: expected improvement over the GPU (and compile) seconds a child of its origin costs
     explore: float = 0.2  # fraction of children drawn fresh from the space rather than bred from parents
     # With budget_kind measurements: also stop once this much GPU time is charged (0: no limit), checked wave by wave.
     gpu_seconds_budget: float = 0.0

@@ -17,9 +17,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from threadpoolctl import threadpool_limits
 
@@ -100,6 +101,7 @@ class Search:
         self.trajectory: list[float] = []  # measured speedups in the order they were charged (0: failed)
         self.charges: list[float] = []  # the GPU-seconds each of those measurements charged
         self.compile_charges: list[float] = []  # the compile seconds each of them charged
+        self.seconds_by_origin: dict[str, list[float]] = {}  # GPU + compile seconds of the children measured, by origin
         self.spent_each: list[float] = []  # what each of them cost in the budget's units (config.charge)
         self.budget_used = 0  # measurements charged
         self.gpu_seconds = 0.0
@@ -195,6 +197,13 @@ class Search:
         gen.forecast_seconds = time.perf_counter() - t0
         return gen.forecasts
 
+    def expected_cost(self, candidate_id: str) -> float:
+        """The GPU plus compile seconds a child like this one has cost in this run: the median of the measured
+        children of its origin (a torch.compile mode, a CUDA graph, a model's rewrite), else of every one."""
+        mine = self.seconds_by_origin.get(self.candidates[candidate_id].origin)
+        every = mine or [x for costs in self.seconds_by_origin.values() for x in costs]
+        return statistics.median(every) if every else 1.0
+
     def select(self, gen: Generation) -> Selection:
         # A search's roots (a pool's kernels it starts from) are its starting point, not candidates to weigh:
         # measured first by every search, the equal-budget baseline and the surrogate's alike.
@@ -209,7 +218,7 @@ class Search:
         else:
             _, best = self.archive.best()
             chosen = select_children(self.config, [f for f in gen.forecasts if f.candidate_id not in roots],
-                                     best or 0.0, gen.index, budget, self.calibration)
+                                     best or 0.0, gen.index, budget, self.calibration, self.expected_cost)
             gen.selection = dataclasses.replace(chosen, measure=forced + chosen.measure, drop=chosen.drop + late)
         return gen.selection
 
@@ -255,6 +264,9 @@ class Search:
         self.trajectory += [m.speedup if m.status == "ok" and m.speedup else 0.0 for m in gen.measurements]
         self.charges += [m.gpu_seconds for m in gen.measurements]
         self.compile_charges += [m.compile_seconds for m in gen.measurements]
+        for m in gen.measurements:
+            self.seconds_by_origin.setdefault(self.candidates[m.candidate_id].origin, []).append(
+                m.gpu_seconds + m.compile_seconds)
         self.spent_each += [c.charge(m) for m in gen.measurements]
         gen_gpu = sum(m.gpu_seconds for m in gen.measurements)
         gen_compile = sum(m.compile_seconds for m in gen.measurements)
@@ -388,13 +400,19 @@ def trust_policy(config: SearchConfig, calibration: Sequence[tuple[Forecast, int
 
 
 def select_children(config: SearchConfig, forecasts: Sequence[Forecast], best: float, generation: int, budget: int,
-                    calibration: Sequence[tuple[Forecast, int]] = ()) -> Selection:
+                    calibration: Sequence[tuple[Forecast, int]] = (),
+                    cost: Callable[[str], float] | None = None) -> Selection:
     """Which forecast children generation ``generation`` of a search measures, trusts and drops, given
     the best measured speedup so far and ``budget`` measurements: the search's own choice, which
     ``kernelcast forecast`` also reports."""
     key = f"{config.seed}:{generation}"  # a resumed run draws what the interrupted one drew
-    rank = (lambda f: log_expected_improvement(f, best)) if config.acquisition == "ei" \
-        else (lambda f: thompson_draw(f, key))
+    if config.acquisition == "ei-per-second":  # per second: a cheap child may be worth more than a likelier dear one
+        price = cost or (lambda candidate_id: 1.0)
+        rank = lambda f: log_expected_improvement(f, best) - math.log(max(price(f.candidate_id), 1e-6))  # noqa: E731
+    elif config.acquisition == "ei":
+        rank = lambda f: log_expected_improvement(f, best)  # noqa: E731
+    else:
+        rank = lambda f: thompson_draw(f, key)  # noqa: E731
     rank = run_weighted(rank)  # a child that fails gains nothing (no change where failure is not forecast)
     # The last generation's budget is lost if unspent: children forecast to fail are measured then.
     last = generation == config.generations - 1

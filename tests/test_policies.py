@@ -145,3 +145,17 @@ def test_forecasts_that_say_nothing_about_failure_are_selected_as_before():
     assert sel.measure == [f.candidate_id for f in queue[:6]]
     assert set(sel.drop) == {f.candidate_id for f in sure if f.expected_speedup < 1.2} | \
         {f.candidate_id for f in queue[6:] if f.max_probability < 0.8}
+
+
+def test_expected_improvement_per_second_measures_a_cheap_child_before_a_likelier_dear_one():
+    """A child forecast a little likelier to beat the best, but of an origin that has cost 40 s a measurement
+    (a max-autotune compile), waits behind one that costs 1 s under ei-per-second, not under ei."""
+    from tasks.config import SearchConfig
+    from tasks.search import select_children
+
+    dear, cheap = forecast("dear", 6, 0.6), forecast("cheap", 6, 0.5)
+    seconds = {"dear": 40.0, "cheap": 1.0}
+    for acquisition, first in (("ei", "dear"), ("ei-per-second", "cheap")):
+        config = SearchConfig(op="softmax", acquisition=acquisition, trust_threshold=0.99)
+        chosen = select_children(config, [dear, cheap], best=1.0, generation=0, budget=1, cost=seconds.__getitem__)
+        assert chosen.measure == [first], acquisition

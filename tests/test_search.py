@@ -140,7 +140,7 @@ def test_a_run_id_of_another_operation_is_refused_before_measuring(tmp_path):
     ({"budget": -4}, "budget must be a positive whole number"),
     ({"generations": 0}, "generations must be a positive whole number"),
     ({"policy": "yolo"}, "unknown policy 'yolo'"),
-    ({"acquisition": "ucb"}, "unknown acquisition 'ucb'; known: thompson, ei"),
+    ({"acquisition": "ucb"}, "unknown acquisition 'ucb'; known: thompson, ei, ei-per-second"),
     ({"prior_scope": "everything"}, "unknown prior_scope 'everything'; known: other-ops, other-gpus, all"),
     ({"surrogate": "llm"}, "needs llm_url"),
     ({"generator": "evolve"}, "unknown generator 'evolve'; known: template, llm"),
