@@ -28,6 +28,13 @@ comes back rejected) for more seeds, on a machine with no GPU:
 
     python -m benchmarks.headroom_search --problems l2-096,l2-098,l3-007,l3-017 --backend replay \
         --replay-pool data/pools/headroom --gpu-type h100 --seeds 10 --json replay.json
+
+``--space`` measures each problem's variant space once instead (its roots, every variant of the reference and
+of the roots, ``--space-depth 2`` their variants too), in one call of the pool so its children compile side by
+side, into ``--data/<problem>``; every comparison is then a replay of it, at no GPU cost:
+
+    python -m benchmarks.headroom_search --space --shard 0/4 --data /tmp/space0 --json space0.json
+    python -m benchmarks.headroom_search --backend replay --replay-pool /tmp/space0 --gpu-type h100 --seeds 10
 """
 
 from __future__ import annotations
@@ -76,6 +83,11 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--json", nargs="+", default=[], help="write every run here (--summary-only: read these)")
     p.add_argument("--markdown", default="")
     p.add_argument("--summary-only", action="store_true")
+    p.add_argument("--space", action="store_true", help="measure each problem's variant space once instead of "
+                   "searching it: its roots and every variant of the reference and of the roots (--space-depth 2: "
+                   "and of those variants), one pool call, into --data/<problem>; the comparisons are then replays "
+                   "of it (--backend replay --replay-pool DATA)")
+    p.add_argument("--space-depth", type=int, default=1, choices=(1, 2))
     return p.parse_args(argv)
 
 
@@ -166,7 +178,8 @@ def torch_compile_speedup(base: dict, op: str) -> float | None:
     return m.speedup if m is not None and m.status == "ok" else None
 
 
-def search_problem(args, op: str, rows: list, save) -> None:
+def problem_settings(args, op: str) -> dict:
+    """The settings every run on ``op`` shares (its own data root under --data, the pool's roots and prior)."""
     base = dict(op=op, generations=args.generations, data=f"{args.data}/{op}", gpu_type=args.gpu_type,
                 acquisition=args.acquisition,
                 backend=args.backend, generator="variants", prior_data=f"{args.pool}/{args.protocol}",
@@ -175,6 +188,54 @@ def search_problem(args, op: str, rows: list, save) -> None:
         base["replay_pool"] = f"{args.replay_pool}/{op}" if args.replay_pool else f"{args.pool}/{args.protocol}"
         if args.replay_pool:  # the children the live runs made, with their ids: the variants' text may have moved on
             base["variants_recorded"] = base["replay_pool"]
+    return base
+
+
+def variant_space(op: str, roots, depth: int = 1) -> list:
+    """The roots, then every variant of the reference and of each root, then (``depth`` 2) every variant of
+    those variants: each child once, in that order."""
+    from kernels.ops import get_operation
+    from kernels.variants import variant_children
+
+    operation = get_operation(op)
+    found = {c.candidate_id: c for c in roots}
+    layer = [operation.seed_candidates()[0], *roots]
+    for _ in range(depth):
+        made = [kid for parent in layer for kid in variant_children(operation, parent)[0]
+                if kid.candidate_id not in found]
+        found.update((k.candidate_id, k) for k in made)
+        layer = made
+    return list(found.values())
+
+
+def measure_space(args, op: str) -> dict:
+    """The problem's variant space measured in one call of the pool (reused where its root holds them already)."""
+    from tasks.generators import template_roots
+    from tasks.search import measure_and_store
+    from tasks.setup import open_search
+
+    base = problem_settings(args, op)
+    config = SearchConfig(**(base | dict(seed=0, surrogate=BASELINE, budget=1, generations=1)),
+                          run_id=f"space-{op.replace('.', '-')}"[:64])
+    search = open_search(config, track=False)  # the root, the pool and the reference's own measurement
+    try:
+        roots = [c for c, _ in template_roots(base["generator_roots"], op, search.config.gpu_type)]
+        space = variant_space(op, roots, args.space_depth)
+        search.root.write_candidates(space)
+        t0 = time.perf_counter()
+        found, reused = measure_and_store(search.root, search.pool, space, search.config.gpu_type)
+        wall = time.perf_counter() - t0
+    finally:
+        search.pool.close()
+    ok = [m for m in found.values() if m.status == "ok" and m.speedup]
+    return {"op": op, "children": len(space), "measured": len(found), "reused": reused, "ok": len(ok),
+            "best": max((m.speedup for m in ok), default=None), "wall_seconds": wall,
+            "gpu_seconds": sum(m.gpu_seconds for m in found.values()),
+            "compile_seconds": sum(m.compile_seconds for m in found.values())}
+
+
+def search_problem(args, op: str, rows: list, save) -> None:
+    base = problem_settings(args, op)
     compiled = torch_compile_speedup(base | dict(seed=0, generations=1), op)
     for budget, seed in itertools.product(args.budgets, range(args.seeds)):
         mine = base | dict(seed=seed)
@@ -291,12 +352,18 @@ def main(argv=None) -> int:
             continue
         t0 = time.monotonic()
         try:
-            search_problem(args, op, rows, save)
+            if args.space:
+                row = measure_space(args, op)
+                rows.append(row)
+                save()
+                print(json.dumps(row), flush=True)
+            else:
+                search_problem(args, op, rows, save)
         except Exception as exc:  # noqa: BLE001 - one problem's failure is reported, the others still run
             print(f"{op}: search failed: {type(exc).__name__}: {str(exc)[:400]}", flush=True)
         print(f"{op}: {time.monotonic() - t0:.0f} s", flush=True)
     save()
-    return write(summary(rows), args.markdown)
+    return 0 if args.space else write(summary(rows), args.markdown)
 
 
 def write(lines: list[str], markdown: str) -> int:

@@ -353,3 +353,19 @@ def test_a_replayed_variants_search_offers_the_children_a_live_one_recorded_with
         resolve(config.replace(generator="replay"))
     with pytest.raises(ConfigError, match="holds no recorded variant children"):
         resolve(config.replace(variants_recorded=str(tmp_path / "empty")))
+
+
+def test_a_problems_variant_space_is_its_roots_then_their_and_the_references_variants(row_sum):
+    """benchmarks/headroom_search.py --space: what it measures of a problem, each child once, parents first."""
+    from benchmarks.headroom_search import variant_space
+
+    root = row_sum.imported_candidates()[0]
+    reference = row_sum.seed_candidates()[0]
+    one, two = variant_space(row_sum.name, [root], 1), variant_space(row_sum.name, [root], 2)
+    assert one[0].candidate_id == root.candidate_id
+    assert {k.parent_id for k in one[1:]} == {reference.candidate_id, root.candidate_id}
+    assert len({k.candidate_id for k in two}) == len(two) and [k.candidate_id for k in two[: len(one)]] == \
+        [k.candidate_id for k in one]
+    deeper = two[len(one):]
+    assert deeper and {k.parent_id for k in deeper} <= {k.candidate_id for k in one[1:]}
+    assert all(len(applied(k.source)) == 2 for k in deeper)
