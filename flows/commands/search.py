@@ -31,10 +31,13 @@ _SEARCH_FLAGS = {
     "generator_concurrency": (int, "requests to the generator's model in flight at once (default 4; a batching "
                                    "server such as vLLM or the GPU engine answers many together)"),
     "generator_max_tokens": (int, "most tokens of one rewritten source (generator freeform; default 2048)"),
-    "generator_roots": (str, "generator freeform: a measured pool whose best, median and poor kernels of the op "
-                             "(template variants, or those imported with the task, as CUDA-L1's in "
-                             "data/pools/cudal1/kernelcast) are measured first and rewritten by the model "
-                             "(default: it rewrites the eager reference)"),
+    "generator_roots": (str, "generators freeform and variants: a measured pool whose best, median and poor "
+                             "kernels of the op (template variants, or those imported with the task, as CUDA-L1's "
+                             "in data/pools/cudal1/kernelcast) every search measures first, then rewrites or runs "
+                             "another way (default: it starts from the eager reference)"),
+    "variants_recorded": (str, "generator variants: a data root whose recorded variant children (a live variants "
+                               "search's) are offered rather than made anew, so a replay of it on that pool meets "
+                               "the children, and ids, it measured"),
     "generator_children": (int, "children asked of the model per generation (generators llm, freeform, replay; "
                                 "default 16)"), "surrogate": (str, "learned, source, lmhead, roofline, random, llm, or "
                                                              "none (the equal-budget baseline: every child measured)"),
@@ -42,8 +45,9 @@ _SEARCH_FLAGS = {
     "policy": (str, "budget (confidence threshold) or conformal (certified risk)"),
     "trust_threshold": (float, "max-probability at which a forecast is trusted (policy budget)"),
     "target_risk": (float, "risk of trusting a forecast off by more than one bin (policy conformal)"),
-    "acquisition": (str, "how unsure children are chosen: thompson (a draw from each forecast, default) or ei "
-                         "(expected improvement)"),
+    "acquisition": (str, "how unsure children are chosen: thompson (a draw from each forecast, default), ei "
+                         "(expected improvement) or ei-per-second (expected improvement over the GPU plus compile "
+                         "seconds the run's children of the same origin have cost)"),
     "gpu_seconds_budget": (float, "also stop once this many GPU-seconds are charged (checked after each wave "
                                   "of measurements)"),
     "measure_wave": (int, "with a budget in seconds: measurements between two checks of it (default 8)"),
