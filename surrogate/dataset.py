@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -115,13 +117,15 @@ def source_pairs(*roots, gpu_type: str = "h100", anchor: str = "parent", ops=Non
     if not roots:
         raise ValueError("source_pairs needs at least one data root")
     tables = [_measured_kernels(root, gpu_type) for root in roots]
+    loads = _loadable()
     references = [{k["op"]: k for k in t[(t["origin"] == "seed") & (t["status"] == "ok")].to_dict("records")}
                   for t in tables]
     rows, seen = [], set()
     for i, kernels in enumerate(tables):
         order = [i] + [j for j in range(len(tables)) if j != i]
         for r in kernels.itertuples(index=False):
-            if r.origin == "seed" or r.candidate_id in seen or (ops is not None and r.op not in ops):
+            if r.origin == "seed" or r.candidate_id in seen or (ops is not None and r.op not in ops) or \
+                    not loads(r.op):
                 continue
             base = _anchor_of(r, [tables[j] for j in order], [references[j] for j in order], anchor)
             row = None if base is None else _source_row(r, base)
@@ -129,6 +133,27 @@ def source_pairs(*roots, gpu_type: str = "h100", anchor: str = "parent", ops=Non
                 seen.add(r.candidate_id)
                 rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _loadable() -> Callable[[str], bool]:
+    """Whether an operation loads here, asked once per op: a task whose reference needs a package this machine
+    lacks (einops, say) is left out of the pairs, with a warning naming it, rather than ending the fit."""
+    from kernels.ops import get_operation
+
+    known: dict[str, bool] = {}
+
+    def loads(op: str) -> bool:
+        if op not in known:
+            try:
+                get_operation(op)
+                known[op] = True
+            except Exception as exc:  # noqa: BLE001 - an imported task's reference failing to import, say
+                warnings.warn(f"{op} left out of the source pairs: it does not load here "
+                              f"({type(exc).__name__}: {str(exc)[-160:]})", stacklevel=3)
+                known[op] = False
+        return known[op]
+
+    return loads
 
 
 def _measured_kernels(root, gpu_type: str) -> pd.DataFrame:
