@@ -49,7 +49,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.llm_search import BASELINE
+from benchmarks.llm_search import BASELINE, run_one, to_reach
 from tasks.config import SearchConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,31 +125,6 @@ def install_pool_tasks(pool) -> list[str]:
         except Exception as exc:  # noqa: BLE001 - its reference needs what this machine lacks
             print(f"left out: {op} does not load here ({type(exc).__name__}: {str(exc)[-160:]})", flush=True)
     return loadable
-
-
-def run_one(config: SearchConfig) -> dict:
-    """One search, run to its end: its best, what it charged, and each charged measurement in order."""
-    from tasks.setup import open_search
-
-    search = open_search(config, track=False)
-    t0 = time.perf_counter()
-    result = search.run()
-    search.pool.close()
-    return {"run_id": result.run_id, "best": result.best_speedup or 0.0, "best_candidate": result.best_candidate_id,
-            "measurements": result.budget_used, "gpu_seconds": result.gpu_seconds,
-            "compile_seconds": sum(search.compile_charges), "stop_reason": result.stop_reason,
-            "trajectory": search.trajectory, "costs": [g + c for g, c in zip(search.charges, search.compile_charges)],
-            "trusted": sum(s.trusted for s in result.generations), "dropped": sum(s.dropped for s in result.generations),
-            "failed": sum(s.failed for s in result.generations), "seconds": time.perf_counter() - t0}
-
-
-def to_reach(run: dict, target: float, mode: str) -> float | None:
-    """Measurements, or GPU plus compile seconds, the run charged until its best reached ``target``; None if never."""
-    spent = itertools.accumulate(run["costs"]) if mode != "measurements" else itertools.count(1)
-    for best, used in zip(itertools.accumulate(run["trajectory"], max), spent):
-        if best >= target:
-            return used
-    return None
 
 
 def torch_compile_speedup(base: dict, op: str) -> float | None:

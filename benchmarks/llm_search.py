@@ -116,16 +116,20 @@ def run_one(config: SearchConfig) -> dict:
     t0 = time.perf_counter()
     result = search.run()
     search.pool.close()
-    return {"best": result.best_speedup or 0.0, "measurements": result.budget_used, "gpu_seconds": result.gpu_seconds,
-            "stop_reason": result.stop_reason, "trajectory": search.trajectory, "charges": search.charges,
+    return {"run_id": result.run_id, "best": result.best_speedup or 0.0, "best_candidate": result.best_candidate_id,
+            "measurements": result.budget_used, "gpu_seconds": result.gpu_seconds,
+            "compile_seconds": sum(search.compile_charges), "stop_reason": result.stop_reason,
+            "trajectory": search.trajectory, "charges": search.charges,
+            "costs": [g + c for g, c in zip(search.charges, search.compile_charges)],
             "trusted": sum(s.trusted for s in result.generations), "dropped": sum(s.dropped for s in result.generations),
             "failed": sum(s.failed for s in result.generations), "seconds": time.perf_counter() - t0}
 
 
 def to_reach(run: dict, target: float, mode: str) -> float | None:
-    """Measurements (mode measurements) or GPU-seconds (mode gpu-seconds) the run charged until its best
-    reached ``target``; None when it never did."""
-    spent = itertools.accumulate(run["charges"]) if mode == "gpu-seconds" else itertools.count(1)
+    """Measurements (mode measurements), GPU-seconds (gpu-seconds) or GPU plus compile seconds
+    (gpu-compile-seconds) the run charged until its best reached ``target``; None when it never did."""
+    per = {"gpu-seconds": "charges", "gpu-compile-seconds": "costs"}.get(mode)
+    spent = itertools.accumulate(run[per]) if per else itertools.count(1)
     for best, used in zip(itertools.accumulate(run["trajectory"], max), spent):
         if best >= target:
             return used
