@@ -76,6 +76,8 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=12)
     p.add_argument("--no-reserve", action="store_true", help="no core kept for the child holding the GPU lock")
     p.add_argument("--timing-windows", type=int, default=5, help="timing windows at most for a host-bound case")
+    p.add_argument("--anchor", choices=("host-bound", "all", "off"), default="host-bound",
+                   help="which cases are timed beside the reference in one process (the worker's setting)")
     p.add_argument("--json", default=None, help="also write the figures here")
     p.add_argument("--no-verify", action="store_true", help="without the verification of each timed case "
                    "(kernels.harness.verify): its cost, measured against the same batch with it")
@@ -91,8 +93,8 @@ def main() -> int:
     print(f"copy bandwidth {report['copy_gbps']:.0f} GB/s, bf16 matmul {report['matmul_bf16_tflops']:.0f} TFLOP/s")
     config = WorkerConfig(mode="gpu", concurrency=args.concurrency,
                           reserve_timing_core=False if args.no_reserve else None,
-                          host_bound_windows=args.timing_windows, verify=not args.no_verify)
-    report["verify"] = not args.no_verify
+                          host_bound_windows=args.timing_windows, verify=not args.no_verify, anchor=args.anchor)
+    report.update(verify=not args.no_verify, anchor=args.anchor)
 
     # 2. throughput over a fresh batch (the eager reference of each op is measured too and counted)
     batch = spread_batch(args.batch)

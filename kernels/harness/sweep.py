@@ -147,7 +147,7 @@ def _row(task: Task, op, import_s: float, import_error: str, ref=None, null=None
 
 
 def sweep(tasks: list[Task], out: Path, *, mode: str, concurrency: int, max_minutes: float | None,
-          chunk_size: int, reserve_timing_core: bool | None = None) -> None:
+          chunk_size: int, reserve_timing_core: bool | None = None, anchor: str = "host-bound") -> None:
     """Import and measure the tasks not yet in ``out/sweep.jsonl``, appending a row per finished task."""
     from kernels.harness.worker import MeasureWorker, WorkerConfig
     from kernels.null import null_candidate
@@ -161,7 +161,7 @@ def sweep(tasks: list[Task], out: Path, *, mode: str, concurrency: int, max_minu
     started = time.monotonic()
     deadline = started + max_minutes * 60 if max_minutes is not None else None
     hardware = _hardware(mode)
-    config = WorkerConfig(mode=mode, concurrency=concurrency, reserve_timing_core=reserve_timing_core)
+    config = WorkerConfig(mode=mode, concurrency=concurrency, reserve_timing_core=reserve_timing_core, anchor=anchor)
     with MeasureWorker(hardware, config) as worker, journal.open("a") as sink:
         print(f"cores: the lock holder on {list(worker.cores.timing)}, children compiling on "
               f"{len(worker.cores.compile)} others" if worker.cores.reserved else "cores: none reserved", flush=True)
@@ -245,6 +245,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                         "concurrency)")
     p.add_argument("--no-reserve", action="store_true", help="no core kept for the child holding the GPU lock "
                                                             "(to compare with the default, which keeps one)")
+    p.add_argument("--anchor", choices=("host-bound", "all", "off"), default="host-bound",
+                   help="which of the null's cases are timed beside the reference in one process: the host-bound "
+                        "ones (default), every case, or none")
     p.add_argument("--report-only", action="store_true", help="print the table and summary of what is done")
 
 
@@ -278,11 +281,12 @@ def run(tasks_dir: str, args) -> int:
     concurrency = args.concurrency or max(1, (os.cpu_count() or 2) - 1)
     if not args.report_only:
         sweep(tasks, out, mode=mode, concurrency=concurrency, max_minutes=args.max_minutes,
-              chunk_size=args.chunk or 2 * concurrency, reserve_timing_core=False if args.no_reserve else None)
+              chunk_size=args.chunk or 2 * concurrency, reserve_timing_core=False if args.no_reserve else None,
+              anchor=args.anchor)
     keys = {t.key for t in tasks}
     rows = [r for r in read_rows(out / "sweep.jsonl") if r["task"] in keys]
     summary = summarize(rows)
-    summary.update(mode=mode, tasks_swept=len(tasks), tasks_done=len(rows), folder=str(root))
+    summary.update(mode=mode, anchor=args.anchor, tasks_swept=len(tasks), tasks_done=len(rows), folder=str(root))
     text = markdown(rows, summary)
     (out / "sweep.md").write_text(text)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
