@@ -147,3 +147,23 @@ def test_the_table_names_an_import_refusals_reason_not_the_staging_folder():
               "ModuleNotFoundError: No module named 'aiter'")
     assert reason(staged) == "reference.py failed to import: ModuleNotFoundError: No module named 'aiter'"
     assert reason("case 7168x1-fp32: AssertionError: boom") == "case 7168x1-fp32: AssertionError: boom"
+
+
+def test_two_shards_sweep_every_task_once_and_say_their_anchor(tmp_path):
+    tasks = _tasks(tmp_path / "tasks")
+    keys = []
+    for index in (0, 1):
+        out = tmp_path / f"shard{index}"
+        stdout, rows = _sweep(tasks, out, "--shard", f"{index}/2", "--anchor", "all")
+        keys += [r["task"] for r in rows]
+        assert json.loads((out / "summary.json").read_text())["anchor"] == "all"
+    assert sorted(keys) == sorted({"kernelbench/level1/row_sum.py", "kernelbench/level1/broken.py",
+                                   "gpumode/add_into_py"})
+
+
+def test_a_malformed_shard_is_refused_by_name(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", RUN, "--tasks", str(_tasks(tmp_path / "tasks")), "--out",
+                           str(tmp_path / "out"), "--shard", "2/2"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode != 0 and "--shard '2/2'" in done.stdout + done.stderr

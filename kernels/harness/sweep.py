@@ -231,6 +231,13 @@ def _hardware(mode: str):
                         triton_version=triton.__version__)
 
 
+def _shard(spec: str) -> tuple[int, int]:
+    m = re.fullmatch(r"(\d+)/(\d+)", spec.strip())
+    if not m or not int(m.group(1)) < int(m.group(2)):
+        raise SystemExit(f"--shard {spec!r}: give it as I/N with 0 <= I < N (0/2, 1/2)")
+    return int(m.group(1)), int(m.group(2))
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The sweep's options but the task folder, the same for ``kernelcast sweep`` and the benchmark script."""
     p.add_argument("--out", default="kernelcast-sweep",
@@ -238,6 +245,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-minutes", type=float, default=None, help="start no new chunk of tasks after this long")
     p.add_argument("--match", default=None, help="only tasks whose path matches this regular expression")
     p.add_argument("--limit", type=int, default=None, help="only the first N tasks (after --match)")
+    p.add_argument("--shard", default=None, metavar="I/N", help="only every N-th task from the I-th (after --limit): "
+                   "one sweep a GPU of a host, each with its own --out (their sweep.jsonl files concatenate)")
     p.add_argument("--mode", choices=["auto", "gpu", "interpreter"], default="auto")
     p.add_argument("--concurrency", type=int, default=0, help="children at once (default: cores - 1, the worker's "
                                                                "default in kernelcast measure)")
@@ -275,6 +284,9 @@ def run(tasks_dir: str, args) -> int:
         tasks = [t for t in tasks if re.search(args.match, t.key)]
     if args.limit:
         tasks = tasks[:args.limit]
+    if args.shard:
+        index, parts = _shard(args.shard)
+        tasks = tasks[index::parts]
     if not tasks:
         print(f"no KernelBench problem or GPU MODE task under {root}", file=sys.stderr)
         return 2
