@@ -53,6 +53,10 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--gpu-type", default="h100", help="the GPU type the pool was measured on")
     p.add_argument("--forecasters", default=",".join(FORECASTERS))
     p.add_argument("--lmhead-folder", default=None, help="a folder lmhead was trained into: adds lmhead")
+    p.add_argument("--problems", default="all", choices=("all", "dev", "sealed"),
+                   help="all: every problem cross-validated; dev: the problems forecasters are developed on "
+                        "(cross-validated among themselves); sealed: the other fifth (surrogate.ranking."
+                        "sealed_problems), each forecaster fit on every dev problem and scored on them once")
     p.add_argument("--folds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--draws", type=int, default=1000, help="bootstrap draws per interval (over problems)")
@@ -145,11 +149,18 @@ def run(args) -> int:
     skipped = ([] if "lmhead" in names or any(f.startswith("lmhead") for f in args.forecasts)
                else ["lmhead (no trained folder given: --lmhead-folder, nor its forecasts: --forecasts lmhead=DIR)"])
     problems = sorted(kernels["op"].unique())
+    sealed = ranking.sealed_problems(problems)
+    if args.problems == "dev":
+        kernels = kernels[~kernels["op"].isin(sealed)].reset_index(drop=True)
+        problems = sorted(kernels["op"].unique())
     say(f"CUDA-L1 pool {args.pool} ({args.protocol} protocol, {args.gpu_type}): {len(problems)} problems, "
         f"{len(kernels)} kernels ({int(kernels['failed'].sum())} failed)"
         + (f"; also trained on {len(also_kernels)} kernels of {', '.join(args.also_data)}" if args.also_data else ""))
-    splits = {f"grouped {min(args.folds, len(problems))}-fold by problem": ranking.problem_folds(problems, args.folds, args.seed),
-              "leave one level out": ranking.level_folds(problems)}
+    if args.problems == "sealed":  # one fold: fit on the dev problems, scored on the sealed ones
+        splits = {f"dev -> sealed ({len(sealed)} problems)": [("sealed", sealed)]}
+    else:
+        splits = {f"grouped {min(args.folds, len(problems))}-fold by problem": ranking.problem_folds(problems, args.folds, args.seed),
+                  "leave one level out": ranking.level_folds(problems)}
     rows = []
     for split, folds in splits.items():
         for name in names:
@@ -188,7 +199,7 @@ def run(args) -> int:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         Path(args.out + ".txt").write_text("\n".join(lines) + "\n")
         meta = {"command": "python benchmarks/cudal1_forecast.py " + " ".join(argv_of(args)),
-                "pool": args.pool, "protocol": args.protocol, "gpu_type": args.gpu_type, "problems": problems,
+                "pool": args.pool, "protocol": args.protocol, "problems_set": args.problems, "gpu_type": args.gpu_type, "problems": problems,
                 "kernels": len(kernels), "failed": int(kernels["failed"].sum()), "draws": args.draws,
                 "not_run": skipped}
         Path(args.out + ".json").write_text(json.dumps(

@@ -23,6 +23,19 @@ _CODE_PATTERNS = {
     "n_loops": r"\bfor\b", "n_range": r"tl\.range\(", "n_block_ptr": r"make_block_ptr",
     "n_descriptor": r"tensor_descriptor|TensorDescriptor", "n_reduce": r"tl\.(sum|max|min)\(",
     "n_where": r"tl\.where\(", "n_loads": r"tl\.load\(", "n_stores": r"tl\.store\(", "n_sqrt": r"rsqrt|sqrt\(",
+    # CUDA C++ (torch.utils.cpp_extension.load_inline): what a hand-written kernel does on the device
+    "n_cuda_global": r"__global__", "n_cuda_shared": r"__shared__", "n_cuda_launch": r"<<<",
+    "n_cuda_vector": r"\b(?:float4|float2|half2|__half2|int4|__nv_bfloat162)\b",
+    "n_cuda_warp": r"__shfl\w*|__reduce_\w+_sync|cooperative_groups|\bwmma::|\bmma\.sync",
+    "n_cuda_unroll": r"#pragma\s+unroll", "n_cuda_sync": r"__syncthreads|__syncwarp",
+    "n_cuda_extension": r"load_inline|cpp_extension", "n_cuda_library": r"cublas\w*|cudnn\w*\(|at::(?:mm|bmm|matmul|addmm|conv\w*)\b",
+    # PyTorch: how the model is run and how much of it is still PyTorch's own operators
+    "n_graph": r"cuda\.graph\(|CUDAGraph\(|make_graphed_callables|\.replay\(\)",
+    "n_compile": r"\.compile\(|torch\.jit\.(?:script|trace)", "n_channels_last": r"channels_last",
+    "n_backend_flags": r"cudnn\.(?:benchmark|deterministic|flags)|allow_tf32|set_float32_matmul_precision",
+    "n_lower_precision": r"\b(?:__half|__nv_bfloat16|at::Half)\b|torch\.(?:float16|half|bfloat16)\b|\.half\(\)",
+    "n_nn_modules": r"\bnn\.[A-Z]\w*\(", "n_functional": r"\bF\.\w+\(|functional\.\w+\(",
+    "n_streams": r"cuda\.Stream\(|cudaStream\w*", "n_contiguous": r"\.contiguous\(\)",
 }
 _PERSIST_KEYS = ("PERSISTENT", "PER_SM", "PROGRAMS_PER_SM")
 _ROW_KEYS = ("ROWS", "GROUPS_PER_PROG", "G")
@@ -39,7 +52,8 @@ CASE_FEATURES = (
     "log_bytes", "log_flops", "log_row_len", "log_rows", "dtype_bytes", "intensity", "memory_bound",
     "sm_count", "peak_gbps", "l2_mib", "log_roofline_us",
 )
-ANCHOR_FEATURES = ("anchor_is_reference", "log_anchor_us", "anchor_fraction_of_roofline")
+ANCHOR_FEATURES = ("anchor_is_reference", "log_anchor_us", "anchor_fraction_of_roofline", "log_anchor_operators",
+                   "log_anchor_us_per_operator")
 CODE_FEATURES = ("code_len", *_CODE_PATTERNS)
 FEATURE_NAMES = PARAM_FEATURES + CASE_FEATURES + ANCHOR_FEATURES + CODE_FEATURES
 
@@ -88,9 +102,23 @@ def _case_features(op_name: str, case_names: tuple[str, ...], gpu_type: str, sm_
     return tuple(values[n] for n in CASE_FEATURES), row_len, rows_total, roofline_us
 
 
+_OPERATORS = re.compile(r"\bnn\.[A-Z]\w*\(|\bF\.\w+\(|functional\.\w+\(|\btorch\.(?!cuda\b|nn\b|backends\b|"
+                        r"utils\b|jit\b|no_grad\b|randn\b|rand\b|zeros\b|ones\b|empty\b|manual_seed\b|device\b|"
+                        r"Tensor\b|tensor\b|Size\b|float\w*\b|int\w*\b)\w+\(|\.(?:view|reshape|permute|transpose|"
+                        r"matmul|mm|bmm|sum|mean|max|min|softmax|relu|sigmoid|tanh|clamp|exp|log|pow|add|mul|div)\(")
+
+
+@lru_cache(maxsize=8192)
+def _operators(source: str) -> float:
+    """PyTorch operators an (eager) anchor's code calls, a proxy for its launches per call: a host-bound
+    model of many small operators is what a CUDA graph or a fused kernel speeds up most."""
+    return float(len(_OPERATORS.findall(source)))
+
+
 def clear_feature_caches() -> None:
     """Forget cached code and case features (for benchmarks that time a cold start)."""
     _code_features.cache_clear()
+    _operators.cache_clear()
     _case_features.cache_clear()
 
 
@@ -123,9 +151,12 @@ def request_features(req: ForecastRequest) -> list[float]:
         req.op, tuple(req.case_names), hw.gpu_type, hw.sm_count, hw.peak_bandwidth_gbps, hw.l2_mib)
     anchor_us = req.anchor_runtime_us[0] if req.anchor_runtime_us else math.nan
     anchor_known = anchor_us == anchor_us and anchor_us > 0
+    operators = _operators(req.anchor.source)
     anchor = (1.0 if req.anchor.origin == "seed" else 0.0,
               math.log(anchor_us) if anchor_known else math.nan,
-              roofline_us / anchor_us if anchor_known else math.nan)
+              roofline_us / anchor_us if anchor_known else math.nan,
+              math.log(operators + 1),
+              math.log(anchor_us / (operators + 1)) if anchor_known else math.nan)
     return [*_param_features(req.candidate.params, row_len, rows_total, hw.sm_count), *case, *anchor,
             *_code_features(req.candidate.source)]
 

@@ -19,6 +19,7 @@ that fails finds nothing, so its measured worth is 0.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Callable, Sequence
 
@@ -53,6 +54,18 @@ def problem_folds(problems: Sequence[str], k: int = 5, seed: int = 0) -> list[tu
     order = [names[i] for i in np.random.default_rng(seed).permutation(len(names))]
     k = min(k, len(names))
     return [(f"fold {i + 1}/{k}", frozenset(order[i::k])) for i in range(k)]
+
+
+SEALED_SHARE = 0.2
+
+
+def sealed_problems(problems: Sequence[str], share: float = SEALED_SHARE) -> frozenset:
+    """The problems kept out of a forecaster's development: those whose name's SHA-1 falls in the first ``share``
+    of its range. Fixed by the names alone, so a problem added later joins one side for good."""
+    if not 0.0 < share < 1.0:
+        raise ValueError(f"the sealed share must lie strictly between 0 and 1, got {share}")
+    return frozenset(p for p in set(problems)
+                     if int(hashlib.sha1(p.encode()).hexdigest()[:8], 16) < share * 16 ** 8)
 
 
 def level_folds(problems: Sequence[str]) -> list[tuple[str, frozenset]]:

@@ -211,3 +211,51 @@ def test_the_null_scatter_benchmark_measures_reference_and_null_under_both_ancho
     assert all(r["status"] == "ok" and r["reference_status"] == "ok" for runs in row["runs"].values() for r in runs)
     with pytest.raises(ValueError, match="holds no task kb.cudal1-l9-999"):
         null_scatter.main(["--root", str(pool / "kernelcast"), "--problems", "kb.cudal1-l9-999", "--mode", "interpreter"])
+
+
+def test_the_sealed_problems_are_a_fixed_fifth_that_a_new_problem_does_not_move():
+    names = [f"kb.cudal1-l{level}-{task:03d}" for level in (1, 2, 3) for task in range(1, 101)]
+    sealed = ranking.sealed_problems(names)
+    assert 0.12 < len(sealed) / len(names) < 0.28
+    assert sealed == ranking.sealed_problems(list(reversed(names)))  # the names alone decide
+    more = ranking.sealed_problems(names + ["kb.cudal1-l4-001", "kb.cudal1-l4-002"])
+    assert sealed == more - {"kb.cudal1-l4-001", "kb.cudal1-l4-002"}
+    with pytest.raises(ValueError, match="strictly between 0 and 1"):
+        ranking.sealed_problems(names, share=1.0)
+
+
+def test_the_benchmark_develops_on_dev_problems_and_scores_the_sealed_ones_once(tmp_path, monkeypatch):
+    from benchmarks import cudal1_forecast
+
+    pool = _pool(tmp_path, monkeypatch)
+    problems = sorted(f"kb.{op}" for op in PROBLEMS)
+    sealed = ranking.sealed_problems(problems, share=0.2)
+    monkeypatch.setattr(ranking, "sealed_problems", lambda names, share=0.2: frozenset(problems[:3]))
+    out = tmp_path / "dev"
+    assert cudal1_forecast.main(["--pool", str(pool), "--folds", "3", "--draws", "20", "--corpus", str(tmp_path),
+                                 "--forecasters", "learned", "--problems", "dev", "--out", str(out)]) == 0
+    rows = pd.DataFrame(json.loads(out.with_suffix(".json").read_text())["rows"])
+    assert (rows["problems"] == 6).all()  # the three sealed ones never reached a fold
+    out = tmp_path / "sealed"
+    assert cudal1_forecast.main(["--pool", str(pool), "--draws", "20", "--corpus", str(tmp_path),
+                                 "--forecasters", "learned", "--problems", "sealed", "--out", str(out)]) == 0
+    rows = pd.DataFrame(json.loads(out.with_suffix(".json").read_text())["rows"])
+    assert list(rows["split"]) == ["dev -> sealed (3 problems)"] and list(rows["problems"]) == [3]
+    assert isinstance(sealed, frozenset)
+
+
+def test_code_features_see_cuda_kernels_graphs_and_the_anchors_operators():
+    from surrogate.features import CODE_FEATURES, _code_features, _operators
+
+    cuda = ('from torch.utils.cpp_extension import load_inline\nsrc = """\n__global__ void k(float4* x) {\n'
+            '  __shared__ float s[256];\n#pragma unroll\n  for (int i = 0; i < 4; ++i) {}\n  __syncthreads();\n'
+            '  v = __shfl_down_sync(0xffffffff, v, 16);\n}\nvoid run() { k<<<1, 256>>>(x); }\n"""\n'
+            'mod = load_inline(name="k", cpp_sources="", cuda_sources=src)\n')
+    graph = ("import torch\ng = torch.cuda.CUDAGraph()\nwith torch.cuda.graph(g):\n    y = model(x)\ng.replay()\n"
+             "torch.backends.cudnn.benchmark = True\nx = x.to(memory_format=torch.channels_last)\n")
+    c, g = (dict(zip(CODE_FEATURES, _code_features(s))) for s in (cuda, graph))
+    assert c["n_cuda_global"] == c["n_cuda_shared"] == c["n_cuda_launch"] == c["n_cuda_unroll"] == 1
+    assert c["n_cuda_vector"] == c["n_cuda_warp"] == c["n_cuda_sync"] == 1 and c["n_cuda_extension"] >= 1
+    assert c["n_graph"] == 0 and g["n_graph"] == 3 and g["n_backend_flags"] == 1 and g["n_channels_last"] == 1
+    eager = "x = self.conv(x)\nx = F.relu(x)\nx = torch.sigmoid(x) * x\nreturn x.sum(dim=1)\n"
+    assert _operators(eager) == 3 and _operators("return torch.randn(3)\n") == 0
