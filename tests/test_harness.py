@@ -107,3 +107,14 @@ def test_gpumode_protocol_ends_a_benchmark_by_its_own_rule():
     assert not gpumode_stop(noisy, 0.0)
     assert gpumode_stop(noisy, 0.0, max_time_ns=4000.0)  # 3 runs of a 1500 ns mean pass 4000 ns
     assert gpumode_stop(noisy, 121e9)  # past two minutes of wall time
+
+
+def test_a_call_too_slow_for_its_window_gets_fewer_repetitions_but_never_fewer_than_five():
+    from kernels.harness.timing import SLOW_CALL_REPS, repetitions_for
+
+    assert repetitions_for(20e-6, 20, 1.0) == 20  # a template kernel: all twenty
+    assert repetitions_for(0.05, 20, 1.0) == 20  # twenty fit in two windows' time
+    assert repetitions_for(0.2, 20, 1.0) == 10
+    assert repetitions_for(1.5, 20, 1.0) == SLOW_CALL_REPS == 5  # a second-long reference: five, not twenty
+    assert repetitions_for(1.5, 3, 1.0) == 3  # never more than asked for
+    assert repetitions_for(0.0, 20, 1.0) == repetitions_for(float("nan"), 20, 1.0) == 20

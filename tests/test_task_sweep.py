@@ -99,7 +99,8 @@ def test_the_sweep_stops_starting_chunks_after_its_time_and_goes_on_next_call(tm
     tasks = _tasks(tmp_path / "tasks")
     out = tmp_path / "out"
     stdout, rows = _sweep(tasks, out, "--chunk", "1", "--max-minutes", "0")
-    assert "stopping after 0 minutes" in stdout and rows == []
+    # every task is imported first: the one that cannot be has its row; nothing was measured
+    assert "stopping after 0 minutes" in stdout and [r["task"] for r in rows] == ["kernelbench/level1/broken.py"]
     stdout, rows = _sweep(tasks, out, "--chunk", "1")
     assert len(rows) == 3 and len({r["task"] for r in rows}) == 3
 
@@ -147,6 +148,22 @@ def test_the_table_names_an_import_refusals_reason_not_the_staging_folder():
               "ModuleNotFoundError: No module named 'aiter'")
     assert reason(staged) == "reference.py failed to import: ModuleNotFoundError: No module named 'aiter'"
     assert reason("case 7168x1-fp32: AssertionError: boom") == "case 7168x1-fp32: AssertionError: boom"
+
+
+def test_the_sweep_measures_the_smallest_tasks_first_and_journals_each_childs_phases(tmp_path):
+    tasks = _tasks(tmp_path / "tasks")
+    out = tmp_path / "out"
+    stdout, rows = _sweep(tasks, out, "--chunk", "1")
+    measured = [r["task"] for r in rows if r["imported"]]
+    # the KernelBench problem's size is known from the meta device; the GPU MODE task's inputs only its own
+    # code makes (unknown size): last
+    assert measured == ["kernelbench/level1/row_sum.py", "gpumode/add_into_py"]
+    assert f"  {measured[0]} reference: ok after" in stdout
+    events = [json.loads(line) for line in (out / "timeline.jsonl").read_text().splitlines()]
+    for task in measured:
+        phases = {e["phase"] for e in events if e["task"] == task}
+        assert {"started", "finished"} <= phases or {"started"} <= phases, phases
+    assert {e["role"] for e in events if e["task"]} == {"reference", "null"}
 
 
 def test_two_shards_sweep_every_task_once_and_say_their_anchor(tmp_path):

@@ -146,9 +146,65 @@ def _row(task: Task, op, import_s: float, import_error: str, ref=None, null=None
     return row
 
 
+def _size(op, mode: str) -> float:
+    """The bytes of a task's largest case (inputs, outputs, parameters), to order the sweep by; inf where unknown."""
+    from kernels.harness.budget import footprint
+
+    sizes = []
+    for case in (op.cases if mode == "gpu" else op.interpret_cases):
+        try:
+            fp = footprint(op, case)
+            sizes.append(fp.set_bytes + fp.parameter_bytes)
+        except Exception:  # noqa: BLE001 - inputs only the device can make
+            return math.inf
+    return float(max(sizes, default=math.inf))
+
+
+class _Journal:
+    """The worker's timeline written to ``timeline.jsonl`` as it grows (every ``every`` seconds, from a thread),
+    each event named by task and role: a sweep cut short by its caller still says what each child was doing."""
+
+    def __init__(self, worker, path: Path, names: dict, every: float = 20.0):
+        import threading
+
+        self.worker, self.path, self.names, self.written = worker, path, names, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
+        self._thread.start()
+
+    def _run(self, every: float) -> None:
+        while not self._stop.wait(every):
+            self.flush()
+
+    def flush(self) -> None:
+        for _ in range(3):  # the deque may grow while it is copied
+            try:
+                events = list(self.worker.timeline)
+                break
+            except RuntimeError:
+                time.sleep(0.01)
+        else:
+            return
+        new, self.written = events[self.written:], len(events)
+        with self.path.open("a") as sink:
+            for cid, slots, phase, t, detail in new:
+                task, role = self.names.get(cid, ("", ""))
+                sink.write(json.dumps({"task": task, "role": role, "candidate": cid, "phase": phase,
+                                       "t": round(t, 3), "detail": detail}, default=str) + "\n")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.flush()
+
+
 def sweep(tasks: list[Task], out: Path, *, mode: str, concurrency: int, max_minutes: float | None,
           chunk_size: int, reserve_timing_core: bool | None = None, anchor: str = "host-bound") -> None:
-    """Import and measure the tasks not yet in ``out/sweep.jsonl``, appending a row per finished task."""
+    """Import and measure the tasks not yet in ``out/sweep.jsonl``, appending a row per finished task.
+
+    Every task is imported first (a task that cannot be is a row at once); the rest are measured smallest
+    first, by the bytes of their largest case, so that a few slow tasks cannot hold back the verdicts of
+    many quick ones, and a call cut short leaves the largest for the next."""
     from kernels.harness.worker import MeasureWorker, WorkerConfig
     from kernels.null import null_candidate
 
@@ -162,53 +218,33 @@ def sweep(tasks: list[Task], out: Path, *, mode: str, concurrency: int, max_minu
     deadline = started + max_minutes * 60 if max_minutes is not None else None
     hardware = _hardware(mode)
     config = WorkerConfig(mode=mode, concurrency=concurrency, reserve_timing_core=reserve_timing_core, anchor=anchor)
-    with MeasureWorker(hardware, config) as worker, journal.open("a") as sink:
-        print(f"cores: the lock holder on {list(worker.cores.timing)}, children compiling on "
-              f"{len(worker.cores.compile)} others" if worker.cores.reserved else "cores: none reserved", flush=True)
+    with journal.open("a") as sink:
         def write(row: dict) -> None:
             sink.write(json.dumps(row) + "\n")
             sink.flush()
             print(task_line(row), flush=True)
 
-        for first in range(0, len(todo), chunk_size):
-            if deadline is not None and time.monotonic() > deadline:
-                print(f"stopping after {max_minutes:g} minutes; run again to go on", flush=True)
-                break
-            chunk = todo[first:first + chunk_size]
-            chunk_id = f"{int(time.time())}-{first}"
-            pending: dict[str, tuple[Task, object, float, dict]] = {}
-            for task in chunk:
-                op, seconds, error = _import(task)
-                if op is None:
-                    write(_row(task, None, seconds, error, chunk=chunk_id, mode=mode))
-                    continue
-                pending[op.name] = (task, op, seconds, {})
-            wanted = {}
-            for name, (_, op, _, _) in pending.items():
-                wanted[op.seed_candidates()[0].candidate_id] = (name, "reference")
-                wanted[null_candidate(op).candidate_id] = (name, "null")
-            cands = [c for _, op, _, _ in pending.values() for c in (op.seed_candidates()[0], null_candidate(op))]
-            for m in worker.measure(cands):
-                name, role = wanted.get(m.candidate_id, (None, None))
-                if name is None:
-                    continue
-                task, op, seconds, got = pending[name]
-                got[role] = m
-                if len(got) == 2:
-                    # timing windows per case: more than one where a case was host-bound (timed again)
-                    windows = {role: sum(1 for cid, _, phase, _, _ in worker.timeline
-                                         if cid == got[role].candidate_id and phase == "timed")
-                               for role in got}
-                    row = _row(task, op, seconds, "", got["reference"], got["null"], chunk=chunk_id, mode=mode,
-                               windows=windows)
-                    # host-bound cases the null was timed beside the reference in (kernels.harness.runner._anchored)
-                    row["null_anchored"] = {d["case"]: round(d["ratio"], 4) for cid, _, phase, _, d in worker.timeline
-                                            if cid == got["null"].candidate_id and phase == "anchored"}
-                    write(row)
-                if deadline is not None and time.monotonic() > deadline + 60:  # a chunk far past the limit: cut it
-                    print("past the time limit inside a chunk; its unfinished tasks run next time", flush=True)
-                    break
-        wall = time.monotonic() - started
+        imported = []
+        for task in todo:
+            op, seconds, error = _import(task)
+            if op is None:
+                write(_row(task, None, seconds, error, mode=mode))
+            else:
+                imported.append((_size(op, mode), task, op, seconds))
+        imported.sort(key=lambda item: item[0])
+        names = {}
+        for _, task, op, _ in imported:
+            names[op.seed_candidates()[0].candidate_id] = (task.key, "reference")
+            names[null_candidate(op).candidate_id] = (task.key, "null")
+        with MeasureWorker(hardware, config) as worker:
+            print(f"cores: the lock holder on {list(worker.cores.timing)}, children compiling on "
+                  f"{len(worker.cores.compile)} others" if worker.cores.reserved else "cores: none reserved", flush=True)
+            timeline = _Journal(worker, out / "timeline.jsonl", names)
+            try:
+                _measure_chunks(worker, imported, chunk_size, deadline, max_minutes, mode, write)
+            finally:
+                timeline.close()
+            wall = time.monotonic() - started
     print(f"this call: {wall:.0f} s wall, {worker.busy_gpu_seconds:.0f} device-seconds held by children", flush=True)
     breakdown = lock_breakdown(worker.timeline)  # where the children's time went: compiling, checks, timing
     (out / f"breakdown-{int(time.time())}.json").write_text(json.dumps(
@@ -216,6 +252,47 @@ def sweep(tasks: list[Task], out: Path, *, mode: str, concurrency: int, max_minu
     for name, b in breakdown.items():
         print(f"  {name:<16} median {b['median_s']:7.3f} s, total {b['total_s']:8.1f} s over {b['children']} children",
               flush=True)
+
+
+def _measure_chunks(worker, imported: list, chunk_size: int, deadline: float | None, max_minutes: float | None,
+                    mode: str, write) -> None:
+    """Measure the imported tasks' references and nulls a chunk at a time, writing each task's row when both are in."""
+    from kernels.null import null_candidate
+
+    for first in range(0, len(imported), chunk_size):
+        if deadline is not None and time.monotonic() > deadline:
+            print(f"stopping after {max_minutes:g} minutes; run again to go on", flush=True)
+            return
+        chunk = imported[first:first + chunk_size]
+        chunk_id = f"{int(time.time())}-{first}"
+        pending = {op.name: (task, op, seconds, {}) for _, task, op, seconds in chunk}
+        wanted = {}
+        for name, (_, op, _, _) in pending.items():
+            wanted[op.seed_candidates()[0].candidate_id] = (name, "reference")
+            wanted[null_candidate(op).candidate_id] = (name, "null")
+        cands = [c for _, op, _, _ in pending.values() for c in (op.seed_candidates()[0], null_candidate(op))]
+        for m in worker.measure(cands):
+            name, role = wanted.get(m.candidate_id, (None, None))
+            if name is None:
+                continue
+            task, op, seconds, got = pending[name]
+            got[role] = m
+            print(f"  {task.key} {role}: {m.status} after {m.wall_seconds:.1f} s ({m.gpu_seconds:.1f} s on the "
+                  f"device)", flush=True)
+            if len(got) == 2:
+                # timing windows per case: more than one where a case was host-bound (timed again)
+                windows = {role: sum(1 for cid, _, phase, _, _ in worker.timeline
+                                     if cid == got[role].candidate_id and phase == "timed")
+                           for role in got}
+                row = _row(task, op, seconds, "", got["reference"], got["null"], chunk=chunk_id, mode=mode,
+                           windows=windows)
+                # host-bound cases the null was timed beside the reference in (kernels.harness.runner._anchored)
+                row["null_anchored"] = {d["case"]: round(d["ratio"], 4) for cid, _, phase, _, d in worker.timeline
+                                        if cid == got["null"].candidate_id and phase == "anchored"}
+                write(row)
+            if deadline is not None and time.monotonic() > deadline + 60:  # a chunk far past the limit: cut it
+                print("past the time limit inside a chunk; its unfinished tasks run next time", flush=True)
+                return
 
 
 def _hardware(mode: str):

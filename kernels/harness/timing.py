@@ -128,10 +128,18 @@ def _time_series(calls: list[Callable[[int], object]], flush: torch.Tensor, warm
     host's time than they do after a synchronisation. (Measured on an H100: a problem's own code timed first
     in each round came out 0-8% slower than the same code timed second, on references of 28-187 us.)"""
     series = [_Series(call) for call in calls]
+    last = []  # each call's last warm-up call, to the device being idle: its first ones may build and load things
     for s in series:
         for i in range(warmup):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
             s.call(i)
-    torch.cuda.synchronize()
+            torch.cuda.synchronize()
+            if i == warmup - 1:
+                last.append(time.perf_counter() - t)
+    if last:
+        min_reps = repetitions_for(max(last), min_reps, max_seconds)
+        round_size = min(round_size, min_reps)
     started = time.perf_counter()
     while True:
         for s in series:
@@ -142,6 +150,20 @@ def _time_series(calls: list[Callable[[int], object]], flush: torch.Tensor, warm
                 min(len(s.times_ms) for s in series) >= max_reps or \
                 (len(series[0].times_ms) >= min_reps and time.perf_counter() - started > max_seconds):
             return [s.timing() for s in series]
+
+
+SLOW_CALL_REPS = 5  # the fewest repetitions a call gets, however slow
+
+
+def repetitions_for(call_seconds: float, min_reps: int, max_seconds: float) -> int:
+    """The repetitions a call needs before its median may stand: ``min_reps``, or for a call too slow for that
+    many to fit twice the window's ``max_seconds``, as many as fit (``SLOW_CALL_REPS`` at least). A call of a
+    second or more is long against every source of noise the repetitions average out (launch jitter, clock
+    steps, a flushed cache's refill), while twenty of them per case held the device for minutes per task."""
+    if call_seconds <= 0 or not math.isfinite(call_seconds):
+        return min_reps
+    fit = int(2 * max_seconds / call_seconds)
+    return max(min(min_reps, SLOW_CALL_REPS), min(min_reps, fit))
 
 
 def time_call(call: Callable[[int], object], flush: torch.Tensor, *, warmup: int = 3,
