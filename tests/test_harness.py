@@ -118,3 +118,13 @@ def test_a_call_too_slow_for_its_window_gets_fewer_repetitions_but_never_fewer_t
     assert repetitions_for(1.5, 20, 1.0) == SLOW_CALL_REPS == 5  # a second-long reference: five, not twenty
     assert repetitions_for(1.5, 3, 1.0) == 3  # never more than asked for
     assert repetitions_for(0.0, 20, 1.0) == repetitions_for(float("nan"), 20, 1.0) == 20
+
+
+def test_a_pair_alternates_at_least_eight_times_before_its_median_stands():
+    from kernels.harness.timing import PAIR_ROUNDS, round_size_for
+
+    assert round_size_for(1, 20, 10) == 10  # one call: rounds as asked
+    assert round_size_for(1, 5, 10) == 5
+    assert round_size_for(2, 20, 10) == 2 and 20 // round_size_for(2, 20, 10) >= PAIR_ROUNDS
+    assert round_size_for(2, 5, 10) == 1  # a slow pair: one call a round
+    assert round_size_for(2, 400, 10) == 10  # never larger than asked
