@@ -184,3 +184,16 @@ def test_a_malformed_shard_is_refused_by_name(tmp_path):
                            str(tmp_path / "out"), "--shard", "2/2"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode != 0 and "--shard '2/2'" in done.stdout + done.stderr
+
+
+def test_tasks_the_device_cannot_run_come_first_then_the_smallest():
+    from types import SimpleNamespace
+
+    from kernels.harness.sweep import order
+
+    fp4 = {"compute_capability": "10.0", "on_cpu": False, "why": "FP4 matrix multiplies need compute capability 10.0"}
+    items = [(300.0, "big", SimpleNamespace(requires=None), 0.1), (10.0, "small", SimpleNamespace(requires=None), 0.1),
+             (float("inf"), "fp4", SimpleNamespace(requires=fp4), 0.1), (50.0, "mid", SimpleNamespace(requires=None), 0.1)]
+    assert [i[1] for i in order(items, (9, 0))] == ["fp4", "small", "mid", "big"]  # an H100: refused at once
+    assert [i[1] for i in order(items, (10, 0))] == ["small", "mid", "big", "fp4"]  # a B200 runs it, by its size
+    assert [i[1] for i in order(items, None)][0] == "fp4"  # the interpreter cannot run it either

@@ -160,6 +160,20 @@ def _size(op, mode: str) -> float:
     return float(max(sizes, default=math.inf))
 
 
+def _capability(mode: str):
+    import torch
+
+    return tuple(torch.cuda.get_device_capability()) if mode == "gpu" else None
+
+
+def order(imported: list, capability) -> list:
+    """(size, task, op, import seconds) items in the order the sweep measures them: the tasks this device cannot
+    run first (their children refuse them by name before any device work, in seconds), then smallest first."""
+    from kernels.formats.common import unmet_requirement
+
+    return sorted(imported, key=lambda item: (unmet_requirement(item[2].requires, capability) is None, item[0]))
+
+
 class _Journal:
     """The worker's timeline written to ``timeline.jsonl`` as it grows (every ``every`` seconds, from a thread),
     each event named by task and role: a sweep cut short by its caller still says what each child was doing."""
@@ -231,7 +245,7 @@ def sweep(tasks: list[Task], out: Path, *, mode: str, concurrency: int, max_minu
                 write(_row(task, None, seconds, error, mode=mode))
             else:
                 imported.append((_size(op, mode), task, op, seconds))
-        imported.sort(key=lambda item: item[0])
+        imported = order(imported, _capability(mode))
         names = {}
         for _, task, op, _ in imported:
             names[op.seed_candidates()[0].candidate_id] = (task.key, "reference")
