@@ -1,5 +1,6 @@
 """Execution variants of a PyTorch model: the same ``ModelNew`` run another way (torch.compile, CUDA graphs,
-channels_last, cuDNN autotuning), written as a wrapper appended to the model's own submission.
+channels_last, cuDNN autotuning), written as a wrapper appended to the model's own submission. A GPU MODE
+submission's ``custom_kernel`` gets the same (but channels_last) around the function.
 
 A variant's source is the parent's submission verbatim, then a marked block that binds the class above
 (``ModelNew``, or a reference's ``Model``) to a private name and defines a new ``ModelNew`` around it. The
@@ -101,6 +102,74 @@ _BODIES = {
 }
 
 
+# A GPU MODE submission is a function of the task's data: the same ways of running it, around the function.
+_FN_HEAD = '''
+
+{mark}
+import torch as _kc_torch
+
+_kc_{kind}_base = custom_kernel
+'''
+_FN_BODIES = {
+    "compile": '''_kc_dynamo = _kc_torch._dynamo.config
+for _kc_limit in ("recompile_limit", "cache_size_limit"):  # a graph per case's shapes: tasks have more cases than 8
+    if hasattr(_kc_dynamo, _kc_limit):
+        setattr(_kc_dynamo, _kc_limit, max(getattr(_kc_dynamo, _kc_limit), 64))
+_kc_compiled = _kc_torch.compile(_kc_compile_base, mode={mode!r})
+
+
+def custom_kernel(data):
+    """{doc}"""
+    return _kc_compiled(data)
+''',
+    # As the model's: captured per structure and shapes of the data, inputs copied into the captured tensors
+    # before each replay, outputs cloned; a call that must not be captured (a tensor that needs gradients, data
+    # off the GPU) runs as it is.
+    "cuda_graph": '''from torch.utils import _pytree as _kc_pytree
+
+_kc_graphs = {}
+
+
+def custom_kernel(data):
+    """{doc}"""
+    leaves, spec = _kc_pytree.tree_flatten(data)
+    tensors = [t for t in leaves if isinstance(t, _kc_torch.Tensor)]
+    if not tensors or not all(t.is_cuda and not t.requires_grad for t in tensors):
+        return _kc_cuda_graph_base(data)
+    key = (str(spec), tuple((tuple(t.shape), t.dtype, t.stride()) if isinstance(t, _kc_torch.Tensor) else repr(t)
+                            for t in leaves))
+    captured = _kc_graphs.get(key)
+    if captured is None:
+        static = [t.clone() if isinstance(t, _kc_torch.Tensor) else t for t in leaves]
+        static_data = _kc_pytree.tree_unflatten(static, spec)
+        for _ in range(3):  # lazy initialisation and library workspaces happen before the capture
+            _kc_cuda_graph_base(static_data)
+        _kc_torch.cuda.synchronize()
+        graph = _kc_torch.cuda.CUDAGraph()
+        with _kc_torch.cuda.graph(graph):
+            out = _kc_cuda_graph_base(static_data)
+        captured = _kc_graphs[key] = (graph, static, out)
+    graph, static, out = captured
+    for s, t in zip(static, leaves):
+        if isinstance(s, _kc_torch.Tensor):
+            s.copy_(t)
+    graph.replay()
+    return _kc_pytree.tree_map(lambda o: o.clone() if isinstance(o, _kc_torch.Tensor) else o, out)
+''',
+    "cudnn_benchmark": '''
+
+def custom_kernel(data):
+    """{doc}"""
+    saved = _kc_torch.backends.cudnn.benchmark
+    _kc_torch.backends.cudnn.benchmark = True
+    try:
+        return _kc_cudnn_benchmark_base(data)
+    finally:
+        _kc_torch.backends.cudnn.benchmark = saved
+''',
+}
+
+
 @dataclass(frozen=True)
 class Variant:
     """One way of running a model: its name (the child's origin is ``variant:<name>``), its kind (two
@@ -140,12 +209,16 @@ def applied(source: str) -> list[Variant]:
 
 
 def model_class(submission: str) -> str:
-    """The class a variant wraps: ``ModelNew`` if the submission defines one, else a reference's ``Model``."""
+    """What a variant wraps: ``ModelNew`` if the submission defines one, else a reference's ``Model``; for a
+    GPU MODE submission, its function ``custom_kernel``."""
     names = top_level_names(submission, "the parent's source")
     for cls in ("ModelNew", "Model"):
         if names.get(cls) in ("class", "value"):
             return cls
-    raise TaskFormatError("the parent's source defines no ModelNew or Model to run another way")
+    if names.get("custom_kernel") in ("function", "value"):
+        return "custom_kernel"
+    raise TaskFormatError("the parent's source defines no ModelNew or Model (KernelBench) and no custom_kernel "
+                          "(GPU MODE) to run another way")
 
 
 def reason_not(variant: Variant, submission: str, input_dims: tuple[int, ...] = ()) -> str:
@@ -170,6 +243,8 @@ def reason_not(variant: Variant, submission: str, input_dims: tuple[int, ...] = 
         if graphed:
             return f"the parent already runs as {graphed[0]}, which replays CUDA graphs of its own"
     if variant.kind == "channels_last":
+        if model_class(submission) == "custom_kernel":
+            return "a GPU MODE submission is a function of the task's data: no model whose layout to change"
         if 4 not in input_dims:
             return "no 4-D input: channels_last changes the layout of 4-D (N, C, H, W) tensors only"
         if not _CONV2D.search(submission):
@@ -180,8 +255,14 @@ def reason_not(variant: Variant, submission: str, input_dims: tuple[int, ...] = 
 def variant_source(submission: str, name: str) -> str:
     """``submission`` (a KernelBench model file) followed by the wrapper that runs it as variant ``name``."""
     v = variant_named(name)
-    head = _HEAD.format(mark=_MARK.format(name=v.name, what=v.what), kind=v.kind, base=model_class(submission),
-                        doc=f"The model above, run as {v.name}: {v.what}.")
+    mark, base = _MARK.format(name=v.name, what=v.what), model_class(submission)
+    if base == "custom_kernel":
+        if v.kind not in _FN_BODIES:
+            raise ValueError(f"variant {name!r} runs a model; a GPU MODE submission is a function")
+        body = _FN_BODIES[v.kind].replace("{mode!r}", repr(v.mode)).replace(
+            "{doc}", f"The submission above, run as {v.name}: {v.what}.")
+        return submission.rstrip() + "\n" + _FN_HEAD.format(mark=mark, kind=v.kind) + body
+    head = _HEAD.format(mark=mark, kind=v.kind, base=base, doc=f"The model above, run as {v.name}: {v.what}.")
     return submission.rstrip() + "\n" + head + _BODIES[v.kind].replace("{mode!r}", repr(v.mode))
 
 
@@ -203,13 +284,15 @@ def input_dims(op) -> tuple[int, ...]:
 
 
 def variant_children(op, parent, names=tuple(VARIANTS)) -> tuple[list, list[Skipped]]:
-    """(children, skipped): each named variant of ``parent`` (a candidate of the imported KernelBench op ``op``)
-    as a child with origin ``variant:<name>``, or the reason it cannot be one."""
-    if getattr(op, "format", "") != "kernelbench":
-        raise ValueError(f"execution variants run a KernelBench ModelNew another way; {op.name} is not a "
-                         "KernelBench task")
-    submission = submission_of(parent.source)
-    dims = input_dims(op)
+    """(children, skipped): each named variant of ``parent`` (a candidate of the imported KernelBench or GPU MODE
+    op ``op``) as a child with origin ``variant:<name>``, or the reason it cannot be one."""
+    fmt = getattr(op, "format", "")
+    if fmt not in ("kernelbench", "gpumode"):
+        raise ValueError(f"execution variants run a KernelBench ModelNew or a GPU MODE custom_kernel another way; "
+                         f"{op.name} is neither")
+    # a GPU MODE reference's code defines ref_kernel: as a submission, custom_kernel is bound to it
+    submission = op.null_submission() if fmt == "gpumode" and parent.origin == "seed" else submission_of(parent.source)
+    dims = input_dims(op) if fmt == "kernelbench" else ()
     children, skipped = [], []
     for name in names:
         why = reason_not(variant_named(name), submission, dims)

@@ -243,9 +243,10 @@ def check_operation(config: SearchConfig) -> None:
     if config.generator.endswith("variants"):
         from kernels.ops import get_operation
 
-        if getattr(get_operation(config.op), "format", "") != "kernelbench":
-            raise ConfigError(f"generator {config.generator!r} runs a KernelBench ModelNew another way; "
-                              f"{config.op} is not an imported KernelBench task (kb.<name>)")
+        if getattr(get_operation(config.op), "format", "") not in ("kernelbench", "gpumode"):
+            raise ConfigError(f"generator {config.generator!r} runs a KernelBench ModelNew or a GPU MODE "
+                              f"custom_kernel another way; {config.op} is not an imported KernelBench or GPU MODE "
+                              "task (kb.<name>, gpumode.<name>)")
     if config.variants_recorded:
         if not config.generator.endswith("variants"):
             raise ConfigError(f"variants_recorded gives a variants generator its recorded children; generator "

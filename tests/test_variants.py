@@ -158,7 +158,7 @@ def test_the_variants_generator_gives_the_references_variants_then_those_of_meas
 def test_variants_compose_with_a_model_generator_and_need_a_kernelbench_task(row_sum):
     composed = make_generator(SearchConfig(op=row_sum.name, generator="replay+variants"))
     assert composed.name == "replay+variants" and composed.base.name == "replay"
-    with pytest.raises(ConfigError, match="not an imported KernelBench task"):
+    with pytest.raises(ConfigError, match="not an imported KernelBench or GPU MODE task"):
         resolve(SearchConfig(op="softmax", generator="variants", gpu_type="h100", backend="replay"))
     with pytest.raises(ConfigError, match="known: template, llm, freeform, replay, variants, llm\\+variants"):
         resolve(SearchConfig(op=row_sum.name, generator="template+variants", gpu_type="h100", backend="replay"))
@@ -369,3 +369,38 @@ def test_a_problems_variant_space_is_its_roots_then_their_and_the_references_var
     deeper = two[len(one):]
     assert deeper and {k.parent_id for k in deeper} <= {k.candidate_id for k in one[1:]}
     assert all(len(applied(k.source)) == 2 for k in deeper)
+
+
+def test_a_gpu_mode_submission_runs_as_variants_of_its_function_and_the_harness_judges_them_ok(tmp_path):
+    from kernels.harness.worker import MeasureWorker, WorkerConfig
+    from kernels.hardware import INTERPRETER
+    from kernels.records import HardwareSpec
+    from tests.formats_for_tests import write_gpumode
+    from tests.test_real_size import GPUMODE_ADD_INTO, GPUMODE_ADD_INTO_SPECS
+
+    ref, _ = write_gpumode(tmp_path / "add_into_py", reference=GPUMODE_ADD_INTO, specs=GPUMODE_ADD_INTO_SPECS)
+    op, _ = import_task("gpumode", str(ref), name="variants-add-into")
+    seed = op.seed_candidates()[0]
+    kids, skipped = variant_children(op, seed)
+    assert [k.origin for k in kids] == [f"variant:{n}" for n in VARIANTS if n != "channels-last"]
+    assert [(s.variant, s.reason) for s in skipped] == [
+        ("channels-last", "a GPU MODE submission is a function of the task's data: no model whose layout to change")]
+    for kid in kids:
+        assert kid.parent_id == seed.candidate_id and "custom_kernel = ref_kernel" in submission_of(kid.source)
+    graph = next(k for k in kids if k.origin == "variant:cuda-graph")
+    again, why = variant_children(op, graph)  # a variant of a variant: no second graph, no compile around it
+    assert [k.origin for k in again] == ["variant:cudnn-benchmark"]
+    runnable = [k for k in kids if k.origin in ("variant:cuda-graph", "variant:cudnn-benchmark")]
+    if shutil.which("g++") or shutil.which("c++"):
+        runnable.append(next(k for k in kids if k.origin == "variant:compile-default"))
+    cfg = WorkerConfig(mode="interpreter", concurrency=2, seeds=2, timeout_s=240)
+    with MeasureWorker(HardwareSpec(gpu_type=INTERPRETER, device_name="Triton CPU interpreter"), cfg) as worker:
+        found = {m.candidate_id: m for m in worker.measure(runnable)}
+    for kid in runnable:
+        assert found[kid.candidate_id].status == "ok", (kid.origin, found[kid.candidate_id].error)
+
+    # the variants generator takes the task, as it takes a KernelBench problem
+    config = resolve(SearchConfig(op=op.name, generator="variants", gpu_type="h100", backend="replay"))
+    made = make_generator(config).children(op.name, None, Archive(), 64, random.Random(0), 0.0, seed=0, run_id="r",
+                                           generation=0)
+    assert {k.origin for k in made.children} == {k.origin for k in kids}
