@@ -29,6 +29,9 @@ comes back rejected) for more seeds, on a machine with no GPU:
     python -m benchmarks.headroom_search --problems l2-096,l2-098,l3-007,l3-017 --backend replay \
         --replay-pool data/pools/headroom --gpu-type h100 --seeds 10 --json replay.json
 
+``--gpumode DIR,...`` adds GPU MODE task folders (imported here, searched from their reference alone, since the
+pool holds no kernels of theirs): ``--problems none --gpumode .../helion/causal_conv1d_py,...`` searches only those.
+
 ``--space`` measures each problem's variant space once instead (its roots, every variant of the reference and
 of the roots, ``--space-depth 2`` their variants too), in one call of the pool so its children compile side by
 side, into ``--data/<problem>``; every comparison is then a replay of it, at no GPU cost:
@@ -65,6 +68,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--protocol", default="kernelcast")
     p.add_argument("--report", default=str(REPORT), help="the pool report whose headroom list is searched")
     p.add_argument("--problems", default="", help="l2-017,... (default: the report's headroom list)")
+    p.add_argument("--gpumode", default="", help="GPU MODE task folders to search as well (comma-separated, each "
+                   "holding reference.py and task.yml): imported here, searched from their reference alone (the "
+                   "pool has no kernels of theirs to start from); '--problems none' searches only these")
     p.add_argument("--order-seed", type=int, default=0, help="the headroom list is searched in this shuffled order")
     p.add_argument("--shard", default="", metavar="I/N", help="every N-th problem from the I-th")
     p.add_argument("--seeds", type=int, default=2)
@@ -95,7 +101,9 @@ def problems(args) -> list[str]:
     """The ops to search, in order: those named, or the report's headroom list shuffled by ``--order-seed``."""
     from tasks.cudal1_pool import _PROBLEM
 
-    if args.problems:
+    if args.problems == "none":
+        ops = []
+    elif args.problems:
         ops = []
         for item in filter(None, (s.strip() for s in args.problems.split(","))):
             m = _PROBLEM.fullmatch(item)
@@ -105,9 +113,25 @@ def problems(args) -> list[str]:
     else:
         ops = sorted(r["op"] for r in json.loads(Path(args.report).read_text())["headroom"])
         random.Random(args.order_seed).shuffle(ops)
+    ops += import_gpumode(args.gpumode)
     if args.shard:
         index, parts = (int(x) for x in args.shard.split("/"))
         ops = ops[index::parts]
+    return ops
+
+
+def import_gpumode(folders: str) -> list[str]:
+    """The GPU MODE tasks in ``folders`` (comma-separated) imported and installed here, by op name."""
+    from kernels.formats import import_task
+
+    ops = []
+    for folder in filter(None, (f.strip() for f in folders.split(","))):
+        path = Path(folder)
+        if not (path / "reference.py").is_file():
+            raise ValueError(f"--gpumode {folder}: no reference.py there (a GPU MODE task folder holds reference.py "
+                             "and task.yml)")
+        op, _ = import_task("gpumode", str(path / "reference.py"), name=path.name.removesuffix("_py"))
+        ops.append(op.name)
     return ops
 
 
@@ -158,7 +182,8 @@ def problem_settings(args, op: str) -> dict:
     base = dict(op=op, generations=args.generations, data=f"{args.data}/{op}", gpu_type=args.gpu_type,
                 acquisition=args.acquisition,
                 backend=args.backend, generator="variants", prior_data=f"{args.pool}/{args.protocol}",
-                generator_roots=f"{args.pool}/{args.protocol}")
+                # a task of the pool starts from its kernels there; another (GPU MODE) from its reference
+                generator_roots=f"{args.pool}/{args.protocol}" if op.startswith("kb.cudal1-") else "")
     if args.backend == "replay":
         base["replay_pool"] = f"{args.replay_pool}/{op}" if args.replay_pool else f"{args.pool}/{args.protocol}"
         if args.replay_pool:  # the children the live runs made, with their ids: the variants' text may have moved on
@@ -194,7 +219,8 @@ def measure_space(args, op: str) -> dict:
                           run_id=f"space-{op.replace('.', '-')}"[:64])
     search = open_search(config, track=False)  # the root, the pool and the reference's own measurement
     try:
-        roots = [c for c, _ in template_roots(base["generator_roots"], op, search.config.gpu_type)]
+        roots = [c for c, _ in template_roots(base["generator_roots"], op, search.config.gpu_type)] \
+            if base["generator_roots"] else []
         space = variant_space(op, roots, args.space_depth)
         search.root.write_candidates(space)
         t0 = time.perf_counter()
@@ -310,7 +336,8 @@ def main(argv=None) -> int:
     except (ValueError, OSError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    loadable = set(install_pool_tasks(DataRoot(f"{args.pool}/{args.protocol}")))
+    loadable = set(install_pool_tasks(DataRoot(f"{args.pool}/{args.protocol}"))) | \
+        {op for op in ops if not op.startswith("kb.cudal1-")}
     rows: list[dict] = []
 
     def save() -> None:  # after every row: a run cut short keeps what it finished

@@ -404,3 +404,21 @@ def test_a_gpu_mode_submission_runs_as_variants_of_its_function_and_the_harness_
     made = make_generator(config).children(op.name, None, Archive(), 64, random.Random(0), 0.0, seed=0, run_id="r",
                                            generation=0)
     assert {k.origin for k in made.children} == {k.origin for k in kids}
+
+
+def test_the_headroom_benchmark_takes_gpu_mode_tasks_searched_from_their_reference(tmp_path, monkeypatch):
+    from benchmarks import headroom_search
+    from tests.formats_for_tests import write_gpumode
+    from tests.test_real_size import GPUMODE_ADD_INTO, GPUMODE_ADD_INTO_SPECS
+
+    monkeypatch.setenv("KERNELCAST_TASKS", str(tmp_path / "installed"))
+    write_gpumode(tmp_path / "add_into_py", reference=GPUMODE_ADD_INTO, specs=GPUMODE_ADD_INTO_SPECS)
+    args = headroom_search.parse(["--problems", "none", "--gpumode", str(tmp_path / "add_into_py")])
+    assert headroom_search.problems(args) == ["gpumode.add_into"]
+    settings = headroom_search.problem_settings(args, "gpumode.add_into")
+    assert settings["generator_roots"] == "" and settings["generator"] == "variants"
+    assert headroom_search.problem_settings(args, "kb.cudal1-l2-017")["generator_roots"].endswith("kernelcast")
+    space = headroom_search.variant_space("gpumode.add_into", [])
+    assert [k.origin for k in space] == [f"variant:{n}" for n in VARIANTS if n != "channels-last"]
+    with pytest.raises(ValueError, match="no reference.py there"):
+        headroom_search.problems(headroom_search.parse(["--problems", "none", "--gpumode", str(tmp_path)]))
