@@ -197,3 +197,14 @@ def test_tasks_the_device_cannot_run_come_first_then_the_smallest():
     assert [i[1] for i in order(items, (9, 0))] == ["fp4", "small", "mid", "big"]  # an H100: refused at once
     assert [i[1] for i in order(items, (10, 0))] == ["small", "mid", "big", "fp4"]  # a B200 runs it, by its size
     assert [i[1] for i in order(items, None)][0] == "fp4"  # the interpreter cannot run it either
+
+
+def test_tasks_imported_by_worker_processes_get_the_same_verdicts(tmp_path):
+    tasks = _tasks(tmp_path / "tasks")
+    stdout, rows = _sweep(tasks, tmp_path / "out", "--import-workers", "2")
+    by_task = {r["task"]: r for r in rows}
+    assert "Model is not a torch.nn.Module subclass" in by_task["kernelbench/level1/broken.py"]["import_error"]
+    for key in ("kernelbench/level1/row_sum.py", "gpumode/add_into_py"):
+        assert by_task[key]["imported"] and by_task[key]["measured"], by_task[key]
+    assert by_task["kernelbench/level1/row_sum.py"]["op"] == "kb.l1_row_sum"
+    assert "IMPORTED []" in stdout  # the workers needed no more than torch and triton either
