@@ -99,6 +99,7 @@ def parse(argv=None) -> argparse.Namespace:
 
 def problems(args) -> list[str]:
     """The ops to search, in order: those named, or the report's headroom list shuffled by ``--order-seed``."""
+    from kernels.harness.sweep import shard
     from tasks.cudal1_pool import _PROBLEM
 
     if args.problems == "none":
@@ -114,10 +115,7 @@ def problems(args) -> list[str]:
         ops = sorted(r["op"] for r in json.loads(Path(args.report).read_text())["headroom"])
         random.Random(args.order_seed).shuffle(ops)
     ops += import_gpumode(args.gpumode)
-    if args.shard:
-        index, parts = (int(x) for x in args.shard.split("/"))
-        ops = ops[index::parts]
-    return ops
+    return shard(ops, args.shard)
 
 
 def import_gpumode(folders: str) -> list[str]:

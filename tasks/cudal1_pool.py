@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 
 from kernels.formats import MANIFEST, ROOT_FOLDER, install, load_operation, save_to_root, task_files, tasks_dir
 from kernels.formats import kernelbench
+from kernels.harness.sweep import shard  # noqa: F401 - the pool's shards are the sweep's (benchmarks/cudal1_pool)
 from kernels.formats.cudal1 import (COMMIT, GPUS, REPOSITORY, SCORES, SOURCE_GPU, VARIANTS, Built, KernelBenchMatch,
                                     Problem, build, compare_with_kernelbench, corpus_file)
 from storage.dataset import DataRoot
@@ -94,16 +95,6 @@ def select(problems: Sequence[Problem], names: str = "", levels: str = "", sampl
         chosen = sorted(random.Random(seed).sample(chosen, min(sample, len(chosen))),
                         key=lambda p: (p.level, p.task_id))
     return chosen
-
-
-def shard(problems: Sequence[Problem], spec: str | None) -> list[Problem]:
-    """Every N-th problem from the I-th, for ``spec`` "I/N" (None: all of them)."""
-    if not spec:
-        return list(problems)
-    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", spec)
-    if not m or not 0 <= int(m.group(1)) < int(m.group(2)):
-        raise ValueError(f"bad --shard {spec!r}: give I/N with 0 <= I < N, e.g. 0/4")
-    return list(problems)[int(m.group(1))::int(m.group(2))]
 
 
 # ---- importing and building ----------------------------------------------------------------------------

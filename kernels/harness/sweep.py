@@ -149,20 +149,11 @@ def _status_row(m) -> dict:
 
 def _row(task: Task, op, import_s: float, import_error: str, ref=None, null=None, chunk: str = "",
          mode: str = "", windows: dict | None = None) -> dict:
-    from kernels.harness.budget import footprint
-
     row = {"task": task.key, "format": task.format, "op": op.name if op else "", "mode": mode,
            "imported": op is not None, "import_error": import_error, "import_s": round(import_s, 3), "chunk": chunk}
     if op is not None:
-        cases = op.cases if mode == "gpu" else op.interpret_cases
-        sizes = []
-        for case in cases:
-            try:
-                fp = footprint(op, case)
-                sizes.append(fp.set_bytes + fp.parameter_bytes)
-            except Exception:  # noqa: BLE001 - inputs only the device can make
-                sizes.append(None)
-        row.update(cases=len(cases), case_bytes_max=max((s for s in sizes if s), default=None))
+        sizes = _case_bytes(op, mode)
+        row.update(cases=len(sizes), case_bytes_max=max((s for s in sizes if s), default=None))
     if ref is not None and null is not None:
         r, n = _status_row(ref), _status_row(null)
         # refused before any device work: too big for it, or its code needs a newer GPU
@@ -179,8 +170,9 @@ def _row(task: Task, op, import_s: float, import_error: str, ref=None, null=None
     return row
 
 
-def _size(op, mode: str) -> float:
-    """The bytes of a task's largest case (inputs, outputs, parameters), to order the sweep by; inf where unknown."""
+def _case_bytes(op, mode: str) -> list[int | None]:
+    """Per case the mode runs, its inputs', outputs' and parameters' bytes; None where only the device can make
+    its inputs."""
     from kernels.harness.budget import footprint
 
     sizes = []
@@ -189,8 +181,14 @@ def _size(op, mode: str) -> float:
             fp = footprint(op, case)
             sizes.append(fp.set_bytes + fp.parameter_bytes)
         except Exception:  # noqa: BLE001 - inputs only the device can make
-            return math.inf
-    return float(max(sizes, default=math.inf))
+            sizes.append(None)
+    return sizes
+
+
+def _size(op, mode: str) -> float:
+    """The bytes of a task's largest case, to order the sweep by; inf where any case's is unknown."""
+    sizes = _case_bytes(op, mode)
+    return math.inf if not sizes or None in sizes else float(max(sizes))
 
 
 def _capability(mode: str):
@@ -288,7 +286,7 @@ def sweep(tasks: list[Task], out: Path, *, mode: str, concurrency: int, max_minu
                   f"{len(worker.cores.compile)} others" if worker.cores.reserved else "cores: none reserved", flush=True)
             timeline = _Journal(worker, out / "timeline.jsonl", names)
             try:
-                _measure_chunks(worker, imported, chunk_size, deadline, max_minutes, mode, write)
+                _measure_chunks(worker, imported, names, chunk_size, deadline, max_minutes, mode, write)
             finally:
                 timeline.close()
             wall = time.monotonic() - started
@@ -301,9 +299,10 @@ def sweep(tasks: list[Task], out: Path, *, mode: str, concurrency: int, max_minu
               flush=True)
 
 
-def _measure_chunks(worker, imported: list, chunk_size: int, deadline: float | None, max_minutes: float | None,
-                    mode: str, write) -> None:
-    """Measure the imported tasks' references and nulls a chunk at a time, writing each task's row when both are in."""
+def _measure_chunks(worker, imported: list, names: dict, chunk_size: int, deadline: float | None,
+                    max_minutes: float | None, mode: str, write) -> None:
+    """Measure the imported tasks' references and nulls a chunk at a time, writing each task's row when both are in
+    (``names``: each reference's and null's candidate id -> (task key, role))."""
     from kernels.null import null_candidate
 
     for first in range(0, len(imported), chunk_size):
@@ -312,17 +311,13 @@ def _measure_chunks(worker, imported: list, chunk_size: int, deadline: float | N
             return
         chunk = imported[first:first + chunk_size]
         chunk_id = f"{int(time.time())}-{first}"
-        pending = {op.name: (task, op, seconds, {}) for _, task, op, seconds in chunk}
-        wanted = {}
-        for name, (_, op, _, _) in pending.items():
-            wanted[op.seed_candidates()[0].candidate_id] = (name, "reference")
-            wanted[null_candidate(op).candidate_id] = (name, "null")
+        pending = {task.key: (task, op, seconds, {}) for _, task, op, seconds in chunk}
         cands = [c for _, op, _, _ in pending.values() for c in (op.seed_candidates()[0], null_candidate(op))]
         for m in worker.measure(cands):
-            name, role = wanted.get(m.candidate_id, (None, None))
-            if name is None:
+            key, role = names.get(m.candidate_id, (None, None))
+            if key not in pending:
                 continue
-            task, op, seconds, got = pending[name]
+            task, op, seconds, got = pending[key]
             got[role] = m
             print(f"  {task.key} {role}: {m.status} after {m.wall_seconds:.1f} s ({m.gpu_seconds:.1f} s on the "
                   f"device)", flush=True)
@@ -355,11 +350,14 @@ def _hardware(mode: str):
                         triton_version=triton.__version__)
 
 
-def _shard(spec: str) -> tuple[int, int]:
-    m = re.fullmatch(r"(\d+)/(\d+)", spec.strip())
-    if not m or not int(m.group(1)) < int(m.group(2)):
-        raise SystemExit(f"--shard {spec!r}: give it as I/N with 0 <= I < N (0/2, 1/2)")
-    return int(m.group(1)), int(m.group(2))
+def shard(items, spec: str | None) -> list:
+    """Every N-th item from the I-th, for ``spec`` "I/N" (None or '': all of them): one share a GPU of a host."""
+    if not spec:
+        return list(items)
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", spec)
+    if not m or not 0 <= int(m.group(1)) < int(m.group(2)):
+        raise ValueError(f"bad --shard {spec!r}: give I/N with 0 <= I < N, e.g. 0/4")
+    return list(items)[int(m.group(1))::int(m.group(2))]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -410,9 +408,11 @@ def run(tasks_dir: str, args) -> int:
         tasks = [t for t in tasks if re.search(args.match, t.key)]
     if args.limit:
         tasks = tasks[:args.limit]
-    if args.shard:
-        index, parts = _shard(args.shard)
-        tasks = tasks[index::parts]
+    try:
+        tasks = shard(tasks, args.shard)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     if not tasks:
         print(f"no KernelBench problem or GPU MODE task under {root}", file=sys.stderr)
         return 2
