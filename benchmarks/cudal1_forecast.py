@@ -64,6 +64,10 @@ def parse(argv=None) -> argparse.Namespace:
                    help="held-out forecasts made elsewhere, scored beside the others: DIR's forecasts-*.parquet, one "
                         "a fold (benchmarks/cudal1_lmhead.py writes them); repeatable")
     p.add_argument("--also-data", action="append", default=[], help="another pool's root to train on (repeatable)")
+    p.add_argument("--spaces", default=None,
+                   help="a folder of per-problem data roots (kb.cudal1-lX-NNN/, as headroom_search --space leaves "
+                        "them: data/pools/headroom) whose implementations join their problem's pool, each anchored "
+                        "at the reference measured in its own root; a kernel the pool holds counts once, from the pool")
     p.add_argument("--corpus", default=str(SHARED / "corpora" / "cuda-l1"),
                    help="CUDA-L1's JSON Lines files, for published figures the side table lacks")
     p.add_argument("--out", default=None, help="path stem of the .txt and .json results")
@@ -111,11 +115,29 @@ def _measured(args):
             loadable.add(op)
         except Exception as exc:  # noqa: BLE001 - its reference needs what this machine lacks (a package, say)
             print(f"left out: {op} does not load here ({type(exc).__name__}: {str(exc)[-160:]})", flush=True)
-    kernels = source_pairs(root, gpu_type=args.gpu_type, anchor="reference", ops=loadable).reset_index(drop=True)
+    roots = [root, *space_roots(args.spaces, loadable)]
+    kernels = source_pairs(*roots, gpu_type=args.gpu_type, anchor="reference", ops=loadable).reset_index(drop=True)
     if kernels.empty:
         raise ValueError(f"no kernel with a measured reference under {root.uri} on {args.gpu_type}")
-    cases = case_pairs(root, gpu_type=args.gpu_type)
-    return kernels, (cases[cases["op"].isin(loadable)] if not cases.empty else cases)
+    cases = [c for c in (case_pairs(r, gpu_type=args.gpu_type) for r in roots) if not c.empty]
+    cases = pd.concat(cases, ignore_index=True) if cases else pd.DataFrame()
+    if not cases.empty:  # a kernel measured in the pool and again in a space counts once, as source_pairs has it
+        cases = cases[cases["op"].isin(loadable)]
+        cases = cases[cases.set_index(["op", "candidate_id"]).index.isin(
+            kernels.set_index(["op", "candidate_id"]).index)].reset_index(drop=True)
+    return kernels, cases
+
+
+def space_roots(folder: str | None, ops) -> list:
+    """The data roots of ``folder``'s per-problem subfolders whose problem is one of ``ops`` (a space of another
+    task, a GPU MODE one, has no problem of this pool to join)."""
+    from storage.dataset import DataRoot
+
+    if not folder:
+        return []
+    if not Path(folder).is_dir():
+        raise ValueError(f"--spaces {folder}: no such folder")
+    return [DataRoot(str(sub)) for sub in sorted(Path(folder).iterdir()) if sub.is_dir() and sub.name in ops]
 
 
 def _also(args):
@@ -155,6 +177,7 @@ def run(args) -> int:
         problems = sorted(kernels["op"].unique())
     say(f"CUDA-L1 pool {args.pool} ({args.protocol} protocol, {args.gpu_type}): {len(problems)} problems, "
         f"{len(kernels)} kernels ({int(kernels['failed'].sum())} failed)"
+        + (f"; with the variant spaces of {args.spaces}" if args.spaces else "")
         + (f"; also trained on {len(also_kernels)} kernels of {', '.join(args.also_data)}" if args.also_data else ""))
     if args.problems == "sealed":  # one fold: fit on the dev problems, scored on the sealed ones
         splits = {f"dev -> sealed ({len(sealed)} problems)": [("sealed", sealed)]}
@@ -199,7 +222,7 @@ def run(args) -> int:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         Path(args.out + ".txt").write_text("\n".join(lines) + "\n")
         meta = {"command": "python benchmarks/cudal1_forecast.py " + " ".join(argv_of(args)),
-                "pool": args.pool, "protocol": args.protocol, "problems_set": args.problems, "gpu_type": args.gpu_type, "problems": problems,
+                "pool": args.pool, "spaces": args.spaces, "protocol": args.protocol, "problems_set": args.problems, "gpu_type": args.gpu_type, "problems": problems,
                 "kernels": len(kernels), "failed": int(kernels["failed"].sum()), "draws": args.draws,
                 "not_run": skipped}
         Path(args.out + ".json").write_text(json.dumps(

@@ -259,3 +259,39 @@ def test_code_features_see_cuda_kernels_graphs_and_the_anchors_operators():
     assert c["n_graph"] == 0 and g["n_graph"] == 3 and g["n_backend_flags"] == 1 and g["n_channels_last"] == 1
     eager = "x = self.conv(x)\nx = F.relu(x)\nx = torch.sigmoid(x) * x\nreturn x.sum(dim=1)\n"
     assert _operators(eager) == 3 and _operators("return torch.randn(3)\n") == 0
+
+
+def test_a_problems_variant_space_joins_its_pool_anchored_at_its_own_reference_and_a_kernel_counts_once(
+        tmp_path, monkeypatch):
+    from benchmarks import cudal1_forecast
+    from kernels.ops import get_operation
+
+    pool = _pool(tmp_path, monkeypatch)
+    op_name = "kb.cudal1-l2-001"
+    pool_root = DataRoot(str(pool / "kernelcast"))
+    pooled = pool_root.read_candidates(op=op_name)
+    again = Candidate(**{k: pooled[pooled["origin"] == "import"].iloc[0][k] for k in ("op", "backend", "origin", "source")})
+    space = DataRoot(str(tmp_path / "spaces" / op_name))
+    op = get_operation(op_name)
+    reference = op.seed_candidates()[0]
+    case = op.cases[0].name
+    compiled = [Candidate(op=op_name, backend="torch", origin="variant:compile-default", parent_id=reference.candidate_id,
+                          source=f"import torch\n\n\n@torch.compile\ndef forward(x):\n    return torch.relu(x) * {k}.0\n")
+                for k in (1, 2)]
+    space.write_candidates([reference, again, *compiled])
+    # this root's reference ran at 200 us: its children's speedups are over that, not over the pool's 100 us
+    space.write_measurements([Measurement(c.candidate_id, op_name, "h100", "ok", "gpu", case_names=(case,),
+                                          runtime_us_median=(t,), speedup=200.0 / t, hardware=H100)
+                              for c, t in ((reference, 200.0), (again, 1.0), (compiled[0], 50.0), (compiled[1], 400.0))])
+    (tmp_path / "spaces" / "gpumode.grayscale").mkdir()  # a space of a task the pool does not hold: not joined
+    args = cudal1_forecast.parse(["--pool", str(pool), "--spaces", str(tmp_path / "spaces")])
+    kernels, cases = cudal1_forecast._measured(args)
+    mine = kernels[kernels["op"] == op_name].set_index("candidate_id")
+    assert len(kernels) == 36 + 2 and len(mine) == 6
+    # the pool's measurement (its first kernel, 4x), not the space's (200x)
+    assert mine.loc[again.candidate_id, "speedup"] == pytest.approx(PROBLEMS["cudal1-l2-001"][0])
+    assert mine.loc[compiled[0].candidate_id, "speedup"] == pytest.approx(4.0)
+    assert mine.loc[compiled[1].candidate_id, "speedup"] == pytest.approx(0.5)
+    assert set(cases[cases["op"] == op_name]["candidate_id"]) == set(mine.index)
+    with pytest.raises(ValueError, match="--spaces .*no such folder"):
+        cudal1_forecast._measured(cudal1_forecast.parse(["--pool", str(pool), "--spaces", str(tmp_path / "nowhere")]))
