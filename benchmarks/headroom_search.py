@@ -94,7 +94,32 @@ def parse(argv=None) -> argparse.Namespace:
                    "and of those variants), one pool call, into --data/<problem>; the comparisons are then replays "
                    "of it (--backend replay --replay-pool DATA)")
     p.add_argument("--space-depth", type=int, default=1, choices=(1, 2))
-    return p.parse_args(argv)
+    p.add_argument("--prior-spaces", default="", help="a folder of measured variant spaces (as --space leaves them) "
+                   "whose kernels join the pool in the surrogate's prior (built under --data/prior-with-spaces); the "
+                   "searched problem's own rows are still left out (prior_scope other-ops)")
+    args = p.parse_args(argv)
+    args.prior = ""  # the merged prior's root, once main has built it
+    return args
+
+
+def prior_with_spaces(pool: str, spaces: str, folder: str) -> str:
+    """A data root holding ``pool``'s candidates and measurements and those of every space under ``spaces``
+    (built afresh in ``folder``): the prior of a surrogate that has seen other problems' variants."""
+    import shutil
+
+    from storage.dataset import DataRoot
+
+    if not Path(spaces).is_dir():
+        raise ValueError(f"--prior-spaces {spaces}: no such folder")
+    roots = [Path(pool), *(d for d in sorted(Path(spaces).iterdir()) if d.is_dir())]
+    shutil.rmtree(folder, ignore_errors=True)
+    merged = DataRoot(folder)
+    for table in ("candidates", "measurements"):
+        for root in roots:
+            rows = DataRoot(str(root)).read_table(table)
+            if rows.num_rows:
+                merged.write(table, rows)
+    return folder
 
 
 def problems(args) -> list[str]:
@@ -179,7 +204,7 @@ def problem_settings(args, op: str) -> dict:
     """The settings every run on ``op`` shares (its own data root under --data, the pool's roots and prior)."""
     base = dict(op=op, generations=args.generations, data=f"{args.data}/{op}", gpu_type=args.gpu_type,
                 acquisition=args.acquisition,
-                backend=args.backend, generator="variants", prior_data=f"{args.pool}/{args.protocol}",
+                backend=args.backend, generator="variants", prior_data=args.prior or f"{args.pool}/{args.protocol}",
                 # a task of the pool starts from its kernels there; another (GPU MODE) from its reference
                 generator_roots=f"{args.pool}/{args.protocol}" if op.startswith("kb.cudal1-") else "")
     if args.backend == "replay":
@@ -336,6 +361,12 @@ def main(argv=None) -> int:
         return 2
     loadable = set(install_pool_tasks(DataRoot(f"{args.pool}/{args.protocol}"))) | \
         {op for op in ops if not op.startswith("kb.cudal1-")}
+    try:
+        args.prior = prior_with_spaces(f"{args.pool}/{args.protocol}", args.prior_spaces,
+                                       f"{args.data}/prior-with-spaces") if args.prior_spaces else ""
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     rows: list[dict] = []
 
     def save() -> None:  # after every row: a run cut short keeps what it finished

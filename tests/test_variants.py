@@ -422,3 +422,32 @@ def test_the_headroom_benchmark_takes_gpu_mode_tasks_searched_from_their_referen
     assert [k.origin for k in space] == [f"variant:{n}" for n in VARIANTS if n != "channels-last"]
     with pytest.raises(ValueError, match="no reference.py there"):
         headroom_search.problems(headroom_search.parse(["--problems", "none", "--gpumode", str(tmp_path)]))
+
+
+def test_the_headroom_prior_with_spaces_holds_the_pool_and_every_spaces_rows(tmp_path):
+    from benchmarks import headroom_search
+    from kernels.records import Candidate, Measurement
+    from storage.dataset import DataRoot
+
+    def root_with(path, op, n):
+        kids = [Candidate(op=op, backend="torch", origin="import", source=f"def forward(x):\n    return x * {k}\n")
+                for k in range(n)]
+        DataRoot(str(path)).write_candidates(kids)
+        DataRoot(str(path)).write_measurements([Measurement(k.candidate_id, op, "h100", "ok", "gpu", case_names=("c",),
+                                                            runtime_us_median=(1.0,), speedup=1.0) for k in kids])
+
+    root_with(tmp_path / "pool", "kb.cudal1-l1-001", 3)
+    root_with(tmp_path / "spaces" / "kb.cudal1-l2-002", "kb.cudal1-l2-002", 2)
+    root_with(tmp_path / "spaces" / "gpumode.grayscale", "gpumode.grayscale", 4)
+    merged = DataRoot(headroom_search.prior_with_spaces(str(tmp_path / "pool"), str(tmp_path / "spaces"),
+                                                        str(tmp_path / "prior")))
+    assert merged.read_candidates()["op"].value_counts().to_dict() == \
+        {"gpumode.grayscale": 4, "kb.cudal1-l1-001": 3, "kb.cudal1-l2-002": 2}
+    assert len(merged.read_measurements()) == 9
+    # built afresh: a second build does not double the rows
+    headroom_search.prior_with_spaces(str(tmp_path / "pool"), str(tmp_path / "spaces"), str(tmp_path / "prior"))
+    assert len(DataRoot(str(tmp_path / "prior")).read_measurements()) == 9
+    with pytest.raises(ValueError, match="--prior-spaces .*no such folder"):
+        headroom_search.prior_with_spaces(str(tmp_path / "pool"), str(tmp_path / "nowhere"), str(tmp_path / "p2"))
+    assert headroom_search.main(["--prior-spaces", str(tmp_path / "nowhere"), "--problems", "none",
+                                 "--pool", str(tmp_path / "pool"), "--data", str(tmp_path / "d")]) == 2
