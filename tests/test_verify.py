@@ -63,6 +63,23 @@ def test_work_starting_after_the_closing_marker_is_outside_the_window():
     assert "after the timed window closed" in verify.outside_window(acts)
 
 
+def test_a_runtime_shorter_than_the_traced_calls_device_work_misses_work_on_another_stream():
+    # a slow host closed the window after the side stream's kernel ended: inside the window, so only the
+    # device time it took (the union over streams, gate and markers left out) shows the timer missed it
+    gate = Activity("sleep", 7, -2_000_000, -10_000)
+    raced = [gate, _mark(7, 0), Activity("fused", 13, 3000, 103_000), _mark(7, 110_000)]
+    assert verify.outside_window(raced) is None
+    assert verify.traced_busy_us(raced) == pytest.approx(100.0)
+    verify.check_traced_work("c", runtime_us=101.0, busy_us=100.0)
+    with pytest.raises(Rejected, match="busy 100.0 us: the timer does not see all of its work"):
+        verify.check_traced_work("c", runtime_us=61.0, busy_us=100.0)
+    # two joined streams running at once count their overlap once; no markers, nothing to judge
+    joined = [_mark(7, 0), Activity("a", 7, 2000, 60_000), Activity("b", 13, 10_000, 80_000), _mark(7, 81_000)]
+    assert verify.traced_busy_us(joined) == pytest.approx(78.0)
+    assert verify.traced_busy_us([Activity("a", 7, 0, 10)]) is None
+    verify.check_traced_work("c", runtime_us=1.0, busy_us=None)
+
+
 def test_a_runtime_below_the_floor_is_impossible():
     verify.check_physics("big", runtime_us=100.0, floor=80.0)
     with pytest.raises(Rejected, match="impossible"):
