@@ -8,10 +8,12 @@ these checks (docs/harness.md, "What a verdict must withstand"):
                marker fills on the timed stream. Work on another stream that the timed stream
                never waited for, work a host thread launched after the call returned, and work
                left pending are all outside and refused, named by stream and kernel. The device
-               time the traced call's work occupies (its activities' union, any stream) must also
-               fit in the runtime the timer gives: work on a stream the timed stream never waited
-               for can end inside the window when the host is slow to close it, but the timer,
-               which sees the timed stream only, then reports less than that work takes.
+               time the traced call's work on other streams occupies (their activities' union)
+               must also fit in the runtime the timer gives: work on a stream the timed stream
+               never waited for can end inside the window when the host is slow to close it, but
+               the timer, which sees the timed stream only, then reports less than that work
+               takes. (Work on the timed stream is not weighed: measured on an H100, one traced
+               call of an honest Triton kernel can take 2.7 times its timed runtime.)
   synced     — the same question asked on every verification call, without a profiler a candidate
                could detect: each call's window ends twice, once by an event on the timed stream
                and once after a device-wide synchronisation. The device staying busy after the
@@ -143,9 +145,9 @@ TRACED_WORK_MARGIN = 0.8  # a timed runtime below this share of the traced call'
 
 def check_traced_work(case_name: str, runtime_us: float, busy_us: float | None,
                       margin: float = TRACED_WORK_MARGIN) -> None:
-    """Refuse a runtime below ``margin`` times the device time the profiled call's own work took (any stream)."""
+    """Refuse a runtime below ``margin`` times the device time the profiled call's work on other streams took."""
     if busy_us and runtime_us < margin * busy_us:
-        raise Rejected(f"case {case_name}: timed at {runtime_us:.1f} us, but one traced call kept the device "
+        raise Rejected(f"case {case_name}: timed at {runtime_us:.1f} us, but one traced call kept other streams "
                        f"busy {busy_us:.1f} us: the timer does not see all of its work (a stream the timed "
                        f"stream never waits for)")
 
@@ -343,14 +345,14 @@ def has_marks(activities: list[Activity]) -> bool:
     return sum(1 for a in activities if _is_mark(a)) >= 2
 
 
-def traced_busy_us(activities: list[Activity]) -> float | None:
-    """The device time the call's own work took in a traced window: the union, over every stream, of the
-    activities from the opening marker on (the gate before it and the markers left out); None without markers."""
+def side_stream_busy_us(activities: list[Activity]) -> float | None:
+    """The device time the call's work on streams other than the timed one took in a traced window: the union
+    of those activities from the opening marker on; None without markers, 0 when all ran on the timed stream."""
     marks = [a for a in activities if _is_mark(a)]
     if len(marks) < 2:
         return None
     spans = sorted((a.start_ns, a.end_ns) for a in activities
-                   if not _is_mark(a) and a.start_ns >= marks[0].start_ns)
+                   if a.stream != marks[0].stream and a.start_ns >= marks[0].start_ns)
     busy, end = 0, None
     for start, stop in spans:
         if end is None or start > end:
