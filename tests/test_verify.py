@@ -220,3 +220,16 @@ def test_a_host_bound_call_is_judged_against_a_call_that_leaves_the_device_idle_
     assert verify.hidden_work(calls, paced, 0.1, idle) is None
     # work left behind still shows beyond the larger baseline
     assert "stayed busy" in verify.hidden_work([Window(45.0, 95.0)] * 6, paced, 0.1, idle)
+
+
+def test_a_call_of_seconds_is_verified_and_warmed_with_fewer_calls_and_not_traced_again():
+    # linalg/eigh's reference on an H100: 9.7 s a call; its verification alone had held the device 255 s
+    assert verify.fresh_calls_for(9.7e6, 3) == 1 and verify.fresh_calls_for(150_000.0, 3) == 3
+    assert not timing.warmed_up([12.0], 3, max_seconds=1.0)  # the first call may build and load things
+    assert timing.warmed_up([12.0, 9.7], 3, max_seconds=1.0)
+    assert not timing.warmed_up([0.3, 0.2], 3, max_seconds=1.0) and timing.warmed_up([0.3, 0.2, 0.2], 3, 1.0)
+    # the gate doubles while a doubling can still outlast the host's call, never for a call of seconds
+    assert verify.gate_again(host_us=2500.0, gate_us=2000.0, tries_left=3)
+    assert not verify.gate_again(host_us=1000.0, gate_us=2000.0, tries_left=3)  # the gate held it
+    assert not verify.gate_again(host_us=9.7e6, gate_us=2000.0, tries_left=3)
+    assert not verify.gate_again(host_us=2500.0, gate_us=2000.0, tries_left=0)

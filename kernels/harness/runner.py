@@ -491,7 +491,8 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
         if check:  # the first set stays for the calls beside the fresh ones: it has been seen many times
             del sets[1:], outs[1:]
             torch.cuda.empty_cache()
-            problem = _verify_case(job, case, checker, call, pacer, result, phase)
+            problem = _verify_case(job, case, checker, call, pacer, result, phase,
+                                   (timing[0] if anchor else timing).runtime_us_median)
             if problem:
                 raise _Incorrect(problem)
         del sets, outs, first, first_outs
@@ -534,7 +535,8 @@ class _Incorrect(Exception):
     """A verification call's outputs were wrong: the verdict is ``incorrect``, with this text."""
 
 
-def _verify_case(job: Job, case, checker: Checker, call, pacer: verify.Pacer, result: dict, phase) -> str | None:
+def _verify_case(job: Job, case, checker: Checker, call, pacer: verify.Pacer, result: dict, phase,
+                 runtime_us: float = 0.0) -> str | None:
     """The checks of kernels.harness.verify on one timed case; a cheat raises ``Rejected``, a wrong output
     on unseen inputs comes back as the problem."""
     where = f"case {case.name}"
@@ -556,7 +558,8 @@ def _verify_case(job: Job, case, checker: Checker, call, pacer: verify.Pacer, re
     traced = result.get("window_check") == "profiled"
     for attempt in range(2):  # a round that finds something runs again on other inputs: a verdict needs both
         first, again, paced, idle = [], [], [], []
-        for j in range(job.fresh_calls):
+        fresh_calls = verify.fresh_calls_for(runtime_us, job.fresh_calls)
+        for j in range(fresh_calls):
             unseen = checker.prepare(case, verify.FRESH_SEED + attempt * job.fresh_calls + j)
             # an untimed call first: making the inputs took the allocator's cached blocks that the call's own
             # temporaries would have reused, and the fresh call would pay for new ones where the second did not

@@ -130,13 +130,16 @@ def _time_series(calls: list[Callable[[int], object]], flush: torch.Tensor, warm
     series = [_Series(call) for call in calls]
     last = []  # each call's last warm-up call, to the device being idle: its first ones may build and load things
     for s in series:
+        took = []
         for i in range(warmup):
             torch.cuda.synchronize()
             t = time.perf_counter()
             s.call(i)
             torch.cuda.synchronize()
-            if i == warmup - 1:
-                last.append(time.perf_counter() - t)
+            took.append(time.perf_counter() - t)
+            if warmed_up(took, warmup, max_seconds):
+                break
+        last.append(took[-1])
     if last:
         min_reps = repetitions_for(max(last), min_reps, max_seconds)
     round_size = round_size_for(len(series), min_reps, round_size)
@@ -157,6 +160,13 @@ def _time_series(calls: list[Callable[[int], object]], flush: torch.Tensor, warm
 
 SLOW_CALL_REPS = 5  # the fewest repetitions a call gets, however slow
 PAIR_ROUNDS = 8  # the fewest rounds each call of a pair gets before its median may stand
+
+
+def warmed_up(took: list[float], warmup: int, max_seconds: float) -> bool:
+    """Whether the warm-up calls so far (their seconds, in order) are enough: all ``warmup`` of them, or two
+    once the second alone outlasts the timing window (a call of seconds has nothing left to warm after
+    one call built and loaded what it needs, and each further call holds the device that long)."""
+    return len(took) >= warmup or (len(took) >= 2 and took[-1] > max_seconds)
 
 
 def round_size_for(calls: int, min_reps: int, round_size: int) -> int:

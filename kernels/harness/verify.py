@@ -254,6 +254,13 @@ def hidden_work(windows: list[Window], paced: list[Window], share: float = 0.1,
 # heavy (GPU MODE's pmpp_v2 references) showed 10-15% of unexplained gap with a clean trace; the cheats
 # of benchmarks/adversarial.py left 24-91%.
 TRACED_SHARE = 0.2
+SLOW_CALL_US = 200_000.0  # a call this long gets one fresh-input call per round, not ``fresh_calls``
+
+
+def fresh_calls_for(runtime_us: float, fresh_calls: int) -> int:
+    """Fresh-input calls per round for a case timed at ``runtime_us``: one for a call of a fifth of a second or
+    more (one unseen input set tells a cache or a replay as well as three, and each call holds the device)."""
+    return 1 if runtime_us >= SLOW_CALL_US else fresh_calls
 # And calls of a few tens of microseconds, host-bound (KernelBench's small problems through nn.Module), left
 # 5-10 us of gap beyond both baselines on an H100 with a clean trace: the trace is the check at that scale.
 TRACED_FLOOR_US = 15.0
@@ -317,7 +324,7 @@ def profile_window(call: Callable[[], object], pacer: "Pacer | None" = None, set
     from torch.profiler import ProfilerActivity, profile
 
     mark = torch.zeros(2, dtype=_MARK, device="cuda")
-    for _ in range(4 if pacer else 1):
+    for attempt in range(4 if pacer else 1):
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             if pacer:
@@ -330,10 +337,17 @@ def profile_window(call: Callable[[], object], pacer: "Pacer | None" = None, set
             torch.cuda.synchronize()
             time.sleep(settle_s)  # a host thread's launch after return, or pending work, lands in the trace
             torch.cuda.synchronize()
-        if host_us < 0.8 * gate_us:
+        if not gate_again(host_us, gate_us, tries_left=(3 if pacer else 0) - attempt):
             break
         gate_us *= 2
     return _device_activities(prof)
+
+
+def gate_again(host_us: float, gate_us: float, tries_left: int) -> bool:
+    """Whether to trace the call again behind a doubled gate: the host outlasted this gate, and one of the
+    ``tries_left`` doublings can still outlast the host (a call of seconds never fits a gate: tracing it again
+    would only hold the device for more calls)."""
+    return tries_left > 0 and 0.8 * gate_us <= host_us < 0.8 * gate_us * 2 ** tries_left
 
 
 def _is_mark(a: Activity) -> bool:
