@@ -441,8 +441,10 @@ def test_the_worker_anchors_candidates_but_never_the_reference():
     cand = get_space("softmax").spread_subset(1)[0]
     assert worker._anchor(cand) == (10.0, 20.0, 30.0)
     assert worker._anchor(reference) == ()
+    worker.reference_host_bound = {"softmax": ("4096x1024-fp32",)}
+    assert worker._reference_host_bound(cand) == ("4096x1024-fp32",) and worker._reference_host_bound(reference) == ()
     worker.config = WorkerConfig(mode="gpu", concurrency=1, anchor="off")
-    assert worker._anchor(cand) == ()
+    assert worker._anchor(cand) == () and worker._reference_host_bound(cand) == ()
 
 
 def test_anchor_all_pairs_every_case_with_the_reference_and_host_bound_only_those_cases(tmp_path):
@@ -460,6 +462,10 @@ def test_anchor_all_pairs_every_case_with_the_reference_and_host_bound_only_thos
     assert runner.cases_to_pair(every, op.cases, host_bound) == list(op.cases)
     kernelbench = dataclasses.replace(job, protocol="kernelbench")
     assert runner.cases_to_pair(kernelbench, op.cases, []) == list(op.cases)
+    # a case where the reference's own timing was host-bound is paired too, whatever the candidate's was
+    ref_bound = dataclasses.replace(job, reference_host_bound=(op.cases[0].name,))
+    assert runner.cases_to_pair(ref_bound, op.cases, host_bound) == [op.cases[0], op.cases[1]]
+    assert runner.cases_to_pair(ref_bound, op.cases, []) == [op.cases[0]]
 
 
 def test_the_worker_refuses_an_unknown_anchor_setting_by_name():

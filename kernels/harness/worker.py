@@ -262,6 +262,7 @@ class MeasureWorker:
         self._protection = (config.network, config.filesystem)  # in GPU mode, settled by a probe
         self._probed = config.mode != "gpu"
         self.reference_us: dict[str, tuple[float, ...]] = {}  # op -> eager runtime per case
+        self.reference_host_bound: dict[str, tuple[str, ...]] = {}  # op -> the reference's host-bound cases
         self.busy_gpu_seconds = 0.0
         self._case_bytes: dict[str, list[int]] = {}
         self._first_attempt: dict[str, Measurement] = {}  # candidate id -> its out-of-memory attempt
@@ -345,6 +346,7 @@ class MeasureWorker:
                    alone=alone, environment=tuple(sorted(get_operation(cand.op).environment.items())),
                    compile_cpus=self.cores.compile, timing_cpus=self.cores.timing,
                    host_bound_windows=cfg.host_bound_windows, reference_us=self._anchor(cand),
+                   reference_host_bound=self._reference_host_bound(cand),
                    verify=cfg.verify, fresh_calls=cfg.fresh_calls, precision=cfg.precision,
                    protocol=cfg.protocol, anchor_all=cfg.anchor == "all",
                    peak_bandwidth_gbps=self.hardware.peak_bandwidth_gbps if cfg.mode == "gpu" else None,
@@ -364,6 +366,10 @@ class MeasureWorker:
         if cand.candidate_id == get_operation(cand.op).seed_candidates()[0].candidate_id:
             return ()
         return tuple(self.reference_us.get(cand.op, ()))
+
+    def _reference_host_bound(self, cand: Candidate) -> tuple[str, ...]:
+        """The cases a candidate times beside the reference because the reference's own timing was host-bound."""
+        return self.reference_host_bound.get(cand.op, ()) if self._anchor(cand) else ()
 
     def probe_sandbox(self) -> str:
         """Find the strongest protections under which CUDA and a Triton kernel still work; returns them.
@@ -489,6 +495,10 @@ class MeasureWorker:
                     r.memcheck.start()
             if r.memcheck is not None and r.memcheck.is_alive():
                 return None
+            if r.candidate.origin == "seed" and r.result.get("status") == "ok":
+                # its candidates time these cases beside it too: a host-bound reference's own runtime moves
+                # with the host, so a GPU-bound candidate's speedup over it would move as well
+                self.reference_host_bound[r.candidate.op] = tuple(r.result.get("host_bound_cases", ()))
             return self._finish(r, **self._from_result(r.result))
         if not r.process.is_alive():
             r.process.join()
