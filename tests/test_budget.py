@@ -11,6 +11,7 @@ from kernels.hardware import INTERPRETER
 from kernels.null import null_candidate
 from kernels.ops import get_operation
 from kernels.records import HardwareSpec
+from tests.formats_for_tests import KB_RELU  # at collection: the imported tasks' folder, before any fork server starts
 
 CPU = HardwareSpec(gpu_type=INTERPRETER, device_name="Triton CPU interpreter")
 
@@ -187,3 +188,26 @@ def test_a_slow_reference_is_not_cut_short_its_limit_grows_with_its_own_calls_an
     assert started[null.candidate_id] == after  # the twin started after its reference, with its runtime
     (last,) = [d for cid, _, phase, _, d in worker.timeline if phase == "limits" and cid == reference.candidate_id][-1:]
     assert last == after  # and the reference itself ran under the same limits once its calls were seen
+
+
+def test_a_slow_reference_holds_back_its_own_candidates_only(tmp_path):
+    """Each op's candidates start once its own reference is in, not once every reference of the batch is: a
+    reference of seconds a call (GPU MODE's linalg/eigh) held a whole sweep chunk's nulls for minutes."""
+    from kernels.formats import import_task
+
+    (tmp_path / "quick.py").write_text(KB_RELU)  # imported where the harness's children look (its fork server)
+    (tmp_path / "slow.py").write_text(KB_RELU.replace("        return torch.relu(x)",
+                                                      "        import time\n        time.sleep(3)\n"
+                                                      "        return torch.relu(x)"))
+    slow, _ = import_task("kernelbench", str(tmp_path / "slow.py"), name="budget-slowref")
+    quick, _ = import_task("kernelbench", str(tmp_path / "quick.py"), name="budget-quickref")
+    cands = [slow.seed_candidates()[0], quick.seed_candidates()[0], null_candidate(slow), null_candidate(quick)]
+    with MeasureWorker(CPU, WorkerConfig(mode="interpreter", concurrency=2, seeds=1)) as worker:
+        got = list(worker.measure(cands))
+        order = [m.candidate_id for m in got]
+        started = {cid: t for cid, _, phase, t, _ in worker.timeline if phase == "started"}
+        ended = {cid: t for cid, _, phase, t, _ in worker.timeline if phase == "ended"}
+    names = {c.candidate_id: n for c, n in zip(cands, ("slow reference", "quick reference", "slow null", "quick null"))}
+    assert [names[c] for c in order].index("quick null") < [names[c] for c in order].index("slow reference")
+    assert [m.status for m in got] == ["ok"] * 4
+    assert started[cands[2].candidate_id] >= ended[cands[0].candidate_id]  # its own reference first, still

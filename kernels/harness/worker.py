@@ -292,12 +292,16 @@ class MeasureWorker:
         if self.config.mode != "gpu":  # no timing to anchor: only the references asked for, first all the same
             asked = {c.candidate_id for c in candidates}
             seeds = [c for c in seeds if c.candidate_id in asked]
-        for m in self._run(seeds):  # all references at once, before their candidates: their runtimes set limits
-            if m.status == "ok":
-                self.reference_us[m.op] = m.runtime_us_median
-            yield self._with_speedup(m)
+        # The references first; each op's candidates once its own reference is in (its runtime sets their limits
+        # and anchors them), so one slow reference holds back its own candidates only.
         seed_ids = {s.candidate_id for s in seeds}
-        for m in self._run([c for c in candidates if c.candidate_id not in seed_ids]):
+        waiting: dict[str, list[Candidate]] = {s.candidate_id: [] for s in seeds}
+        by_op = {s.op: s.candidate_id for s in seeds}
+        ready = []
+        for c in candidates:
+            if c.candidate_id not in seed_ids:
+                (waiting[by_op[c.op]] if c.op in by_op else ready).append(c)
+        for m in self._run(seeds + ready, waiting):
             yield self._with_speedup(m)
 
     def limits(self, op_name: str) -> budget.Limits:
@@ -422,7 +426,11 @@ class MeasureWorker:
     def _note(self, r: _Running, phase: str, t: float, detail=None) -> None:
         self.timeline.append((r.candidate.candidate_id, 2 if r.alone else 1, phase, t, detail))
 
-    def _run(self, candidates: list[Candidate]) -> Iterator[Measurement]:
+    def _run(self, candidates: list[Candidate],
+             waiting: dict[str, list[Candidate]] | None = None) -> Iterator[Measurement]:
+        """Measure ``candidates``, ``concurrency`` at a time, yielding each verdict as it comes; ``waiting``: an
+        op's reference id -> candidates started once that reference is measured (its runtime kept when ok)."""
+        waiting = dict(waiting or {})
         pending = deque(candidates)
         solo: deque[tuple[Candidate, Measurement]] = deque()  # ran out of device memory: again, alone
         running: list[_Running] = []
@@ -445,7 +453,12 @@ class MeasureWorker:
                         self.stats.retried_alone += 1
                         solo.append((r.candidate, done))  # no verdict yet: others held the device beside it
                     else:
-                        yield self._after_retry(r, done)
+                        m = self._after_retry(r, done)
+                        if m.candidate_id in waiting:
+                            if m.status == "ok":
+                                self.reference_us[m.op] = m.runtime_us_median
+                            pending.extend(waiting.pop(m.candidate_id))
+                        yield m
                 running = still
         finally:
             for r in running:  # the caller stopped early: leave no child behind
