@@ -64,10 +64,10 @@ def parse(argv=None) -> argparse.Namespace:
                    help="held-out forecasts made elsewhere, scored beside the others: DIR's forecasts-*.parquet, one "
                         "a fold (benchmarks/cudal1_lmhead.py writes them); repeatable")
     p.add_argument("--also-data", action="append", default=[], help="another pool's root to train on (repeatable)")
-    p.add_argument("--spaces", default=None,
+    p.add_argument("--spaces", action="append", default=[],
                    help="a folder of per-problem data roots (kb.cudal1-lX-NNN/, as headroom_search --space leaves "
                         "them: data/pools/headroom) whose implementations join their problem's pool, each anchored "
-                        "at the reference measured in its own root; a kernel the pool holds counts once, from the pool")
+                        "at the reference measured in its own root; a kernel the pool holds counts once, from the pool (repeatable)")
     p.add_argument("--corpus", default=str(SHARED / "corpora" / "cuda-l1"),
                    help="CUDA-L1's JSON Lines files, for published figures the side table lacks")
     p.add_argument("--out", default=None, help="path stem of the .txt and .json results")
@@ -115,7 +115,7 @@ def _measured(args):
             loadable.add(op)
         except Exception as exc:  # noqa: BLE001 - its reference needs what this machine lacks (a package, say)
             print(f"left out: {op} does not load here ({type(exc).__name__}: {str(exc)[-160:]})", flush=True)
-    roots = [root, *space_roots(args.spaces, loadable)]
+    roots = [root, *(r for folder in args.spaces for r in space_roots(folder, loadable))]
     kernels = source_pairs(*roots, gpu_type=args.gpu_type, anchor="reference", ops=loadable).reset_index(drop=True)
     if kernels.empty:
         raise ValueError(f"no kernel with a measured reference under {root.uri} on {args.gpu_type}")
@@ -177,7 +177,7 @@ def run(args) -> int:
         problems = sorted(kernels["op"].unique())
     say(f"CUDA-L1 pool {args.pool} ({args.protocol} protocol, {args.gpu_type}): {len(problems)} problems, "
         f"{len(kernels)} kernels ({int(kernels['failed'].sum())} failed)"
-        + (f"; with the variant spaces of {args.spaces}" if args.spaces else "")
+        + (f"; with the variant spaces of {', '.join(args.spaces)}" if args.spaces else "")
         + (f"; also trained on {len(also_kernels)} kernels of {', '.join(args.also_data)}" if args.also_data else ""))
     if args.problems == "sealed":  # one fold: fit on the dev problems, scored on the sealed ones
         splits = {f"dev -> sealed ({len(sealed)} problems)": [("sealed", sealed)]}
