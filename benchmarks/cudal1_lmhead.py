@@ -40,6 +40,11 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=1024)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--gradient-checkpointing", action="store_true",
+                   help="recompute activations in the backward pass: longer --max-tokens fit in memory")
+    p.add_argument("--calibrate-on", default="",
+                   help="draw the calibration split from training problems whose name starts with this only "
+                        "(kb.cudal1-: the pool the forecaster is judged on; default: any problem)")
     p.add_argument("--corpus", default=str(SHARED / "corpora" / "cuda-l1"))
     return p.parse_args(argv)
 
@@ -68,7 +73,9 @@ def run(args) -> int:
     t0 = time.perf_counter()
     result = train(training_pairs(train_rows), HeadConfig(model=args.model, max_tokens=args.max_tokens),
                    TrainSettings(folds=args.folds, fold=args.fold, held_out=tuple(sorted(held)), epochs=args.epochs,
-                                 batch_size=args.batch, max_seconds=args.max_seconds, seed=args.seed),
+                                 batch_size=args.batch, max_seconds=args.max_seconds, seed=args.seed,
+                                 gradient_checkpointing=args.gradient_checkpointing,
+                                 calibrate_on=args.calibrate_on),
                    out=str(Path(args.out) / f"fold-{args.fold}"))
     test = kernels[kernels["op"].isin(held)]
     got = ranking.fold_forecasts(result.forecaster, test, float(kernels[~kernels["op"].isin(held)]["failed"].mean()))

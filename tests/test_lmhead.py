@@ -92,6 +92,19 @@ def test_grouped_folds_never_share_a_problem_and_cover_every_pair_once():
     assert sorted(tested) == list(range(len(groups)))  # each pair is tested in exactly one fold
 
 
+def test_the_calibration_split_can_be_drawn_from_one_pools_problems_only():
+    from surrogate.lmhead.train import grouped_split
+
+    groups = np.array([f"kb.cudal1-l1-{i:03d}" for i in range(10)] + [f"softmax-{i}" for i in range(30)])
+    train, calibration, test = grouped_split(groups, 4, 0, 0.2, calibrate_on="kb.cudal1-")
+    assert {str(g) for g in groups[calibration]} <= {f"kb.cudal1-l1-{i:03d}" for i in range(10)}
+    eligible = {str(g) for g in groups if str(g).startswith("kb.cudal1-")} - {str(g) for g in groups[test]}
+    assert len(set(groups[calibration])) == max(1, round(0.2 * len(eligible)))
+    assert not set(groups[train]) & set(groups[calibration]) and len(train) + len(calibration) + len(test) == 40
+    with pytest.raises(ValueError, match="calibrate on 'gpumode.': no training problem"):
+        grouped_split(groups, 4, 0, 0.2, calibrate_on="gpumode.")
+
+
 def test_named_held_out_problems_replace_the_fold_and_unknown_ones_are_refused():
     from surrogate.lmhead.train import grouped_split
 

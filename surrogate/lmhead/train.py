@@ -44,6 +44,9 @@ class TrainSettings:
     # The problems to hold out for testing, in place of fold ``fold`` of ``folds`` (the same split as
     # another forecaster's, say); the calibration split is still a share of the rest.
     held_out: tuple = ()
+    # Calibrate on the training problems whose name starts with this (kb.cudal1-: the pool the forecaster is
+    # judged on), not on a share of every pool's: "" for any problem.
+    calibrate_on: str = ""
 
     def __post_init__(self) -> None:
         if self.folds < 2:
@@ -76,9 +79,10 @@ def targets(pairs: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def grouped_split(groups: np.ndarray, folds: int, fold: int, calibration_fraction: float,
-                  seed: int = 0, held_out=()) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                  seed: int = 0, held_out=(), calibrate_on: str = "") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(train, calibration, test) row indices: the test fold is fold ``fold`` of a ``GroupKFold`` over
-    the problems, the calibration split a seeded share of the other problems; no problem is in two."""
+    the problems, the calibration split a seeded share of the other problems (of those whose name starts
+    with ``calibrate_on``, when given); no problem is in two."""
     from sklearn.model_selection import GroupKFold
 
     problems = sorted(set(groups))
@@ -96,8 +100,12 @@ def grouped_split(groups: np.ndarray, folds: int, fold: int, calibration_fractio
     else:
         train, test = list(GroupKFold(n_splits=folds).split(np.zeros(len(groups)), groups=groups))[fold]
     rest = sorted(set(groups[train]))
-    n_calibration = min(len(rest) - 1, max(1, round(calibration_fraction * len(rest))))
-    calibration = set(np.random.default_rng(seed).choice(rest, n_calibration, replace=False))
+    eligible = [g for g in rest if str(g).startswith(calibrate_on)]
+    if not eligible:
+        raise ValueError(f"calibrate on {calibrate_on!r}: no training problem's name starts with it")
+    # a share of the eligible problems, one at least, and one training problem left at least
+    n_calibration = min(len(rest) - 1, len(eligible), max(1, round(calibration_fraction * len(eligible))))
+    calibration = set(np.random.default_rng(seed).choice(eligible, n_calibration, replace=False))
     held = np.isin(groups[train], list(calibration))
     return np.sort(train[~held]), np.sort(train[held]), np.sort(test)
 
@@ -193,7 +201,8 @@ def train(pairs: pd.DataFrame, head: HeadConfig, settings: TrainSettings = Train
     started = time.monotonic()
     failed, log_speedup, groups = targets(pairs)
     train_ix, calibration_ix, test_ix = grouped_split(groups, settings.folds, settings.fold,
-                                                      settings.calibration_fraction, settings.seed, settings.held_out)
+                                                      settings.calibration_fraction, settings.seed, settings.held_out,
+                                                      settings.calibrate_on)
     texts = list(zip(pairs["anchor_source"].astype(str), pairs["candidate_source"].astype(str)))
     torch.manual_seed(settings.seed)
     net = PairModel(head, device or default_device())
