@@ -67,7 +67,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--pool", default=str(POOL), help="the CUDA-L1 pool root (its kernelcast protocol's data root)")
     p.add_argument("--protocol", default="kernelcast")
     p.add_argument("--report", default=str(REPORT), help="the pool report whose headroom list is searched")
-    p.add_argument("--problems", default="", help="l2-017,... (default: the report's headroom list)")
+    p.add_argument("--problems", default="", help="l2-017,... (default: the report's headroom list; 'all': every "
+                   "problem of the pool; 'none': only --gpumode tasks)")
     p.add_argument("--gpumode", default="", help="GPU MODE task folders to search as well (comma-separated, each "
                    "holding reference.py and task.yml): imported here, searched from their reference alone (the "
                    "pool has no kernels of theirs to start from); '--problems none' searches only these")
@@ -94,10 +95,19 @@ def parse(argv=None) -> argparse.Namespace:
                    "and of those variants), one pool call, into --data/<problem>; the comparisons are then replays "
                    "of it (--backend replay --replay-pool DATA)")
     p.add_argument("--space-depth", type=int, default=1, choices=(1, 2))
+    p.add_argument("--space-variants", nargs="+", default=[], metavar="NAME",
+                   help="--space: only these variants (compile-default compile-reduce-overhead ...; default: all)")
+    p.add_argument("--space-reference-only", action="store_true",
+                   help="--space: the reference's variants only, no roots (torch.compile of every reference, say)")
     p.add_argument("--prior-spaces", default="", help="a folder of measured variant spaces (as --space leaves them) "
                    "whose kernels join the pool in the surrogate's prior (built under --data/prior-with-spaces); the "
                    "searched problem's own rows are still left out (prior_scope other-ops)")
     args = p.parse_args(argv)
+    from kernels.variants import VARIANTS
+
+    unknown = [n for n in args.space_variants if n not in VARIANTS]
+    if unknown:
+        p.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
     args.prior = ""  # the merged prior's root, once main has built it
     return args
 
@@ -129,6 +139,11 @@ def problems(args) -> list[str]:
 
     if args.problems == "none":
         ops = []
+    elif args.problems == "all":  # every problem of the pool, in order
+        from storage.dataset import DataRoot
+
+        ops = sorted(o for o in DataRoot(f"{args.pool}/{args.protocol}").read_candidates()["op"].unique()
+                     if o.startswith("kb.cudal1-"))
     elif args.problems:
         ops = []
         for item in filter(None, (s.strip() for s in args.problems.split(","))):
@@ -214,9 +229,9 @@ def problem_settings(args, op: str) -> dict:
     return base
 
 
-def variant_space(op: str, roots, depth: int = 1) -> list:
+def variant_space(op: str, roots, depth: int = 1, only=()) -> list:
     """The roots, then every variant of the reference and of each root, then (``depth`` 2) every variant of
-    those variants: each child once, in that order."""
+    those variants: each child once, in that order; ``only``: just the variants of these names."""
     from kernels.ops import get_operation
     from kernels.variants import variant_children
 
@@ -225,7 +240,7 @@ def variant_space(op: str, roots, depth: int = 1) -> list:
     layer = [operation.seed_candidates()[0], *roots]
     for _ in range(depth):
         made = [kid for parent in layer for kid in variant_children(operation, parent)[0]
-                if kid.candidate_id not in found]
+                if kid.candidate_id not in found and (not only or kid.origin.removeprefix("variant:") in only)]
         found.update((k.candidate_id, k) for k in made)
         layer = made
     return list(found.values())
@@ -243,8 +258,8 @@ def measure_space(args, op: str) -> dict:
     search = open_search(config, track=False)  # the root, the pool and the reference's own measurement
     try:
         roots = [c for c, _ in template_roots(base["generator_roots"], op, search.config.gpu_type)] \
-            if base["generator_roots"] else []
-        space = variant_space(op, roots, args.space_depth)
+            if base["generator_roots"] and not args.space_reference_only else []
+        space = variant_space(op, roots, args.space_depth, tuple(args.space_variants))
         search.root.write_candidates(space)
         t0 = time.perf_counter()
         found, reused = measure_and_store(search.root, search.pool, space, search.config.gpu_type)

@@ -451,3 +451,33 @@ def test_the_headroom_prior_with_spaces_holds_the_pool_and_every_spaces_rows(tmp
         headroom_search.prior_with_spaces(str(tmp_path / "pool"), str(tmp_path / "nowhere"), str(tmp_path / "p2"))
     assert headroom_search.main(["--prior-spaces", str(tmp_path / "nowhere"), "--problems", "none",
                                  "--pool", str(tmp_path / "pool"), "--data", str(tmp_path / "d")]) == 2
+
+
+def test_a_space_of_the_references_compile_variants_only_and_an_unknown_variant_refused(tmp_path, capsys):
+    from benchmarks import headroom_search
+    from tests.formats_for_tests import write_gpumode
+    from tests.test_real_size import GPUMODE_ADD_INTO, GPUMODE_ADD_INTO_SPECS
+
+    ref, _ = write_gpumode(tmp_path / "add_into_py", reference=GPUMODE_ADD_INTO, specs=GPUMODE_ADD_INTO_SPECS)
+    op, _ = import_task("gpumode", str(ref), name="space-add-into")
+    modes = ("compile-default", "compile-reduce-overhead", "compile-max-autotune-no-cudagraphs")
+    space = headroom_search.variant_space(op.name, [], 1, modes)
+    assert [k.origin for k in space] == [f"variant:{m}" for m in modes]
+    assert {k.parent_id for k in space} == {op.seed_candidates()[0].candidate_id}
+    args = headroom_search.parse(["--space", "--space-reference-only", "--space-variants", *modes])
+    assert args.space_reference_only and args.space_variants == list(modes)
+    with pytest.raises(SystemExit):
+        headroom_search.parse(["--space", "--space-variants", "compile-fastest"])
+    assert "unknown variant(s) compile-fastest; known: compile-default" in capsys.readouterr().err
+
+
+def test_every_problem_of_the_pool_in_order(tmp_path):
+    from benchmarks import headroom_search
+    from kernels.records import Candidate
+    from storage.dataset import DataRoot
+
+    DataRoot(str(tmp_path / "p" / "kernelcast")).write_candidates(
+        [Candidate(op=op, backend="torch", origin="import", source=f"def forward(x):\n    return x  # {op}\n")
+         for op in ("kb.cudal1-l2-002", "gpumode.other", "kb.cudal1-l1-001")])
+    args = headroom_search.parse(["--pool", str(tmp_path / "p"), "--problems", "all", "--shard", "0/1"])
+    assert headroom_search.problems(args) == ["kb.cudal1-l1-001", "kb.cudal1-l2-002"]
