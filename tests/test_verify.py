@@ -233,3 +233,15 @@ def test_a_call_of_seconds_is_verified_and_warmed_with_fewer_calls_and_not_trace
     assert not verify.gate_again(host_us=1000.0, gate_us=2000.0, tries_left=3)  # the gate held it
     assert not verify.gate_again(host_us=9.7e6, gate_us=2000.0, tries_left=3)
     assert not verify.gate_again(host_us=2500.0, gate_us=2000.0, tries_left=0)
+
+
+def test_a_short_gpu_bound_case_gets_windows_until_two_agree_and_a_long_one_a_single_window():
+    t = lambda us: timing.Timing(us, 0.1, 20)  # noqa: E731 - a window of this median
+    # pmpp/matmul's 256^3 case on a busy host: one window at 36.7 us, the same code elsewhere at 7.7 us
+    assert timing.time_again([t(36.7)], host_bound=False, most=5)
+    assert timing.time_again([t(36.7), t(7.7)], host_bound=False, most=5)
+    assert not timing.time_again([t(36.7), t(7.7), t(7.75)], host_bound=False, most=5)  # three at most
+    assert not timing.time_again([t(7.7), t(7.72)], host_bound=False, most=5)  # the two agree
+    assert not timing.time_again([t(221.0)], host_bound=False, most=5)  # a long GPU-bound call: its window stands
+    assert timing.time_again([t(900.0), t(800.0), t(850.0)], host_bound=True, most=5)
+    assert not timing.time_again([t(900.0)] * 5, host_bound=True, most=5)

@@ -51,7 +51,7 @@ from kernels.formats.common import unmet_requirement
 from kernels.harness import ahead, budget, cores, prebuild, sandbox, verify
 from kernels.harness.anticheat import CallGuard, Checker, Rejected, install_stream_guard, scan_source
 from kernels.harness.correctness import CandidateLoadError, call_candidate, load_launch, poisoned_outputs
-from kernels.harness.timing import (FORMAT_PROTOCOLS, Timing, agree, fastest, flush_us, l2_flush_buffer, time_call,
+from kernels.harness.timing import (FORMAT_PROTOCOLS, Timing, fastest, flush_us, l2_flush_buffer, time_again, time_call,
                                     time_gpumode, time_pair, time_trials)
 from kernels.ops import get_operation
 from kernels.records import Candidate
@@ -511,10 +511,12 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
     result["host_bound_cases"] = [c.name for c in host_bound]
     paired = cases_to_pair(job, cases, host_bound)
     anchored = _anchored(job, op, [c for c in paired if c.name in reference], time_pair_case, result, phase)
-    # Other host-bound cases again, in passes over the cases, until their two fastest windows agree (kernelcast's
-    # protocol only: KernelBench's takes one window as it comes).
+    # Other host-bound cases, and short GPU-bound ones, again in passes over the cases until their two fastest
+    # windows agree (kernelcast's protocol only: KernelBench's takes one window as it comes).
+    bound = {c.name for c in host_bound}
     for _ in range(job.host_bound_windows - 1 if job.protocol == "kernelcast" else 0):
-        again = [c for c in host_bound if c.name not in anchored and not agree(windows[c.name])]
+        again = [c for c in cases if c.name not in anchored
+                 and time_again(windows[c.name], c.name in bound, job.host_bound_windows)]
         for case in again:
             windows[case.name].append(time_case(case, max_seconds=job.max_seconds_per_case / 4)[0])
     timings = {name: anchored.get(name) or fastest(w) for name, w in windows.items()}
