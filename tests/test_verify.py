@@ -34,6 +34,10 @@ def test_a_first_call_on_unseen_inputs_slower_than_its_repeat_means_reused_work(
     repeated = [Window(5.0, 12.0)] * 3
     assert "reuses work" in verify.reuses_work([Window(90.0, 97.0)] * 3, repeated)
     assert verify.reuses_work([Window(5.3, 12.0)] * 3, repeated) is None
+    # a first call that made the allocator reserve memory says so in the verdict (grayscale's honest code, 2026-11-26)
+    grown = verify.reuses_work([Window(1222.7, 1230.0, 192 << 20)] * 3, [Window(784.9, 790.0)] * 3)
+    assert "reuses work" in grown and "reserve 576 MiB more" in grown
+    assert "reserve" not in verify.reuses_work([Window(90.0, 97.0)] * 3, repeated)
 
 
 def test_a_clean_trace_widens_the_synced_checks_margin():
