@@ -121,10 +121,10 @@ def _measured(args):
         raise ValueError(f"no kernel with a measured reference under {root.uri} on {args.gpu_type}")
     cases = [c for c in (case_pairs(r, gpu_type=args.gpu_type) for r in roots) if not c.empty]
     cases = pd.concat(cases, ignore_index=True) if cases else pd.DataFrame()
-    if not cases.empty:  # a kernel measured in the pool and again in a space counts once, as source_pairs has it
-        cases = cases[cases["op"].isin(loadable)]
-        cases = cases[cases.set_index(["op", "candidate_id"]).index.isin(
-            kernels.set_index(["op", "candidate_id"]).index)].reset_index(drop=True)
+    if not cases.empty:  # a kernel measured in the pool and again in a space counts once, from the pool (the first
+        # root), as source_pairs has it
+        cases = cases[cases["op"].isin(loadable) & cases["candidate_id"].isin(kernels["candidate_id"])]
+        cases = cases.drop_duplicates(["op", "candidate_id", "case_name"]).reset_index(drop=True)
     return kernels, cases
 
 

@@ -71,6 +71,19 @@ def footprint(op, case) -> Footprint:
     return Footprint(case.name, in_bytes, out_bytes, op.parameter_bytes(case))
 
 
+def case_bytes(op, cases) -> list[int | None]:
+    """Per case, its inputs', outputs' and parameters' bytes (``footprint``); None where meta tensors cannot
+    describe its inputs (only the device can make them)."""
+    sizes = []
+    for case in cases:
+        try:
+            fp = footprint(op, case)
+            sizes.append(fp.set_bytes + fp.parameter_bytes)
+        except Exception:  # noqa: BLE001 - inputs only the device can make
+            sizes.append(None)
+    return sizes
+
+
 def _gib(n: int) -> str:
     return f"{n / GIB:.2f} GiB"
 

@@ -171,18 +171,10 @@ def _row(task: Task, op, import_s: float, import_error: str, ref=None, null=None
 
 
 def _case_bytes(op, mode: str) -> list[int | None]:
-    """Per case the mode runs, its inputs', outputs' and parameters' bytes; None where only the device can make
-    its inputs."""
-    from kernels.harness.budget import footprint
+    """Per case the mode runs, its bytes (``budget.case_bytes``); None where only the device can make its inputs."""
+    from kernels.harness.budget import case_bytes
 
-    sizes = []
-    for case in (op.cases if mode == "gpu" else op.interpret_cases):
-        try:
-            fp = footprint(op, case)
-            sizes.append(fp.set_bytes + fp.parameter_bytes)
-        except Exception:  # noqa: BLE001 - inputs only the device can make
-            sizes.append(None)
-    return sizes
+    return case_bytes(op, op.cases if mode == "gpu" else op.interpret_cases)
 
 
 def _size(op, mode: str) -> float:

@@ -257,6 +257,10 @@ def hidden_work(windows: list[Window], paced: list[Window], share: float = 0.1,
 # heavy (GPU MODE's pmpp_v2 references) showed 10-15% of unexplained gap with a clean trace; the cheats
 # of benchmarks/adversarial.py left 24-91%.
 TRACED_SHARE = 0.2
+# And calls of a few tens of microseconds, host-bound (KernelBench's small problems through nn.Module), left
+# 5-10 us of gap beyond both baselines on an H100 with a clean trace: the trace is the check at that scale.
+TRACED_FLOOR_US = 15.0
+
 SLOW_CALL_US = 200_000.0  # a call this long gets one fresh-input call per round, not ``fresh_calls``
 
 
@@ -264,9 +268,6 @@ def fresh_calls_for(runtime_us: float, fresh_calls: int) -> int:
     """Fresh-input calls per round for a case timed at ``runtime_us``: one for a call of a fifth of a second or
     more (one unseen input set tells a cache or a replay as well as three, and each call holds the device)."""
     return 1 if runtime_us >= SLOW_CALL_US else fresh_calls
-# And calls of a few tens of microseconds, host-bound (KernelBench's small problems through nn.Module), left
-# 5-10 us of gap beyond both baselines on an H100 with a clean trace: the trace is the check at that scale.
-TRACED_FLOOR_US = 15.0
 
 
 def reuses_work(first: list[Window], again: list[Window]) -> str | None:

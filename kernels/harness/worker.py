@@ -309,15 +309,9 @@ class MeasureWorker:
         cfg = self.config
         op = get_operation(op_name)
         cases = op.cases if cfg.mode == "gpu" else op.interpret_cases
-        if op_name not in self._case_bytes:
-            sizes = []
-            for case in cases:
-                try:
-                    fp = budget.footprint(op, case)
-                    sizes.append(fp.set_bytes + fp.parameter_bytes)
-                except Exception:  # noqa: BLE001 - inputs meta tensors cannot describe: the bytes model
-                    sizes.append(op.bytes_moved(case))
-            self._case_bytes[op_name] = sizes
+        if op_name not in self._case_bytes:  # inputs meta tensors cannot describe: the bytes model
+            self._case_bytes[op_name] = [op.bytes_moved(case) if size is None else size
+                                         for case, size in zip(cases, budget.case_bytes(op, cases))]
         # The reference's runtime per case: its timed median, or (the larger) its first call, which its
         # own measurement reports as it goes; the same figures for every candidate of the op.
         medians = dict(zip((c.name for c in cases), self.reference_us.get(op_name, ())))
@@ -454,9 +448,12 @@ class MeasureWorker:
                         solo.append((r.candidate, done))  # no verdict yet: others held the device beside it
                     else:
                         m = self._after_retry(r, done)
-                        if m.candidate_id in waiting:
+                        if m.candidate_id in waiting:  # a reference: what its candidates are measured against
                             if m.status == "ok":
                                 self.reference_us[m.op] = m.runtime_us_median
+                                # its candidates time these cases beside it too: a host-bound reference's own
+                                # runtime moves with the host, and a GPU-bound candidate's speedup with it
+                                self.reference_host_bound[m.op] = tuple((r.result or {}).get("host_bound_cases", ()))
                             pending.extend(waiting.pop(m.candidate_id))
                         yield m
                 running = still
@@ -508,10 +505,6 @@ class MeasureWorker:
                     r.memcheck.start()
             if r.memcheck is not None and r.memcheck.is_alive():
                 return None
-            if r.candidate.origin == "seed" and r.result.get("status") == "ok":
-                # its candidates time these cases beside it too: a host-bound reference's own runtime moves
-                # with the host, so a GPU-bound candidate's speedup over it would move as well
-                self.reference_host_bound[r.candidate.op] = tuple(r.result.get("host_bound_cases", ()))
             return self._finish(r, **self._from_result(r.result))
         if not r.process.is_alive():
             r.process.join()
