@@ -178,6 +178,23 @@ def test_two_shards_sweep_every_task_once_and_say_their_anchor(tmp_path):
                                    "gpumode/add_into_py"})
 
 
+def test_shards_resuming_from_the_same_rows_split_what_is_left(tmp_path):
+    import shutil
+
+    tasks = _tasks(tmp_path / "tasks")
+    first = tmp_path / "first"
+    _sweep(tasks, first, "--match", "broken")  # one task done; the rest would all fall in shard 0 of the full list
+    new = {}
+    for index in (0, 1):
+        out = tmp_path / f"shard{index}"
+        out.mkdir()
+        shutil.copy(first / "sweep.jsonl", out / "sweep.jsonl")
+        stdout, rows = _sweep(tasks, out, "--shard", f"{index}/2", "--shard-pending")
+        new[index] = [r["task"] for r in rows[1:]]
+        assert "1 tasks, 0 done before, 1 to go" in stdout, stdout[-1500:]
+    assert sorted(new[0] + new[1]) == ["gpumode/add_into_py", "kernelbench/level1/row_sum.py"]
+
+
 def test_a_malformed_shard_is_refused_by_name(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, "-c", RUN, "--tasks", str(_tasks(tmp_path / "tasks")), "--out",

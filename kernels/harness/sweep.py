@@ -361,6 +361,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=None, help="only the first N tasks (after --match)")
     p.add_argument("--shard", default=None, metavar="I/N", help="only every N-th task from the I-th (after --limit): "
                    "one sweep a GPU of a host, each with its own --out (their sweep.jsonl files concatenate)")
+    p.add_argument("--shard-pending", action="store_true", help="share out only the tasks without a row in --out's "
+                   "sweep.jsonl, so shards resuming from the same rows split what is left rather than what was")
     p.add_argument("--mode", choices=["auto", "gpu", "interpreter"], default="auto")
     p.add_argument("--concurrency", type=int, default=0, help="children at once (default: cores - 1, the worker's "
                                                                "default in kernelcast measure)")
@@ -400,6 +402,9 @@ def run(tasks_dir: str, args) -> int:
         tasks = [t for t in tasks if re.search(args.match, t.key)]
     if args.limit:
         tasks = tasks[:args.limit]
+    if args.shard_pending:
+        done = {r["task"] for r in read_rows(out / "sweep.jsonl")}
+        tasks = [t for t in tasks if t.key not in done]
     try:
         tasks = shard(tasks, args.shard)
     except ValueError as exc:
