@@ -109,14 +109,15 @@ def test_gpumode_protocol_ends_a_benchmark_by_its_own_rule():
     assert gpumode_stop(noisy, 121e9)  # past two minutes of wall time
 
 
-def test_a_call_too_slow_for_its_window_gets_fewer_repetitions_but_never_fewer_than_five():
-    from kernels.harness.timing import SLOW_CALL_REPS, repetitions_for
+def test_a_call_too_slow_for_its_window_gets_fewer_repetitions_five_under_a_second_three_above():
+    from kernels.harness.timing import SECONDS_CALL_REPS, SLOW_CALL_REPS, repetitions_for
 
     assert repetitions_for(20e-6, 20, 1.0) == 20  # a template kernel: all twenty
     assert repetitions_for(0.05, 20, 1.0) == 20  # twenty fit in two windows' time
     assert repetitions_for(0.2, 20, 1.0) == 10
-    assert repetitions_for(1.5, 20, 1.0) == SLOW_CALL_REPS == 5  # a second-long reference: five, not twenty
-    assert repetitions_for(1.5, 3, 1.0) == 3  # never more than asked for
+    assert repetitions_for(0.6, 20, 1.0) == SLOW_CALL_REPS == 5  # five, not twenty
+    assert repetitions_for(9.2, 20, 1.0) == SECONDS_CALL_REPS == 3  # amd/moe's reference: the median of three
+    assert repetitions_for(1.5, 2, 1.0) == 2  # never more than asked for
     assert repetitions_for(0.0, 20, 1.0) == repetitions_for(float("nan"), 20, 1.0) == 20
 
 

@@ -249,3 +249,7 @@ def test_a_short_gpu_bound_case_gets_windows_until_two_agree_and_a_long_one_a_si
     assert not timing.time_again([t(221.0)], host_bound=False, most=5)  # a long GPU-bound call: its window stands
     assert timing.time_again([t(900.0), t(800.0), t(850.0)], host_bound=True, most=5)
     assert not timing.time_again([t(900.0)] * 5, host_bound=True, most=5)
+    # a call of seconds (amd/moe's reference: 8.1-9.6 s, windows 5-15% apart) is one window, host-bound or not
+    assert not timing.time_again([t(9.2e6)], host_bound=True, most=5)
+    assert not timing.time_again([t(2.1e5)], host_bound=False, most=5)
+    assert timing.time_again([t(1.9e5)], host_bound=True, most=5)

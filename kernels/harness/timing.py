@@ -55,15 +55,23 @@ def agree(timings: list[Timing], tolerance: float = 0.01) -> bool:
 
 SHORT_CASE_US = 200.0  # a GPU-bound case shorter than this gets more than one window
 SHORT_CASE_WINDOWS = 3
+# A call this long is one window, host-bound or not, and gets one fresh-input call per verification round
+# (kernels.harness.verify.fresh_calls_for): its few repetitions already span longer than any stall of the host.
+SLOW_CALL_US = 200_000.0
 
 
 def time_again(windows: list[Timing], host_bound: bool, most: int) -> bool:
     """Whether a case gets another timing window (the fastest counts): a host-bound one until its two fastest
-    windows agree, ``most`` at most; a GPU-bound one shorter than ``SHORT_CASE_US`` likewise, three at most.
+    windows agree, ``most`` at most; a GPU-bound one shorter than ``SHORT_CASE_US`` likewise, three at most;
+    a call of ``SLOW_CALL_US`` or more, never.
 
     One window of a call of microseconds is one draw of whatever else the host and device did meanwhile: on a
     busy H100 host, GPU MODE pmpp/matmul's 256^3 case came out at 36.7 us in one window of the reference's own
-    code, against 7.7 us in another process. A longer GPU-bound call averages that out within its window."""
+    code, against 7.7 us in another process. A longer GPU-bound call averages that out within its window. A
+    call of seconds is host-bound by nature (GPU MODE amd/moe's reference, a Python loop over its experts:
+    8.1-9.6 s a call) and its windows never agree within 1%: ten windows of it held an H100 for ten minutes."""
+    if windows and windows[0].runtime_us_median >= SLOW_CALL_US:
+        return False
     if host_bound:
         limit = most
     else:
@@ -176,7 +184,8 @@ def _time_series(calls: list[Callable[[int], object]], flush: torch.Tensor, warm
             return [s.timing() for s in series]
 
 
-SLOW_CALL_REPS = 5  # the fewest repetitions a call gets, however slow
+SLOW_CALL_REPS = 5  # the fewest repetitions a call gets, however slow, up to a second
+SECONDS_CALL_REPS = 3  # the repetitions of a call of a second or more: the median of three
 PAIR_ROUNDS = 8  # the fewest rounds each call of a pair gets before its median may stand
 
 
@@ -200,11 +209,14 @@ def round_size_for(calls: int, min_reps: int, round_size: int) -> int:
 
 def repetitions_for(call_seconds: float, min_reps: int, max_seconds: float) -> int:
     """The repetitions a call needs before its median may stand: ``min_reps``, or for a call too slow for that
-    many to fit twice the window's ``max_seconds``, as many as fit (``SLOW_CALL_REPS`` at least). A call of a
-    second or more is long against every source of noise the repetitions average out (launch jitter, clock
-    steps, a flushed cache's refill), while twenty of them per case held the device for minutes per task."""
+    many to fit twice the window's ``max_seconds``, as many as fit (``SLOW_CALL_REPS`` at least), and for a call
+    of a second or more ``SECONDS_CALL_REPS``. A call of a second or more is long against every source of noise
+    the repetitions average out (launch jitter, clock steps, a flushed cache's refill), while twenty of them per
+    case held the device for minutes per task."""
     if call_seconds <= 0 or not math.isfinite(call_seconds):
         return min_reps
+    if call_seconds >= 1.0:
+        return min(min_reps, SECONDS_CALL_REPS)
     fit = int(2 * max_seconds / call_seconds)
     return max(min(min_reps, SLOW_CALL_REPS), min(min_reps, fit))
 

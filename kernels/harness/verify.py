@@ -48,6 +48,7 @@ from typing import Callable
 import torch
 
 from kernels.harness.anticheat import Rejected
+from kernels.harness.timing import SLOW_CALL_US
 
 FRESH_SEED = 5000  # seeds of the fresh verification inputs (compile 0, checks 1.., timing 1000.., recheck 9000)
 
@@ -260,9 +261,6 @@ TRACED_SHARE = 0.2
 # And calls of a few tens of microseconds, host-bound (KernelBench's small problems through nn.Module), left
 # 5-10 us of gap beyond both baselines on an H100 with a clean trace: the trace is the check at that scale.
 TRACED_FLOOR_US = 15.0
-
-SLOW_CALL_US = 200_000.0  # a call this long gets one fresh-input call per round, not ``fresh_calls``
-
 
 def fresh_calls_for(runtime_us: float, fresh_calls: int) -> int:
     """Fresh-input calls per round for a case timed at ``runtime_us``: one for a call of a fifth of a second or
