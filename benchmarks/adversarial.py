@@ -6,16 +6,21 @@ or time truthfully, beside honest kernels it must accept.
 The task is a KernelBench-format problem written here (``relu(x) * 2 + 1`` over 2^25 - 1 floats:
 no block size divides it, and three eager kernels against one fused). Every kernel below is a
 ``ModelNew`` for it; each says what it does and what a trustworthy verdict is (``ok``: accepted
-at its true speed; ``caught``: any status but ok). The true runtime of every kernel that does
-the work is the honest fused kernel's. The table gives each verdict, its reason and its speedup;
-a kernel whose verdict differs from what it should be is a hole in the harness. Needs a CUDA GPU
-(torch and triton only).
+at its true speed; ``caught``: any status but ok, or timed within 10% of its true runtime). A
+kernel's true runtime is what a timer no stream can escape sees (``true_runtime_us``): each call
+on inputs it has not seen, between two device-wide synchronisations, less that bracket around no
+call; taken in this process, after the harness's verdicts, for every kernel accepted (they are the
+suite's own kernels, not a candidate's). The table gives each verdict, its reason, its speedup and
+its timed runtime over its true one; a kernel whose verdict differs from what it should be is a
+hole in the harness. Needs a CUDA GPU (torch and triton only).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import statistics
 import sys
 import tempfile
 import textwrap
@@ -334,17 +339,63 @@ def run(names: list[str] | None = None, **worker_options) -> list[dict]:
                          "status": m.status, "error": m.error[:400], "speedup": m.speedup,
                          "runtime_us": list(m.runtime_us_median), "precision": m.precision, "checks": m.checks,
                          "wall_seconds": m.wall_seconds})
-    true = next((r["runtime_us"][0] for r in rows if r["name"] == "honest_fused" and r["runtime_us"]), None)
+    folder = Path(tempfile.mkdtemp(prefix="kernelcast-adversarial-truth-"))
+    by_name = {a.name: a for a in chosen}
     for r in rows:
-        caught = r["status"] != "ok"
-        r["verdict_right"] = caught if r["expect"] == "caught" else not caught
-        if true and r["status"] == "ok" and r["name"] != "reference" and r["runtime_us"]:
-            r["vs_true_runtime"] = r["runtime_us"][0] / true
+        if r["status"] == "ok" and r["name"] in by_name and r["runtime_us"]:
+            r["true_runtime_us"] = true_runtime_us(by_name[r["name"]], folder)
+            r["vs_true_runtime"] = r["runtime_us"][0] / r["true_runtime_us"]
+        r["verdict_right"] = verdict_right(r)
     return rows
 
 
+TRUE_WITHIN = 0.10  # a kernel that should be caught may instead be timed this close to its true runtime
+
+
+def verdict_right(row: dict) -> bool:
+    """Whether the harness's verdict on a suite kernel is what it should be: an honest one accepted; a cheat
+    caught, or accepted at its true runtime (a timer that sees all its work has not been fooled)."""
+    if row["expect"] == "ok":
+        return row["status"] == "ok"
+    if row["status"] != "ok":
+        return True
+    ratio = row.get("vs_true_runtime")
+    return ratio is not None and abs(ratio - 1.0) <= TRUE_WITHIN
+
+
+def true_runtime_us(adversary: Adversary, folder: Path, calls: int = 15) -> float:
+    """The kernel's device time as a timer no stream or pending work escapes sees it: each of ``calls`` calls on
+    inputs it has not seen, after two warm-up calls, between two device-wide synchronisations; the median, less
+    the median of the same bracket around no call."""
+    import torch
+
+    path = folder / f"adversary_{adversary.name}.py"  # a file: Triton reads its kernels' source back
+    path.write_text(adversary.source())
+    spec = importlib.util.spec_from_file_location(f"adversary_{adversary.name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = module.ModelNew().cuda()
+    n = int(PROBLEM.split("n = ")[1].split()[0])
+    inputs = [torch.randn(n, device="cuda") for _ in range(calls + 2)]
+
+    def bracket(fn) -> float:
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    with torch.no_grad():
+        took = [bracket(lambda x=x: model(x)) for x in inputs][2:]
+    empty = [bracket(lambda: None) for _ in range(calls)]
+    del model, inputs
+    torch.cuda.empty_cache()
+    return (statistics.median(took) - statistics.median(empty)) * 1e6
+
+
 def table(rows: list[dict]) -> str:
-    lines = ["| kernel | should be | status | speedup | runtime / true | right | why |", "|---|---|---|---|---|---|---|"]
+    lines = ["| kernel | should be | status | speedup | timed / true runtime | right | why |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
         speed = f"{r['speedup']:.2f}" if r.get("speedup") else ""
         ratio = f"{r['vs_true_runtime']:.2f}" if r.get("vs_true_runtime") else ""
