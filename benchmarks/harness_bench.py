@@ -136,10 +136,14 @@ def main() -> int:
         for per_case in zip(*series):
             if len(per_case) >= 2:
                 cvs.append(statistics.stdev(per_case) / statistics.mean(per_case))
-    report.update(repeat_candidates=len(chosen), repeats=args.repeats, median_cv=statistics.median(cvs),
-                  p90_cv=sorted(cvs)[int(0.9 * (len(cvs) - 1))])
-    print(f"repeatability: {len(chosen)} candidates x {args.repeats} runs, {len(cvs)} case series: "
-          f"median CV {100 * report['median_cv']:.2f}%, 90th percentile {100 * report['p90_cv']:.2f}%")
+    report.update(repeat_candidates=len(chosen), repeats=args.repeats,
+                  median_cv=statistics.median(cvs) if cvs else None,
+                  p90_cv=sorted(cvs)[int(0.9 * (len(cvs) - 1))] if cvs else None)
+    if cvs:
+        print(f"repeatability: {len(chosen)} candidates x {args.repeats} runs, {len(cvs)} case series: "
+              f"median CV {100 * report['median_cv']:.2f}%, 90th percentile {100 * report['p90_cv']:.2f}%")
+    else:  # --repeats 1: one run of each, no spread to give
+        print(f"repeatability: not measured ({args.repeats} run of each candidate; it needs two)")
 
     # 4. agreement with do_bench on the same kernels (first run's medians)
     ratios = []
