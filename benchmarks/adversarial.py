@@ -7,9 +7,9 @@ The task is a KernelBench-format problem written here (``relu(x) * 2 + 1`` over 
 no block size divides it, and three eager kernels against one fused). Every kernel below is a
 ``ModelNew`` for it; each says what it does and what a trustworthy verdict is (``ok``: accepted
 at its true speed; ``caught``: any status but ok, or timed within 10% of its true runtime). A
-kernel's true runtime is what a timer no stream can escape sees (``true_runtime_us``): each call
-on inputs it has not seen, between two device-wide synchronisations, less that bracket around no
-call; taken in this process, after the harness's verdicts, for every kernel accepted (they are the
+kernel's true runtime is what a trace no stream escapes shows (``true_runtime_us``): each call on
+inputs it has not seen, traced alone, from its first device activity to its last on any stream;
+taken in this process, after the harness's verdicts, for every kernel accepted (they are the
 suite's own kernels, not a candidate's). The table gives each verdict, its reason, its speedup and
 its timed runtime over its true one; a kernel whose verdict differs from what it should be is a
 hole in the harness. Needs a CUDA GPU (torch and triton only).
@@ -363,11 +363,14 @@ def verdict_right(row: dict) -> bool:
     return ratio is not None and abs(ratio - 1.0) <= TRUE_WITHIN
 
 
-def true_runtime_us(adversary: Adversary, folder: Path, calls: int = 15) -> float:
-    """The kernel's device time as a timer no stream or pending work escapes sees it: each of ``calls`` calls on
-    inputs it has not seen, after two warm-up calls, between two device-wide synchronisations; the median, less
-    the median of the same bracket around no call."""
+def true_runtime_us(adversary: Adversary, folder: Path, calls: int = 11) -> float:
+    """The kernel's device time as a trace no stream or pending work escapes shows it: each of ``calls`` calls on
+    inputs it has not seen (after two warm-up calls) traced alone between device-wide synchronisations, from the
+    start of its first device activity to the end of its last, on every stream; the median."""
     import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from kernels.harness.verify import device_activities
 
     path = folder / f"adversary_{adversary.name}.py"  # a file: Triton reads its kernels' source back
     path.write_text(adversary.source())
@@ -376,21 +379,20 @@ def true_runtime_us(adversary: Adversary, folder: Path, calls: int = 15) -> floa
     spec.loader.exec_module(module)
     model = module.ModelNew().cuda()
     n = int(PROBLEM.split("n = ")[1].split()[0])
-    inputs = [torch.randn(n, device="cuda") for _ in range(calls + 2)]
-
-    def bracket(fn) -> float:
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        return time.perf_counter() - t
-
+    spans = []
     with torch.no_grad():
-        took = [bracket(lambda x=x: model(x)) for x in inputs][2:]
-    empty = [bracket(lambda: None) for _ in range(calls)]
-    del model, inputs
+        for i in range(calls + 2):
+            x = torch.randn(n, device="cuda")
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                model(x)
+                torch.cuda.synchronize()
+            work = device_activities(prof)
+            if i >= 2 and work:
+                spans.append((max(a.end_ns for a in work) - min(a.start_ns for a in work)) / 1e3)
+    del model
     torch.cuda.empty_cache()
-    return (statistics.median(took) - statistics.median(empty)) * 1e6
+    return statistics.median(spans)
 
 
 def table(rows: list[dict]) -> str:

@@ -299,7 +299,7 @@ class Activity:
     end_ns: int
 
 
-def _device_activities(prof) -> list[Activity]:
+def device_activities(prof) -> list[Activity]:
     """Kernels, copies and fills the device ran while ``prof`` recorded, in start order."""
     found = []
     for e in prof.profiler.kineto_results.events():
@@ -347,7 +347,7 @@ def profile_window(call: Callable[[], object], pacer: "Pacer | None" = None, set
         if not gate_again(host_us, gate_us, tries_left=(3 if pacer else 0) - attempt):
             break
         gate_us *= 2
-    return _device_activities(prof)
+    return device_activities(prof)
 
 
 def gate_again(host_us: float, gate_us: float, tries_left: int) -> bool:
