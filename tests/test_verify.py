@@ -30,6 +30,16 @@ def test_the_gap_an_honest_long_call_leaves_is_judged_against_a_paced_call_of_it
     assert verify.hidden_work([Window(1000.0, 1150.0)] * 5, [Window(1000.0, 1028.0)] * 5) is not None
 
 
+def test_a_call_of_seconds_is_verified_without_paced_baselines():
+    # linalg/eigh's reference: 10-14.6 s a call, gaps of 44-68 us after it
+    assert verify.slow_call(10.99e6) and verify.slow_call(verify.SLOW_CALL_US) and not verify.slow_call(1.99e5)
+    assert verify.fresh_calls_for(10.99e6, 3) == 1 and verify.fresh_calls_for(1.99e5, 3) == 3
+    honest = [Window(timed_us=10.99e6, synced_us=10.99e6 + 66.0)] * 2
+    assert verify.hidden_work(honest, paced=[], share=verify.TRACED_SHARE, floor_us=verify.TRACED_FLOOR_US) is None
+    hidden = [Window(timed_us=2.0e6, synced_us=10.99e6)] * 2  # the device busy 9 s after the timed stream ended
+    assert "stayed busy" in verify.hidden_work(hidden, paced=[], share=verify.TRACED_SHARE)
+
+
 def test_a_first_call_on_unseen_inputs_slower_than_its_repeat_means_reused_work():
     repeated = [Window(5.0, 12.0)] * 3
     assert "reuses work" in verify.reuses_work([Window(90.0, 97.0)] * 3, repeated)

@@ -563,11 +563,13 @@ def _verify_case(job: Job, case, checker: Checker, call, pacer: verify.Pacer, re
     for attempt in range(2):  # a round that finds something runs again on other inputs: a verdict needs both
         first, again, paced, idle = [], [], [], []
         fresh_calls = verify.fresh_calls_for(runtime_us, job.fresh_calls)
+        slow = verify.slow_call(runtime_us)
         for j in range(fresh_calls):
             unseen = checker.prepare(case, verify.FRESH_SEED + attempt * job.fresh_calls + j)
             # an untimed call first: making the inputs took the allocator's cached blocks that the call's own
             # temporaries would have reused, and the fresh call would pay for new ones where the second did not
-            verify.synced_call(lambda: call(0), pacer.flush)
+            if not slow:
+                verify.synced_call(lambda: call(0), pacer.flush)
             for timed in (first, again):
                 def run(fn, timed=timed, touch=(*unseen.inputs, *unseen.outputs)):
                     window, got = verify.synced_call(fn, pacer.flush, touch)
@@ -578,11 +580,12 @@ def _verify_case(job: Job, case, checker: Checker, call, pacer: verify.Pacer, re
                 if problem:
                     return f"after timing, on inputs it had not seen: {problem}"
             del unseen
-            paced += [pacer.window(first[-1].timed_us), pacer.window(again[-1].timed_us)]
-            idle.append(pacer.idle_window(first[-1].timed_us))
+            if not slow:
+                paced += [pacer.window(first[-1].timed_us), pacer.window(again[-1].timed_us)]
+                idle.append(pacer.idle_window(first[-1].timed_us))
         seen = {"first_us": [w.timed_us for w in first], "again_us": [w.timed_us for w in again],
                 "synced_gap_us": [w.synced_us - w.timed_us for w in first + again],
-                "paced_gap_us": [w.synced_us - w.timed_us for w in paced],
+                "paced_gap_us": [w.synced_us - w.timed_us for w in paced],  # none for a call of seconds
                 "idle_gap_us": [w.synced_us - w.timed_us for w in idle]}
         share = verify.TRACED_SHARE if traced else 0.1
         floor = verify.TRACED_FLOOR_US if traced else 5.0

@@ -242,8 +242,9 @@ def hidden_work(windows: list[Window], paced: list[Window], share: float = 0.1,
 
     The margin is ``share`` of the call and ``floor_us`` at least: a tenth and 5 us where this is the only
     check of the window, more where a trace of the call already found nothing outside it (``TRACED_SHARE``,
-    ``TRACED_FLOOR_US``)."""
-    baseline = statistics.median(_gap(p) for p in paced)
+    ``TRACED_FLOOR_US``). Without ``paced`` windows (a call of seconds, ``slow_call``) the baseline is none:
+    the margin alone, a fifth of seconds, dwarfs any gap an honest call leaves."""
+    baseline = statistics.median(_gap(p) for p in paced) if paced else 0.0
     if idle:
         baseline = max(baseline, statistics.median(_gap(p) for p in idle))
     excess = statistics.median(_gap(w) for w in windows) - baseline
@@ -263,10 +264,19 @@ TRACED_SHARE = 0.2
 # 5-10 us of gap beyond both baselines on an H100 with a clean trace: the trace is the check at that scale.
 TRACED_FLOOR_US = 15.0
 
+def slow_call(runtime_us: float) -> bool:
+    """Whether a case's calls are long enough (``SLOW_CALL_US``) that its verification makes only the calls that
+    can tell something at that scale: the traced one and each unseen input set's two, no paced or idle
+    baselines (gaps of tens of microseconds against calls of seconds) and no untimed call first (the allocator's
+    cost, which that call keeps out of the first timed one, is microseconds too). GPU MODE linalg/eigh's
+    reference, at 10-14.6 s a call, took 100-140 s of verification a case with them."""
+    return runtime_us >= SLOW_CALL_US
+
+
 def fresh_calls_for(runtime_us: float, fresh_calls: int) -> int:
     """Fresh-input calls per round for a case timed at ``runtime_us``: one for a call of a fifth of a second or
     more (one unseen input set tells a cache or a replay as well as three, and each call holds the device)."""
-    return 1 if runtime_us >= SLOW_CALL_US else fresh_calls
+    return 1 if slow_call(runtime_us) else fresh_calls
 
 
 def reuses_work(first: list[Window], again: list[Window]) -> str | None:
