@@ -225,3 +225,17 @@ def test_tasks_imported_by_worker_processes_get_the_same_verdicts(tmp_path):
         assert by_task[key]["imported"] and by_task[key]["measured"], by_task[key]
     assert by_task["kernelbench/level1/row_sum.py"]["op"] == "kb.l1_row_sum"
     assert "IMPORTED []" in stdout  # the workers needed no more than torch and triton either
+
+
+def test_tasks_of_unknown_size_are_measured_in_small_chunks_of_their_own():
+    from kernels.harness.sweep import chunks
+
+    inf = float("inf")
+    items = [(inf, "nvfp4"), (1.0, "a"), (2.0, "b"), (3.0, "c"), (4.0, "d"), (5.0, "e"), (inf, "moe"), (inf, "eigh"),
+             (inf, "vectoradd"), (inf, "qr")]
+    got = [(first, [name for _, name in chunk]) for first, chunk in chunks(items, 4)]
+    # the refusal first (sorted there by the sweep), then known sizes four at a time, then the rest one at a time
+    assert got == [(0, ["nvfp4"]), (1, ["a", "b", "c", "d"]), (5, ["e"]), (6, ["moe"]), (7, ["eigh"]),
+                   (8, ["vectoradd"]), (9, ["qr"])]
+    assert [name for _, c in chunks(items, 30) for _, name in c] == [name for _, name in items]
+    assert [len(c) for _, c in chunks(items, 30)] == [1, 5, 4]  # 30 // 4 = 7 at a time: the last four together
