@@ -83,7 +83,7 @@ class Job:
     environment: tuple[tuple[str, str], ...] = ()  # variables the op's own code needs (set before CUDA starts)
     compile_cpus: tuple[int, ...] = ()  # where the child runs until it holds the lock (kernels.harness.cores)
     timing_cpus: tuple[int, ...] = ()  # where it runs while it holds the lock; () for both: wherever it may
-    host_bound_windows: int = 5  # timing windows for a host-bound case (Timing.host_bound; the fastest counts)
+    host_bound_windows: int = 5  # timing windows for a case whose host side outlasts the flush (the fastest counts)
     # The op's reference runtime per case, as the worker measured it; given, a host-bound case is timed
     # in one window with the reference and reported as this runtime times their ratio (``anchored``).
     reference_us: tuple[float, ...] = ()
@@ -431,8 +431,8 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
                 footprints: dict[str, int]) -> None:
     """Time every case, one case's inputs on the device at a time; then time the host-bound cases again.
 
-    A case whose host side nears the flush's head start (``Timing.host_bound``) is timed by the host's
-    speed, which a shared machine varies from one second to the next. Such cases get ``job.host_bound_windows``
+    A case whose host side outlasts the flush's head start is timed by the host's speed, which
+    a shared machine varies from one second to the next. Such cases get ``job.host_bound_windows``
     windows at most, in passes over the cases (so the windows of one case lie apart in time) while
     they disagree by more than 1%, and the fastest window counts: the call's cost on a host that was
     not slowed meanwhile."""

@@ -13,8 +13,8 @@ than the flush is timed by its GPU work alone. A call whose host side takes long
 GPU waiting inside the window, and its time then follows the host's speed, which on a shared
 machine moves by 2x from one second to the next (pure Python on a pinned core, measured on an
 H100 host: docs/harness.md). ``host_us_median`` says how long the host spent issuing a call;
-``host_bound`` compares it with the flush (``HOST_BOUND_SHARE``), and such calls are timed again later
-in separate windows while the windows disagree, the fastest window counting (``fastest``).
+``host_bound`` compares it with the flush, and such calls are timed again later in separate
+windows while the windows disagree, the fastest window counting (``fastest``).
 """
 
 from __future__ import annotations
@@ -36,18 +36,8 @@ class Timing:
     windows: int = 1  # separate timing windows this figure is the fastest of
 
     def host_bound(self, flush_us: float) -> bool:
-        """Whether the host's side of a call comes near enough to the flush (``HOST_BOUND_SHARE`` of it) that the
-        GPU may wait inside the window: a call issues its launches at the end of its host time, after the start
-        event, so a host time of three quarters of the flush already shows in the figure."""
-        return self.host_us_median > HOST_BOUND_SHARE * flush_us
-
-
-# Measured on an H100 host (2026-11-27): GPU MODE pmpp/matmul's reference, `a @ b` for 1024x1536x1024 fp16 (a
-# few microseconds of device work), spent 79 us of host time a call against a 102 us flush and was timed at
-# 27.9 us in one window, then 87.2 and 82.2 us in two windows whose host time outlasted the flush. The case was
-# judged GPU-bound from its first window, so its twin was not timed beside it, and the twin's 59.8 us (host 99.6
-# us against 100.3) left the null at 0.90.
-HOST_BOUND_SHARE = 0.6
+        """Whether the host's side of a call outlasts the flush: the GPU may then wait inside the window."""
+        return self.host_us_median > flush_us
 
 
 def fastest(timings: list[Timing]) -> Timing:

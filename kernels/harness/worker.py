@@ -93,9 +93,8 @@ class WorkerConfig:
     memcheck_timeout_s: float = 180.0
     # Which of a candidate's cases are timed again in one window beside its op's reference, and reported as
     # the reference's runtime times their ratio (kernels.harness.runner._anchored): "host-bound" (whose host
-    # side comes near the flush: timing.HOST_BOUND_SHARE), "all" (every case: drift of the clocks and the host
-    # between the reference's measurement and the candidate's cancels, for about twice the timing), or "off"
-    # (the fastest window).
+    # side outlasts the flush), "all" (every case: drift of the clocks and the host between the reference's
+    # measurement and the candidate's cancels, for about twice the timing), or "off" (the fastest window).
     anchor: str = "host-bound"
     # A lock file shared with the machine's other GPU users (an inference engine started with the same
     # --gpu-lock): children take it for their GPU work as they take the worker's own, so nothing else runs
