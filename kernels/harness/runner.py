@@ -508,8 +508,9 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
         timing, rotation[case.name] = time_case(case, check=job.verify)
         windows[case.name] = [timing]
     host_bound = [c for c in cases if windows[c.name][0].host_bound(head_start_us)]
-    result["host_bound_cases"] = [c.name for c in host_bound]
-    paired = cases_to_pair(job, cases, host_bound)
+    sensitive = [c for c in cases if windows[c.name][0].host_sensitive(head_start_us)]  # host_bound among them
+    result["host_sensitive_cases"] = [c.name for c in sensitive]  # a reference's: its candidates pair them too
+    paired = cases_to_pair(job, cases, sensitive)
     anchored = _anchored(job, op, [c for c in paired if c.name in reference], time_pair_case, result, phase)
     # Other host-bound cases, and short GPU-bound ones, again in passes over the cases until their two fastest
     # windows agree (kernelcast's protocol only: KernelBench's takes one window as it comes).
@@ -622,18 +623,18 @@ def torch_fingerprint() -> dict[str, int]:
     return found
 
 
-def cases_to_pair(job: Job, cases, host_bound) -> list:
+def cases_to_pair(job: Job, cases, sensitive) -> list:
     """The cases timed again beside the reference (where the candidate has one to meet).
 
-    kernelcast's protocol pairs the ``host_bound`` cases and those where the reference's own timing was host-bound
-    (``job.reference_host_bound``: its stored runtime moves with the host, and so would a GPU-bound candidate's
-    speedup over it; measured on an H100, KernelBench level2/98's reference at 50, 76 and 189 us in three runs
-    gave one CUDA-L1 kernel 1.13x, 1.62x and 6.72x), or every case with ``job.anchor_all``. A format's
+    kernelcast's protocol pairs the ``sensitive`` cases (``Timing.host_sensitive``) and those where the reference's
+    own timing was (``job.reference_host_bound``: its stored runtime moves with the host, and so would a GPU-bound
+    candidate's speedup over it; measured on an H100, KernelBench level2/98's reference at 50, 76 and 189 us in
+    three runs gave one CUDA-L1 kernel 1.13x, 1.62x and 6.72x), or every case with ``job.anchor_all``. A format's
     protocol pairs every case: its harness times the reference and the candidate one after the other in
     one process, while the reference's runtime stored by the worker was taken at another moment."""
     if job.protocol in FORMAT_PROTOCOLS or job.anchor_all:
         return list(cases)
-    mine = {c.name for c in host_bound}
+    mine = {c.name for c in sensitive}
     return [c for c in cases if c.name in mine or c.name in job.reference_host_bound]
 
 

@@ -39,6 +39,20 @@ class Timing:
         """Whether the host's side of a call outlasts the flush: the GPU may then wait inside the window."""
         return self.host_us_median > flush_us
 
+    def host_sensitive(self, flush_us: float) -> bool:
+        """Whether the host's side of a call comes near enough to the flush (``HOST_SENSITIVE_SHARE`` of it) that
+        one window's figure may follow the host: such a case is timed beside the reference (``runner.cases_to_pair``).
+        A call issues its launches at the end of its host time, so three quarters of the flush can already show."""
+        return self.host_us_median > HOST_SENSITIVE_SHARE * flush_us
+
+
+# Measured on an H100 host (2026-11-27): GPU MODE pmpp/matmul's reference, `a @ b` for 1024x1536x1024 fp16 (a few
+# microseconds of device work), spent 79 us of host time a call against a 102 us flush and was timed at 27.9 us in
+# one window, then 87.2 and 82.2 us in two windows whose host time outlasted the flush. The case counted as
+# GPU-bound, so its twin was not timed beside it, and the twin's 59.8 us (host 99.6 us against 100.3) left the null
+# at 0.90. Pairing costs a window beside the reference; re-timing in more windows stays with ``host_bound``.
+HOST_SENSITIVE_SHARE = 0.6
+
 
 def fastest(timings: list[Timing]) -> Timing:
     """The window with the lowest median (the host least slowed), counting every window's repetitions."""

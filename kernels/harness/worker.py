@@ -453,7 +453,7 @@ class MeasureWorker:
                                 self.reference_us[m.op] = m.runtime_us_median
                                 # its candidates time these cases beside it too: a host-bound reference's own
                                 # runtime moves with the host, and a GPU-bound candidate's speedup with it
-                                self.reference_host_bound[m.op] = tuple((r.result or {}).get("host_bound_cases", ()))
+                                self.reference_host_bound[m.op] = tuple((r.result or {}).get("host_sensitive_cases", ()))
                             pending.extend(waiting.pop(m.candidate_id))
                         yield m
                 running = still
