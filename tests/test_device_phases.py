@@ -473,3 +473,21 @@ def test_the_worker_refuses_an_unknown_anchor_setting_by_name():
 
     with pytest.raises(ValueError, match="unknown anchor setting 'sometimes'.*host-bound, all, off"):
         MeasureWorker(detect(), WorkerConfig(mode="interpreter", anchor="sometimes"))
+
+
+def test_a_kernel_that_autotunes_on_the_device_gets_minutes_for_each_first_call():
+    from kernels.harness import budget
+    from kernels.ops import get_operation
+
+    worker = MeasureWorker.__new__(MeasureWorker)  # no children: only the limits are asked
+    worker.config, worker.reference_us, worker._reference_call_us, worker._case_bytes = (
+        WorkerConfig(mode="gpu", concurrency=1), {}, {}, {})
+    reference = get_operation("softmax").seed_candidates()[0]
+    plain = worker.candidate_limits(reference)
+    compiled = reference.source + "\n# torch.compile(mode='max-autotune')\n"
+    tuned = worker.candidate_limits(dataclasses.replace(reference, source=compiled))
+    assert all(c < 900.0 for c in plain.call_s) and plain == worker.limits("softmax")
+    assert tuned.call_s == tuple(max(c, 900.0) for c in plain.call_s)
+    assert tuned.first_calls_s == 900.0 * len(plain.call_s) and tuned.device_s == plain.device_s
+    assert budget.autotunes('torch.compile(m, mode="max-autotune-no-cudagraphs")')
+    assert not budget.autotunes("torch.compile(m)")

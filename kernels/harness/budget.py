@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -167,6 +167,21 @@ def limits_for(case_bytes: list[int], *, mode: str, seeds: int, max_seconds_per_
         calls.append(call)
     first = compile_s + sum(2 * b / floor for b in case_bytes)
     return Limits(ahead_s=compile_s, first_calls_s=first, device_s=device, call_s=tuple(calls))
+
+
+def autotunes(source: str) -> bool:
+    """Whether a kernel's first call on each case autotunes on the device: torch.compile's max-autotune modes,
+    which benchmark their generated kernels under the GPU lock for minutes (``with_autotuning``)."""
+    return "max-autotune" in source or "max_autotune" in source
+
+
+def with_autotuning(limits: Limits, call_s: float) -> Limits:
+    """``limits`` for a kernel that ``autotunes``: each case's first call ``call_s`` at least, and all of them
+    together as long. Measured on an H100 (2026-11-27): torch.compile in max-autotune-no-cudagraphs mode of
+    KernelBench level3/15 and level3/20 ran past the 300 s a first call had, and was killed; that time is the
+    child's real cost, which a search charges as GPU seconds (it holds the lock), not a hang."""
+    calls = tuple(max(c, call_s) for c in limits.call_s)
+    return replace(limits, first_calls_s=max(limits.first_calls_s, call_s * max(1, len(calls))), call_s=calls)
 
 
 # ---- out of memory -----------------------------------------------------------------------------------

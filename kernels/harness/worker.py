@@ -91,10 +91,14 @@ class WorkerConfig:
     # the mean), to compare with figures published under it (kernels.harness.timing).
     protocol: str = "kernelcast"
     memcheck_timeout_s: float = 180.0
+    # A first call per case of a kernel that autotunes on the device (torch.compile's max-autotune modes:
+    # budget.autotunes) may take this long, its real cost rather than a hang.
+    autotune_call_s: float = 900.0
     # Which of a candidate's cases are timed again in one window beside its op's reference, and reported as
     # the reference's runtime times their ratio (kernels.harness.runner._anchored): "host-bound" (whose host
-    # side outlasts the flush), "all" (every case: drift of the clocks and the host between the reference's
-    # measurement and the candidate's cancels, for about twice the timing), or "off" (the fastest window).
+    # side nears the flush: timing.Timing.host_sensitive), "all" (every case: drift of the clocks and the host
+    # between the reference's measurement and the candidate's cancels, for about twice the timing), or "off"
+    # (the fastest window).
     anchor: str = "host-bound"
     # A lock file shared with the machine's other GPU users (an inference engine started with the same
     # --gpu-lock): children take it for their GPU work as they take the worker's own, so nothing else runs
@@ -322,6 +326,11 @@ class MeasureWorker:
                                  reference_us=runtime if any(runtime) else None,
                                  base_device_s=cfg.gpu_timeout_s, compile_s=cfg.timeout_s)
 
+    def candidate_limits(self, cand: Candidate) -> budget.Limits:
+        """``limits`` of the candidate's op, with first calls of ``autotune_call_s`` where it autotunes."""
+        limits = self.limits(cand.op)
+        return budget.with_autotuning(limits, self.config.autotune_call_s) if budget.autotunes(cand.source) else limits
+
     def _with_speedup(self, m: Measurement) -> Measurement:
         ref = self.reference_us.get(m.op)
         if m.status != "ok" or not ref or not m.runtime_us_median:
@@ -405,7 +414,7 @@ class MeasureWorker:
 
     def _start(self, cand: Candidate, alone: bool = False) -> _Running:
         scratch = tempfile.mkdtemp(prefix="cand-", dir=self._root)
-        limits = self.limits(cand.op)
+        limits = self.candidate_limits(cand)
         job = self._job(cand, scratch, *self._protection, limits=limits, alone=alone)
         parent_conn, child_conn = self._ctx.Pipe(duplex=False)
         proc = self._ctx.Process(target=child_main, args=(job, child_conn), daemon=True,
@@ -544,7 +553,7 @@ class MeasureWorker:
         elif name == "call" and r.candidate.origin == "seed" and r.candidate.op not in self.reference_us:
             # the reference, measuring: its limits grow with its own calls, as its candidates' will
             self._reference_call_us.setdefault(r.candidate.op, {})[detail["case"]] = detail["seconds"] * 1e6
-            r.limits = self.limits(r.candidate.op)
+            r.limits = self.candidate_limits(r.candidate)
             self._note(r, "limits", t, r.limits)
         elif name == "released":
             r.released = t
