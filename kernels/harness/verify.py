@@ -264,6 +264,7 @@ TRACED_SHARE = 0.2
 # 5-10 us of gap beyond both baselines on an H100 with a clean trace: the trace is the check at that scale.
 TRACED_FLOOR_US = 15.0
 
+
 def slow_call(runtime_us: float) -> bool:
     """Whether a case's calls are long enough (``SLOW_CALL_US``) that its verification makes only the calls that
     can tell something at that scale: the traced one and each unseen input set's two, no paced or idle
