@@ -8,9 +8,11 @@ no block size divides it, and three eager kernels against one fused). Every kern
 ``ModelNew`` for it; each says what it does and what a trustworthy verdict is (``ok``: accepted
 at its true speed; ``caught``: any status but ok, or timed within 10% of its true runtime). A
 kernel's true runtime is what a trace no stream escapes shows (``true_runtime_us``): each call on
-inputs it has not seen, traced alone, from its first device activity to its last on any stream;
+inputs it has not seen, traced alone, the time the device was busy with its work on any stream (the
+union of its activities; idle gaps while the profiled host launched the next kernel do not count);
 taken in this process, after the harness's verdicts, for every kernel accepted (they are the
-suite's own kernels, not a candidate's). The table gives each verdict, its reason, its speedup and
+suite's own kernels, not a candidate's). A cheat timed at 0.9 of that or more has not fooled the
+timer: it is charged for its work. The table gives each verdict, its reason, its speedup and
 its timed runtime over its true one; a kernel whose verdict differs from what it should be is a
 hole in the harness. Needs a CUDA GPU (torch and triton only).
 """
@@ -343,30 +345,50 @@ def run(names: list[str] | None = None, **worker_options) -> list[dict]:
     by_name = {a.name: a for a in chosen}
     for r in rows:
         if r["status"] == "ok" and r["name"] in by_name and r["runtime_us"]:
-            r["true_runtime_us"] = true_runtime_us(by_name[r["name"]], folder)
+            r["true_runtime_us"], r["traced_span_us"] = true_runtime_us(by_name[r["name"]], folder)
             r["vs_true_runtime"] = r["runtime_us"][0] / r["true_runtime_us"]
         r["verdict_right"] = verdict_right(r)
     return rows
 
 
-TRUE_WITHIN = 0.10  # a kernel that should be caught may instead be timed this close to its true runtime
+TRUE_WITHIN = 0.10  # a cheat timed at (1 - this) of its true runtime or more is charged for its work
 
 
 def verdict_right(row: dict) -> bool:
     """Whether the harness's verdict on a suite kernel is what it should be: an honest one accepted; a cheat
-    caught, or accepted at its true runtime (a timer that sees all its work has not been fooled)."""
+    caught, or accepted at no less than its true runtime, within a tenth (a timer that sees all its work has not
+    been fooled; one that charges it more, for its streams' synchronisation, has not been either)."""
     if row["expect"] == "ok":
         return row["status"] == "ok"
     if row["status"] != "ok":
         return True
     ratio = row.get("vs_true_runtime")
-    return ratio is not None and abs(ratio - 1.0) <= TRUE_WITHIN
+    return ratio is not None and ratio >= 1.0 - TRUE_WITHIN
 
 
-def true_runtime_us(adversary: Adversary, folder: Path, calls: int = 11) -> float:
+def busy_us(activities) -> float:
+    """How long the device was busy with ``activities`` (``verify.Activity``), on any stream: the length of the
+    union of their intervals, so overlapping streams count once and idle gaps not at all."""
+    total, end = 0, None
+    for a in sorted(activities, key=lambda a: a.start_ns):
+        if end is None or a.start_ns > end:
+            total += a.end_ns - a.start_ns
+            end = a.end_ns
+        elif a.end_ns > end:
+            total += a.end_ns - end
+            end = a.end_ns
+    return total / 1e3
+
+
+def true_runtime_us(adversary: Adversary, folder: Path, calls: int = 11) -> tuple[float, float]:
     """The kernel's device time as a trace no stream or pending work escapes shows it: each of ``calls`` calls on
-    inputs it has not seen (after two warm-up calls) traced alone between device-wide synchronisations, from the
-    start of its first device activity to the end of its last, on every stream; the median."""
+    inputs it has not seen (after two warm-up calls) traced alone between device-wide synchronisations; the median
+    of the time the device was busy with the call's work on any stream (``busy_us``), and the median span from
+    its first activity's start to its last's end.
+
+    The span is not the runtime: under the profiler the host launches more slowly, and where it launches a
+    kernel after the previous one ended the device idles between them (measured on an H100: a CUDA graph's
+    calls spanned 2.6 ms for 0.29 ms timed). It is kept for the record."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -379,7 +401,7 @@ def true_runtime_us(adversary: Adversary, folder: Path, calls: int = 11) -> floa
     spec.loader.exec_module(module)
     model = module.ModelNew().cuda()
     n = int(PROBLEM.split("n = ")[1].split()[0])
-    spans = []
+    busy, spans = [], []
     with torch.no_grad():
         for i in range(calls + 2):
             x = torch.randn(n, device="cuda")
@@ -389,10 +411,11 @@ def true_runtime_us(adversary: Adversary, folder: Path, calls: int = 11) -> floa
                 torch.cuda.synchronize()
             work = device_activities(prof)
             if i >= 2 and work:
+                busy.append(busy_us(work))
                 spans.append((max(a.end_ns for a in work) - min(a.start_ns for a in work)) / 1e3)
     del model
     torch.cuda.empty_cache()
-    return statistics.median(spans)
+    return statistics.median(busy), statistics.median(spans)
 
 
 def table(rows: list[dict]) -> str:

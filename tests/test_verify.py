@@ -215,24 +215,36 @@ def test_every_adversarial_kernel_is_caught_or_timed_truthfully():
     rows = adversarial.run()
     wrong = [(r["name"], r["status"], r.get("error", "")[:200]) for r in rows if not r["verdict_right"]]
     assert not wrong, wrong
-    for r in rows:  # every kernel accepted is timed within 10% of what a timer no stream escapes sees
+    for r in rows:  # no kernel accepted is charged less than 0.9 of its work on the device, any stream
         if r["status"] == "ok" and r["name"] != "reference":
-            assert 0.9 <= r["vs_true_runtime"] <= 1.1, r
+            assert r["vs_true_runtime"] >= 0.9, r
     half = next(r for r in rows if r["name"] == "half_precision")
     assert half["precision"].startswith("lower")
     assert not math.isnan(half["runtime_us"][0])
 
 
-def test_a_cheat_is_judged_right_only_when_caught_or_timed_within_a_tenth_of_its_true_runtime():
+def test_a_cheat_is_judged_right_only_when_caught_or_charged_at_least_nine_tenths_of_its_true_runtime():
     from benchmarks.adversarial import verdict_right
 
     cheat = {"expect": "caught", "status": "ok"}
     assert verdict_right({**cheat, "status": "rejected"})
     assert verdict_right({**cheat, "vs_true_runtime": 1.08})  # its work was all timed
     assert not verdict_right({**cheat, "vs_true_runtime": 0.61})  # hidden_stream on the busy host of 2026-11-26
-    assert not verdict_right({**cheat, "vs_true_runtime": 1.2})
+    assert not verdict_right({**cheat, "vs_true_runtime": 0.89})
+    assert verdict_right({**cheat, "vs_true_runtime": 1.2})  # charged more than its work: not a fooled timer
     assert not verdict_right(cheat)  # accepted, and no true runtime to hold it to
     assert verdict_right({"expect": "ok", "status": "ok"}) and not verdict_right({"expect": "ok", "status": "timeout"})
+
+
+def test_device_busy_time_counts_overlapping_streams_once_and_idle_gaps_not_at_all():
+    from benchmarks.adversarial import busy_us
+
+    assert busy_us([]) == 0.0
+    kernels = [Activity("a", 7, 0, 100_000), Activity("b", 9, 50_000, 150_000),  # overlap: 150 us together
+               Activity("c", 7, 400_000, 490_000),  # after 250 us of idle device: 90 us more
+               Activity("d", 9, 410_000, 420_000)]  # inside c
+    assert busy_us(kernels) == 240.0
+    assert busy_us(list(reversed(kernels))) == 240.0
 
 
 def test_work_that_ran_while_the_timed_stream_was_held_never_waited_for_it():
