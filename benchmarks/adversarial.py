@@ -8,8 +8,8 @@ no block size divides it, and three eager kernels against one fused). Every kern
 ``ModelNew`` for it; each says what it does and what a trustworthy verdict is (``ok``: accepted
 at its true speed; ``caught``: any status but ok, or timed within 10% of its true runtime). A
 kernel's true runtime is what a trace no stream escapes shows (``true_runtime_us``): each call on
-inputs it has not seen, traced alone, the time the device was busy with its work on any stream (the
-union of its activities; idle gaps while the profiled host launched the next kernel do not count);
+inputs it has not seen, traced alone, the time the device was busy with its work on any stream
+(``verify.busy_us``: the union of its activities; idle gaps while the profiled host launched the next kernel do not count);
 taken in this process, after the harness's verdicts, for every kernel accepted (they are the
 suite's own kernels, not a candidate's). A cheat timed at 0.9 of that or more has not fooled the
 timer: it is charged for its work. The table gives each verdict, its reason, its speedup and
@@ -366,20 +366,6 @@ def verdict_right(row: dict) -> bool:
     return ratio is not None and ratio >= 1.0 - TRUE_WITHIN
 
 
-def busy_us(activities) -> float:
-    """How long the device was busy with ``activities`` (``verify.Activity``), on any stream: the length of the
-    union of their intervals, so overlapping streams count once and idle gaps not at all."""
-    total, end = 0, None
-    for a in sorted(activities, key=lambda a: a.start_ns):
-        if end is None or a.start_ns > end:
-            total += a.end_ns - a.start_ns
-            end = a.end_ns
-        elif a.end_ns > end:
-            total += a.end_ns - end
-            end = a.end_ns
-    return total / 1e3
-
-
 def true_runtime_us(adversary: Adversary, folder: Path, calls: int = 11) -> tuple[float, float]:
     """The kernel's device time as a trace no stream or pending work escapes shows it: each of ``calls`` calls on
     inputs it has not seen (after two warm-up calls) traced alone between device-wide synchronisations; the median
@@ -392,7 +378,7 @@ def true_runtime_us(adversary: Adversary, folder: Path, calls: int = 11) -> tupl
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from kernels.harness.verify import device_activities
+    from kernels.harness.verify import busy_us, device_activities
 
     path = folder / f"adversary_{adversary.name}.py"  # a file: Triton reads its kernels' source back
     path.write_text(adversary.source())

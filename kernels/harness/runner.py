@@ -525,7 +525,7 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
         timing = timings[case.name]
         if job.verify:
             verify.check_traced_work(case.name, timing.runtime_us_median,
-                                     result.get("traced_span_us", {}).get(case.name))
+                                     result.get("traced_busy_us", {}).get(case.name))
             verify.check_physics(case.name, timing.runtime_us_median,
                                  verify.floor_us(op, case, job.peak_bandwidth_gbps, job.peak_tflops, job.l2_bytes))
         result["runtime_us_median"].append(timing.runtime_us_median)
@@ -558,7 +558,7 @@ def _verify_case(job: Job, case, checker: Checker, call, pacer: verify.Pacer, re
             result["window_check"] = "profiled" if verify.has_marks(activities) else "unavailable: no markers traced"
             if outside:
                 raise Rejected(f"{where}: {outside}")
-            result.setdefault("traced_span_us", {})[case.name] = verify.traced_span_us(activities)
+            result.setdefault("traced_busy_us", {})[case.name] = verify.traced_busy_us(activities)
     found, seen = None, {}
     traced = result.get("window_check") == "profiled"
     for attempt in range(2):  # a round that finds something runs again on other inputs: a verdict needs both
