@@ -491,3 +491,31 @@ def test_a_kernel_that_autotunes_on_the_device_gets_minutes_for_each_first_call(
     assert tuned.first_calls_s == 900.0 * len(plain.call_s) and tuned.device_s == plain.device_s
     assert budget.autotunes('torch.compile(m, mode="max-autotune-no-cudagraphs")')
     assert not budget.autotunes("torch.compile(m)")
+
+
+def test_a_case_whose_calls_take_seconds_is_checked_on_fewer_seeds():
+    def softmax(wait: str) -> Candidate:
+        return Candidate(op="softmax", backend="torch", origin="llm", source=textwrap.dedent(f'''
+            import time
+
+            import torch
+
+
+            def launch(x, out):
+                {wait}
+                e = (x.float() - x.float().amax(dim=-1, keepdim=True)).exp()
+                out.copy_((e / e.sum(dim=-1, keepdim=True)).to(x.dtype))
+            '''))
+
+    slow, quick = softmax("time.sleep(1.05)"), softmax("pass")
+    results, worker = _measure([slow, quick], seeds=3, timeout_s=120)
+    assert {m.status for m in results.values()} == {"ok"}, [m.error for m in results.values()]
+    seeds: dict[tuple[str, str], int] = {}
+    for cid, _, phase, _, detail in worker.timeline:
+        if phase == "check":
+            seeds[(cid, detail["case"])] = seeds.get((cid, detail["case"]), 0) + 1
+    quick_seeds = [n for (cid, _), n in seeds.items() if cid == quick.candidate_id]
+    slow_seeds = [n for (cid, _), n in seeds.items() if cid == slow.candidate_id]
+    assert quick_seeds and set(quick_seeds) == {3}
+    # the call that told it took seconds was not the case's first (which may have compiled): one or two seeds
+    assert len(slow_seeds) == len(quick_seeds) and max(slow_seeds) <= 2
