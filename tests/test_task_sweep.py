@@ -239,3 +239,56 @@ def test_tasks_of_unknown_size_are_measured_in_small_chunks_of_their_own():
                    (8, ["vectoradd"]), (9, ["qr"])]
     assert [name for _, c in chunks(items, 30) for _, name in c] == [name for _, name in items]
     assert [len(c) for _, c in chunks(items, 30)] == [1, 5, 4]  # 30 // 4 = 7 at a time: the last four together
+
+
+class _Worker:
+    """Stands in for the measurement worker in the sweep's own bookkeeping: every candidate asked for comes back
+    ok at 10 us a case (the reference first, as the worker orders them), and what was asked is recorded."""
+
+    def __init__(self):
+        self.reference_us, self.reference_host_bound, self.timeline, self.asked = {}, {}, [], []
+
+    def measure(self, cands):
+        from kernels.records import Measurement
+
+        for c in cands:
+            self.asked.append(c.candidate_id)
+            self.timeline.append((c.candidate_id, 1, "timed", 0.0, None))
+            if c.origin == "seed":
+                self.reference_host_bound[c.op] = ("1x8",)
+            ref = self.reference_us.get(c.op)
+            yield Measurement(candidate_id=c.candidate_id, op=c.op, gpu_type="h100", status="ok", mode="gpu",
+                              runtime_us_median=(10.0,), speedup=(ref[0] / 10.0) if ref else None)
+
+
+def test_a_reference_measured_before_its_null_is_kept_and_a_later_call_times_only_the_null(tmp_path):
+    from kernels.harness.sweep import Task, _Kept, _measure_chunks
+    from kernels.null import null_candidate
+    from kernels.ops import get_operation
+
+    op = get_operation("softmax")
+    task = Task("kernelbench/level1/softmax.py", "kernelbench", tmp_path / "softmax.py", "softmax")
+    reference, null = op.seed_candidates()[0], null_candidate(op)
+    names = {reference.candidate_id: (task.key, "reference"), null.candidate_id: (task.key, "null")}
+    rows = []
+
+    def sweep_once(device: str) -> _Worker:
+        worker = _Worker()
+        _measure_chunks(worker, [(1.0, task, op, 0.1)], names, 8, None, None, "gpu", rows.append,
+                        _Kept(tmp_path / "references.jsonl", device))
+        return worker
+
+    first = sweep_once("NVIDIA H100 80GB HBM3")
+    assert first.asked == [reference.candidate_id, null.candidate_id]
+    (kept,) = [json.loads(line) for line in (tmp_path / "references.jsonl").read_text().splitlines()]
+    assert kept["task"] == task.key and kept["us"] == [10.0] and kept["host_sensitive_cases"] == ["1x8"]
+    assert "reference_measured_in" not in rows[-1]
+    # the call was cut before the null: the next one on the same device measures the null alone, against it
+    later = sweep_once("NVIDIA H100 80GB HBM3")
+    assert later.asked == [null.candidate_id]
+    assert later.reference_us[op.name] == (10.0,) and later.reference_host_bound[op.name] == ("1x8",)
+    assert rows[-1]["reference_status"] == "ok" and rows[-1]["reference_us"] == [10.0]
+    assert rows[-1]["null_speedup"] == 1.0 and "an earlier call" in rows[-1]["reference_measured_in"]
+    assert rows[-1]["reference_timing_windows"] == 1 and rows[-1]["null_timing_windows"] == 1
+    # on another device the reference is measured again
+    assert sweep_once("NVIDIA H200").asked == [reference.candidate_id, null.candidate_id]

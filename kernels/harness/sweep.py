@@ -14,7 +14,10 @@ sweep is the health check of a GPU machine.
 Resumable: one JSON row per finished task is appended to ``DIR/sweep.jsonl`` as soon as
 both measurements are in, and tasks already there are skipped, so the sweep can be
 spread over several calls (``--max-minutes`` stops starting new chunks of tasks after that
-long). Each call prints the table of every task so far and the summary against the goals
+long). A task's reference measured ok before its null is also kept, in ``DIR/references.jsonl``: the next call
+on the same device measures only the null against it, so a task whose pair outlasts one call (GPU MODE's
+linalg/eigh, whose reference alone held an H100 for 17 minutes) finishes over two. Each call prints the table of
+every task so far and the summary against the goals
 (``kernels.harness.sweep_report``), and writes ``DIR/sweep.md`` and ``DIR/summary.json``.
 
 Needs torch and triton only (the harness's path imports nothing else; GPU MODE's task.yml
@@ -145,6 +148,29 @@ def import_all(tasks: list[Task], workers: int) -> list[tuple[Task, object, floa
 def _status_row(m) -> dict:
     return {"status": m.status, "error": m.error[:600], "us": list(m.runtime_us_median),
             "gpu_s": round(m.gpu_seconds, 3), "wall_s": round(m.wall_seconds, 3)}
+
+
+def kept_reference(m, device: str, host_sensitive, windows: int) -> dict:
+    """What ``references.jsonl`` keeps of a reference measured ok before its null: enough to time the null
+    against it in a later call on the same device, and to write the task's row then."""
+    return {"device": device, "op": m.op, "candidate_id": m.candidate_id, "gpu_type": m.gpu_type, "mode": m.mode,
+            "us": list(m.runtime_us_median), "gpu_s": m.gpu_seconds, "wall_s": m.wall_seconds,
+            "host_sensitive_cases": list(host_sensitive), "windows": windows,
+            "measured_at": m.measured_at.isoformat()}
+
+
+def read_references(path: Path, device: str) -> dict[str, dict]:
+    """Task key -> the latest reference kept for it on ``device`` (``kept_reference``), from ``references.jsonl``."""
+    return {r["task"]: r for r in read_rows(path) if r.get("device") == device and r.get("us")}
+
+
+def _stored_reference(kept: dict):
+    """The kept reference as the measurement a row is written from (its candidate already measured)."""
+    from kernels.records import Measurement
+
+    return Measurement(candidate_id=kept["candidate_id"], op=kept["op"], gpu_type=kept["gpu_type"], status="ok",
+                       mode=kept["mode"], runtime_us_median=tuple(kept["us"]), gpu_seconds=kept["gpu_s"],
+                       wall_seconds=kept["wall_s"])
 
 
 def _row(task: Task, op, import_s: float, import_error: str, ref=None, null=None, chunk: str = "",
@@ -297,8 +323,9 @@ def sweep(tasks: list[Task], out: Path, *, mode: str, concurrency: int, max_minu
             print(f"cores: the lock holder on {list(worker.cores.timing)}, children compiling on "
                   f"{len(worker.cores.compile)} others" if worker.cores.reserved else "cores: none reserved", flush=True)
             timeline = _Journal(worker, out / "timeline.jsonl", names)
+            kept = _Kept(out / "references.jsonl", hardware.device_name)
             try:
-                _measure_chunks(worker, imported, names, chunk_size, deadline, max_minutes, mode, write)
+                _measure_chunks(worker, imported, names, chunk_size, deadline, max_minutes, mode, write, kept)
             finally:
                 timeline.close()
             wall = time.monotonic() - started
@@ -311,10 +338,32 @@ def sweep(tasks: list[Task], out: Path, *, mode: str, concurrency: int, max_minu
               flush=True)
 
 
+class _Kept:
+    """``references.jsonl``: references measured ok whose null was not yet in, kept for a later call on the same
+    device (``kept_reference``)."""
+
+    def __init__(self, path: Path, device: str):
+        self.path, self.device = path, device
+        self.found = read_references(path, device)
+
+    def get(self, key: str) -> dict | None:
+        return self.found.get(key)
+
+    def add(self, key: str, record: dict) -> None:
+        with self.path.open("a") as sink:
+            sink.write(json.dumps({"task": key, **record}) + "\n")
+        self.found[key] = record
+
+
+def _timed_windows(worker, candidate_id: str) -> int:
+    return sum(1 for cid, _, phase, _, _ in worker.timeline if cid == candidate_id and phase == "timed")
+
+
 def _measure_chunks(worker, imported: list, names: dict, chunk_size: int, deadline: float | None,
-                    max_minutes: float | None, mode: str, write) -> None:
+                    max_minutes: float | None, mode: str, write, kept: _Kept | None = None) -> None:
     """Measure the imported tasks' references and nulls a chunk at a time, writing each task's row when both are in
-    (``names``: each reference's and null's candidate id -> (task key, role))."""
+    (``names``: each reference's and null's candidate id -> (task key, role)). A reference ``kept`` from an earlier
+    call on this device (and a GPU to time on) is not measured again: its null is timed against it."""
     from kernels.null import null_candidate
 
     for first, chunk in chunks(imported, chunk_size):
@@ -323,7 +372,17 @@ def _measure_chunks(worker, imported: list, names: dict, chunk_size: int, deadli
             return
         chunk_id = f"{int(time.time())}-{first}"
         pending = {task.key: (task, op, seconds, {}) for _, task, op, seconds in chunk}
-        cands = [c for _, op, _, _ in pending.values() for c in (op.seed_candidates()[0], null_candidate(op))]
+        cands, earlier = [], {}
+        for key, (task, op, _, got) in pending.items():
+            record = kept.get(key) if kept is not None and mode == "gpu" else None
+            if record is not None and record["op"] == op.name:
+                worker.reference_us[op.name] = tuple(record["us"])
+                worker.reference_host_bound[op.name] = tuple(record["host_sensitive_cases"])
+                got["reference"], earlier[key] = _stored_reference(record), record
+                print(f"  {key} reference: kept from an earlier call ({record['measured_at']})", flush=True)
+            else:
+                cands.append(op.seed_candidates()[0])
+            cands.append(null_candidate(op))
         for m in worker.measure(cands):
             key, role = names.get(m.candidate_id, (None, None))
             if key not in pending:
@@ -332,13 +391,17 @@ def _measure_chunks(worker, imported: list, names: dict, chunk_size: int, deadli
             got[role] = m
             print(f"  {task.key} {role}: {m.status} after {m.wall_seconds:.1f} s ({m.gpu_seconds:.1f} s on the "
                   f"device)", flush=True)
+            if role == "reference" and m.status == "ok" and len(got) == 1 and kept is not None and mode == "gpu":
+                kept.add(key, kept_reference(m, kept.device, worker.reference_host_bound.get(m.op, ()),
+                                             _timed_windows(worker, m.candidate_id)))
             if len(got) == 2:
                 # timing windows per case: more than one where a case was host-bound (timed again)
-                windows = {role: sum(1 for cid, _, phase, _, _ in worker.timeline
-                                     if cid == got[role].candidate_id and phase == "timed")
-                           for role in got}
+                windows = {role: (earlier[key]["windows"] if role == "reference" and key in earlier
+                                  else _timed_windows(worker, got[role].candidate_id)) for role in got}
                 row = _row(task, op, seconds, "", got["reference"], got["null"], chunk=chunk_id, mode=mode,
                            windows=windows)
+                if key in earlier:
+                    row["reference_measured_in"] = f"an earlier call of the sweep ({earlier[key]['measured_at']})"
                 # host-bound cases the null was timed beside the reference in (kernels.harness.runner._anchored)
                 row["null_anchored"] = {d["case"]: round(d["ratio"], 4) for cid, _, phase, _, d in worker.timeline
                                         if cid == got["null"].candidate_id and phase == "anchored"}
