@@ -71,6 +71,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--corpus", default=str(SHARED / "corpora" / "cuda-l1"),
                    help="CUDA-L1's JSON Lines files, for published figures the side table lacks")
     p.add_argument("--out", default=None, help="path stem of the .txt and .json results")
+    p.add_argument("--census-only", action="store_true",
+                   help="count the pool's measured implementations (every problem; no forecaster is fit or scored)")
     args = p.parse_args(argv)
     for value in args.forecasts:
         if "=" not in value or not value.split("=", 1)[0] or not value.split("=", 1)[1]:
@@ -153,8 +155,33 @@ def _also(args):
     return kernels, (pd.concat(cases, ignore_index=True) if cases else None)
 
 
+def census(kernels: pd.DataFrame) -> dict:
+    """What the pool holds: problems with their reference measured, and besides each reference and its null twin
+    (the reference's own code resubmitted) the implementations measured, by origin."""
+    from kernels.null import null_candidate
+    from kernels.ops import get_operation
+
+    nulls = {null_candidate(get_operation(op)).candidate_id for op in kernels["op"].unique()}
+    rest = kernels[~kernels["candidate_id"].isin(nulls)]
+    kinds = rest["origin"].where(rest["origin"] != "import", "cuda-l1").str.removeprefix("variant:")
+    return {"problems": int(kernels["op"].nunique()), "references": int(kernels["op"].nunique()),
+            "nulls": int(kernels["candidate_id"].isin(nulls).sum()), "implementations": int(len(rest)),
+            "implementations_ok": int((rest["status"] == "ok").sum()),
+            "problems_with_implementations": int(rest["op"].nunique()),
+            "by_origin": {k: int(v) for k, v in kinds.value_counts().items()},
+            "with_references": int(len(rest)) + int(kernels["op"].nunique())}
+
+
 def run(args) -> int:
     from surrogate import ranking
+
+    if args.census_only:
+        found = census(_measured(args)[0])
+        print(json.dumps(found, indent=1))
+        print(f"{found['with_references']} H100-measured implementations of {found['problems']} problems: "
+              f"{found['references']} references and {found['implementations']} others "
+              f"({found['implementations_ok']} ok), besides {found['nulls']} null twins")
+        return 0
 
     t0 = time.perf_counter()
     lines: list[str] = []

@@ -295,3 +295,22 @@ def test_a_problems_variant_space_joins_its_pool_anchored_at_its_own_reference_a
     assert set(cases[cases["op"] == op_name]["candidate_id"]) == set(mine.index)
     with pytest.raises(ValueError, match="--spaces .*no such folder"):
         cudal1_forecast._measured(cudal1_forecast.parse(["--pool", str(pool), "--spaces", str(tmp_path / "nowhere")]))
+
+
+def test_the_census_counts_references_and_implementations_and_sets_the_null_twins_apart(tmp_path, monkeypatch,
+                                                                                        capsys):
+    from benchmarks import cudal1_forecast
+    from kernels.null import null_candidate
+    from kernels.ops import get_operation
+
+    pool = _pool(tmp_path, monkeypatch)
+    args = cudal1_forecast.parse(["--pool", str(pool)])
+    kernels = cudal1_forecast._measured(args)[0]
+    found = cudal1_forecast.census(kernels)
+    assert (found["problems"], found["implementations"], found["implementations_ok"], found["nulls"]) == (9, 36, 33, 0)
+    assert found["with_references"] == 45 and found["by_origin"] == {"cuda-l1": 36}
+    twin = kernels["op"].iloc[0]  # one problem's kernel is its reference's null twin: not an implementation of its own
+    kernels.loc[kernels.index[0], "candidate_id"] = null_candidate(get_operation(twin)).candidate_id
+    assert cudal1_forecast.census(kernels)["nulls"] == 1 and cudal1_forecast.census(kernels)["implementations"] == 35
+    assert cudal1_forecast.main(["--pool", str(pool), "--census-only"]) == 0
+    assert "45 H100-measured implementations of 9 problems" in capsys.readouterr().out
