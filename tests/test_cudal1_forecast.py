@@ -314,3 +314,35 @@ def test_the_census_counts_references_and_implementations_and_sets_the_null_twin
     assert cudal1_forecast.census(kernels)["nulls"] == 1 and cudal1_forecast.census(kernels)["implementations"] == 35
     assert cudal1_forecast.main(["--pool", str(pool), "--census-only"]) == 0
     assert "45 H100-measured implementations of 9 problems" in capsys.readouterr().out
+
+
+def test_torch_compile_of_a_reference_is_set_against_the_problems_best_cuda_l1_kernel(tmp_path, monkeypatch):
+    from benchmarks import compile_vs_pool
+    from kernels.ops import get_operation
+
+    pool = _pool(tmp_path, monkeypatch)
+    op = get_operation("kb.cudal1-l2-003")  # its CUDA-L1 kernels at 1.33 (custom), 1.0, 0.8; 0.2 is its null
+    root = DataRoot(str(tmp_path / "compiled" / op.name))
+    reference = op.seed_candidates()[0]
+    default = Candidate(op=op.name, backend="torch", origin="variant:compile-default", source="# compiled default\n")
+    tuned = Candidate(op=op.name, backend="torch", origin="variant:compile-max-autotune-no-cudagraphs",
+                      source="# compiled max-autotune\n")
+    root.write_candidates([reference, default, tuned])
+    case = op.cases[0].name
+    root.write_measurements([
+        Measurement(reference.candidate_id, op.name, "h100", "ok", "gpu", case_names=(case,), runtime_us_median=(100.0,),
+                    speedup=1.0, hardware=H100),
+        Measurement(default.candidate_id, op.name, "h100", "ok", "gpu", case_names=(case,), runtime_us_median=(62.5,),
+                    speedup=1.6, hardware=H100),
+        Measurement(tuned.candidate_id, op.name, "h100", "timeout", "gpu", case_names=(case,), hardware=H100)])
+    (row,) = compile_vs_pool.table(tmp_path / "compiled", pool, "h100", tmp_path / "no-report.json")
+    assert row["default"] == pytest.approx(1.6) and row["best_mode"] == "compile-default"
+    assert row["cudal1"] == pytest.approx(4.0 / 3.0) and row["cudal1_variant"] == "custom"
+    assert row["failed_modes"] == ["compile-max-autotune-no-cudagraphs"] and not row["headroom"]
+    out = tmp_path / "table.md"
+    assert compile_vs_pool.main(["--compiled", str(tmp_path / "compiled"), "--pool", str(pool), "--markdown", str(out),
+                                 "--report", str(tmp_path / "no-report.json")]) == 0
+    text = out.read_text()
+    assert "| l2-003 |  | 1.60 | 1.60 (default) | 1.33 (custom) | 1.00 |" in text
+    assert "beats the best CUDA-L1 kernel on 1; geomean best compile / best CUDA-L1 1.200" in text
+    assert compile_vs_pool.main(["--compiled", str(tmp_path / "nowhere"), "--pool", str(pool)]) == 2
