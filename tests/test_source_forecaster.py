@@ -388,3 +388,18 @@ def test_a_clipped_speed_target_bounds_what_the_regression_learns(corpus):
         requests)
     _, whole, _ = SourceForecaster(max_iter=40, folds=3, stack_centred=False).fit(corpus).predict(requests)
     assert np.abs(clipped).max() <= 0.1 + 0.02 < 0.5 < np.abs(whole).max()
+
+
+def test_learned_forecaster_passes_its_source_options_to_the_source_model(corpus):
+    from storage.dataset import DataRoot
+    from surrogate.dataset import case_pairs
+    from surrogate.learned import SOURCE_OPTIONS, LearnedForecaster
+
+    cases = case_pairs(DataRoot(str(POOL)), gpu_type="h100")
+    cases = cases[cases["op"].isin(["softmax", "rmsnorm", "row_sum"])]
+    default = LearnedForecaster(max_iter=30, source_max_iter=40).fit(cases, sources=corpus)
+    assert default.source_.speed_loss == SOURCE_OPTIONS["speed_loss"] == "absolute_error"
+    assert default.source_.speed_model_.loss == "absolute_error"
+    other = LearnedForecaster(max_iter=30, source_max_iter=40, source_options={
+        "speed_loss": "squared_error", "calibration": "isotonic"}).fit(cases, sources=corpus)
+    assert other.source_.speed_model_.loss == "squared_error" and other.source_.calibration == "isotonic"
