@@ -88,7 +88,9 @@ class LearnedForecaster:
 
     @property
     def version(self) -> str:
-        return f"hgb-rank-{self.max_iter}-{self.learning_rate}-{getattr(self, 'n_train_', 0)}"
+        source = getattr(self, "source_", None)
+        return (f"hgb-rank-{self.max_iter}-{self.learning_rate}-{getattr(self, 'n_train_', 0)}"
+                + (f"+{source.version}" if source is not None else ""))
 
     def _model(self):
         return HistGradientBoostingRegressor(max_iter=self.max_iter, learning_rate=self.learning_rate,

@@ -48,7 +48,6 @@ from sklearn.linear_model import LinearRegression, LogisticRegression
 from sklearn.model_selection import GroupKFold
 
 from kernels.screen import fingerprint, undefined_name
-from kernels.variants import _CAPTURES, VARIANTS, applied
 
 # Both parse the source; an anchor is the anchor of many kernels, so each source is parsed once.
 _fingerprint = lru_cache(maxsize=8192)(fingerprint)
@@ -90,24 +89,6 @@ CHANGE_FEATURES = (
     "calls_added", "calls_removed", "block_change", "warps_change", "anchor_undefined_name",
 )
 SOURCE_FEATURE_NAMES = FEATURE_NAMES + ("log_anchor_speedup",) + CODE_FEATURES + CHANGE_FEATURES
-# How the kernel runs and what its anchor computes (``SourceFeatures(variants=True)``): the execution variants
-# its source is marked with (``kernels.variants``), whether it captures CUDA graphs or turns cuDNN's autotuner
-# on itself, the anchor's operator mix (convolutions, matrix products, normalisations, activations,
-# reductions, loops), and what the kinds of speed-up are worth on such an anchor: replaying a graph saves
-# launches (many small operators), cuDNN's autotuner and channels-last act on convolutions.
-_ANCHOR_OPS = {
-    "anchor_conv": r"\b(?:Conv[123]d|ConvTranspose[123]d|conv[123]d|conv_transpose[123]d)\b",
-    "anchor_matmul": r"\b(?:Linear|matmul|mm|bmm|einsum|addmm|baddbmm)\b",
-    "anchor_norm": r"\b(?:BatchNorm[123]d|LayerNorm|GroupNorm|InstanceNorm[123]d|layer_norm|batch_norm|group_norm)\b",
-    "anchor_activation": r"\b(?:relu|ReLU|gelu|GELU|sigmoid|Sigmoid|tanh|Tanh|softplus|hardswish|silu|mish|leaky_relu)\b",
-    "anchor_reduction": r"\b(?:sum|mean|amax|amin|softmax|log_softmax|logsumexp|norm|cumsum|argmax|argmin)\b",
-    "anchor_loops": r"\bfor\b",
-}
-_ANCHOR_REGEXES = tuple(re.compile(pattern) for pattern in _ANCHOR_OPS.values())
-VARIANT_FEATURES = (
-    *(f"variant_{name}" for name in VARIANTS), "n_variants", "captures_graph", "sets_cudnn_benchmark",
-    *_ANCHOR_OPS, "anchor_n_ops", "graph_like_x_anchor_ops", "cudnn_like_x_anchor_conv",
-)
 _MIN_SIGMA = 0.03
 _MIN_RAN = 5  # the learned forecaster fits on as few as 7 candidates (20 per-case pairs)
 # An absent feature (NaN) as a value below every real one: features here may be negative, and a
@@ -231,29 +212,10 @@ def change_features(source: str, anchor_source: str) -> tuple[float, ...]:
     )
 
 
-@lru_cache(maxsize=8192)
-def variant_features(source: str, anchor_source: str) -> tuple[float, ...]:
-    """VARIANT_FEATURES of ``source`` run against its anchor's source."""
-    marked = {v.name for v in applied(source)}
-    graph = 1.0 if _CAPTURES.search(source) else 0.0
-    cudnn = 1.0 if re.search(r"cudnn\.benchmark\s*=\s*True", source) else 0.0
-    mix = [float(len(rx.findall(_COMMENT.sub("", anchor_source)))) for rx in _ANCHOR_REGEXES]
-    n_ops = float(sum(mix[:-1]))
-    graph_like = max(graph, float(bool(marked & {"cuda-graph", "compile-reduce-overhead", "compile-max-autotune"})))
-    cudnn_like = max(cudnn, float(bool(marked & {"cudnn-benchmark", "channels-last"})))
-    return (*(1.0 if name in marked else 0.0 for name in VARIANTS), float(len(marked)), graph, cudnn,
-            *mix, n_ops, graph_like * n_ops, cudnn_like * mix[0])
-
-
 class SourceFeatures:
-    """The source forecaster's feature map: one row of SOURCE_FEATURE_NAMES per forecast request (and with
-    ``variants``, VARIANT_FEATURES after them)."""
+    """The source forecaster's feature map: one row of SOURCE_FEATURE_NAMES per forecast request."""
 
     names = SOURCE_FEATURE_NAMES
-
-    def __init__(self, variants: bool = False):
-        self.variants = variants
-        self.names = SOURCE_FEATURE_NAMES + (VARIANT_FEATURES if variants else ())
 
     def matrix(self, requests: Sequence[ForecastRequest], base: np.ndarray | None = None) -> np.ndarray:
         """(n, len(names)) features of ``requests``; ``base``, their ``surrogate.features.feature_matrix``
@@ -267,11 +229,7 @@ class SourceFeatures:
             log_anchor = np.where(anchor > 0, np.log(anchor), np.nan)
         code = np.array([code_features(r.candidate.source) for r in requests], dtype=float)
         change = np.array([change_features(r.candidate.source, r.anchor.source) for r in requests], dtype=float)
-        parts = [base, log_anchor[:, None], code, change]
-        if self.variants:
-            parts.append(np.array([variant_features(r.candidate.source, r.anchor.source) for r in requests],
-                                  dtype=float))
-        return np.hstack(parts)
+        return np.hstack([base, log_anchor[:, None], code, change])
 
 
 def _group_folds(groups: np.ndarray, folds: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -289,42 +247,26 @@ class SourceForecaster:
     name = "source"
 
     def __init__(self, max_iter: int = 200, learning_rate: float = 0.05, max_leaf_nodes: int = 15,
-                 folds: int = 5, random_state: int = 0, speed_weight: str = "kernel", centred_weight: float = 0.0,
-                 speed_loss: str = "squared_error", calibration: str = "platt", variant_features: bool = False,
-                 stack_centred: bool = True, speed_clip: float | None = None, centred_loss: str | None = None):
-        if speed_weight not in ("kernel", "problem"):
-            raise ValueError(f"speed_weight must be 'kernel' or 'problem', got {speed_weight!r}")
-        if calibration not in ("platt", "isotonic"):
-            raise ValueError(f"calibration must be 'platt' or 'isotonic', got {calibration!r}")
+                 folds: int = 5, random_state: int = 0, speed_loss: str = "squared_error", stack_centred: bool = True):
+        if speed_loss not in ("squared_error", "absolute_error"):
+            raise ValueError(f"speed_loss must be 'squared_error' or 'absolute_error', got {speed_loss!r}")
         self.max_iter = max_iter
         self.learning_rate = learning_rate
         self.max_leaf_nodes = max_leaf_nodes
         self.folds = folds
         self.random_state = random_state
-        # speed_weight "problem": every operation (problem) weighs the same in the speed regression,
-        # however many of its kernels ran; "kernel": every kernel weighs the same
-        self.speed_weight = speed_weight
-        # centred_weight w > 0: a second regression of the kernel's log speedup less its operation's mean
-        # (over the training kernels that ran) adds w times its forecast to the mean: a tilt that orders
-        # kernels of one operation, learned free of how fast operations differ from one another
-        self.centred_weight = centred_weight
-        # stack_centred: the weights of the two regressions (and an offset) fit by least squares on their
-        # out-of-fold forecasts, so the tilt takes the share it earns in absolute accuracy (centred_weight
-        # unused)
-        self.stack_centred = stack_centred
-        # speed_clip c: the regressions learn log speedup clipped to [-c, c] (a kernel 100 times slower
-        # teaches no more than one e^c times slower); the spread still learns the whole residual
-        self.speed_clip = speed_clip
-        # the loss of the speed regressions (scikit-learn's names; "quantile" is the median); centred_loss,
-        # the within-operation one's where it differs
+        # the loss of the speed regressions (scikit-learn's name): absolute_error learns the median log speedup
         self.speed_loss = speed_loss
-        self.centred_loss = centred_loss
-        self.calibration = calibration
-        self.variant_features = variant_features  # VARIANT_FEATURES after the others
+        # stack_centred: a second regression learns the kernel's log speedup less its operation's mean (what
+        # orders the kernels of one operation, free of how fast operations differ), and the two forecasts are
+        # weighed, with an offset, by least squares on their out-of-fold forecasts (operations held out)
+        self.stack_centred = stack_centred
 
     @property
     def version(self) -> str:
-        return f"hgb-source-{self.max_iter}-{self.learning_rate}-{getattr(self, 'n_train_', 0)}"
+        stacked = "-stacked" if getattr(self, "stack_centred", False) else ""
+        loss = "-median" if getattr(self, "speed_loss", "squared_error") == "absolute_error" else ""
+        return f"hgb-source{stacked}{loss}-{self.max_iter}-{self.learning_rate}-{getattr(self, 'n_train_', 0)}"
 
     def _params(self) -> dict:
         return dict(max_iter=self.max_iter, learning_rate=self.learning_rate, max_leaf_nodes=self.max_leaf_nodes,
@@ -345,7 +287,7 @@ class SourceForecaster:
         if ran.sum() < _MIN_RAN:
             raise ValueError(f"the source forecaster needs at least {_MIN_RAN} measured kernels that ran, "
                              f"got {int(ran.sum())}")
-        X = _encode(SourceFeatures(self.variant_features).matrix(source_requests(pairs)))
+        X = _encode(SourceFeatures().matrix(source_requests(pairs)))
         ops = pairs["op"].to_numpy()
         groups = ops if len(set(ops)) >= 2 else pairs["candidate_id"].to_numpy()
         self._fit_failure(X, failed, groups)
@@ -366,36 +308,29 @@ class SourceForecaster:
                 continue  # a fold that saw one outcome only keeps the base rate
             model = HistGradientBoostingClassifier(**self._params()).fit(X[train], failed[train])
             oof[test] = model.predict_proba(X[test])[:, 1]
-        if self.calibration == "isotonic":
-            self.platt_ = _Isotonic().fit(_logit(oof), failed)
-        else:
-            self.platt_ = LogisticRegression(C=1e4).fit(_logit(oof)[:, None], failed)
+        self.platt_ = LogisticRegression(C=1e4).fit(_logit(oof)[:, None], failed)
         self.failure_model_ = HistGradientBoostingClassifier(**self._params()).fit(X, failed)
 
     def _fit_speed(self, X: np.ndarray, y: np.ndarray, groups: np.ndarray) -> None:
-        """The log-speedup regression (and with ``centred_weight`` or ``stack_centred``, the within-operation
-        one), and the spread model on the out-of-fold absolute residuals of their mean."""
-        weight = _group_weights(groups) if self.speed_weight == "problem" else None
-        part = (lambda idx: None) if weight is None else (lambda idx: weight[idx])
-        centring = bool(self.centred_weight) or self.stack_centred
-        target = y if self.speed_clip is None else np.clip(y, -self.speed_clip, self.speed_clip)
-        centred = target - pd.Series(target).groupby(groups).transform("mean").to_numpy()
+        """The log-speedup regression (with ``stack_centred``, stacked with the within-operation one), and the
+        spread model on the out-of-fold absolute residuals of their forecast."""
+        centred = y - pd.Series(y).groupby(groups).transform("mean").to_numpy()
         oof, oof_centred = np.zeros_like(y), np.zeros_like(y)
+        stacked = self.stack_centred and len(set(groups)) >= 2
         if len(set(groups)) >= 2:
             for train, test in _group_folds(groups, self.folds):
-                oof[test] = self._regressor().fit(X[train], target[train], sample_weight=part(train)).predict(X[test])
-                if centring:
-                    oof_centred[test] = self._regressor(centred=True).fit(
-                        X[train], centred[train], sample_weight=part(train)).predict(X[test])
+                oof[test] = self._regressor().fit(X[train], y[train]).predict(X[test])
+                if stacked:
+                    oof_centred[test] = self._regressor().fit(X[train], centred[train]).predict(X[test])
         else:
-            oof[:] = np.median(target)
-        self.speed_model_ = self._regressor().fit(X, target, sample_weight=weight)
-        self.centred_model_ = self._regressor(centred=True).fit(X, centred, sample_weight=weight) if centring else None
-        # mean = a + b * absolute + c * centred: (0, 1, centred_weight), or with stack_centred, the least
-        # squares fit of the log speedup on the two out-of-fold forecasts (operations held out)
-        self.blend_ = (0.0, 1.0, float(self.centred_weight))
-        if self.stack_centred and len(set(groups)) >= 2:
-            stack = LinearRegression().fit(np.column_stack([oof, oof_centred]), target)
+            oof[:] = np.median(y)
+        self.speed_model_ = self._regressor().fit(X, y)
+        self.centred_model_ = self._regressor().fit(X, centred) if stacked else None
+        # mean = a + b * absolute + c * centred: the least squares fit of the log speedup on the two out-of-fold
+        # forecasts; (0, 1, 0) unstacked
+        self.blend_ = (0.0, 1.0, 0.0)
+        if stacked:
+            stack = LinearRegression().fit(np.column_stack([oof, oof_centred]), y)
             self.blend_ = (float(stack.intercept_), float(stack.coef_[0]), float(stack.coef_[1]))
         a, b, c = self.blend_
         oof = a + b * oof + c * oof_centred
@@ -403,15 +338,12 @@ class SourceForecaster:
         self.spread_model_ = HistGradientBoostingRegressor(**self._params()).fit(
             X, np.abs(y - oof) * math.sqrt(math.pi / 2))
 
-    def _regressor(self, centred: bool = False) -> HistGradientBoostingRegressor:
-        name = self.centred_loss if centred else None
-        name = name or self.speed_loss
-        loss = dict(loss="quantile", quantile=0.5) if name == "quantile" else dict(loss=name)
-        return HistGradientBoostingRegressor(**self._params(), **loss)
+    def _regressor(self) -> HistGradientBoostingRegressor:
+        return HistGradientBoostingRegressor(**self._params(), loss=self.speed_loss)
 
     def _mean(self, X: np.ndarray) -> np.ndarray:
         mu = self.speed_model_.predict(X)
-        if getattr(self, "centred_model_", None) is not None:
+        if getattr(self, "centred_model_", None) is not None:  # a model fit before the stack has none
             a, b, c = self.blend_
             mu = a + b * mu + c * self.centred_model_.predict(X)
         return mu
@@ -433,7 +365,7 @@ class SourceForecaster:
             return np.empty(0), np.empty(0), np.empty(0)
         if not speed and self.failure_model_ is None:  # fit where nothing (or everything) failed: no features needed
             return (np.full(len(requests), self.failure_rate_),)
-        X = _encode(SourceFeatures(getattr(self, "variant_features", False)).matrix(list(requests), base))
+        X = _encode(SourceFeatures().matrix(list(requests), base))
         if self.failure_model_ is None:
             p_fail = np.full(len(X), self.failure_rate_)
         else:
@@ -449,30 +381,6 @@ class SourceForecaster:
         t0 = time.perf_counter()
         p_fail, mu, sigma = self.predict(requests)
         return gaussian_forecasts(requests, self.name, self.version, p_fail, mu, sigma, t0)
-
-
-def _group_weights(groups: np.ndarray) -> np.ndarray:
-    """Per row, 1 / its group's size, scaled to mean 1: every group weighs the same."""
-    _, inverse, counts = np.unique(groups, return_inverse=True, return_counts=True)
-    w = 1.0 / counts[inverse.ravel()]
-    return w * (len(w) / w.sum())
-
-
-class _Isotonic:
-    """An isotonic map of the failure score, shaped as the Platt map is used (``predict_proba`` of a
-    column of logits), its probabilities kept off 0 and 1: a failure a tie of scores never saw is
-    still possible."""
-
-    def fit(self, scores: np.ndarray, failed: np.ndarray) -> "_Isotonic":
-        from sklearn.isotonic import IsotonicRegression
-
-        self.map_ = IsotonicRegression(out_of_bounds="clip", y_min=0.0, y_max=1.0).fit(scores, failed.astype(float))
-        self.floor_ = 0.5 / (len(failed) + 1)
-        return self
-
-    def predict_proba(self, column: np.ndarray) -> np.ndarray:
-        p = np.clip(self.map_.predict(np.asarray(column)[:, 0]), self.floor_, 1.0 - self.floor_)
-        return np.column_stack([1.0 - p, p])
 
 
 def _encode(X: np.ndarray) -> np.ndarray:

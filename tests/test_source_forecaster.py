@@ -288,79 +288,7 @@ def test_learned_forecaster_gives_a_non_template_kernel_the_source_forecast(corp
         pytest.approx([f.expected_speedup for f in out_variants])
 
 
-# ---- options of the source model's fit: weights, the within-operation tilt, calibration, variant features --
-
-def test_problem_weights_make_every_operation_weigh_the_same():
-    from surrogate.source import _group_weights
-
-    groups = np.array(["a"] * 6 + ["b"] * 2 + ["c"])
-    w = _group_weights(groups)
-    assert w.mean() == pytest.approx(1.0)
-    assert [w[groups == g].sum() for g in "abc"] == pytest.approx([3.0, 3.0, 3.0])
-
-
-def test_problem_weighted_speed_follows_the_many_operations_not_the_big_one(corpus):
-    """One operation with many kernels where a larger block is slower, and three small ones where it is
-    faster: weighed per kernel the big one wins, weighed per operation the small ones do."""
-    from surrogate.dataset import source_requests
-    from surrogate.source import SourceForecaster
-
-    ran = corpus[~corpus["failed"]]
-    big = pd.concat([ran[ran["op"] == "softmax"]] * 6, ignore_index=True)
-    big = big.assign(candidate_id=[f"big-{i}" for i in range(len(big))], speedup=128.0 / big["source"].str.extract(
-        r"BLOCK = (\d+)")[0].astype(float))
-    small = ran[ran["op"] != "softmax"].groupby("op").head(6)
-    train = pd.concat([big, small], ignore_index=True)
-    probe = source_requests(ran[ran["op"] == "row_sum"])
-    block = ran[ran["op"] == "row_sum"]["source"].str.extract(r"BLOCK = (\d+)")[0].astype(float).to_numpy()
-
-    def slope(weight):
-        _, mu, _ = SourceForecaster(max_iter=40, folds=3, speed_weight=weight, stack_centred=False).fit(train).predict(probe)
-        return np.corrcoef(np.log(block), mu)[0, 1]
-
-    assert slope("kernel") < 0 < slope("problem")
-    with pytest.raises(ValueError, match="speed_weight"):
-        SourceForecaster(speed_weight="op")
-
-
-def test_the_within_operation_tilt_adds_its_weighted_forecast_to_the_mean(corpus):
-    from surrogate.dataset import source_requests
-    from surrogate.source import SourceForecaster, SourceFeatures, _encode
-
-    model = SourceForecaster(max_iter=40, folds=3, centred_weight=0.5, stack_centred=False).fit(corpus)
-    requests = source_requests(corpus.head(12))
-    _, mu, _ = model.predict(requests)
-    X = _encode(SourceFeatures().matrix(requests))
-    assert mu == pytest.approx(model.speed_model_.predict(X) + 0.5 * model.centred_model_.predict(X))
-    assert np.ptp(model.centred_model_.predict(X)) > 0.1  # it learned the block's effect within an operation
-    assert SourceForecaster(max_iter=40, folds=3, stack_centred=False).fit(corpus).centred_model_ is None
-
-
-def test_isotonic_calibration_gives_probabilities_off_0_and_1_that_move_with_a_failing_feature(corpus):
-    from surrogate.dataset import source_requests
-    from surrogate.source import SourceForecaster
-
-    model = SourceForecaster(max_iter=40, folds=3, calibration="isotonic").fit(corpus)
-    p = model.predict_failure(source_requests(corpus))
-    assert ((p > 0) & (p < 1)).all()
-    assert p[corpus["failed"].to_numpy()].mean() > p[~corpus["failed"].to_numpy()].mean() + 0.5
-    with pytest.raises(ValueError, match="calibration"):
-        SourceForecaster(calibration="beta")
-
-
-def test_variant_features_read_the_variant_marks_and_the_anchors_operators():
-    from surrogate.source import VARIANT_FEATURES, SourceFeatures, variant_features
-
-    anchor = "import torch\nclass Model(torch.nn.Module):\n    def __init__(self):\n        self.c = torch.nn.Conv2d(3, 8, 3)\n" \
-             "    def forward(self, x):\n        return torch.relu(self.c(x)).sum()\n"
-    marked = "# ---- kernelcast variant: cudnn-benchmark (on)\n" + anchor
-    f = dict(zip(VARIANT_FEATURES, variant_features(marked, anchor)))
-    plain = dict(zip(VARIANT_FEATURES, variant_features(anchor, anchor)))
-    assert f["variant_cudnn-benchmark"] == 1.0 and f["n_variants"] == 1.0 and plain["n_variants"] == 0.0
-    assert f["anchor_conv"] == 1.0 and f["anchor_activation"] == 1.0 and f["anchor_reduction"] == 1.0
-    assert f["cudnn_like_x_anchor_conv"] == 1.0 and plain["cudnn_like_x_anchor_conv"] == 0.0
-    assert len(SourceFeatures(variants=True).names) == len(SourceFeatures.names) + len(VARIANT_FEATURES)
-
+# ---- the source model's speed regressions: stacked with a within-operation one, their loss --------------
 
 def test_stacked_tilt_weighs_the_two_regressions_by_their_out_of_fold_fit(corpus):
     """Each operation's level differs and the block orders kernels within it: the stack gives the
@@ -379,17 +307,6 @@ def test_stacked_tilt_weighs_the_two_regressions_by_their_out_of_fold_fit(corpus
     assert mu == pytest.approx(a + b * model.speed_model_.predict(X) + c * model.centred_model_.predict(X))
 
 
-def test_a_clipped_speed_target_bounds_what_the_regression_learns(corpus):
-    from surrogate.dataset import source_requests
-    from surrogate.source import SourceForecaster
-
-    requests = source_requests(corpus[~corpus["failed"]])
-    _, clipped, _ = SourceForecaster(max_iter=40, folds=3, speed_clip=0.1, stack_centred=False).fit(corpus).predict(
-        requests)
-    _, whole, _ = SourceForecaster(max_iter=40, folds=3, stack_centred=False).fit(corpus).predict(requests)
-    assert np.abs(clipped).max() <= 0.1 + 0.02 < 0.5 < np.abs(whole).max()
-
-
 def test_learned_forecaster_passes_its_source_options_to_the_source_model(corpus):
     from storage.dataset import DataRoot
     from surrogate.dataset import case_pairs
@@ -401,5 +318,8 @@ def test_learned_forecaster_passes_its_source_options_to_the_source_model(corpus
     assert default.source_.speed_loss == SOURCE_OPTIONS["speed_loss"] == "absolute_error"
     assert default.source_.speed_model_.loss == "absolute_error"
     other = LearnedForecaster(max_iter=30, source_max_iter=40, source_options={
-        "speed_loss": "squared_error", "calibration": "isotonic"}).fit(cases, sources=corpus)
-    assert other.source_.speed_model_.loss == "squared_error" and other.source_.calibration == "isotonic"
+        "speed_loss": "squared_error", "stack_centred": False}).fit(cases, sources=corpus)
+    assert other.source_.speed_model_.loss == "squared_error" and other.source_.centred_model_ is None
+    assert other.source_.blend_ == (0.0, 1.0, 0.0)
+    with pytest.raises(ValueError, match="speed_loss"):
+        LearnedForecaster(source_options={"speed_loss": "huber"}).fit(cases, sources=corpus)
