@@ -22,10 +22,10 @@ source into named floats without a GPU, in about a millisecond, whether it parse
 ``SourceForecaster`` fits two gradient-boosted models on them. A classifier of failure (any
 status but ok), Platt-calibrated on out-of-fold scores with whole operations held out, so its
 probabilities are as sure as it is on an operation it has not seen. A regression of log speedup
-against the anchor on the kernels that ran, stacked with a regression of the same less its
-operation's mean (what orders the kernels of one operation, free of how operations differ), the two
-weighed by a least-squares fit on their out-of-fold forecasts; its spread comes from a model of the
-stack's out-of-fold absolute residuals; the Gaussian is mapped onto the 8 bins by ``surrogate.learned``'s
+against the anchor on the kernels that ran (optionally stacked with a regression of the same less its
+operation's mean, what orders the kernels of one operation free of how operations differ, the two
+weighed by a least-squares fit on their out-of-fold forecasts); its spread comes from a model of its
+out-of-fold absolute residuals; the Gaussian is mapped onto the 8 bins by ``surrogate.learned``'s
 ``bin_probabilities``. Every forecast carries the failure probability.
 """
 
@@ -247,7 +247,7 @@ class SourceForecaster:
     name = "source"
 
     def __init__(self, max_iter: int = 200, learning_rate: float = 0.05, max_leaf_nodes: int = 15,
-                 folds: int = 5, random_state: int = 0, speed_loss: str = "squared_error", stack_centred: bool = True):
+                 folds: int = 5, random_state: int = 0, speed_loss: str = "squared_error", stack_centred: bool = False):
         if speed_loss not in ("squared_error", "absolute_error"):
             raise ValueError(f"speed_loss must be 'squared_error' or 'absolute_error', got {speed_loss!r}")
         self.max_iter = max_iter
@@ -259,7 +259,10 @@ class SourceForecaster:
         self.speed_loss = speed_loss
         # stack_centred: a second regression learns the kernel's log speedup less its operation's mean (what
         # orders the kernels of one operation, free of how fast operations differ), and the two forecasts are
-        # weighed, with an offset, by least squares on their out-of-fold forecasts (operations held out)
+        # weighed, with an offset, by least squares on their out-of-fold forecasts (operations held out). On by
+        # default in the learned forecaster's source part (learned.SOURCE_OPTIONS), which forecasts imported and
+        # written kernels; off here: held out by operation on the template and written-kernel pools it lowered
+        # this forecaster's Spearman from 0.60 to 0.50 on the template variants (benchmarks/source_forecasters.py)
         self.stack_centred = stack_centred
 
     @property

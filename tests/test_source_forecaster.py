@@ -298,7 +298,7 @@ def test_stacked_tilt_weighs_the_two_regressions_by_their_out_of_fold_fit(corpus
 
     level = {"softmax": 0.0, "rmsnorm": 0.7, "row_sum": -0.7}
     shifted = corpus.assign(speedup=corpus["speedup"] * np.exp(corpus["op"].map(level)))
-    model = SourceForecaster(max_iter=40, folds=3).fit(shifted)  # stacked by default
+    model = SourceForecaster(max_iter=40, folds=3, stack_centred=True).fit(shifted)
     a, b, c = model.blend_
     assert c > 0.1 and (a, b, c) != (0.0, 1.0, 0.0)
     requests = source_requests(shifted.head(12))
@@ -316,7 +316,9 @@ def test_learned_forecaster_passes_its_source_options_to_the_source_model(corpus
     cases = cases[cases["op"].isin(["softmax", "rmsnorm", "row_sum"])]
     default = LearnedForecaster(max_iter=30, source_max_iter=40).fit(cases, sources=corpus)
     assert default.source_.speed_loss == SOURCE_OPTIONS["speed_loss"] == "absolute_error"
-    assert default.source_.speed_model_.loss == "absolute_error"
+    assert default.source_.speed_model_.loss == "absolute_error" and default.source_.centred_model_ is not None
+    from surrogate.source import SourceForecaster
+    assert SourceForecaster(max_iter=40, folds=3).fit(corpus).centred_model_ is None  # stand-alone: not stacked
     other = LearnedForecaster(max_iter=30, source_max_iter=40, source_options={
         "speed_loss": "squared_error", "stack_centred": False}).fit(cases, sources=corpus)
     assert other.source_.speed_model_.loss == "squared_error" and other.source_.centred_model_ is None
