@@ -323,7 +323,8 @@ def sweep(tasks: list[Task], out: Path, *, mode: str, concurrency: int, max_minu
             print(f"cores: the lock holder on {list(worker.cores.timing)}, children compiling on "
                   f"{len(worker.cores.compile)} others" if worker.cores.reserved else "cores: none reserved", flush=True)
             timeline = _Journal(worker, out / "timeline.jsonl", names)
-            kept = _Kept(out / "references.jsonl", hardware.device_name)
+            # only a GPU's timing can stand for a later call's null to be timed against
+            kept = _Kept(out / "references.jsonl", hardware.device_name) if mode == "gpu" else None
             try:
                 _measure_chunks(worker, imported, names, chunk_size, deadline, max_minutes, mode, write, kept)
             finally:
@@ -363,7 +364,7 @@ def _measure_chunks(worker, imported: list, names: dict, chunk_size: int, deadli
                     max_minutes: float | None, mode: str, write, kept: _Kept | None = None) -> None:
     """Measure the imported tasks' references and nulls a chunk at a time, writing each task's row when both are in
     (``names``: each reference's and null's candidate id -> (task key, role)). A reference ``kept`` from an earlier
-    call on this device (and a GPU to time on) is not measured again: its null is timed against it."""
+    call on this device is not measured again: its null is timed against it."""
     from kernels.null import null_candidate
 
     for first, chunk in chunks(imported, chunk_size):
@@ -374,7 +375,7 @@ def _measure_chunks(worker, imported: list, names: dict, chunk_size: int, deadli
         pending = {task.key: (task, op, seconds, {}) for _, task, op, seconds in chunk}
         cands, earlier = [], {}
         for key, (task, op, _, got) in pending.items():
-            record = kept.get(key) if kept is not None and mode == "gpu" else None
+            record = kept.get(key) if kept is not None else None
             if record is not None and record["op"] == op.name:
                 worker.reference_us[op.name] = tuple(record["us"])
                 worker.reference_host_bound[op.name] = tuple(record["host_sensitive_cases"])
@@ -391,7 +392,7 @@ def _measure_chunks(worker, imported: list, names: dict, chunk_size: int, deadli
             got[role] = m
             print(f"  {task.key} {role}: {m.status} after {m.wall_seconds:.1f} s ({m.gpu_seconds:.1f} s on the "
                   f"device)", flush=True)
-            if role == "reference" and m.status == "ok" and len(got) == 1 and kept is not None and mode == "gpu":
+            if role == "reference" and m.status == "ok" and len(got) == 1 and kept is not None:
                 kept.add(key, kept_reference(m, kept.device, worker.reference_host_bound.get(m.op, ()),
                                              _timed_windows(worker, m.candidate_id)))
             if len(got) == 2:
