@@ -7,6 +7,7 @@ import math
 import pandas as pd
 
 from kernels.hardware import peak_tflops
+from kernels.records import is_lower
 from kernels.ops import OPERATIONS
 
 
@@ -43,6 +44,9 @@ def best_table(root, op: str | None = None) -> pd.DataFrame:
         row = {"op": op_name, "gpu_type": gpu_type, "measured": len(g), "ok": int(counts.get("ok", 0)),
                "failed": int(len(g) - counts.get("ok", 0))}
         timed = g[(g["status"] == "ok") & g["speedup"].notna() & (g["template"].fillna("").str.rsplit("/", n=1).str[-1] != "eager")]
+        flags = (timed["precision"].fillna("").astype(str).map(is_lower).astype(bool) if "precision" in timed
+                 else pd.Series(False, index=timed.index))
+        row["lower_precision"] = int(flags.sum())  # ok kernels whose arithmetic is below the reference's class
         if len(timed):
             b = timed.loc[timed["speedup"].idxmax()]
             runtimes = list(b["runtime_us_median"])
@@ -54,6 +58,7 @@ def best_table(root, op: str | None = None) -> pd.DataFrame:
                 "speedup": round(float(b["speedup"]), 3),
                 "median_speedup": round(float(timed["speedup"].median()), 3),
                 "pct_of_limit": None if frac is None else round(100 * frac, 1),
+                "best_precision": "lower" if flags[b.name] else "same",
             })
         rows.append(row)
     return pd.DataFrame(rows)

@@ -29,6 +29,12 @@ def canonical_params(params: Mapping[str, Any]) -> str:
     return json.dumps(dict(params), sort_keys=True, separators=(",", ":"))
 
 
+def is_lower(precision: str) -> bool:
+    """Whether a measurement's precision text flags a lower class than the reference's: one case's
+    (``lower: ...``) or a result's, whose flagged cases read ``case NAME: lower: ...``."""
+    return precision.startswith("lower") or ": lower: " in precision
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One kernel to try: real source code plus the launch parameters it is called with.

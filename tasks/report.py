@@ -21,6 +21,7 @@ from datetime import datetime
 
 import pandas as pd
 
+from kernels.records import is_lower
 from storage.tracking import ARTIFACT_FOLDER
 from tasks.config import NO_SURROGATE
 
@@ -92,6 +93,9 @@ def summary_lines(result, data_uri: str, tracking_uri: str, prefect_ui: str | No
              f"{result.budget_used} measurements ({how}), {result.gpu_seconds:.1f} GPU-seconds charged; "
              f"stopped: {result.stop_reason}",
              f"best measured kernel: {result.best_candidate_id} at {speed}; params {result.best_params}"]
+    if is_lower(result.best_precision):
+        lines.append(f"  its arithmetic is below the reference's precision: {result.best_precision} "
+                     f"(--precision strict rejects such kernels)")
     for s in result.generations:
         best = f"{s.best_speedup:.3f}" if s.best_speedup else "-"
         acc = f"{s.surrogate_bin_accuracy:.2f}" if s.surrogate_bin_accuracy is not None else "-"

@@ -77,6 +77,7 @@ class SearchResult:
     generations: tuple[GenerationSummary, ...]
     replayed: bool  # measurements came from a measured pool, not a live GPU
     stop_reason: str = "generations"  # one of STOP_REASONS: what ended the search
+    best_precision: str = ""  # the best kernel's precision verdict: "lower: ..." when below the reference's class
 
 
 class Search:
@@ -338,13 +339,15 @@ class Search:
         result = SearchResult(self.config.run_id, self.config.op, self.config.gpu_type, best_id, best,
                               best_c.source if best_c else "", dict(best_c.params) if best_c else {},
                               self.budget_used, self.gpu_seconds, tuple(self.summaries), self.replayed,
-                              self.should_stop() or "generations")
+                              self.should_stop() or "generations",
+                              self.archive.entries[best_id].precision if best_id else "")
         if self.tracker is not None and self.mlflow_run:
             from tasks.report import search_artifacts
 
             self.tracker.log_files(self.mlflow_run, search_artifacts(result, self.root))
             self.tracker.finish(self.mlflow_run, tags={"best_candidate_id": best_id or "",
                                                        "stop_reason": result.stop_reason,
+                                                       "best_precision": result.best_precision,
                                                        "best_speedup": f"{best:.4f}" if best else ""})
         return result
 

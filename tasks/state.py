@@ -29,6 +29,7 @@ class Entry:
     speedup: float | None  # measured speedup, or the forecast's expected speedup when trusted
     visits: int = 0
     error: str = ""  # the measurement's error text (what a rewrite of its parent is told)
+    precision: str = ""  # the measurement's precision verdict (kernels.harness.precision)
 
     @property
     def value(self) -> float | None:
@@ -51,7 +52,8 @@ class Archive:
         return candidate_id in self.entries
 
     def add_measured(self, candidate: Candidate, m: Measurement) -> None:
-        self.entries[candidate.candidate_id] = Entry(candidate, True, m.status, m.speedup, error=m.error)
+        self.entries[candidate.candidate_id] = Entry(candidate, True, m.status, m.speedup, error=m.error,
+                                                      precision=m.precision)
 
     def add_trusted(self, candidate: Candidate, f: Forecast) -> None:
         if candidate.candidate_id not in self.entries:  # a measurement is never replaced by a forecast

@@ -1,5 +1,7 @@
 """The kernelcast command line, end to end on the CPU (interpreter mode), with a local data root."""
 
+import dataclasses
+
 import pandas as pd
 import pyarrow.dataset as ds
 
@@ -108,3 +110,34 @@ def test_train_refuses_an_unknown_prior_scope_before_fitting(tmp_path, capsys):
     assert main(["train", "--op", "softmax", "--data", str(tmp_path), "--prior-scope", "everything"]) == 2
     assert "unknown prior_scope 'everything'; known: other-ops, other-gpus, all" in capsys.readouterr().err
     assert not (tmp_path / "models").exists()
+
+
+def test_show_and_the_search_summary_flag_a_kernel_computed_below_the_references_precision(tmp_path, capsys):
+    from flows.report import best_table
+    from kernels.records import Measurement
+    from storage.dataset import DataRoot
+    from tasks.report import summary_lines
+    from tasks.search import SearchResult
+
+    root = str(tmp_path / "data")
+    main(["measure", "--op", "row_sum", "--limit", "2", "--data", root])
+    data = DataRoot(root)
+    measured = data.read_measurements(op="row_sum").merge(data.read_candidates(op="row_sum"), on="candidate_id")
+    kernels = measured[~measured["template"].str.endswith("eager")]
+    cases = tuple(kernels["case_names"].iloc[0])
+    lower = f"case {cases[0]}: lower: tf32/fp16 (2.4e-04) where the reference is float32 (2.4e-08)"
+    fast, slow = kernels["candidate_id"].iloc[0], kernels["candidate_id"].iloc[1]
+    data.write_measurements([
+        Measurement(fast, "row_sum", "h100", "ok", "gpu", case_names=cases, runtime_us_median=(5.0,) * len(cases),
+                    speedup=2.0, precision=lower),
+        Measurement(slow, "row_sum", "h100", "ok", "gpu", case_names=cases, runtime_us_median=(8.0,) * len(cases),
+                    speedup=1.5, precision="float32")])
+    row = best_table(data, op="row_sum").set_index("gpu_type").loc["h100"]
+    assert row["lower_precision"] == 1 and row["best_precision"] == "lower" and row["speedup"] == 2.0
+    assert main(["show", "--data", root, "--op", "row_sum"]) == 0
+    assert "lower_precision" in capsys.readouterr().out
+
+    flagged = SearchResult("r1", "row_sum", "h100", fast, 2.0, "", {}, 8, 1.0, (), False, "budget", lower)
+    assert any("below the reference's precision" in line for line in summary_lines(flagged, "d", "t", None))
+    same = dataclasses.replace(flagged, best_precision="float32")
+    assert not any("precision" in line for line in summary_lines(same, "d", "t", None))
