@@ -79,6 +79,8 @@ def main() -> int:
     p.add_argument("--anchor", choices=("host-bound", "all", "off"), default="host-bound",
                    help="which cases are timed beside the reference in one process (the worker's setting)")
     p.add_argument("--json", default=None, help="also write the figures here")
+    p.add_argument("--timeline", default=None, help="write the worker's timeline of the throughput batch here "
+                   "(JSON lines: candidate, attempt, phase, seconds, detail) to see where a child's time went")
     p.add_argument("--no-verify", action="store_true", help="without the verification of each timed case "
                    "(kernels.harness.verify): its cost, measured against the same batch with it")
     args = p.parse_args()
@@ -104,6 +106,11 @@ def main() -> int:
         wall = time.monotonic() - t0
         busy = worker.busy_gpu_seconds
         breakdown = lock_breakdown(worker.timeline)
+        if args.timeline:
+            with open(args.timeline, "w") as f:
+                for cid, attempt, phase, t, detail in worker.timeline:
+                    f.write(json.dumps({"candidate": cid, "attempt": attempt, "phase": phase, "t": round(t, 6),
+                                        "detail": detail}, default=str) + "\n")
     statuses = {s: sum(m.status == s for m in results) for s in {m.status for m in results}}
     report.update(batch_candidates=len(results), batch_wall_s=wall, candidates_per_gpu_minute=len(results) / (wall / 60),
                   gpu_busy_fraction=busy / wall, batch_statuses=statuses)

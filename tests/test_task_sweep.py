@@ -292,3 +292,28 @@ def test_a_reference_measured_before_its_null_is_kept_and_a_later_call_times_onl
     assert rows[-1]["reference_timing_windows"] == 1 and rows[-1]["null_timing_windows"] == 1
     # on another device the reference is measured again
     assert sweep_once("NVIDIA H200").asked == [reference.candidate_id, null.candidate_id]
+
+
+def test_the_lock_breakdown_splits_the_checks_by_seed_and_gives_the_verifications_share():
+    from kernels.harness.sweep_report import lock_breakdown
+
+    def child(cid, first_check, other_check, timed, verify):
+        t = [0.0]
+
+        def at(phase, dt, detail=None):
+            t[0] += dt
+            return (cid, 1, phase, t[0], detail)
+        return [at("started", 0), at("ahead_done", 1.0), at("locked", 0.5), at("checks", 0.1),
+                at("check", 0.0, {"case": "a", "seed": 1}), at("check", first_check, {"case": "a", "seed": 2}),
+                at("check", other_check, {"case": "a", "seed": 3}), at("timing", other_check, "a"),
+                at("timed", timed, {"case": "a"}), at("verified", verify, {"case": "a"}),
+                at("timing", 0.05, "b"), at("timed", timed, {"case": "b"}), at("recheck", 0.02, {"case": "a"}),
+                at("releasing", 0.01), at("released", 0.01)]
+
+    timeline = child("x", 0.30, 0.10, 0.2, 0.4) + child("y", 0.50, 0.20, 0.2, 0.6)
+    got = lock_breakdown(sorted(timeline, key=lambda e: e[3]))  # the two children's marks interleaved in time
+    assert got["check, first seed"]["total_s"] == 0.8 and got["check, first seed"]["median_s"] == 0.4
+    assert got["check, other seeds"]["total_s"] == 0.6  # seeds 2 and 3 of each child
+    assert got["verification"]["total_s"] == 1.0
+    assert got["checks"]["total_s"] == 1.4  # the three checks of each, from "checks" to the first "timing"
+    assert got["timed calls"]["total_s"] == 0.8 and got["between windows"]["total_s"] == 1.1  # 0.4 + 0.05, 0.6 + 0.05

@@ -15,6 +15,10 @@ NULL_BAND = 0.02
 
 SEGMENTS = (("compile ahead", "started", "ahead_done"), ("first calls", "locked", "checks"),
             ("checks", "checks", "timing"), ("recheck", "last_timed", "releasing"), ("free", "releasing", "released"))
+# Parts of the segments above, summed per child: a check of the first seed (it also measures precision against a
+# float64 reference) and of the others, within "checks"; the verification of each timed window (traced call,
+# synced windows, unseen inputs), within "between windows".
+PARTS = ("check, first seed", "check, other seeds", "verification")
 
 
 def lock_breakdown(timeline) -> dict[str, dict[str, float]]:
@@ -22,10 +26,22 @@ def lock_breakdown(timeline) -> dict[str, dict[str, float]]:
 
     Under the lock: first calls (of cases not compiled ahead), the correctness checks (with the first
     case's timing inputs), the timed calls of every window, what lies between windows (the next case's
-    inputs, freeing), the recheck after timing, and freeing the device; before it, compiling ahead."""
+    inputs, the verification of each window, freeing), the recheck after timing, and freeing the device;
+    before it, compiling ahead. ``PARTS`` split the checks by seed and give the verification's share."""
     children: dict[tuple[str, int], dict[str, float]] = {}
     timing: dict[tuple[str, int], float] = {}
-    for cid, attempt, phase, t, _ in timeline:
+    parts: dict[str, dict[tuple[str, int], float]] = {name: {} for name in PARTS}
+    last: dict[tuple[str, int], tuple[str, float, object]] = {}
+    for cid, attempt, phase, t, detail in timeline:
+        key = (cid, attempt)
+        before = last.get(key)
+        if before is not None and before[0] == "check":  # one seed's check: until the child's next mark
+            seed = before[2].get("seed") if isinstance(before[2], dict) else None
+            part = "check, first seed" if seed == 1 else "check, other seeds"
+            parts[part][key] = parts[part].get(key, 0.0) + t - before[1]
+        if phase == "verified" and before is not None and before[0] == "timed":  # the case's timed window checked
+            parts["verification"][key] = parts["verification"].get(key, 0.0) + t - before[1]
+        last[key] = (phase, t, detail)
         marks = children.setdefault((cid, attempt), {})
         if phase == "timing":
             marks["_timing_started"] = t
@@ -39,6 +55,8 @@ def lock_breakdown(timeline) -> dict[str, dict[str, float]]:
     spans["timed calls"] = list(timing.values())
     spans["between windows"] = [marks["last_timed"] - marks["timing"] - timing[key]
                                 for key, marks in children.items() if key in timing]  # inputs, freeing
+    for name, per_child in parts.items():
+        spans[name] = list(per_child.values())
     for marks in children.values():
         for name, a, b in SEGMENTS:
             if a in marks and b in marks:
