@@ -306,7 +306,8 @@ def test_the_lock_breakdown_splits_the_checks_by_seed_and_gives_the_verification
         return [at("started", 0), at("ahead_done", 1.0), at("locked", 0.5), at("checks", 0.1),
                 at("check", 0.0, {"case": "a", "seed": 1}), at("check", first_check, {"case": "a", "seed": 2}),
                 at("check", other_check, {"case": "a", "seed": 3}), at("timing", other_check, "a"),
-                at("timed", timed, {"case": "a"}), at("verified", verify, {"case": "a"}),
+                at("timed", timed, {"case": "a"}), at("traced", 0.1, {"case": "a"}),
+                at("verified", verify, {"case": "a"}),
                 at("timing", 0.05, "b"), at("timed", timed, {"case": "b"}), at("recheck", 0.02, {"case": "a"}),
                 at("releasing", 0.01), at("released", 0.01)]
 
@@ -314,6 +315,8 @@ def test_the_lock_breakdown_splits_the_checks_by_seed_and_gives_the_verification
     got = lock_breakdown(sorted(timeline, key=lambda e: e[3]))  # the two children's marks interleaved in time
     assert got["check, first seed"]["total_s"] == 0.8 and got["check, first seed"]["median_s"] == 0.4
     assert got["check, other seeds"]["total_s"] == 0.6  # seeds 2 and 3 of each child
-    assert got["verification"]["total_s"] == 1.0
+    assert got["verification: trace"]["total_s"] == 0.2  # 0.1 a child
+    assert got["verification: unseen inputs"]["total_s"] == 1.0
     assert got["checks"]["total_s"] == 1.4  # the three checks of each, from "checks" to the first "timing"
-    assert got["timed calls"]["total_s"] == 0.8 and got["between windows"]["total_s"] == 1.1  # 0.4 + 0.05, 0.6 + 0.05
+    assert got["timed calls"]["total_s"] == 0.8
+    assert got["between windows"]["total_s"] == 1.3  # 0.1 + 0.4 + 0.05 and 0.1 + 0.6 + 0.05

@@ -562,6 +562,7 @@ def _verify_case(job: Job, case, checker: Checker, call, pacer: verify.Pacer, re
             if outside:
                 raise Rejected(f"{where}: {outside}")
             result.setdefault("traced_busy_us", {})[case.name] = verify.traced_busy_us(activities)
+        phase("traced", {"case": case.name})
     found, seen = None, {}
     traced = result.get("window_check") == "profiled"
     for attempt in range(2):  # a round that finds something runs again on other inputs: a verdict needs both

@@ -16,9 +16,9 @@ NULL_BAND = 0.02
 SEGMENTS = (("compile ahead", "started", "ahead_done"), ("first calls", "locked", "checks"),
             ("checks", "checks", "timing"), ("recheck", "last_timed", "releasing"), ("free", "releasing", "released"))
 # Parts of the segments above, summed per child: a check of the first seed (it also measures precision against a
-# float64 reference) and of the others, within "checks"; the verification of each timed window (traced call,
-# synced windows, unseen inputs), within "between windows".
-PARTS = ("check, first seed", "check, other seeds", "verification")
+# float64 reference) and of the others, within "checks"; the verification of each timed window, within "between
+# windows": its traced call (the profiler's session), then its calls on unseen inputs with their synced windows.
+PARTS = ("check, first seed", "check, other seeds", "verification: trace", "verification: unseen inputs")
 
 
 def lock_breakdown(timeline) -> dict[str, dict[str, float]]:
@@ -39,8 +39,11 @@ def lock_breakdown(timeline) -> dict[str, dict[str, float]]:
             seed = before[2].get("seed") if isinstance(before[2], dict) else None
             part = "check, first seed" if seed == 1 else "check, other seeds"
             parts[part][key] = parts[part].get(key, 0.0) + t - before[1]
-        if phase == "verified" and before is not None and before[0] == "timed":  # the case's timed window checked
-            parts["verification"][key] = parts["verification"].get(key, 0.0) + t - before[1]
+        if phase in ("traced", "verified") and before is not None and before[0] in ("timed", "traced"):
+            part = "verification: trace" if phase == "traced" else "verification: unseen inputs"
+            if before[0] == "timed" and phase == "verified":  # no trace (unavailable, or not asked)
+                part = "verification: unseen inputs"
+            parts[part][key] = parts[part].get(key, 0.0) + t - before[1]
         last[key] = (phase, t, detail)
         marks = children.setdefault((cid, attempt), {})
         if phase == "timing":
