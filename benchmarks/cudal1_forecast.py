@@ -70,6 +70,11 @@ def parse(argv=None) -> argparse.Namespace:
                         "at the reference measured in its own root; a kernel the pool holds counts once, from the pool (repeatable)")
     p.add_argument("--corpus", default=str(SHARED / "corpora" / "cuda-l1"),
                    help="CUDA-L1's JSON Lines files, for published figures the side table lacks")
+    p.add_argument("--embeddings", default=None,
+                   help="a table of the pool's pair vectors (benchmarks/cudal1_embed.py): adds learned+emb and "
+                        "source+emb, each with a projection of them (fit on its training problems) among its "
+                        "source features")
+    p.add_argument("--embedding-dims", type=int, default=16, help="principal components of the vectors kept")
     p.add_argument("--out", default=None, help="path stem of the .txt and .json results")
     p.add_argument("--census-only", action="store_true",
                    help="count the pool's measured implementations (every problem; no forecaster is fit or scored)")
@@ -195,6 +200,15 @@ def run(args) -> int:
     names = [n for n in args.forecasters.split(",") if n]
     if args.lmhead_folder:
         names.append("lmhead")
+    options = {}  # a forecaster's name -> (its registered name, its factory's keyword arguments)
+    if args.embeddings:
+        from surrogate.embeddings import PairEmbeddings
+        from surrogate.learned import SOURCE_OPTIONS
+
+        table = PairEmbeddings.read(args.embeddings, args.embedding_dims)
+        options = {"learned+emb": ("learned", {"source_options": {**SOURCE_OPTIONS, "embeddings": table}}),
+                   "source+emb": ("source", {"embeddings": table})}
+        names += [n for n in options if n not in names]
     skipped = ([] if "lmhead" in names or any(f.startswith("lmhead") for f in args.forecasts)
                else ["lmhead (no trained folder given: --lmhead-folder, nor its forecasts: --forecasts lmhead=DIR)"])
     problems = sorted(kernels["op"].unique())
@@ -215,8 +229,9 @@ def run(args) -> int:
     for split, folds in splits.items():
         for name in names:
             t = time.perf_counter()
-            forecasts = ranking.held_out_forecasts(kernels, cases, name, folds, also_kernels, also_cases,
-                                                   args.lmhead_folder if name == "lmhead" else None)
+            registered, kwargs = options.get(name, (name, None))
+            forecasts = ranking.held_out_forecasts(kernels, cases, registered, folds, also_kernels, also_cases,
+                                                   args.lmhead_folder if name == "lmhead" else None, options=kwargs)
             rows.append({"split": split, "forecaster": name, **ranking.score(kernels, forecasts, args.draws, args.seed),
                          "seconds": time.perf_counter() - t})
             print(f"  {split}, {name}: {rows[-1]['seconds']:.0f} s", flush=True)
@@ -249,7 +264,7 @@ def run(args) -> int:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         Path(args.out + ".txt").write_text("\n".join(lines) + "\n")
         meta = {"command": "python benchmarks/cudal1_forecast.py " + " ".join(argv_of(args)),
-                "pool": args.pool, "spaces": args.spaces, "protocol": args.protocol, "problems_set": args.problems, "gpu_type": args.gpu_type, "problems": problems,
+                "pool": args.pool, "spaces": args.spaces, "embeddings": args.embeddings, "protocol": args.protocol, "problems_set": args.problems, "gpu_type": args.gpu_type, "problems": problems,
                 "kernels": len(kernels), "failed": int(kernels["failed"].sum()), "draws": args.draws,
                 "not_run": skipped}
         Path(args.out + ".json").write_text(json.dumps(

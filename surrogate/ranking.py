@@ -78,12 +78,13 @@ def level_folds(problems: Sequence[str]) -> list[tuple[str, frozenset]]:
     return [(f"level {lv}", frozenset(ops)) for lv, ops in sorted(by_level.items())]
 
 
-def ready(name: str, cases: pd.DataFrame, kernels: pd.DataFrame, folder: str | None = None):
+def ready(name: str, cases: pd.DataFrame, kernels: pd.DataFrame, folder: str | None = None,
+          options: dict | None = None):
     """Forecaster ``name`` as a search readies it: read from its trained ``folder``, fit on the measured
-    ``cases`` and ``kernels``, or used as it is."""
+    ``cases`` and ``kernels``, or used as it is; ``options``, keyword arguments of its factory."""
     if registry.reads_folder(name):
         return registry.load_trained(name, folder)
-    forecaster = registry.get_forecaster_factory(name)()
+    forecaster = registry.get_forecaster_factory(name)(**(options or {}))
     if registry.fits_on_prior(name):
         return registry.fit_prior(name, forecaster, cases, kernels)
     return forecaster.fit(None)
@@ -91,10 +92,11 @@ def ready(name: str, cases: pd.DataFrame, kernels: pd.DataFrame, folder: str | N
 
 def held_out_forecasts(kernels: pd.DataFrame, cases: pd.DataFrame, name: str, folds: Sequence[tuple[str, frozenset]],
                        also_kernels: pd.DataFrame | None = None, also_cases: pd.DataFrame | None = None,
-                       folder: str | None = None, log: Callable[[str], None] = lambda _: None) -> pd.DataFrame:
+                       folder: str | None = None, log: Callable[[str], None] = lambda _: None,
+                       options: dict | None = None) -> pd.DataFrame:
     """Each row of ``kernels`` (``surrogate.dataset.source_pairs``) forecast by ``name`` fit on the other
-    folds' problems (and ``also_*``, other pools' pairs): columns fold, p_fail, expected (speedup if
-    it runs), probs (9 bins, 0 = failure), aligned with ``kernels``. A forecaster that says nothing of
+    folds' problems (and ``also_*``, other pools' pairs; ``options``, the forecaster's keyword arguments):
+    columns fold, p_fail, expected (speedup if it runs), probs (9 bins, 0 = failure), aligned with ``kernels``. A forecaster that says nothing of
     failure gets its training kernels' failure rate, the best constant."""
     out = pd.DataFrame(index=kernels.index, columns=["fold", "p_fail", "expected", "probs"], dtype=object)
     for fold, held in folds:
@@ -104,7 +106,7 @@ def held_out_forecasts(kernels: pd.DataFrame, cases: pd.DataFrame, name: str, fo
         train_k = pd.concat([kernels[~test], *([also_kernels] if also_kernels is not None else [])], ignore_index=True)
         train_c = pd.concat([cases[~cases["op"].isin(held)], *([also_cases] if also_cases is not None else [])],
                             ignore_index=True)
-        forecaster = ready(name, train_c, train_k, folder)
+        forecaster = ready(name, train_c, train_k, folder, options)
         rows = kernels.index[test]
         got = fold_forecasts(forecaster, kernels[test], float(train_k["failed"].mean()))
         out.loc[rows, "fold"] = fold

@@ -12,16 +12,16 @@ from dataclasses import dataclass
 from typing import Callable
 
 
-def _learned():
+def _learned(**options):
     from surrogate.learned import LearnedForecaster
 
-    return LearnedForecaster()
+    return LearnedForecaster(**options)
 
 
-def _source():
+def _source(**options):
     from surrogate.source import SourceForecaster
 
-    return SourceForecaster()
+    return SourceForecaster(**options)
 
 
 def _lmhead():

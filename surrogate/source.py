@@ -247,7 +247,8 @@ class SourceForecaster:
     name = "source"
 
     def __init__(self, max_iter: int = 200, learning_rate: float = 0.05, max_leaf_nodes: int = 15,
-                 folds: int = 5, random_state: int = 0, speed_loss: str = "squared_error", stack_centred: bool = False):
+                 folds: int = 5, random_state: int = 0, speed_loss: str = "squared_error", stack_centred: bool = False,
+                 embeddings=None):
         if speed_loss not in ("squared_error", "absolute_error"):
             raise ValueError(f"speed_loss must be 'squared_error' or 'absolute_error', got {speed_loss!r}")
         self.max_iter = max_iter
@@ -264,12 +265,24 @@ class SourceForecaster:
         # written kernels; off here: held out by operation on the template and written-kernel pools it lowered
         # this forecaster's Spearman from 0.60 to 0.50 on the template variants (benchmarks/source_forecasters.py)
         self.stack_centred = stack_centred
+        # embeddings: a surrogate.embeddings.PairEmbeddings, whose projection (fit on the training kernels) adds
+        # a code language model's reading of each pair to the features
+        self.embeddings = embeddings
 
     @property
     def version(self) -> str:
         stacked = "-stacked" if getattr(self, "stack_centred", False) else ""
         loss = "-median" if getattr(self, "speed_loss", "squared_error") == "absolute_error" else ""
-        return f"hgb-source{stacked}{loss}-{self.max_iter}-{self.learning_rate}-{getattr(self, 'n_train_', 0)}"
+        emb = f"-{self.embeddings.version}" if getattr(self, "embeddings", None) is not None else ""
+        return f"hgb-source{stacked}{loss}{emb}-{self.max_iter}-{self.learning_rate}-{getattr(self, 'n_train_', 0)}"
+
+    def _features(self, requests: Sequence[ForecastRequest], base: np.ndarray | None = None) -> np.ndarray:
+        """The source features of ``requests``, with the fitted embeddings' columns when there are any."""
+        X = SourceFeatures().matrix(list(requests), base)
+        fitted = getattr(self, "embeddings_", None)
+        if fitted is not None:
+            X = np.hstack([X, fitted.matrix(list(requests))])
+        return _encode(X)
 
     def _params(self) -> dict:
         return dict(max_iter=self.max_iter, learning_rate=self.learning_rate, max_leaf_nodes=self.max_leaf_nodes,
@@ -290,7 +303,9 @@ class SourceForecaster:
         if ran.sum() < _MIN_RAN:
             raise ValueError(f"the source forecaster needs at least {_MIN_RAN} measured kernels that ran, "
                              f"got {int(ran.sum())}")
-        X = _encode(SourceFeatures().matrix(source_requests(pairs)))
+        requests = source_requests(pairs)
+        self.embeddings_ = self.embeddings.fit(requests) if getattr(self, "embeddings", None) is not None else None
+        X = self._features(requests)
         ops = pairs["op"].to_numpy()
         groups = ops if len(set(ops)) >= 2 else pairs["candidate_id"].to_numpy()
         self._fit_failure(X, failed, groups)
@@ -368,7 +383,7 @@ class SourceForecaster:
             return np.empty(0), np.empty(0), np.empty(0)
         if not speed and self.failure_model_ is None:  # fit where nothing (or everything) failed: no features needed
             return (np.full(len(requests), self.failure_rate_),)
-        X = _encode(SourceFeatures().matrix(list(requests), base))
+        X = self._features(requests, base)
         if self.failure_model_ is None:
             p_fail = np.full(len(X), self.failure_rate_)
         else:

@@ -1,0 +1,131 @@
+"""A code language model's reading of a kernel pair as features of the gradient-boosted forecasters
+(``surrogate.embeddings``): the projection is fit on training pairs only, a pair without a vector is absent,
+vectors that carry what the source features miss raise the source forecaster's ranking, and the CUDA-L1
+benchmark reads a table that ``benchmarks/cudal1_embed.py`` wrote with the tiny test model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.stats import spearmanr
+
+from kernels.records import Candidate
+from surrogate.dataset import HARDWARE_FIELDS
+from surrogate.embeddings import PairEmbeddings, pair_key
+from surrogate.forecast import ForecastRequest
+from tests.test_cudal1_forecast import H100
+
+
+def _request(anchor: str, candidate: str) -> ForecastRequest:
+    op = "problem"
+    return ForecastRequest(anchor=Candidate(op=op, backend="torch", source=anchor, params={}, origin="seed"),
+                           candidate=Candidate(op=op, backend="torch", source=candidate, params={}, origin="import"),
+                           op=op, hardware=H100, case_names=("c",), anchor_runtime_us=(10.0,), anchor_speedup=1.0)
+
+
+def test_the_key_is_the_pair_and_the_projection_is_fit_on_the_training_pairs_only():
+    assert pair_key("ab", "c") != pair_key("a", "bc")  # the boundary between the two sources counts
+    train = [_request("ref", f"k{i}") for i in range(6)]
+    held = _request("ref", "held out")
+    rng = np.random.default_rng(0)
+    vectors = {pair_key("ref", f"k{i}"): rng.normal(size=5) * [10, 1, 0.1, 0.1, 0.1] for i in range(6)}
+    vectors[pair_key("ref", "held out")] = np.array([1000.0, 0, 0, 0, 0])  # far off: must not move the axes
+    fitted = PairEmbeddings(vectors, dims=2).fit(train)
+    again = PairEmbeddings({k: v for k, v in vectors.items() if k != pair_key("ref", "held out")}, dims=2).fit(train)
+    np.testing.assert_allclose(np.abs(fitted.axes), np.abs(again.axes))  # the held-out vector took no part
+    m = fitted.matrix([*train, held, _request("ref", "never read")])
+    assert m.shape == (8, 2) and np.isfinite(m[:7]).all() and np.isnan(m[7]).all()
+    assert abs(m[6, 0]) > 100 * np.abs(m[:6, 0]).max() / 10  # read through the training axes, not refit to it
+
+
+def test_too_few_vectors_or_vectors_of_two_widths_are_refused_by_name(tmp_path):
+    with pytest.raises(ValueError, match="differ in width"):
+        PairEmbeddings({"a": np.zeros(3), "b": np.zeros(4)})
+    with pytest.raises(ValueError, match="vectors for 0 of the 2 training kernels"):
+        PairEmbeddings({"a": np.zeros(3)}).fit([_request("x", "y"), _request("x", "z")])
+    pd.DataFrame({"key": ["a"], "op": ["p"]}).to_parquet(tmp_path / "t.parquet")
+    with pytest.raises(ValueError, match="lacks vector"):
+        PairEmbeddings.read(str(tmp_path / "t.parquet"))
+
+
+OPS = ("softmax", "layernorm", "rmsnorm", "cross_entropy", "bias_gelu", "row_sum", "transpose", "fp8_quant",
+       "matmul", "attention")  # the template operations: their features need an operation that exists
+
+
+def _pairs(per_problem: int = 8, seed: int = 0):
+    """Source pairs whose speed is set by a hidden number that only the stored vectors carry: every candidate's
+    source is alike but for a name, so the source features cannot tell them apart."""
+    from kernels.ops import get_operation
+
+    rng = np.random.default_rng(seed)
+    rows, vectors = [], {}
+    for p, op in enumerate(OPS):
+        anchor = f"import torch\n\ndef launch(x):\n    return x * {p + 2}  # problem {p}\n"
+        case = get_operation(op).cases[0].name
+        for i in range(per_problem):
+            hidden = rng.normal()
+            source = f"import torch\n\ndef launch(x):\n    return x * {p + 2}  # kernel_{p}_{i}\n"
+            vectors[pair_key(anchor, source)] = np.concatenate([[hidden], rng.normal(size=7) * 0.05])
+            rows.append({"op": op, "candidate_id": f"{p}-{i}", "source": source, "anchor_source": anchor,
+                         "status": "ok", "speedup": math.exp(0.5 * hidden), "case_names": (case,)})
+    return pd.DataFrame(rows), vectors
+
+
+def _source_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """``source_pairs``-shaped rows of the synthetic pairs."""
+    n = len(frame)
+    return frame.assign(backend="torch", params=[{}] * n, template=None, origin="import", anchor_backend="torch",
+                        anchor_params=[{}] * n, anchor_template=None, anchor_origin="seed",
+                        anchor_runtime_us=[(10.0,)] * n, anchor_speedup=1.0, failed=False,
+                        **{f: getattr(H100, f) for f in HARDWARE_FIELDS}, gpu_type="h100")
+
+
+def test_vectors_that_carry_what_the_source_misses_raise_the_source_forecasters_ranking():
+    from surrogate.dataset import source_requests
+    from surrogate.source import SourceForecaster
+
+    frame, vectors = _pairs()
+    rows = _source_rows(frame)
+    train, test = rows[rows["op"].isin(OPS[:6])], rows[rows["op"].isin(OPS[6:])]
+    table = PairEmbeddings(vectors, dims=4)
+    plain = SourceForecaster(max_iter=60, folds=3).fit(train)
+    read = SourceForecaster(max_iter=60, folds=3, embeddings=table).fit(train)
+    assert "-emb4-" in read.version and "emb" not in plain.version
+    requests = source_requests(test)
+    truth = np.log(test["speedup"].to_numpy())
+    rho_plain = spearmanr(plain.predict(requests)[1], truth).correlation
+    rho_read = spearmanr(read.predict(requests)[1], truth).correlation
+    assert rho_read > 0.8 and (math.isnan(rho_plain) or rho_plain < 0.3), (rho_read, rho_plain)
+
+
+def test_the_benchmark_reads_a_table_the_embed_script_wrote_with_a_real_model(tmp_path, monkeypatch):
+    pytest.importorskip("peft")
+    pytest.importorskip("gguf")
+    from benchmarks import cudal1_embed, cudal1_forecast
+    from tests.test_cudal1_forecast import _pool
+    from tests.test_engine import write_tiny_qwen2_gguf
+
+    pool = _pool(tmp_path, monkeypatch)
+    model = tmp_path / "tiny.gguf"
+    write_tiny_qwen2_gguf(model)
+    table = tmp_path / "emb.parquet"
+    assert cudal1_embed.main(["--pool", str(pool), "--model", str(model), "--out", str(table), "--max-tokens", "64",
+                              "--device", "cpu"]) == 0
+    stored = pd.read_parquet(table)
+    meta = json.loads(table.with_suffix(".json").read_text())
+    # one vector a distinct (reference, implementation) source pair: this pool's problems share their sources
+    assert len(stored) == meta["pairs"] == stored["key"].nunique() >= 2
+    assert len(stored["vector"].iloc[0]) == meta["width"] == 128 and meta["max_tokens"] == 64
+    out = tmp_path / "out" / "forecast"
+    assert cudal1_forecast.main(["--pool", str(pool), "--folds", "3", "--draws", "20", "--corpus", str(tmp_path),
+                                 "--forecasters", "source", "--embeddings", str(table), "--embedding-dims", "4",
+                                 "--out", str(out)]) == 0
+    result = json.loads(out.with_suffix(".json").read_text())
+    rows = pd.DataFrame(result["rows"])
+    assert set(rows["forecaster"]) == {"source", "learned+emb", "source+emb"} and result["embeddings"] == str(table)
+    assert rows["top1_within_10pct"].between(0, 1).all()
