@@ -31,6 +31,14 @@ def fraction_of_limit(op_name: str, case_names, runtimes_us, peak_gbps: float, g
     return sum(fractions) / len(fractions) if fractions else None
 
 
+def _precision_word(precision: str) -> str:
+    """A measurement's precision verdict in a word: lower (than the reference's class), same, or not measured (a row
+    from before precision was recorded, or a reference that cannot run in float64)."""
+    if is_lower(precision):
+        return "lower"
+    return "not measured" if not precision or precision.startswith("not measured") else "same"
+
+
 def best_table(root, op: str | None = None) -> pd.DataFrame:
     """One row per (op, gpu_type): counts by status and the fastest correct variant."""
     m = root.read_measurements(op=op)
@@ -58,7 +66,7 @@ def best_table(root, op: str | None = None) -> pd.DataFrame:
                 "speedup": round(float(b["speedup"]), 3),
                 "median_speedup": round(float(timed["speedup"].median()), 3),
                 "pct_of_limit": None if frac is None else round(100 * frac, 1),
-                "best_precision": "lower" if flags[b.name] else "same",
+                "best_precision": _precision_word(str(b.get("precision") or "")),
             })
         rows.append(row)
     return pd.DataFrame(rows)

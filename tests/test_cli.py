@@ -136,6 +136,9 @@ def test_show_and_the_search_summary_flag_a_kernel_computed_below_the_references
     assert row["lower_precision"] == 1 and row["best_precision"] == "lower" and row["speedup"] == 2.0
     assert main(["show", "--data", root, "--op", "row_sum"]) == 0
     assert "lower_precision" in capsys.readouterr().out
+    data.write_measurements([Measurement(slow, "row_sum", "h200", "ok", "gpu", case_names=cases,
+                                         runtime_us_median=(8.0,) * len(cases), speedup=1.5, precision="float32")])
+    assert best_table(data, op="row_sum").set_index("gpu_type").loc["h200", "best_precision"] == "same"
 
     flagged = SearchResult("r1", "row_sum", "h100", fast, 2.0, "", {}, 8, 1.0, (), False, "budget", lower)
     assert any("below the reference's precision" in line for line in summary_lines(flagged, "d", "t", None))
