@@ -74,3 +74,41 @@ def test_measure_times_by_a_formats_protocol_into_a_root_of_its_own(tmp_path, ca
     err = capsys.readouterr().err
     assert "already holds kb.row_sum's measurements on interpreter timed by the kernelcast protocol" in err
     assert "another --data root" in err
+
+
+KB_ROW_SUM_HALF = '''import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    """The row sum in half precision: cheaper arithmetic, within the format's tolerance."""
+
+    def __init__(self, scale: float):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        return (x.to(torch.float16).sum(dim=-1) * self.scale).to(torch.float32)
+'''
+
+
+def test_a_kernel_of_lower_precision_is_flagged_by_default_and_fails_under_precision_strict(tmp_path, capsys):
+    from kernels.records import is_lower
+
+    ref, (new,) = write_kernelbench(tmp_path / "kb", new=KB_ROW_SUM_HALF)
+    found = {}
+    for setting in ("tolerance", "strict"):  # a root keeps a kernel's first verdict: one root each
+        root = tmp_path / setting
+        assert main(["import", "--format", "kernelbench", "--reference", str(ref), "--candidate", str(new),
+                     "--data", str(root)]) == 0
+        half = next(line.split()[1] for line in capsys.readouterr().out.splitlines() if "(import," in line)
+        assert main(["measure", "--op", "kb.row_sum", "--data", str(root), "--concurrency", "1",
+                     "--precision", setting]) == 0
+        m = pd.read_parquet(root / "measurements").set_index("candidate_id")
+        found[setting] = m.loc[half], m.drop(index=half).iloc[0]
+    row, reference = found["tolerance"]
+    assert row["status"] == "ok" and is_lower(row["precision"]), row["precision"]
+    assert reference["status"] == "ok" and not is_lower(reference["precision"])
+    row, reference = found["strict"]
+    assert row["status"] == "incorrect" and "precision strict" in row["error"] and "tf32/fp16" in row["error"]
+    assert reference["status"] == "ok"  # the reference's own float32 arithmetic is not lower than itself

@@ -121,7 +121,7 @@ def cmd_measure(args) -> int:
     config = WorkerConfig(mode=mode, concurrency=args.concurrency or max(1, (os.cpu_count() or 2) - 1),
                           timeout_s=args.timeout, gpu_timeout_s=args.gpu_timeout,
                           seeds=args.seeds if args.seeds else (3 if mode == "gpu" else 1), protocol=args.timing,
-                          anchor=args.anchor)
+                          anchor=args.anchor, precision=args.precision)
     _check_one_protocol(root, ops, hw.gpu_type, args.timing, args.data)
     plan = []
     for name in ops:
@@ -320,6 +320,11 @@ def register(sub) -> None:
     sp.add_argument("--timing", choices=["kernelcast", "kernelbench", "gpumode"], default="kernelcast",
                     help="timing protocol: kernelcast's (default), or a format's own harness's, so that a published "
                          "figure compares like for like (docs/harness.md); one protocol a data root")
+    sp.add_argument("--precision", choices=["tolerance", "strict"], default="tolerance",
+                    help="a correct result whose error belongs to a lower precision class than the reference's "
+                         "(fp16, bf16 or TF32 arithmetic for a float32 task) is ok and flagged (tolerance, the "
+                         "format's own rule: default) or fails as incorrect (strict); a data root keeps a kernel's "
+                         "first verdict, so judge kernels measured already in another --data root")
     sp.add_argument("--anchor", choices=["host-bound", "all", "off"], default="host-bound",
                     help="kernelcast's protocol: which cases are timed again beside the reference, so that drift of "
                          "the clocks and the host cancels: host-bound ones (default), all (about twice the timing), off")
