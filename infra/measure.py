@@ -43,7 +43,8 @@ class LocalMeasurer:
     """
 
     def __init__(self, concurrency: int = 0, timeout_s: float = 300.0, gpu_timeout_s: float = 60.0,
-                 device_index: int = 0, mode: str = "gpu", cpus: tuple[int, ...] | None = None):
+                 device_index: int = 0, mode: str = "gpu", cpus: tuple[int, ...] | None = None,
+                 precision: str = "tolerance"):
         import os
 
         import torch
@@ -63,7 +64,7 @@ class LocalMeasurer:
         self.gpu_type = self.hardware.gpu_type
         cores = len(cpus) if cpus else len(os.sched_getaffinity(0))
         config = WorkerConfig(mode=mode, concurrency=concurrency or max(1, cores - 1), cpus=cpus,
-                              timeout_s=timeout_s, gpu_timeout_s=gpu_timeout_s,
+                              timeout_s=timeout_s, gpu_timeout_s=gpu_timeout_s, precision=precision,
                               **({"seeds": 1} if mode == "interpreter" else {}))
         self._worker = MeasureWorker(self.hardware, config)
 

@@ -35,6 +35,21 @@ def is_lower(precision: str) -> bool:
     return precision.startswith("lower") or ": lower: " in precision
 
 
+# How a correct result of a lower precision class than the reference's counts: ok and flagged (the format's own
+# tolerance), or failed as incorrect (strict).
+PRECISION_MODES = ("tolerance", "strict")
+
+
+def fails_strict(status: str, precision: str) -> bool:
+    """Whether a verdict fails under ``precision strict``: correct, in a lower precision class than the reference."""
+    return status == "ok" and is_lower(precision or "")
+
+
+def strict_error(precision: str) -> str:
+    """The error of a result that ``precision strict`` fails."""
+    return f"lower precision than the reference (precision strict): {precision}"
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One kernel to try: real source code plus the launch parameters it is called with.
@@ -137,6 +152,15 @@ class Measurement:
             raise ValueError(f"unknown status {self.status!r}; known: {', '.join(STATUSES)}")
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; known: {', '.join(MODES)}")
+
+    def held_to(self, precision: str) -> "Measurement":
+        """This verdict under a precision mode (``PRECISION_MODES``): under strict, a correct result of a lower
+        precision class than the reference's is incorrect, with no speedup (stored rows keep their own verdict)."""
+        if precision not in PRECISION_MODES:
+            raise ValueError(f"unknown precision mode {precision!r}; known: {', '.join(PRECISION_MODES)}")
+        if precision == "strict" and fails_strict(self.status, self.precision):
+            return dataclasses.replace(self, status="incorrect", speedup=None, error=strict_error(self.precision))
+        return self
 
 
 # ---- the search's own records: one row per decision, per generation, per run ------------------

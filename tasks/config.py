@@ -30,6 +30,7 @@ BUDGET_KINDS = ("measurements", "gpu_seconds", "gpu_compile_seconds")
 # How unsure children are ranked for the budget (surrogate.online): a Thompson draw, expected improvement, or
 # expected improvement per expected second (what a child of its origin has cost so far in this run).
 ACQUISITIONS = ("thompson", "ei", "ei-per-second")
+from kernels.records import PRECISION_MODES  # noqa: E402 - standard library only
 # What the learned prior may have seen of the searched operation: nothing (an honest forecast of
 # a new operation), its measurements on other GPU types (porting a tuned operation to a new GPU
 # type), or everything in prior_data.
@@ -75,6 +76,9 @@ class SearchConfig:
     acquisition: str = "thompson"  # thompson: a draw from each child's forecast; ei: expected improvement;
     # ei-per-second: expected improvement over the GPU (and compile) seconds a child of its origin costs
     explore: float = 0.2  # fraction of children drawn fresh from the space rather than bred from parents
+    # tolerance: a correct kernel computed in a lower precision class than the reference's (fp16 for an fp32 task)
+    # counts, flagged; strict: it counts as incorrect, whether measured now or reused (kernels.records.PRECISION_MODES)
+    precision: str = "tolerance"
     # With budget_kind measurements: also stop once this much GPU time is charged (0: no limit), checked wave by wave.
     gpu_seconds_budget: float = 0.0
     measure_wave: int = 8  # with a budget in seconds: candidates measured between two checks of it
@@ -187,7 +191,7 @@ def check_settings(config: SearchConfig) -> None:
     if config.surrogate not in surrogates:
         raise ConfigError(f"unknown surrogate {config.surrogate!r}; known: {', '.join(surrogates)}")
     for name, allowed in (("generator", generator_names()), ("policy", POLICIES), ("acquisition", ACQUISITIONS),
-                          ("backend", BACKENDS), ("prior_scope", PRIOR_SCOPES)):
+                          ("backend", BACKENDS), ("prior_scope", PRIOR_SCOPES), ("precision", PRECISION_MODES)):
         if getattr(config, name) not in allowed:
             raise ConfigError(f"unknown {name} {getattr(config, name)!r}; known: {', '.join(allowed)}")
     if config.backend == "ray" and config.gpu_type == "auto":

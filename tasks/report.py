@@ -21,7 +21,7 @@ from datetime import datetime
 
 import pandas as pd
 
-from kernels.records import is_lower
+from kernels.records import fails_strict, is_lower
 from storage.tracking import ARTIFACT_FOLDER
 from tasks.config import NO_SURROGATE
 
@@ -263,7 +263,7 @@ def _latest_runs(runs: pd.DataFrame, last: int, anchor: str | None) -> pd.DataFr
 
 def _traces(root, op: str, gpu_type: str, runs: pd.DataFrame, strict: bool) -> tuple[RunTrace, ...]:
     measured = root.read_table("measurements", columns=["candidate_id", "status", "speedup", "gpu_seconds",
-                                                        "replayed"], op=op, gpu_type=gpu_type).to_pandas()
+                                                        "replayed", "precision"], op=op, gpu_type=gpu_type).to_pandas()
     traces = []
     for _, run in runs.iterrows():
         trace = run_trace(root, run, measured)
@@ -294,6 +294,10 @@ def run_trace(root, run: pd.Series, measured: pd.DataFrame) -> RunTrace | None:
     decisions = decisions[decisions["generation"].isin(set(gens["generation"]))]
     charged = decisions[decisions["decision"] == "measure"].sort_values(["generation", "decided_at"], kind="stable")
     rows = charged.merge(measured.drop_duplicates("candidate_id"), on="candidate_id", how="left")
+    if _precision_mode(run) == "strict":  # as the run counted them: a correct kernel of a lower precision class failed
+        precision = rows["precision"] if "precision" in rows else pd.Series("", index=rows.index)
+        failed = [fails_strict(str(st), str(p or "")) for st, p in zip(rows["status"], precision)]
+        rows.loc[failed, "status"] = "incorrect"
     speed = rows["speedup"].where((rows["status"] == "ok") & (rows["speedup"] > 0), 0.0).astype(float)
     best = speed.cummax().where(lambda s: s > 0)
     seconds = rows["gpu_seconds"].fillna(0.0).astype(float).cumsum()
@@ -313,6 +317,14 @@ def run_trace(root, run: pd.Series, measured: pd.DataFrame) -> RunTrace | None:
                     generation_ends=tuple(ends), trusted=int(gens["trusted"].sum()),
                     dropped=int(gens["dropped"].sum()),
                     replayed=bool(len(rows)) and bool(rows["replayed"].eq(True).all()))
+
+
+def _precision_mode(run: pd.Series) -> str:
+    """The precision mode a run searched under, from its stored config (tolerance when it names none)."""
+    try:
+        return json.loads(run.get("config") or "{}").get("precision", "tolerance")
+    except (TypeError, ValueError):
+        return "tolerance"
 
 
 def _agrees(rows: pd.DataFrame, best: pd.Series, seconds: pd.Series, gens: pd.DataFrame) -> bool:

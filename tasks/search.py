@@ -369,9 +369,10 @@ class Search:
         return {f.candidate_id: f for f in forecasts_from_frame(rows)} if not rows.empty else None
 
     def _measure(self, candidates: Sequence[Candidate]) -> tuple[list[Measurement], int]:
-        """Measurements of ``candidates`` in order, and how many were reused from storage."""
+        """Measurements of ``candidates`` in order, each held to the search's precision mode, and how many were
+        reused from storage (or a replayed pool, whose rows keep the verdict they were measured with)."""
         found, reused = measure_and_store(self.root, self.pool, candidates, self.config.gpu_type)
-        return [found[ch.candidate_id] for ch in candidates], reused
+        return [found[ch.candidate_id].held_to(self.config.precision) for ch in candidates], reused
 
     def _write_decisions(self, gen: Generation) -> None:
         c = self.config

@@ -68,9 +68,9 @@ def measure_pool(config: SearchConfig):
                               f"it has: {', '.join(measurer.available_gpu_types()) or 'none'}")
         return LocalMeasurePool([measurer])
     if config.backend == "local" and config.gpu_type == INTERPRETER:  # correctness on the CPU, no timings
-        return LocalMeasurePool([LocalMeasurer(mode=INTERPRETER)])
+        return LocalMeasurePool([LocalMeasurer(mode=INTERPRETER, precision=config.precision)])
     if config.backend == "local":
-        measurer = LocalMeasurer()
+        measurer = LocalMeasurer(precision=config.precision)
         if measurer.gpu_type != config.gpu_type:
             measurer.close()
             raise ConfigError(f"this machine's GPU is {measurer.gpu_type}, not {config.gpu_type}; measure "
@@ -79,7 +79,8 @@ def measure_pool(config: SearchConfig):
     from infra.ray_pools import RayMeasurePool
 
     # Nodes that declare GPUs measure for real; emulated types (no GPUs) answer from the replay pool.
-    return RayMeasurePool.connect(config.ray_address or None, replay_pool=config.replay_pool)
+    return RayMeasurePool.connect(config.ray_address or None, replay_pool=config.replay_pool,
+                                  measurer_options={"precision": config.precision})
 
 
 def _code_version() -> str:

@@ -152,3 +152,39 @@ def test_the_cli_summary_names_the_stop_reason(tmp_path):
 
     _, result = run(config(tmp_path, generator="template", budget=8, generations=4))
     assert "stopped: budget" in summary_lines(result, "data", "sqlite://", None)[0]
+
+
+def test_a_strict_search_counts_a_kernel_of_lower_precision_as_incorrect_and_its_report_agrees(tmp_path):
+    """The same replayed pool, where every kernel above the median speedup was computed (say) in fp16 for an fp32
+    task: under tolerance the search's best is one of them; under strict they fail, measured or reused, and the
+    run comparison rebuilds the strict run's curve as the run counted it."""
+    import dataclasses
+
+    import numpy as np
+
+    from storage.schema import candidates_from_frame, measurements_from_frame
+    from tasks.config import PACKAGED_POOL
+    from tasks.report import compare_runs
+
+    source = DataRoot(PACKAGED_POOL)
+    rows = source.read_measurements(op=OP, gpu_type="h100")
+    cut = float(np.nanmedian(rows.loc[rows["status"] == "ok", "speedup"]))
+    flagged = [dataclasses.replace(m, precision="case x: lower: tf32/fp16 (5.0e-04) where the reference is float32 "
+                                                "(2.0e-08)") if m.status == "ok" and (m.speedup or 0) > cut else m
+               for m in measurements_from_frame(rows)]
+    pool = DataRoot(str(tmp_path / "pool"))
+    pool.write_candidates(candidates_from_frame(source.read_candidates(OP)))
+    pool.write_measurements(flagged)
+    best = {}
+    for mode in ("tolerance", "strict"):
+        cfg = config(tmp_path, generator="template", surrogate="none", budget=64, generations=4, children=64,
+                     replay_pool=str(pool.path), precision=mode, data=str(tmp_path / "data"),
+                     run_id=f"softmax-{mode}")  # two runs in one second would share a default id
+        _, result = run(cfg)
+        best[mode] = (result.run_id, result.best_speedup)
+    assert best["tolerance"][1] > cut >= best["strict"][1] > 0
+    traces = {t.run_id: t for t in compare_runs(DataRoot(str(tmp_path / "data")), OP, "h100").traces}
+    assert traces[best["strict"][0]].best == pytest.approx(best["strict"][1])
+    assert traces[best["tolerance"][0]].best == pytest.approx(best["tolerance"][1])
+    with pytest.raises(ConfigError, match="unknown precision 'exact'; known: tolerance, strict"):
+        resolve(config(tmp_path, precision="exact"))

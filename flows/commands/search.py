@@ -48,6 +48,8 @@ _SEARCH_FLAGS = {
     "acquisition": (str, "how unsure children are chosen: thompson (a draw from each forecast, default), ei "
                          "(expected improvement) or ei-per-second (expected improvement over the GPU plus compile "
                          "seconds the run's children of the same origin have cost)"),
+    "precision": (str, "tolerance (default: a correct kernel computed in a lower precision class than the "
+                       "reference's counts, flagged) or strict (it counts as incorrect, measured now or reused)"),
     "gpu_seconds_budget": (float, "also stop once this many GPU-seconds are charged (checked after each wave "
                                   "of measurements)"),
     "measure_wave": (int, "with a budget in seconds: measurements between two checks of it (default 8)"),

@@ -54,7 +54,7 @@ from kernels.harness.correctness import CandidateLoadError, call_candidate, load
 from kernels.harness.timing import (FORMAT_PROTOCOLS, Timing, fastest, flush_us, l2_flush_buffer, time_again, time_call,
                                     time_gpumode, time_pair, time_trials)
 from kernels.ops import get_operation
-from kernels.records import Candidate
+from kernels.records import Candidate, strict_error
 
 # Seeds of the inputs: compile call 0, correctness 1..seeds, timing sets from 1000, recheck 9000.
 _TIMING_SEED, _RECHECK_SEED = 1000, 9000
@@ -389,7 +389,7 @@ def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: d
                     break
         lower = _record_precision(checker, cases, result)
         if lower and job.precision == "strict":
-            return fail("incorrect", f"lower precision than the reference (precision strict): {lower}")
+            return fail("incorrect", strict_error(lower))
         if gpu:
             try:
                 _time_cases(job, op, cases, launch, checker, result, phase, output_bytes)
