@@ -138,6 +138,25 @@ class SearchConfig:
         return cls(**dict(values))
 
 
+# Settings a run may be resumed under anew: where its data, tracking and endpoints are, not what it searches.
+# Any other setting changed on a resume would make the journal's replay something other than the run it records.
+RESUMABLE_CHANGES = frozenset({"run_id", "data", "storage_options", "storage_retry_s", "tracking_uri", "experiment",
+                               "backend", "ray_address", "llm_url", "generator_url", "generator_concurrency"})
+
+
+def changed_settings(stored_json: str, config: SearchConfig) -> list[str]:
+    """The settings (other than ``RESUMABLE_CHANGES``) in which ``config`` differs from a run's stored config,
+    as 'name: stored -> now'; a setting the stored config lacks (an older run) is taken at its default."""
+    try:
+        stored = json.loads(stored_json or "{}")
+    except ValueError:
+        return []
+    now = json.loads(config.to_json())
+    defaults = json.loads(SearchConfig(op=config.op).to_json())
+    return [f"{k}: {stored.get(k, defaults.get(k))!r} -> {now[k]!r}" for k in sorted(now)
+            if k not in RESUMABLE_CHANGES and stored.get(k, defaults.get(k)) != now[k]]
+
+
 def default_run_id(config: SearchConfig) -> str:
     """A new id per start (a nightly schedule must not resume last night's run); pass it back to resume."""
     from datetime import datetime, timezone

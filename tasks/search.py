@@ -34,7 +34,7 @@ from surrogate.bins import speedup_bin
 from surrogate.forecast import Forecast
 from surrogate.online import SearchSurrogate, log_expected_improvement, thompson_draw
 from surrogate.policies import BudgetPolicy, ConformalRiskPolicy, Selection, ThresholdPolicy, run_weighted
-from tasks.config import ConfigError, SearchConfig
+from tasks.config import ConfigError, SearchConfig, changed_settings
 from tasks.generators import make_generator
 from tasks.state import Archive
 
@@ -127,6 +127,10 @@ class Search:
             if (row["op"], row["gpu_type"]) != (c.op, c.gpu_type):
                 raise ConfigError(f"run id {c.run_id!r} belongs to a search of {row['op']} on {row['gpu_type']}, "
                                   f"not {c.op} on {c.gpu_type}; choose another run id")
+            changed = changed_settings(row.get("config", ""), c)
+            if changed:
+                raise ConfigError(f"run id {c.run_id!r} was started with other settings ({'; '.join(changed[:6])}); "
+                                  "resume it with its own settings, or choose another run id")
         self.root.write_records([SearchRun(c.run_id, c.op, c.gpu_type, c.to_json())])
         self.hardware = self.pool.prepare(c.op, c.gpu_type)
         done = self.root.read_run_rows("generations", c.run_id, op=c.op)

@@ -259,3 +259,13 @@ def test_learned_prior_never_sees_the_searched_op_and_is_cached(tmp_path):
     assert time.monotonic() - t0 < first / 3 and again.n_train_ == model.n_train_
     _, result = run(cfg)
     assert result.budget_used == 8 and result.best_speedup > 1.0
+
+
+def test_a_run_id_resumed_with_other_settings_is_refused_naming_them(tmp_path):
+    """Rerunning an id replays its journal; under other settings the replay would not be the run it records."""
+    run(config(tmp_path, run_id="mine"))
+    with pytest.raises(ConfigError, match=r"was started with other settings \(seed: 1 -> 5\)"):
+        open_search(config(tmp_path, run_id="mine", seed=5), track=False)
+    # where its data, tracking and endpoints are may change: the same search resumes (nothing left to do)
+    _, again = run(config(tmp_path, run_id="mine", storage_retry_s=30.0))
+    assert again.run_id == "mine"
