@@ -120,17 +120,7 @@ class Search:
     def start(self) -> "Search":
         """Register (or resume) the run, measure the op's reference, and open tracking."""
         c = self.config
-        runs = self.root.read("runs")
-        mine = runs[runs["run_id"] == c.run_id] if not runs.empty else runs
-        if not mine.empty:
-            row = mine.iloc[0]
-            if (row["op"], row["gpu_type"]) != (c.op, c.gpu_type):
-                raise ConfigError(f"run id {c.run_id!r} belongs to a search of {row['op']} on {row['gpu_type']}, "
-                                  f"not {c.op} on {c.gpu_type}; choose another run id")
-            changed = changed_settings(row.get("config", ""), c)
-            if changed:
-                raise ConfigError(f"run id {c.run_id!r} was started with other settings ({'; '.join(changed[:6])}); "
-                                  "resume it with its own settings, or choose another run id")
+        check_resume(self.root, c)
         self.root.write_records([SearchRun(c.run_id, c.op, c.gpu_type, c.to_json())])
         self.hardware = self.pool.prepare(c.op, c.gpu_type)
         done = self.root.read_run_rows("generations", c.run_id, op=c.op)
@@ -405,6 +395,23 @@ def trust_policy(config: SearchConfig, calibration: Sequence[tuple[Forecast, int
         forecasts, bins = zip(*calibration)
         policy.fit(forecasts, bins)
     return policy
+
+
+def check_resume(root: DataRoot, c: SearchConfig) -> None:
+    """A run id already in ``root`` is resumed as what it is, or refused naming what differs: another operation
+    or GPU type, or other search settings (``tasks.config.changed_settings``)."""
+    runs = root.read("runs")
+    mine = runs[runs["run_id"] == c.run_id] if not runs.empty else runs
+    if mine.empty:
+        return
+    row = mine.iloc[0]
+    if (row["op"], row["gpu_type"]) != (c.op, c.gpu_type):
+        raise ConfigError(f"run id {c.run_id!r} belongs to a search of {row['op']} on {row['gpu_type']}, "
+                          f"not {c.op} on {c.gpu_type}; choose another run id")
+    changed = changed_settings(row.get("config", ""), c)
+    if changed:
+        raise ConfigError(f"run id {c.run_id!r} was started with other settings ({'; '.join(changed[:6])}); "
+                          "resume it with its own settings, or choose another run id")
 
 
 def select_children(config: SearchConfig, forecasts: Sequence[Forecast], best: float, generation: int, budget: int,

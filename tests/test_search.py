@@ -269,3 +269,15 @@ def test_a_run_id_resumed_with_other_settings_is_refused_naming_them(tmp_path):
     # where its data, tracking and endpoints are may change: the same search resumes (nothing left to do)
     _, again = run(config(tmp_path, run_id="mine", storage_retry_s=30.0))
     assert again.run_id == "mine"
+
+
+def test_the_command_line_refuses_such_a_resume_before_the_flow_starts(tmp_path, capsys):
+    from flows.cli import main
+
+    run(config(tmp_path, run_id="mine"))
+    assert main(["search", "--op", "softmax", "--gpu-type", "h100", "--budget", "8", "--generations", "2",
+                 "--children", "16", "--surrogate", "roofline", "--seed", "5", "--backend", "replay",
+                 "--run-id", "mine", "--data", str(tmp_path / "data")]) == 2
+    out = capsys.readouterr()
+    assert "was started with other settings (seed: 1 -> 5)" in out.err
+    assert "Traceback" not in out.err + out.out and "Flow run" not in out.err + out.out  # refused before Prefect

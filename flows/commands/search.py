@@ -110,13 +110,16 @@ def cmd_search(args) -> int:
     # (its registry, which loads torch, is the one heavy thing loaded), then the data root's protocol.
     config = validate(search_config(args))
     check_data_root(config.data, dict(config.storage_options))
+    from storage.dataset import DataRoot
+    from tasks.search import check_resume
+    from tasks.setup import resolve
+
+    config = resolve(config)  # backend and GPU type 'auto' settled against this machine
+    check_resume(DataRoot(config.data, storage_options=dict(config.storage_options)), config)  # a run id's own settings
     prefect_defaults()
     from flows.search import kernel_search
     from tasks.report import summary_lines
     from tasks.search import SearchResult
-    from tasks.setup import resolve
-
-    config = resolve(config)  # backend and GPU type 'auto' settled against this machine
     fields = {f: getattr(config, f) for f in ("op", "gpu_type", "budget", "budget_kind", "generations", "children",
                                               "generator",
                                               "surrogate", "policy", "seed", "run_id", "data", "backend",
