@@ -64,7 +64,7 @@ class PairEmbeddings:
     def version(self) -> str:
         return f"emb{self.dims}"
 
-    def _stack(self, requests: Sequence[ForecastRequest]) -> tuple[np.ndarray, np.ndarray]:
+    def lookup(self, requests: Sequence[ForecastRequest]) -> tuple[np.ndarray, np.ndarray]:
         """(vectors of the requests found, which requests were found)."""
         keys = [pair_key(r.anchor.source, r.candidate.source) for r in requests]
         found = np.array([k in self.vectors for k in keys], dtype=bool)
@@ -74,7 +74,7 @@ class PairEmbeddings:
 
     def fit(self, requests: Sequence[ForecastRequest]) -> "FittedEmbeddings":
         """The projection fit on these (training) requests' vectors: their mean and top principal axes."""
-        X, _ = self._stack(requests)
+        X, _ = self.lookup(requests)
         if len(X) < 2:
             raise ValueError(f"the embeddings hold vectors for {len(X)} of the {len(requests)} training kernels: "
                              f"a projection needs two or more (were they read from this pool?)")
@@ -90,15 +90,11 @@ class FittedEmbeddings:
     def __init__(self, table: PairEmbeddings, mean: np.ndarray, axes: np.ndarray):
         self.table, self.mean, self.axes = table, mean, axes
 
-    @property
-    def width(self) -> int:
-        return self.table.dims
-
     def matrix(self, requests: Sequence[ForecastRequest]) -> np.ndarray:
         """(n, dims): the requests' vectors projected; NaN for a pair without a vector (and for the columns
         past the axes the training data allowed)."""
         out = np.full((len(requests), self.table.dims), np.nan)
-        X, found = self.table._stack(requests)
+        X, found = self.table.lookup(requests)
         if len(X):
             out[np.flatnonzero(found), : len(self.axes)] = (X - self.mean) @ self.axes.T
         return out

@@ -96,8 +96,8 @@ def held_out_forecasts(kernels: pd.DataFrame, cases: pd.DataFrame, name: str, fo
                        options: dict | None = None) -> pd.DataFrame:
     """Each row of ``kernels`` (``surrogate.dataset.source_pairs``) forecast by ``name`` fit on the other
     folds' problems (and ``also_*``, other pools' pairs; ``options``, the forecaster's keyword arguments):
-    columns fold, p_fail, expected (speedup if it runs), probs (9 bins, 0 = failure), aligned with ``kernels``. A forecaster that says nothing of
-    failure gets its training kernels' failure rate, the best constant."""
+    columns fold, p_fail, expected (speedup if it runs), probs (9 bins, 0 = failure), aligned with ``kernels``.
+    A forecaster that says nothing of failure gets its training kernels' failure rate, the best constant."""
     out = pd.DataFrame(index=kernels.index, columns=["fold", "p_fail", "expected", "probs"], dtype=object)
     for fold, held in folds:
         test = kernels["op"].isin(held).to_numpy()

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import urlparse
 
+from kernels.records import PRECISION_MODES  # standard library only
+
 # The measured pool shipped with the project: the replay backend's answers and the learned prior's data.
 PACKAGED_POOL = str(Path(__file__).resolve().parents[1] / "data" / "pools")
 
@@ -30,7 +32,6 @@ BUDGET_KINDS = ("measurements", "gpu_seconds", "gpu_compile_seconds")
 # How unsure children are ranked for the budget (surrogate.online): a Thompson draw, expected improvement, or
 # expected improvement per expected second (what a child of its origin has cost so far in this run).
 ACQUISITIONS = ("thompson", "ei", "ei-per-second")
-from kernels.records import PRECISION_MODES  # noqa: E402 - standard library only
 # What the learned prior may have seen of the searched operation: nothing (an honest forecast of
 # a new operation), its measurements on other GPU types (porting a tuned operation to a new GPU
 # type), or everything in prior_data.

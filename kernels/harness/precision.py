@@ -17,8 +17,6 @@ from contextlib import contextmanager
 
 import torch
 
-from kernels.records import is_lower  # noqa: F401 - the flag's reading, kept with the record it reads
-
 # Upper bounds of the normwise relative error of each arithmetic class, best first.
 CLASSES = (("float64", 1e-12), ("float32", 3e-5), ("tf32/fp16", 1e-3), ("bf16", 2e-2))
 LOWEST = "lower than bf16"

@@ -48,13 +48,13 @@ import triton  # imported here so the fork server preloads it
 import triton.language as tl
 
 from kernels.formats.common import unmet_requirement
-from kernels.harness import ahead, budget, cores, precision, prebuild, sandbox, verify
+from kernels.harness import ahead, budget, cores, prebuild, sandbox, verify
 from kernels.harness.anticheat import CallGuard, Checker, Rejected, install_stream_guard, scan_source
 from kernels.harness.correctness import CandidateLoadError, call_candidate, load_launch, poisoned_outputs
 from kernels.harness.timing import (FORMAT_PROTOCOLS, Timing, fastest, flush_us, l2_flush_buffer, time_again, time_call,
                                     time_gpumode, time_pair, time_trials)
 from kernels.ops import get_operation
-from kernels.records import Candidate, strict_error
+from kernels.records import Candidate, is_lower, strict_error
 
 # Seeds of the inputs: compile call 0, correctness 1..seeds, timing sets from 1000, recheck 9000.
 _TIMING_SEED, _RECHECK_SEED = 1000, 9000
@@ -424,7 +424,7 @@ def _record_precision(checker: Checker, cases, result: dict) -> str | None:
     found = [checker.precision.get(c.name, {}) for c in cases]
     result["error_rel"] = [f.get("error_rel", math.nan) for f in found]
     result["reference_error_rel"] = [f.get("reference_error_rel", math.nan) for f in found]
-    lower = [f"case {c.name}: {f['precision']}" for c, f in zip(cases, found) if precision.is_lower(f.get("precision", ""))]
+    lower = [f"case {c.name}: {f['precision']}" for c, f in zip(cases, found) if is_lower(f.get("precision", ""))]
     texts = list(dict.fromkeys(f.get("precision", "not measured") for f in found))
     result["precision"] = "; ".join(lower) if lower else ", ".join(texts)
     return "; ".join(lower) or None

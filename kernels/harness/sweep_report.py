@@ -19,6 +19,10 @@ SEGMENTS = (("compile ahead", "started", "ahead_done"), ("first calls", "locked"
 # float64 reference) and of the others, within "checks"; the verification of each timed window, within "between
 # windows": its traced call (the profiler's session), then its calls on unseen inputs with their synced windows.
 PARTS = ("check, first seed", "check, other seeds", "verification: trace", "verification: unseen inputs")
+# (mark, the child's mark before it) -> the part the time between them is: "verified" right after "timed" is a case
+# verified without a trace (tracing unavailable)
+_VERIFICATION = {("traced", "timed"): "verification: trace", ("verified", "traced"): "verification: unseen inputs",
+                 ("verified", "timed"): "verification: unseen inputs"}
 
 
 def lock_breakdown(timeline) -> dict[str, dict[str, float]]:
@@ -39,10 +43,8 @@ def lock_breakdown(timeline) -> dict[str, dict[str, float]]:
             seed = before[2].get("seed") if isinstance(before[2], dict) else None
             part = "check, first seed" if seed == 1 else "check, other seeds"
             parts[part][key] = parts[part].get(key, 0.0) + t - before[1]
-        if phase in ("traced", "verified") and before is not None and before[0] in ("timed", "traced"):
-            part = "verification: trace" if phase == "traced" else "verification: unseen inputs"
-            if before[0] == "timed" and phase == "verified":  # no trace (unavailable, or not asked)
-                part = "verification: unseen inputs"
+        if before is not None and (phase, before[0]) in _VERIFICATION:  # a timed window's trace, or its unseen inputs
+            part = _VERIFICATION[phase, before[0]]
             parts[part][key] = parts[part].get(key, 0.0) + t - before[1]
         last[key] = (phase, t, detail)
         marks = children.setdefault((cid, attempt), {})
