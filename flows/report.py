@@ -51,10 +51,11 @@ def best_table(root, op: str | None = None) -> pd.DataFrame:
         counts = g["status"].value_counts()
         row = {"op": op_name, "gpu_type": gpu_type, "measured": len(g), "ok": int(counts.get("ok", 0)),
                "failed": int(len(g) - counts.get("ok", 0))}
-        timed = g[(g["status"] == "ok") & g["speedup"].notna() & (g["template"].fillna("").str.rsplit("/", n=1).str[-1] != "eager")]
-        flags = (timed["precision"].fillna("").astype(str).map(is_lower).astype(bool) if "precision" in timed
-                 else pd.Series(False, index=timed.index))
-        row["lower_precision"] = int(flags.sum())  # ok kernels whose arithmetic is below the reference's class
+        correct = g[(g["status"] == "ok") & (g["template"].fillna("").str.rsplit("/", n=1).str[-1] != "eager")]
+        # correct kernels whose arithmetic is below the reference's class, timed or not (the interpreter times none)
+        row["lower_precision"] = int(sum(map(is_lower, correct["precision"].fillna("").astype(str)))
+                                     if "precision" in correct else 0)
+        timed = correct[correct["speedup"].notna()]
         if len(timed):
             b = timed.loc[timed["speedup"].idxmax()]
             runtimes = list(b["runtime_us_median"])

@@ -112,3 +112,16 @@ def test_a_kernel_of_lower_precision_is_flagged_by_default_and_fails_under_preci
     row, reference = found["strict"]
     assert row["status"] == "incorrect" and "precision strict" in row["error"] and "tf32/fp16" in row["error"]
     assert reference["status"] == "ok"  # the reference's own float32 arithmetic is not lower than itself
+
+
+def test_show_counts_a_lower_precision_kernel_the_interpreter_checked_but_did_not_time(tmp_path, capsys):
+    from flows.report import best_table
+    from storage.dataset import DataRoot
+
+    ref, (new,) = write_kernelbench(tmp_path / "kb", new=KB_ROW_SUM_HALF)
+    root = tmp_path / "root"
+    assert main(["import", "--format", "kernelbench", "--reference", str(ref), "--candidate", str(new),
+                 "--data", str(root)]) == 0
+    assert main(["measure", "--op", "kb.row_sum", "--data", str(root), "--concurrency", "1"]) == 0
+    row = best_table(DataRoot(str(root)), op="kb.row_sum").iloc[0]
+    assert row["gpu_type"] == "interpreter" and row["lower_precision"] == 1
