@@ -2,7 +2,7 @@
 of that fold, for ``benchmarks/cudal1_forecast.py --forecasts lmhead=DIR``.
 
     PYTHONPATH=$PWD python benchmarks/cudal1_lmhead.py --pool POOL --model MODEL.gguf --fold I --out DIR
-        [--folds 4] [--also-data ROOT ...] [--max-seconds 300]
+        [--folds 4] [--spaces FOLDER ...] [--also-data ROOT ...] [--max-seconds 300]
 
 The folds are ``surrogate.ranking.problem_folds`` of the pool's problems: the very folds the forecast
 benchmark scores every other forecaster on, so a fold's problems are never in its training. One fold a
@@ -30,6 +30,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--pool", default="data/pools/cudal1")
     p.add_argument("--protocol", default="kernelcast")
     p.add_argument("--gpu-type", default="h100")
+    p.add_argument("--spaces", action="append", default=[],
+                   help="a folder of variant spaces whose kernels join the pool's problems (as cudal1_forecast's "
+                        "--spaces: its table scores them, so they need forecasts too)")
     p.add_argument("--model", required=True, help="a local model folder or .gguf file")
     p.add_argument("--fold", type=int, required=True, help="the fold held out (0-based)")
     p.add_argument("--folds", type=int, default=4)

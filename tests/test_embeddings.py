@@ -129,3 +129,36 @@ def test_the_benchmark_reads_a_table_the_embed_script_wrote_with_a_real_model(tm
     rows = pd.DataFrame(result["rows"])
     assert set(rows["forecaster"]) == {"source", "learned+emb", "source+emb"} and result["embeddings"] == str(table)
     assert rows["top1_within_10pct"].between(0, 1).all()
+
+
+def test_the_lmhead_benchmark_trains_every_fold_and_its_forecasts_are_scored_beside_the_others(tmp_path, monkeypatch):
+    """The training script reads the pool as the forecast benchmark does (with ``--spaces`` too): a fold's run
+    writes forecasts of its held-out kernels, and the benchmark scores the folder only when every fold is in."""
+    pytest.importorskip("peft")
+    pytest.importorskip("gguf")
+    from benchmarks import cudal1_forecast, cudal1_lmhead
+    from tests.test_cudal1_forecast import PROBLEMS, _pool
+    from tests.test_engine import write_tiny_qwen2_gguf
+
+    pool = _pool(tmp_path, monkeypatch)
+    model = tmp_path / "tiny.gguf"
+    write_tiny_qwen2_gguf(model)
+    spaces = tmp_path / "spaces"
+    spaces.mkdir()  # a folder of spaces holding none of this pool's problems: read, and nothing joins
+    out = tmp_path / "lmhead"
+    score = ["--pool", str(pool), "--folds", "3", "--draws", "20", "--corpus", str(tmp_path), "--forecasters", "random",
+             "--forecasts", f"lmhead={out}", "--out", str(tmp_path / "scored" / "forecast")]
+    for fold in range(3):
+        assert cudal1_lmhead.main(["--pool", str(pool), "--model", str(model), "--fold", str(fold), "--folds", "3",
+                                   "--spaces", str(spaces), "--max-tokens", "64", "--batch", "4", "--epochs", "1",
+                                   "--calibrate-on", "kb.cudal1-", "--out", str(out)]) == 0
+        written = pd.read_parquet(out / f"forecasts-{fold}.parquet")
+        assert written["p_fail"].between(0, 1).all() and (written["expected"] > 0).all()
+        if fold < 2:  # folds missing: scoring refuses rather than score a part of the pool
+            with pytest.raises(ValueError):
+                cudal1_forecast.main(score)
+    held = pd.concat(pd.read_parquet(f) for f in sorted(out.glob("forecasts-*.parquet")))
+    assert held["op"].nunique() == len(PROBLEMS) and not held.duplicated(["op", "candidate_id"]).any()
+    assert cudal1_forecast.main(score) == 0
+    rows = pd.DataFrame(json.loads((tmp_path / "scored" / "forecast.json").read_text())["rows"])
+    assert set(rows["forecaster"]) == {"random", "lmhead"}
