@@ -304,7 +304,9 @@ def test_the_lock_breakdown_splits_the_checks_by_seed_and_gives_the_verification
             t[0] += dt
             return (cid, 1, phase, t[0], detail)
         return [at("started", 0), at("ahead_done", 1.0), at("locked", 0.5), at("checks", 0.1),
-                at("check", 0.0, {"case": "a", "seed": 1}), at("check", first_check, {"case": "a", "seed": 2}),
+                at("check", 0.0, {"case": "a", "seed": 1}), at("first_inputs", 0.01),
+                at("calling", 0.04, {"case": "a"}), at("call", 0.05, {"case": "a", "seconds": 0.05}),
+                at("check", first_check - 0.1, {"case": "a", "seed": 2}),
                 at("check", other_check, {"case": "a", "seed": 3}), at("timing", other_check, "a"),
                 at("timed", timed, {"case": "a"}), at("traced", 0.1, {"case": "a"}),
                 at("verified", verify, {"case": "a"}),
@@ -313,6 +315,7 @@ def test_the_lock_breakdown_splits_the_checks_by_seed_and_gives_the_verification
 
     timeline = child("x", 0.30, 0.10, 0.2, 0.4) + child("y", 0.50, 0.20, 0.2, 0.6)
     got = lock_breakdown(sorted(timeline, key=lambda e: e[3]))  # the two children's marks interleaved in time
+    # the first seed's check runs from its mark to the next check, past the marks of its inputs and its call
     assert got["check, first seed"]["total_s"] == 0.8 and got["check, first seed"]["median_s"] == 0.4
     assert got["check, other seeds"]["total_s"] == 0.6  # seeds 2 and 3 of each child
     assert got["verification: trace"]["total_s"] == 0.2  # 0.1 a child

@@ -19,6 +19,8 @@ SEGMENTS = (("compile ahead", "started", "ahead_done"), ("first calls", "locked"
 # float64 reference) and of the others, within "checks"; the verification of each timed window, within "between
 # windows": its traced call (the profiler's session), then its calls on unseen inputs with their synced windows.
 PARTS = ("check, first seed", "check, other seeds", "verification: trace", "verification: unseen inputs")
+# Marks a check makes on its way (its inputs, its call, the limits its call's time sets): the check goes on past them.
+_WITHIN_CHECK = ("first_inputs", "calling", "call", "limits")
 # (mark, the child's mark before it) -> the part the time between them is: "verified" right after "timed" is a case
 # verified without a trace (tracing unavailable)
 _VERIFICATION = {("traced", "timed"): "verification: trace", ("verified", "traced"): "verification: unseen inputs",
@@ -36,13 +38,16 @@ def lock_breakdown(timeline) -> dict[str, dict[str, float]]:
     timing: dict[tuple[str, int], float] = {}
     parts: dict[str, dict[tuple[str, int], float]] = {name: {} for name in PARTS}
     last: dict[tuple[str, int], tuple[str, float, object]] = {}
+    checking: dict[tuple[str, int], tuple[str, float]] = {}  # a child's check under way: (its part, its start)
     for cid, attempt, phase, t, detail in timeline:
         key = (cid, attempt)
         before = last.get(key)
-        if before is not None and before[0] == "check":  # one seed's check: until the child's next mark
-            seed = before[2].get("seed") if isinstance(before[2], dict) else None
-            part = "check, first seed" if seed == 1 else "check, other seeds"
-            parts[part][key] = parts[part].get(key, 0.0) + t - before[1]
+        if key in checking and phase not in _WITHIN_CHECK:  # one seed's check: its inputs, call and comparison
+            part, started = checking.pop(key)
+            parts[part][key] = parts[part].get(key, 0.0) + t - started
+        if phase == "check":
+            seed = detail.get("seed") if isinstance(detail, dict) else None
+            checking[key] = ("check, first seed" if seed == 1 else "check, other seeds", t)
         if before is not None and (phase, before[0]) in _VERIFICATION:  # a timed window's trace, or its unseen inputs
             part = _VERIFICATION[phase, before[0]]
             parts[part][key] = parts[part].get(key, 0.0) + t - before[1]
