@@ -431,6 +431,75 @@ def test_no_anchoring_once_the_candidate_has_replaced_a_torch_function(tmp_path,
     assert phases == [("not_anchored", {"replaced": ["F.softmax"]})]
 
 
+def test_cases_paired_ahead_are_timed_beside_the_reference_from_their_first_window(tmp_path, monkeypatch):
+    """The reference's host-bound cases (every case under a format's protocol) get no window of their own first:
+    they are timed and verified in their pair. A pair that fails leaves the case timed alone; the candidate's
+    own verdicts stand; once torch's functions are replaced, no later case is paired."""
+    import dataclasses
+
+    import torch
+
+    from kernels.harness import runner
+    from kernels.harness.anticheat import Rejected
+    from kernels.harness.timing import Timing
+    from kernels.ops import get_operation
+
+    op = get_operation("softmax")
+    cand = get_space("softmax").spread_subset(1)[0]
+    runner._TORCH_AT_START = runner.torch_fingerprint()
+    cases = op.cases[:3]
+    reference = {c.name: 100.0 * (i + 1) for i, c in enumerate(cases)}
+    job = dataclasses.replace(_anchor_job(tmp_path, cand, tuple(reference.values())),
+                              reference_host_bound=(cases[0].name, cases[2].name))
+    ahead = {c.name for c in runner.cases_to_pair(job, cases, ())} & set(reference)
+    assert ahead == {cases[0].name, cases[2].name}
+    calls, phases = [], []
+    anchor = runner._anchor_launch(job, op, lambda *p: phases.append(p))
+    assert anchor is not None and callable(anchor[0])
+
+    def time_case(case, anchor=None):
+        calls.append((case.name, anchor is not None))
+        if anchor is not None:  # the candidate 1.2x the reference beside it
+            return (Timing(240.0, 1.0, 20, 300.0), Timing(200.0, 1.0, 20, 300.0)), 3
+        return Timing(50.0, 1.0, 20, 10.0), 2
+
+    windows, rotation, anchored = runner._first_windows(cases, ahead, anchor, time_case, reference,
+                                                        lambda *p: phases.append(p))
+    assert calls == [(cases[0].name, True), (cases[1].name, False), (cases[2].name, True)]  # one window each
+    assert sorted(anchored) == sorted(ahead) and rotation == {cases[0].name: 3, cases[1].name: 2, cases[2].name: 3}
+    assert anchored[cases[2].name].runtime_us_median == pytest.approx(300.0 * 1.2)
+    assert [w[0].runtime_us_median for w in windows.values()] == [240.0, 50.0, 240.0]  # the pair is the window
+
+    def reference_fails(case, anchor=None):  # the reference cannot run beside this candidate: alone instead
+        calls.append((case.name, anchor is not None))
+        if anchor is not None:
+            raise RuntimeError("the reference's module failed")
+        return Timing(50.0, 1.0, 20, 10.0), 2
+
+    calls.clear()
+    _, _, anchored = runner._first_windows(cases[:1], ahead, anchor, reference_fails, reference,
+                                           lambda *p: phases.append(p))
+    assert anchored == {} and calls == [(cases[0].name, True), (cases[0].name, False)]
+    assert phases[-1][0] == "not_anchored" and "module failed" in phases[-1][1]["error"]
+
+    def cheat(case, anchor=None):
+        raise Rejected("case x: launched work outside the timed window")
+
+    with pytest.raises(Rejected):
+        runner._first_windows(cases[:1], ahead, anchor, cheat, reference, lambda *p: None)
+
+    def replaces_softmax(case, anchor=None):  # swaps a torch function during its first paired window
+        slow = torch.nn.functional.softmax
+        monkeypatch.setattr(torch.nn.functional, "softmax", lambda *a, **k: slow(*a, **k))
+        return time_case(case, anchor)
+
+    calls.clear()
+    _, _, anchored = runner._first_windows(cases, ahead, anchor, replaces_softmax, reference,
+                                           lambda *p: phases.append(p))
+    assert anchored == {} and [a for _, a in calls] == [True, False, False]
+    assert ("not_anchored", {"replaced": ["F.softmax"]}) in phases
+
+
 def test_the_worker_anchors_candidates_but_never_the_reference():
     from kernels.ops import get_operation
 

@@ -506,15 +506,22 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
     def time_pair_case(case, anchor):
         return time_case(case, max_seconds=job.max_seconds_per_case, anchor=anchor)[0]
 
-    windows, rotation = {}, {}
-    for case in cases:
-        timing, rotation[case.name] = time_case(case, check=job.verify)
-        windows[case.name] = [timing]
+    # Cases paired whatever the candidate's own windows say (the reference's host-bound ones; every case under a
+    # format's protocol) are timed beside the reference from the start, and verified there: a window of their own
+    # first would be timed and then not used. (Measured on an H100: linalg/eigh's null spent 638 s on such windows
+    # of its 13 cases before the 520 s of their pairs, and ran out of its call's time.)
+    ahead = {c.name for c in cases_to_pair(job, cases, ())} & set(reference)
+    anchor = _anchor_launch(job, op, phase) if ahead else None
+    windows, rotation, anchored = _first_windows(cases, ahead, anchor, lambda case, anchor=None: time_case(
+        case, anchor=anchor, check=job.verify), reference, phase)
     host_bound = [c for c in cases if windows[c.name][0].host_bound(head_start_us)]
     sensitive = [c for c in cases if windows[c.name][0].host_sensitive(head_start_us)]  # host_bound among them
     result["host_sensitive_cases"] = [c.name for c in sensitive]  # a reference's: its candidates pair them too
     paired = cases_to_pair(job, cases, sensitive)
-    anchored = _anchored(job, op, [c for c in paired if c.name in reference], time_pair_case, result, phase)
+    anchored.update(_anchored(job, op, [c for c in paired if c.name in reference and c.name not in anchored],
+                              time_pair_case, result, phase))
+    if anchored:
+        result["anchored_cases"] = sorted(anchored)
     # Other host-bound cases, and short GPU-bound ones, again in passes over the cases until their two fastest
     # windows agree (kernelcast's protocol only: KernelBench's takes one window as it comes).
     bound = {c.name for c in host_bound}
@@ -642,6 +649,69 @@ def cases_to_pair(job: Job, cases, sensitive) -> list:
     return [c for c in cases if c.name in mine or c.name in job.reference_host_bound]
 
 
+def _torch_replaced(phase) -> bool:
+    """Whether a public function of torch was replaced since the child started (timeline mark ``not_anchored``):
+    the reference timed beside the candidate would run the candidate's replacement, slowed as it likes."""
+    now = torch_fingerprint()
+    changed = sorted(k for k, v in _TORCH_AT_START.items() if now.get(k) != v)
+    if changed:
+        phase("not_anchored", {"replaced": changed[:8]})
+    return bool(changed)
+
+
+def _anchor_launch(job: Job, op, phase):
+    """(launch, params) of the op's reference, loaded in this child to be timed beside the candidate; None where
+    nothing is anchored: for the reference itself (no ``job.reference_us``), where torch's functions were
+    replaced (``_torch_replaced``), or where the reference cannot be loaded here (said in the timeline)."""
+    if not job.reference_us or not _TORCH_AT_START or _torch_replaced(phase):
+        return None
+    seed = op.seed_candidates()[0]
+    try:
+        return load_launch(seed.source, job.scratch_dir, module_name="anchor_reference"), seed.params
+    except Exception as exc:  # noqa: BLE001 - the reference cannot be loaded here: windows as before
+        phase("not_anchored", {"error": _describe(exc)})
+        return None
+
+
+def _anchored_timing(case_name: str, timing: Timing, ref: Timing, reference_us: float, phase) -> Timing:
+    """The candidate's timing from a pair with the reference: the ratio of their medians times the reference's
+    runtime as the worker measured it (identical code gets the reference's runtime)."""
+    ratio = timing.runtime_us_median / ref.runtime_us_median
+    phase("anchored", {"case": case_name, "ratio": ratio, "us": timing.runtime_us_median,
+                       "reference_us_here": ref.runtime_us_median, "reference_us": reference_us})
+    return Timing(reference_us * ratio, timing.runtime_us_iqr * reference_us / ref.runtime_us_median,
+                  timing.repetitions, timing.host_us_median, 1)
+
+
+def _first_windows(cases, ahead: set[str], anchor, time_case, reference: dict[str, float], phase):
+    """Each case's first window, {case: [Timing]}, its rotation sets, and the cases anchored in it.
+
+    ``time_case(case, anchor=None)`` times (and verifies) one case: alone, or beside the reference where ``anchor``
+    is given, then giving (candidate's, reference's) timings. The ``ahead`` cases are timed beside it from the start
+    while there is an ``anchor``; one that fails there (the reference beside this candidate, say) is timed alone, and
+    once torch's functions are found replaced (``_torch_replaced``) no later case is paired."""
+    windows, rotation, anchored = {}, {}, {}
+    for case in cases:
+        timing = None
+        if anchor is not None and case.name in ahead:
+            try:
+                (timing, ref), rotation[case.name] = time_case(case, anchor=anchor)
+            except (Rejected, _Incorrect):  # the candidate's own verdict: it stands
+                raise
+            except Exception as exc:  # noqa: BLE001 - the pair failed: alone, where the candidate's errors are its own
+                phase("not_anchored", {"case": case.name, "error": _describe(exc)})
+                timing = None
+            else:
+                if _torch_replaced(phase):  # replaced while timed beside the reference: the pair is only a window
+                    anchor = None
+                else:
+                    anchored[case.name] = _anchored_timing(case.name, timing, ref, reference[case.name], phase)
+        if timing is None:
+            timing, rotation[case.name] = time_case(case)
+        windows[case.name] = [timing]
+    return windows, rotation, anchored
+
+
 def _anchored(job: Job, op, cases, time_pair_case, result: dict, phase) -> dict[str, Timing]:
     """Host-bound cases timed beside the op's reference in one window, as the reference's runtime times their ratio.
 
@@ -649,36 +719,21 @@ def _anchored(job: Job, op, cases, time_pair_case, result: dict, phase) -> dict[
     measurement and the candidate's. Timed in alternating rounds of one window with the
     reference (loaded here from the op's own source), both meet the same host, and the
     ratio of their medians carries over to the reference's runtime as the worker measured
-    it: identical code gets the reference's runtime. Nothing is anchored for the reference
-    itself (no ``job.reference_us``), or if torch's functions were replaced since the child
-    started (they would slow the reference too): those cases keep their fastest window."""
-    if not cases or not job.reference_us or not _TORCH_AT_START:
-        return {}
-    now = torch_fingerprint()
-    changed = sorted(k for k, v in _TORCH_AT_START.items() if now.get(k) != v)
-    if changed:
-        phase("not_anchored", {"replaced": changed[:8]})
-        return {}
-    seed = op.seed_candidates()[0]
-    try:
-        ref_launch = load_launch(seed.source, job.scratch_dir, module_name="anchor_reference")
-    except Exception as exc:  # noqa: BLE001 - the reference cannot be loaded here: windows as before
-        phase("not_anchored", {"error": _describe(exc)})
+    it (``_anchored_timing``). Nothing is anchored where ``_anchor_launch`` finds nothing to
+    anchor to: those cases keep their fastest window."""
+    anchor = _anchor_launch(job, op, phase) if cases else None
+    if anchor is None:
         return {}
     reference = dict(zip((c.name for c in op.cases), job.reference_us))
     anchored = {}
     for case in cases:
         try:
-            timing, ref = time_pair_case(case, (ref_launch, seed.params))
+            timing, ref = time_pair_case(case, anchor)
         except Exception as exc:  # noqa: BLE001 - the reference failed beside the candidate: its fastest window
             phase("not_anchored", {"case": case.name, "error": _describe(exc)})
             continue
-        ratio = timing.runtime_us_median / ref.runtime_us_median
-        anchored[case.name] = Timing(reference[case.name] * ratio, timing.runtime_us_iqr * reference[case.name]
-                                     / ref.runtime_us_median, timing.repetitions, timing.host_us_median, 1)
-        phase("anchored", {"case": case.name, "ratio": ratio, "us": timing.runtime_us_median,
-                           "reference_us_here": ref.runtime_us_median, "reference_us": reference[case.name]})
-    result["anchored_cases"] = sorted(anchored)
+        anchored[case.name] = _anchored_timing(case.name, timing, ref, reference[case.name], phase)
+    result["anchored_cases"] = sorted(set(result.get("anchored_cases", ())) | set(anchored))
     return anchored
 
 
