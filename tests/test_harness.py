@@ -135,3 +135,43 @@ def test_a_pair_alternates_at_least_eight_times_before_its_median_stands():
     assert round_size_for(2, 20, 10) == 2 and 20 // round_size_for(2, 20, 10) >= PAIR_ROUNDS
     assert round_size_for(2, 5, 10) == 1  # a slow pair: one call a round
     assert round_size_for(2, 400, 10) == 10  # never larger than asked
+
+
+def test_a_pair_is_judged_round_by_round_so_a_host_that_flips_between_stretches_cancels():
+    """Identical code on a host that runs fast (1.0 ms) or slow (1.7 ms) for stretches of rounds: a change that
+    falls between the two sides of one turn gives one side an extra slow round, which moves the median over all
+    its repetitions to the slow stretch. Round by round, the two sides saw the same host."""
+    from kernels.harness.timing import _rounds, _Series, paired_ratio
+
+    # the host turns slow during turn 4: that turn's A round ran after the change, its B round before it
+    mine = [[1.7, 1.7] if k >= 4 else [1.0, 1.0] for k in range(9)]
+    theirs = [[1.7, 1.7] if k >= 5 else [1.0, 1.0] for k in range(9)]
+    a, b = sorted(sum(mine, [])), sorted(sum(theirs, []))
+    medians = a[len(a) // 2] / b[len(b) // 2]
+    ratio, per_round = paired_ratio(mine, theirs)
+    assert medians == pytest.approx(1.7) and ratio == pytest.approx(1.0) and len(per_round) == 9
+    # a candidate 1.2x the anchor's cost on the same host comes out 1.2x, whichever stretch each round fell in
+    ratio, _ = paired_ratio([[1.2 * t for t in r] for r in theirs], theirs)
+    assert ratio == pytest.approx(1.2)
+    with pytest.raises(ValueError, match="no round"):
+        paired_ratio([[]], [[1.0]])
+    # a series' repetitions come back round by round, as they were timed
+    series = _Series(lambda i: None)
+    series.times_ms, series.round_sizes = [1.0, 2.0, 3.0, 4.0, 5.0], [2, 2, 1]
+    assert _rounds(series) == [[1.0, 2.0], [3.0, 4.0], [5.0]]
+
+
+def test_a_paired_case_takes_the_median_of_round_ratios_and_records_both_estimates():
+    from kernels.harness.runner import _anchored_timing
+    from kernels.harness.timing import Timing
+
+    phases = []
+    paired = Timing(1700.0, 5.0, 18, 1600.0, paired_ratio=1.01, round_ratios=(1.0, 1.01, 1.7))
+    got = _anchored_timing("c", paired, Timing(1000.0, 5.0, 18, 900.0), 500.0, lambda *p: phases.append(p))
+    assert got.runtime_us_median == pytest.approx(505.0)  # the reference's 500 us times 1.01, not times 1.7
+    (name, detail), = phases
+    assert name == "anchored" and detail["ratio"] == 1.01 and detail["ratio_of_medians"] == pytest.approx(1.7)
+    assert detail["round_ratios"] == [1.0, 1.01, 1.7]
+    # a format's timers give no per-round ratio: the ratio of their figures
+    got = _anchored_timing("c", Timing(1500.0, 5.0, 100, 0.0), Timing(1000.0, 5.0, 100, 0.0), 500.0, lambda *p: None)
+    assert got.runtime_us_median == pytest.approx(750.0)

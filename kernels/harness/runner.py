@@ -674,10 +674,13 @@ def _anchor_launch(job: Job, op, phase):
 
 
 def _anchored_timing(case_name: str, timing: Timing, ref: Timing, reference_us: float, phase) -> Timing:
-    """The candidate's timing from a pair with the reference: the ratio of their medians times the reference's
-    runtime as the worker measured it (identical code gets the reference's runtime)."""
-    ratio = timing.runtime_us_median / ref.runtime_us_median
-    phase("anchored", {"case": case_name, "ratio": ratio, "us": timing.runtime_us_median,
+    """The candidate's timing from a pair with the reference: its cost relative to the reference's there (the
+    median of per-round ratios, ``timing.paired_ratio``; the ratio of medians where a format's timer gave none)
+    times the reference's runtime as the worker measured it (identical code gets the reference's runtime)."""
+    medians = timing.runtime_us_median / ref.runtime_us_median
+    ratio = timing.paired_ratio or medians
+    phase("anchored", {"case": case_name, "ratio": ratio, "ratio_of_medians": medians,
+                       "round_ratios": [round(r, 5) for r in timing.round_ratios], "us": timing.runtime_us_median,
                        "reference_us_here": ref.runtime_us_median, "reference_us": reference_us})
     return Timing(reference_us * ratio, timing.runtime_us_iqr * reference_us / ref.runtime_us_median,
                   timing.repetitions, timing.host_us_median, 1)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -34,6 +34,10 @@ class Timing:
     repetitions: int
     host_us_median: float = 0.0  # time the host spent inside one call (issuing its work)
     windows: int = 1  # separate timing windows this figure is the fastest of
+    # Timed in a pair (``time_pair``): this call's cost over the other's, the median of their per-round ratios
+    # (``paired_ratio``), and those ratios in the order the rounds ran; 0 and () for a call timed alone.
+    paired_ratio: float = 0.0
+    round_ratios: tuple[float, ...] = ()
 
     def host_bound(self, flush_us: float) -> bool:
         """Whether the host's side of a call outlasts the flush: the GPU may then wait inside the window."""
@@ -126,6 +130,7 @@ class _Series:
         self.call = call
         self.times_ms: list[float] = []
         self.host_s: list[float] = []
+        self.round_sizes: list[int] = []  # repetitions of each round, in order
         self.rep = 0
 
     def round(self, flush: torch.Tensor, size: int) -> list:
@@ -160,7 +165,7 @@ class _Series:
 
 
 def _time_series(calls: list[Callable[[int], object]], flush: torch.Tensor, warmup: int, min_reps: int,
-                 max_reps: int, target_notch: float, max_seconds: float, round_size: int) -> list[Timing]:
+                 max_reps: int, target_notch: float, max_seconds: float, round_size: int) -> list[_Series]:
     """Rounds of each call in turn until every median is pinned down (or the repetitions or time run out).
 
     Each round starts on an idle device, for every call alike: issued behind another call's round, a
@@ -191,11 +196,12 @@ def _time_series(calls: list[Callable[[int], object]], flush: torch.Tensor, warm
             events = s.round(flush, round_size)
             torch.cuda.synchronize()
             s.times_ms.extend(start.elapsed_time(end) for start, end in events)
+            s.round_sizes.append(len(events))
         turn += 1
         if all(s.settled(min_reps, target_notch) for s in series) or \
                 min(len(s.times_ms) for s in series) >= max_reps or \
                 (len(series[0].times_ms) >= min_reps and time.perf_counter() - started > max_seconds):
-            return [s.timing() for s in series]
+            return series
 
 
 SLOW_CALL_REPS = 5  # the fewest repetitions a call gets, however slow, up to a second
@@ -239,8 +245,8 @@ def time_call(call: Callable[[int], object], flush: torch.Tensor, *, warmup: int
               min_reps: int = 20, max_reps: int = 400, target_notch: float = 0.005,
               max_seconds: float = 1.0, round_size: int = 10) -> Timing:
     """Time ``call(i)`` (i = repetition index, used to rotate input sets) on the current stream."""
-    (timing,) = _time_series([call], flush, warmup, min_reps, max_reps, target_notch, max_seconds, round_size)
-    return timing
+    (series,) = _time_series([call], flush, warmup, min_reps, max_reps, target_notch, max_seconds, round_size)
+    return series.timing()
 
 
 def time_pair(call: Callable[[int], object], anchor: Callable[[int], object], flush: torch.Tensor, *,
@@ -248,11 +254,36 @@ def time_pair(call: Callable[[int], object], anchor: Callable[[int], object], fl
               max_seconds: float = 1.0, round_size: int = 10) -> tuple[Timing, Timing]:
     """Time ``call`` and ``anchor`` in alternating rounds of one window: both meet the same host.
 
-    ``call``'s median over ``anchor``'s is its cost relative to the anchor's, free of the
-    host's drifts that separate windows would each see differently."""
-    timing, anchored = _time_series([call, anchor], flush, warmup, min_reps, max_reps, target_notch,
-                                    max_seconds, round_size)
-    return timing, anchored
+    ``call``'s cost relative to the anchor's is the median of their per-round ratios (``paired_ratio``), carried
+    in the call's timing, free of the host's drifts that separate windows would each see differently."""
+    mine, theirs = _time_series([call, anchor], flush, warmup, min_reps, max_reps, target_notch, max_seconds,
+                                round_size)
+    ratio, per_round = paired_ratio(_rounds(mine), _rounds(theirs))
+    return replace(mine.timing(), paired_ratio=ratio, round_ratios=tuple(per_round)), theirs.timing()
+
+
+def _rounds(series: _Series) -> list[list[float]]:
+    """A series' repetition times (ms), round by round."""
+    out, at = [], 0
+    for size in series.round_sizes:
+        out.append(series.times_ms[at:at + size])
+        at += size
+    return out
+
+
+def paired_ratio(mine: list[list[float]], theirs: list[list[float]]) -> tuple[float, list[float]]:
+    """The median over rounds of (my round's median / their round's median), and those ratios.
+
+    Rounds of the two calls alternate (A B, then B A), so round k of each saw the same stretch of the host. A
+    host that moves between fast and slow stretches (measured on an H100 host: one level-3 network's windows at
+    6.7, 10.4 and 11.5 ms within two seconds) makes each call's median over all its repetitions fall on either
+    side of the two, by how many of its repetitions the slow stretches took; a ratio per round compares like
+    with like, and their median ignores the rounds that straddle a change. Rounds missing on one side count not."""
+    ratios = [_quantile(sorted(a), 0.5) / _quantile(sorted(b), 0.5) for a, b in zip(mine, theirs)
+              if a and b and _quantile(sorted(b), 0.5) > 0]
+    if not ratios:
+        raise ValueError("no round of the pair has repetitions on both sides")
+    return _quantile(sorted(ratios), 0.5), ratios
 
 
 PROTOCOLS = ("kernelcast", "kernelbench", "gpumode")
