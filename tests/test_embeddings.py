@@ -151,7 +151,7 @@ def test_the_lmhead_benchmark_trains_every_fold_and_its_forecasts_are_scored_bes
     for fold in range(3):
         assert cudal1_lmhead.main(["--pool", str(pool), "--model", str(model), "--fold", str(fold), "--folds", "3",
                                    "--spaces", str(spaces), "--max-tokens", "64", "--batch", "4", "--epochs", "1",
-                                   "--calibrate-on", "kb.cudal1-", "--out", str(out)]) == 0
+                                   "--calibrate-on", "kb.cudal1-", "--gradient-checkpointing", "--out", str(out)]) == 0
         written = pd.read_parquet(out / f"forecasts-{fold}.parquet")
         assert written["p_fail"].between(0, 1).all() and (written["expected"] > 0).all()
         if fold < 2:  # folds missing: scoring refuses rather than score a part of the pool
