@@ -103,16 +103,23 @@ def test_vectors_that_carry_what_the_source_misses_raise_the_source_forecasters_
     assert rho_read > 0.8 and (math.isnan(rho_plain) or rho_plain < 0.3), (rho_read, rho_plain)
 
 
-def test_the_benchmark_reads_a_table_the_embed_script_wrote_with_a_real_model(tmp_path, monkeypatch):
+def _pool_and_tiny_model(tmp_path, monkeypatch):
+    """The forecast benchmark's small pool and the tests' tiny code model (a GGUF written here)."""
     pytest.importorskip("peft")
     pytest.importorskip("gguf")
-    from benchmarks import cudal1_embed, cudal1_forecast
     from tests.test_cudal1_forecast import _pool
     from tests.test_engine import write_tiny_qwen2_gguf
 
     pool = _pool(tmp_path, monkeypatch)
     model = tmp_path / "tiny.gguf"
     write_tiny_qwen2_gguf(model)
+    return pool, model
+
+
+def test_the_benchmark_reads_a_table_the_embed_script_wrote_with_a_real_model(tmp_path, monkeypatch):
+    from benchmarks import cudal1_embed, cudal1_forecast
+
+    pool, model = _pool_and_tiny_model(tmp_path, monkeypatch)
     table = tmp_path / "emb.parquet"
     assert cudal1_embed.main(["--pool", str(pool), "--model", str(model), "--out", str(table), "--max-tokens", "64",
                               "--device", "cpu"]) == 0
@@ -134,15 +141,10 @@ def test_the_benchmark_reads_a_table_the_embed_script_wrote_with_a_real_model(tm
 def test_the_lmhead_benchmark_trains_every_fold_and_its_forecasts_are_scored_beside_the_others(tmp_path, monkeypatch):
     """The training script reads the pool as the forecast benchmark does (with ``--spaces`` too): a fold's run
     writes forecasts of its held-out kernels, and the benchmark scores the folder only when every fold is in."""
-    pytest.importorskip("peft")
-    pytest.importorskip("gguf")
     from benchmarks import cudal1_forecast, cudal1_lmhead
-    from tests.test_cudal1_forecast import PROBLEMS, _pool
-    from tests.test_engine import write_tiny_qwen2_gguf
+    from tests.test_cudal1_forecast import PROBLEMS
 
-    pool = _pool(tmp_path, monkeypatch)
-    model = tmp_path / "tiny.gguf"
-    write_tiny_qwen2_gguf(model)
+    pool, model = _pool_and_tiny_model(tmp_path, monkeypatch)
     spaces = tmp_path / "spaces"
     spaces.mkdir()  # a folder of spaces holding none of this pool's problems: read, and nothing joins
     out = tmp_path / "lmhead"
