@@ -59,6 +59,10 @@ def parse(argv=None) -> argparse.Namespace:
                         "sealed_problems), each forecaster fit on every dev problem and scored on them once")
     p.add_argument("--folds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dealings", type=int, default=1,
+                   help="deal the grouped folds this many ways (seeds SEED, SEED+1, ...): each dealing's rows, then "
+                        "per forecaster their mean, with the range over the dealings in place of an interval (one "
+                        "dealing moves failure AUROC and ECE by more than forecasters differ)")
     p.add_argument("--draws", type=int, default=1000, help="bootstrap draws per interval (over problems)")
     p.add_argument("--forecasts", action="append", default=[], metavar="NAME=DIR",
                    help="held-out forecasts made elsewhere, scored beside the others: DIR's forecasts-*.parquet, one "
@@ -79,6 +83,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--census-only", action="store_true",
                    help="count the pool's measured implementations (every problem; no forecaster is fit or scored)")
     args = p.parse_args(argv)
+    if args.dealings < 1:
+        p.error(f"--dealings must be at least 1, got {args.dealings}")
     for value in args.forecasts:
         if "=" not in value or not value.split("=", 1)[0] or not value.split("=", 1)[1]:
             p.error(f"--forecasts wants NAME=DIR, got {value!r}")
@@ -223,8 +229,9 @@ def run(args) -> int:
     if args.problems == "sealed":  # one fold: fit on the dev problems, scored on the sealed ones
         splits = {f"dev -> sealed ({len(sealed)} problems)": [("sealed", sealed)]}
     else:
-        splits = {f"grouped {min(args.folds, len(problems))}-fold by problem": ranking.problem_folds(problems, args.folds, args.seed),
-                  "leave one level out": ranking.level_folds(problems)}
+        splits = {grouped(args, problems, seed): ranking.problem_folds(problems, args.folds, seed)
+                  for seed in range(args.seed, args.seed + args.dealings)}
+        splits["leave one level out"] = ranking.level_folds(problems)
     rows = []
     for split, folds in splits.items():
         for name in names:
@@ -244,13 +251,19 @@ def run(args) -> int:
         seeds = {int(v) for t in tables for v in (t["fold_seed"] if "fold_seed" in t else [args.seed])}
         if len(seeds) != 1:
             raise ValueError(f"--forecasts {label}={folder}: its files were made under folds of seeds {sorted(seeds)}")
-        split = next(iter(splits))
-        forecasts = ranking.stored_forecasts(kernels, tables, ranking.problem_folds(problems, args.folds, seeds.pop()))
+        seed = seeds.pop()
+        split = next(iter(splits)) if args.problems == "sealed" else grouped(args, problems, seed)
+        forecasts = ranking.stored_forecasts(kernels, tables, ranking.problem_folds(problems, args.folds, seed))
         rows.append({"split": split, "forecaster": label, **ranking.score(kernels, forecasts, args.draws, args.seed),
                      "seconds": 0.0})
     table = pd.DataFrame(rows)
+    if args.dealings > 1 and args.problems != "sealed":
+        table = pd.concat([table, over_dealings(table, [grouped(args, problems, seed) for seed in
+                                                        range(args.seed, args.seed + args.dealings)])],
+                          ignore_index=True)
     say()
-    say("Per forecaster, on held-out problems (95% bootstrap intervals over problems):")
+    say("Per forecaster, on held-out problems (95% bootstrap intervals over problems"
+        + ("; on the mean of the dealings, their range" if args.dealings > 1 else "") + "):")
     say(_table(table))
     if skipped:
         say(f"not run: {', '.join(skipped)}")
@@ -271,6 +284,30 @@ def run(args) -> int:
             {**meta, "rows": table.to_dict("records"), "cross_gpu": transfer.to_dict("records")}, indent=1,
             default=float))
     return 0
+
+
+def grouped(args, problems, seed: int) -> str:
+    """The split's label for the grouped folds dealt by ``seed`` (named by the seed when there are several)."""
+    label = f"grouped {min(args.folds, len(problems))}-fold by problem"
+    return f"{label}, dealing {seed}" if args.dealings > 1 else label
+
+
+def over_dealings(table: pd.DataFrame, splits: list[str]) -> pd.DataFrame:
+    """Per forecaster scored under every one of ``splits`` (the dealings), a row of each figure's mean over them,
+    its ``_lo``/``_hi`` the lowest and highest of them."""
+    rows = []
+    dealt = table[table["split"].isin(splits)]
+    figures = [c for c in dealt.columns if c.endswith("_lo")]
+    for name, group in dealt.groupby("forecaster", sort=False):
+        if len(group) != len(splits):
+            continue  # scored under one dealing only (forecasts stored from elsewhere): no mean to take
+        row = {**group.iloc[0].to_dict(), "split": f"{splits[0].rsplit(', dealing', 1)[0]}, mean of {len(splits)} "
+               f"dealings", "seconds": float(group["seconds"].sum())}
+        for lo in figures:
+            key = lo[:-3]
+            row[key], row[lo], row[key + "_hi"] = group[key].mean(), group[key].min(), group[key].max()
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def argv_of(args) -> list[str]:

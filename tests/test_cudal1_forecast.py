@@ -346,3 +346,30 @@ def test_torch_compile_of_a_reference_is_set_against_the_problems_best_cuda_l1_k
     assert "| l2-003 |  | 1.60 | 1.60 (default) | 1.33 (custom) | 1.00 |" in text
     assert "beats the best CUDA-L1 kernel on 1; geomean best compile / best CUDA-L1 1.200" in text
     assert compile_vs_pool.main(["--compiled", str(tmp_path / "nowhere"), "--pool", str(pool)]) == 2
+
+
+def test_several_dealings_of_the_folds_give_their_rows_and_per_forecaster_the_mean_with_its_range(tmp_path,
+                                                                                                  monkeypatch):
+    from benchmarks import cudal1_forecast
+
+    pool = _pool(tmp_path, monkeypatch)
+    out = tmp_path / "out" / "forecast"
+    assert cudal1_forecast.main(["--pool", str(pool), "--folds", "3", "--draws", "20", "--corpus", str(tmp_path),
+                                 "--forecasters", "learned,random", "--seed", "4", "--dealings", "3",
+                                 "--out", str(out)]) == 0
+    rows = pd.DataFrame(json.loads(out.with_suffix(".json").read_text())["rows"])
+    dealt = [f"grouped 3-fold by problem, dealing {s}" for s in (4, 5, 6)]
+    mean = "grouped 3-fold by problem, mean of 3 dealings"
+    assert set(rows["split"]) == {*dealt, mean, "leave one level out"}
+    for name in ("learned", "random"):
+        mine = rows[rows["forecaster"] == name].set_index("split")
+        figures = mine.loc[dealt, "top1_within_10pct"]
+        assert mine.loc[mean, "top1_within_10pct"] == pytest.approx(figures.mean())
+        assert (mine.loc[mean, "top1_within_10pct_lo"], mine.loc[mean, "top1_within_10pct_hi"]) == \
+            (figures.min(), figures.max())
+    # the dealings differ: the learned forecaster, fit on other problems each time, is not scored alike three times
+    learned = rows[rows["split"].isin(dealt) & (rows["forecaster"] == "learned")]
+    assert len(learned[["spearman", "top1_within_10pct", "failure_auroc", "ece", "aurc"]].drop_duplicates()) > 1
+    assert "mean of 3 dealings" in out.with_suffix(".txt").read_text()
+    with pytest.raises(SystemExit):
+        cudal1_forecast.parse(["--dealings", "0"])
