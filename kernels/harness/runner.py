@@ -721,8 +721,8 @@ def _anchored(job: Job, op, cases, time_pair_case, result: dict, phase) -> dict[
     A host-bound call's time follows the host's speed, which moves between the reference's
     measurement and the candidate's. Timed in alternating rounds of one window with the
     reference (loaded here from the op's own source), both meet the same host, and the
-    ratio of their medians carries over to the reference's runtime as the worker measured
-    it (``_anchored_timing``). Nothing is anchored where ``_anchor_launch`` finds nothing to
+    candidate's cost relative to the reference's there (the median of per-round ratios)
+    carries over to the reference's runtime as the worker measured it (``_anchored_timing``). Nothing is anchored where ``_anchor_launch`` finds nothing to
     anchor to: those cases keep their fastest window."""
     anchor = _anchor_launch(job, op, phase) if cases else None
     if anchor is None:
