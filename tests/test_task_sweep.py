@@ -323,3 +323,16 @@ def test_the_lock_breakdown_splits_the_checks_by_seed_and_gives_the_verification
     assert got["checks"]["total_s"] == 1.4  # the three checks of each, from "checks" to the first "timing"
     assert got["timed calls"]["total_s"] == 0.8
     assert got["between windows"]["total_s"] == 1.3  # 0.1 + 0.4 + 0.05 and 0.1 + 0.6 + 0.05
+
+
+def test_a_rows_anchored_cases_carry_both_estimates_of_each_pair():
+    from kernels.harness.sweep import anchored_fields
+
+    timeline = [("null", 1, "timed", 1.0, {"case": "a"}),
+                ("null", 1, "anchored", 2.0, {"case": "a", "ratio": 1.00012, "ratio_of_medians": 1.13738}),
+                ("other", 1, "anchored", 2.5, {"case": "a", "ratio": 2.0, "ratio_of_medians": 2.0}),
+                ("null", 1, "anchored", 3.0, {"case": "b", "ratio": 0.99}),  # an older timeline: one estimate
+                ("null", 1, "released", 4.0, None)]
+    assert anchored_fields(timeline, "null") == {"null_anchored": {"a": 1.0001, "b": 0.99},
+                                                 "null_anchored_ratio_of_medians": {"a": 1.1374, "b": 0.99}}
+    assert anchored_fields(timeline, "nobody") == {"null_anchored": {}, "null_anchored_ratio_of_medians": {}}

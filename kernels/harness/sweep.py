@@ -404,12 +404,21 @@ def _measure_chunks(worker, imported: list, names: dict, chunk_size: int, deadli
                 if key in earlier:
                     row["reference_measured_in"] = f"an earlier call of the sweep ({earlier[key]['measured_at']})"
                 # host-bound cases the null was timed beside the reference in (kernels.harness.runner._anchored)
-                row["null_anchored"] = {d["case"]: round(d["ratio"], 4) for cid, _, phase, _, d in worker.timeline
-                                        if cid == got["null"].candidate_id and phase == "anchored"}
+                row.update(anchored_fields(worker.timeline, got["null"].candidate_id))
                 write(row)
             if deadline is not None and time.monotonic() > deadline + 60:  # a chunk far past the limit: cut it
                 print("past the time limit inside a chunk; its unfinished tasks run next time", flush=True)
                 return
+
+
+def anchored_fields(timeline, candidate_id: str) -> dict[str, dict[str, float]]:
+    """A candidate's cases timed beside the reference, from the worker's timeline: ``null_anchored``, each case's
+    ratio as the harness used it (the median of per-round ratios), and ``null_anchored_ratio_of_medians``, the
+    other estimate of the same pair, so one sweep compares the two."""
+    marks = [d for cid, _, phase, _, d in timeline if cid == candidate_id and phase == "anchored"]
+    return {"null_anchored": {d["case"]: round(d["ratio"], 4) for d in marks},
+            "null_anchored_ratio_of_medians": {d["case"]: round(d.get("ratio_of_medians", d["ratio"]), 4)
+                                               for d in marks}}
 
 
 def _hardware(mode: str):
