@@ -421,8 +421,11 @@ def test_a_request_needing_longer_slots_waits_for_the_next_cache_and_is_served(t
         sizes = []
         with ThreadPoolExecutor(4) as pool:
             futures = [pool.submit(engine.submit, job, 120) for job in small]
-            time.sleep(0.1)
-            sizes.append((engine.snapshot()["slots"], engine.snapshot()["slot_tokens"]))
+            deadline = time.monotonic() + 30  # admitted when the engine's loop next runs: on a loaded CPU, later
+            while engine.snapshot()["slots"] == 0 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            snapshot = engine.snapshot()
+            sizes.append((snapshot["slots"], snapshot["slot_tokens"]))
             futures.append(pool.submit(engine.submit, big, 120))
             results = [f.result() for f in futures]
     finally:
