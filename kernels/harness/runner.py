@@ -520,8 +520,7 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
     paired = cases_to_pair(job, cases, sensitive)
     anchored.update(_anchored(job, op, [c for c in paired if c.name in reference and c.name not in anchored],
                               time_pair_case, result, phase))
-    if anchored:
-        result["anchored_cases"] = sorted(anchored)
+    result["anchored_cases"] = sorted(anchored)  # those of the first windows and those paired after them
     # Other host-bound cases, and short GPU-bound ones, again in passes over the cases until their two fastest
     # windows agree (kernelcast's protocol only: KernelBench's takes one window as it comes).
     bound = {c.name for c in host_bound}
@@ -722,8 +721,9 @@ def _anchored(job: Job, op, cases, time_pair_case, result: dict, phase) -> dict[
     measurement and the candidate's. Timed in alternating rounds of one window with the
     reference (loaded here from the op's own source), both meet the same host, and the
     candidate's cost relative to the reference's there (the median of per-round ratios)
-    carries over to the reference's runtime as the worker measured it (``_anchored_timing``). Nothing is anchored where ``_anchor_launch`` finds nothing to
-    anchor to: those cases keep their fastest window."""
+    carries over to the reference's runtime as the worker measured it (``_anchored_timing``).
+    Nothing is anchored where ``_anchor_launch`` finds nothing to anchor to: those cases keep
+    their fastest window."""
     anchor = _anchor_launch(job, op, phase) if cases else None
     if anchor is None:
         return {}
@@ -736,7 +736,7 @@ def _anchored(job: Job, op, cases, time_pair_case, result: dict, phase) -> dict[
             phase("not_anchored", {"case": case.name, "error": _describe(exc)})
             continue
         anchored[case.name] = _anchored_timing(case.name, timing, ref, reference[case.name], phase)
-    result["anchored_cases"] = sorted(set(result.get("anchored_cases", ())) | set(anchored))
+    result["anchored_cases"] = sorted(anchored)
     return anchored
 
 
