@@ -323,6 +323,25 @@ def test_the_lock_breakdown_splits_the_checks_by_seed_and_gives_the_verification
     assert got["checks"]["total_s"] == 1.4  # the three checks of each, from "checks" to the first "timing"
     assert got["timed calls"]["total_s"] == 0.8
     assert got["between windows"]["total_s"] == 1.3  # 0.1 + 0.4 + 0.05 and 0.1 + 0.6 + 0.05
+    # the comparison after the first case's first call: until the next check's mark
+    assert got["comparison, first case"]["total_s"] == 0.6 and "comparison, later cases" not in got
+
+
+def test_the_lock_breakdown_tells_the_first_cases_comparison_from_the_later_cases():
+    """A fresh child's first comparison pays for the first launches of its kernels; the later cases' do not."""
+    from kernels.harness.sweep_report import lock_breakdown
+
+    timeline, t = [], 0.0
+    for cid, cold in (("x", 0.2), ("y", 0.25)):
+        for case, took in (("a", cold), ("b", 0.005), ("c", 0.01)):
+            for phase, dt in (("check", 0.0), ("calling", 0.01), ("call", 0.002)):
+                t += dt
+                timeline.append((cid, 1, phase, t, {"case": case, "seed": 1}))
+            t += took
+        timeline.append((cid, 1, "timing", t, "a"))
+    got = lock_breakdown(timeline)
+    assert got["comparison, first case"]["total_s"] == 0.45 and got["comparison, first case"]["children"] == 2
+    assert got["comparison, later cases"]["total_s"] == 0.03 and got["comparison, later cases"]["median_s"] == 0.015
 
 
 def test_a_rows_anchored_cases_carry_both_estimates_of_each_pair():

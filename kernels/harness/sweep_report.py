@@ -18,7 +18,11 @@ SEGMENTS = (("compile ahead", "started", "ahead_done"), ("first calls", "locked"
 # Parts of the segments above, summed per child: a check of the first seed (it also measures precision against a
 # float64 reference) and of the others, within "checks"; the verification of each timed window, within "between
 # windows": its traced call (the profiler's session), then its calls on unseen inputs with their synced windows.
-PARTS = ("check, first seed", "check, other seeds", "verification: trace", "verification: unseen inputs")
+# Within the first seed's checks, the comparison after a case's first call (its correctness check and its precision
+# against float64) on the child's first case and on the others: in a fresh process the first launches of the
+# comparison's kernels cost about 200 ms on an H100, every later case's 3-16 ms.
+PARTS = ("check, first seed", "check, other seeds", "comparison, first case", "comparison, later cases",
+         "verification: trace", "verification: unseen inputs")
 # Marks a check makes on its way (its inputs, its call, the limits its call's time sets): the check goes on past them.
 _WITHIN_CHECK = ("first_inputs", "calling", "call", "limits")
 # (mark, the child's mark before it) -> the part the time between them is: "verified" right after "timed" is a case
@@ -39,6 +43,7 @@ def lock_breakdown(timeline) -> dict[str, dict[str, float]]:
     parts: dict[str, dict[tuple[str, int], float]] = {name: {} for name in PARTS}
     last: dict[tuple[str, int], tuple[str, float, object]] = {}
     checking: dict[tuple[str, int], tuple[str, float]] = {}  # a child's check under way: (its part, its start)
+    compared: set[tuple[str, int]] = set()  # children past their first case's comparison
     for cid, attempt, phase, t, detail in timeline:
         key = (cid, attempt)
         before = last.get(key)
@@ -48,6 +53,10 @@ def lock_breakdown(timeline) -> dict[str, dict[str, float]]:
         if phase == "check":
             seed = detail.get("seed") if isinstance(detail, dict) else None
             checking[key] = ("check, first seed" if seed == 1 else "check, other seeds", t)
+        if before is not None and before[0] == "call":  # a case's first call returned: its comparison until now
+            part = "comparison, first case" if key not in compared else "comparison, later cases"
+            compared.add(key)
+            parts[part][key] = parts[part].get(key, 0.0) + t - before[1]
         if before is not None and (phase, before[0]) in _VERIFICATION:  # a timed window's trace, or its unseen inputs
             part = _VERIFICATION[phase, before[0]]
             parts[part][key] = parts[part].get(key, 0.0) + t - before[1]
