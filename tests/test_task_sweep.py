@@ -4,10 +4,13 @@ benchmark script (torch and triton alone) and through ``kernelcast sweep``."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.formats_for_tests import KB_ROW_SUM, write_gpumode, write_kernelbench
 from tests.test_real_size import GPUMODE_ADD_INTO
@@ -355,3 +358,27 @@ def test_a_rows_anchored_cases_carry_both_estimates_of_each_pair():
     assert anchored_fields(timeline, "null") == {"null_anchored": {"a": 1.0001, "b": 0.99},
                                                  "null_anchored_ratio_of_medians": {"a": 1.1374, "b": 0.99}}
     assert anchored_fields(timeline, "nobody") == {"null_anchored": {}, "null_anchored_ratio_of_medians": {}}
+
+
+def test_the_summary_scores_the_nulls_under_both_estimators_of_their_pairs():
+    """A null whose paired case came out 1.00 by the per-round ratios and 1.137 by the ratio of medians: within 2%
+    as measured, outside by the other estimator; a row of an earlier sweep (no case names) leaves that figure out."""
+    from kernels.harness.sweep_report import null_speedup_by_ratio_of_medians, summarize
+
+    def row(task, used, other, null_us):
+        return {"task": task, "imported": True, "reference_status": "ok", "null_status": "ok", "fits": True,
+                "measured": True, "import_s": 1.0, "wall_s": 2.0, "chunk": "c", "case_names": ["small", "big"],
+                "reference_us": [100.0, 6709.0], "null_us": null_us,
+                "null_speedup": math.sqrt(100.0 / null_us[0] * 6709.0 / null_us[1]),
+                "null_anchored": {"big": used}, "null_anchored_ratio_of_medians": {"big": other}}
+
+    swin = row("swin", 1.001, 1.137, [100.0, 6709.0 * 1.001])
+    calm = row("calm", 0.999, 1.002, [100.5, 6709.0 * 0.999])
+    assert null_speedup_by_ratio_of_medians(swin) == pytest.approx(1 / math.sqrt(1.137))
+    assert null_speedup_by_ratio_of_medians(calm) == pytest.approx(math.sqrt(100 / 100.5 / 1.002))
+    summary = summarize([swin, calm])
+    assert summary["null_within_2pct_share"] == 1.0
+    assert summary["null_within_2pct_share_by_ratio_of_medians"] == 0.5
+    earlier = {k: v for k, v in swin.items() if k not in ("case_names", "null_anchored_ratio_of_medians")}
+    assert null_speedup_by_ratio_of_medians(earlier) is None
+    assert "null_within_2pct_share_by_ratio_of_medians" not in summarize([earlier, calm])

@@ -179,7 +179,8 @@ def _row(task: Task, op, import_s: float, import_error: str, ref=None, null=None
            "imported": op is not None, "import_error": import_error, "import_s": round(import_s, 3), "chunk": chunk}
     if op is not None:
         sizes = _case_bytes(op, mode)
-        row.update(cases=len(sizes), case_bytes_max=max((s for s in sizes if s), default=None))
+        row.update(cases=len(sizes), case_bytes_max=max((s for s in sizes if s), default=None),
+                   case_names=[c.name for c in (op.cases if mode == "gpu" else op.interpret_cases)])
     if ref is not None and null is not None:
         r, n = _status_row(ref), _status_row(null)
         # refused before any device work: too big for it, or its code needs a newer GPU
