@@ -498,6 +498,14 @@ def test_cases_paired_ahead_are_timed_beside_the_reference_from_their_first_wind
                                            lambda *p: phases.append(p))
     assert anchored == {} and [a for _, a in calls] == [True, False, False]
     assert ("not_anchored", {"replaced": ["F.softmax"]}) in phases
+    # the later pairs take the reference loaded for the first windows, and refuse it too once torch is replaced
+    assert runner._anchored(job, op, cases[1:2], lambda case, a: pytest.fail("paired after a replacement"), {},
+                            lambda *p: None, anchor=anchor) == {}
+    monkeypatch.undo()
+    used = []
+    got = runner._anchored(job, op, cases[1:2], lambda case, a: used.append(a) or time_case(case, a)[0], {},
+                           lambda *p: None, anchor=anchor)
+    assert used == [anchor] and list(got) == [cases[1].name]
 
 
 def test_the_worker_anchors_candidates_but_never_the_reference():

@@ -519,7 +519,7 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
     result["host_sensitive_cases"] = [c.name for c in sensitive]  # a reference's: its candidates pair them too
     paired = cases_to_pair(job, cases, sensitive)
     anchored.update(_anchored(job, op, [c for c in paired if c.name in reference and c.name not in anchored],
-                              time_pair_case, result, phase))
+                              time_pair_case, result, phase, anchor))
     result["anchored_cases"] = sorted(anchored)  # those of the first windows and those paired after them
     # Other host-bound cases, and short GPU-bound ones, again in passes over the cases until their two fastest
     # windows agree (kernelcast's protocol only: KernelBench's takes one window as it comes).
@@ -702,7 +702,6 @@ def _first_windows(cases, ahead: set[str], anchor, time_case, reference: dict[st
                 raise
             except Exception as exc:  # noqa: BLE001 - the pair failed: alone, where the candidate's errors are its own
                 phase("not_anchored", {"case": case.name, "error": _describe(exc)})
-                timing = None
             else:
                 if _torch_replaced(phase):  # replaced while timed beside the reference: the pair is only a window
                     anchor = None
@@ -714,7 +713,7 @@ def _first_windows(cases, ahead: set[str], anchor, time_case, reference: dict[st
     return windows, rotation, anchored
 
 
-def _anchored(job: Job, op, cases, time_pair_case, result: dict, phase) -> dict[str, Timing]:
+def _anchored(job: Job, op, cases, time_pair_case, result: dict, phase, anchor=None) -> dict[str, Timing]:
     """Host-bound cases timed beside the op's reference in one window, as the reference's runtime times their ratio.
 
     A host-bound call's time follows the host's speed, which moves between the reference's
@@ -723,8 +722,14 @@ def _anchored(job: Job, op, cases, time_pair_case, result: dict, phase) -> dict[
     candidate's cost relative to the reference's there (the median of per-round ratios)
     carries over to the reference's runtime as the worker measured it (``_anchored_timing``).
     Nothing is anchored where ``_anchor_launch`` finds nothing to anchor to: those cases keep
-    their fastest window."""
-    anchor = _anchor_launch(job, op, phase) if cases else None
+    their fastest window. ``anchor``: the reference already loaded for the first windows (one
+    model of it in this child, not two), still refused once torch's functions are replaced."""
+    if not cases:
+        return {}
+    if anchor is None:
+        anchor = _anchor_launch(job, op, phase)
+    elif _torch_replaced(phase):
+        anchor = None
     if anchor is None:
         return {}
     reference = dict(zip((c.name for c in op.cases), job.reference_us))

@@ -180,7 +180,7 @@ def _row(task: Task, op, import_s: float, import_error: str, ref=None, null=None
     if op is not None:
         sizes = _case_bytes(op, mode)
         row.update(cases=len(sizes), case_bytes_max=max((s for s in sizes if s), default=None),
-                   case_names=[c.name for c in (op.cases if mode == "gpu" else op.interpret_cases)])
+                   case_names=[c.name for c in _mode_cases(op, mode)])
     if ref is not None and null is not None:
         r, n = _status_row(ref), _status_row(null)
         # refused before any device work: too big for it, or its code needs a newer GPU
@@ -201,7 +201,12 @@ def _case_bytes(op, mode: str) -> list[int | None]:
     """Per case the mode runs, its bytes (``budget.case_bytes``); None where only the device can make its inputs."""
     from kernels.harness.budget import case_bytes
 
-    return case_bytes(op, op.cases if mode == "gpu" else op.interpret_cases)
+    return case_bytes(op, _mode_cases(op, mode))
+
+
+def _mode_cases(op, mode: str):
+    """The cases ``mode`` runs: every case on a GPU, the interpreter's small ones elsewhere."""
+    return op.cases if mode == "gpu" else op.interpret_cases
 
 
 def _size(op, mode: str) -> float:
