@@ -79,6 +79,9 @@ def parse(argv=None) -> argparse.Namespace:
                         "source+emb, each with a projection of them (fit on its training problems) among its "
                         "source features")
     p.add_argument("--embedding-dims", type=int, default=16, help="principal components of the vectors kept")
+    p.add_argument("--no-measured-rankers", dest="measured_rankers", action="store_false",
+                   help="leave out the rankers that are other measurements of the same kernels (CUDA-L1's published "
+                        "figure, the pool's other protocol), which show how well a second measurement ranks")
     p.add_argument("--out", default=None, help="path stem of the .txt and .json results")
     p.add_argument("--census-only", action="store_true",
                    help="count the pool's measured implementations (every problem; no forecaster is fit or scored)")
@@ -232,13 +235,15 @@ def run(args) -> int:
         splits = {grouped(args, problems, seed): ranking.problem_folds(problems, args.folds, seed)
                   for seed in range(args.seed, args.seed + args.dealings)}
         splits["leave one level out"] = ranking.level_folds(problems)
-    rows = []
+    rows, first = [], {}  # first: each forecaster's held-out forecasts under the first split
     for split, folds in splits.items():
         for name in names:
             t = time.perf_counter()
             registered, kwargs = options.get(name, (name, None))
             forecasts = ranking.held_out_forecasts(kernels, cases, registered, folds, also_kernels, also_cases,
                                                    args.lmhead_folder if name == "lmhead" else None, options=kwargs)
+            if split == next(iter(splits)):
+                first[name] = forecasts
             rows.append({"split": split, "forecaster": name, **ranking.score(kernels, forecasts, args.draws, args.seed),
                          "seconds": time.perf_counter() - t})
             print(f"  {split}, {name}: {rows[-1]['seconds']:.0f} s", flush=True)
@@ -267,6 +272,12 @@ def run(args) -> int:
     say(_table(table))
     if skipped:
         say(f"not run: {', '.join(skipped)}")
+    measured = measured_rankers(args, kernels, first, next(iter(splits))) if args.measured_rankers else pd.DataFrame()
+    if not measured.empty:
+        say()
+        say("Rankers that are measurements, not forecasts, on the problems where every kernel has one, beside "
+            f"the forecasters of the first split ({next(iter(splits))}) on the same problems:")
+        say(_ranker_table(measured))
     transfer = _cross_gpu(args, kernels, problems)
     say()
     say("Cross-GPU: CUDA-L1's published speedup on another GPU forecast from our measured H100 speedup "
@@ -281,9 +292,60 @@ def run(args) -> int:
                 "kernels": len(kernels), "failed": int(kernels["failed"].sum()), "draws": args.draws,
                 "not_run": skipped}
         Path(args.out + ".json").write_text(json.dumps(
-            {**meta, "rows": table.to_dict("records"), "cross_gpu": transfer.to_dict("records")}, indent=1,
+            {**meta, "rows": table.to_dict("records"), "measured_rankers": measured.to_dict("records"),
+             "cross_gpu": transfer.to_dict("records")}, indent=1,
             default=float))
     return 0
+
+
+def measured_rankers(args, kernels: pd.DataFrame, forecasts: dict, split: str) -> pd.DataFrame:
+    """Another measurement of the same kernels, ranked as a forecaster's forecasts are: CUDA-L1's published
+    speedup on this GPU type (the null twin, the reference's own code, at 1), and the pool's measurement under
+    its other protocol (0 where the kernel failed there). Each is scored on the problems where every kernel has
+    it, and so is each forecaster of ``forecasts`` (held out under ``split``), on the same problems: how close a
+    forecaster comes to what a second measurement knows."""
+    from kernels.formats.cudal1 import published_gpu
+    from surrogate import ranking
+
+    values = {}
+    side = pd.read_parquet(Path(args.pool) / "cudal1.parquet").dropna(subset=["candidate_id"])
+    column = f"published_speedup_{published_gpu(args.gpu_type)}"
+    if column in side:
+        by_id = side.drop_duplicates("candidate_id").set_index("candidate_id")
+        figure = kernels["candidate_id"].map(by_id[column]).astype(float)
+        values[f"CUDA-L1's published {args.gpu_type} speedup"] = figure.where(
+            kernels["candidate_id"].map(by_id["variant"]) != "null", 1.0)
+    other = next(p for p in PROTOCOLS if p != args.protocol)
+    if (Path(args.pool) / other).is_dir():
+        theirs = _measured(argparse.Namespace(**{**vars(args), "protocol": other, "spaces": []}))[0]
+        theirs = pd.Series(ranking.worth(theirs["speedup"], theirs["failed"]), index=theirs["candidate_id"])
+        values[f"our measurement under the {other} protocol"] = kernels["candidate_id"].map(
+            theirs[~theirs.index.duplicated()]).astype(float)
+    held = np.logical_or.reduce([f["fold"].notna().to_numpy() for f in forecasts.values()]) if forecasts else True
+    rows = []
+    for ranker, value in values.items():
+        whole = value.notna().groupby(kernels["op"]).transform("all").to_numpy() & held
+        if not whole.any():
+            continue
+        mine = kernels[whole]
+        rows.append({"ranker": ranker, "kind": "measurement", "split": split,
+                     **ranking.ranking_figures(mine, value[whole].to_numpy(), draws=args.draws, seed=args.seed)})
+        for name, theirs in forecasts.items():
+            done = whole & theirs["fold"].notna().to_numpy()
+            expected = theirs.loc[done, "expected"].to_numpy(dtype=float)
+            rank = ranking.ranking_score(expected, theirs.loc[done, "p_fail"].to_numpy(dtype=float))
+            rows.append({"ranker": ranker, "kind": f"forecaster {name}", "split": split,
+                         **ranking.ranking_figures(kernels[done], rank, expected, args.draws, args.seed)})
+    return pd.DataFrame(rows)
+
+
+def _ranker_table(table: pd.DataFrame) -> str:
+    heads = ("problems of", "ranked by", "problems", "Spearman (problems)", "top-1 within 10%", "top 10% within 20%",
+             "top 20% within 20%", "top 30% within 20%")
+    body = [[r["ranker"], r["ranker"] if r["kind"] == "measurement" else r["kind"], str(r["problems"]),
+             f"{_cell(r, 'spearman')} ({r['spearman_problems']})", *[_cell(r, k) for k in COLUMNS[1:5]]]
+            for r in table.to_dict("records")]
+    return _aligned(heads, body)
 
 
 def grouped(args, problems, seed: int) -> str:

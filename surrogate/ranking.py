@@ -207,21 +207,18 @@ def _over_problems(statistic, rows_of: list[np.ndarray], draws: int, seed: int) 
                                       np.arange(len(rows_of)), draws=draws, seed=seed)
 
 
-def score(kernels: pd.DataFrame, forecasts: pd.DataFrame, draws: int = 1000, seed: int = 0,
-          fractions: Sequence[float] = SELECTION_FRACTIONS) -> dict:
-    """Every yardstick of held-out ``forecasts`` (``held_out_forecasts``) of ``kernels``, each with its
-    bootstrap 95% interval over problems (``<key>_lo``, ``<key>_hi``)."""
-    done = forecasts["fold"].notna().to_numpy()
-    kernels, forecasts = kernels[done], forecasts[done]
+def ranking_figures(kernels: pd.DataFrame, rank, order=None, draws: int = 1000, seed: int = 0,
+                    fractions: Sequence[float] = SELECTION_FRACTIONS) -> dict:
+    """The per-problem yardsticks of one ranking of ``kernels`` (op, speedup, failed): within-problem Spearman
+    of ``order`` (``rank`` when not given) against the measured speedup, top-1 and the selections by ``rank``,
+    each with its bootstrap 95% interval over problems. Whatever ranks (a forecaster, or another measurement
+    of the same kernels) is judged by the same figures."""
     failed = kernels["failed"].to_numpy(dtype=bool)
     speedups = kernels["speedup"].to_numpy(dtype=float)
     problems = kernels["op"].to_numpy()
-    expected = forecasts["expected"].to_numpy(dtype=float)
-    p_fail = forecasts["p_fail"].to_numpy(dtype=float)
-    probs = np.vstack(forecasts["probs"].to_list())
-    true_bins = kernels["true_bin"].to_numpy()
-    rank, found = ranking_score(expected, p_fail), worth(speedups, failed)
-    per_problem = {"spearman": within_problem_spearman(expected, speedups, ~failed, problems),
+    rank = np.asarray(rank, dtype=float)
+    found = worth(speedups, failed)
+    per_problem = {"spearman": within_problem_spearman(rank if order is None else order, speedups, ~failed, problems),
                    "top1_within_10pct": found_within(rank, found, problems, 0.0, TOP1_TOLERANCE)}
     for fraction in fractions:
         per_problem[f"select_top{round(100 * fraction)}_within_20pct"] = found_within(
@@ -232,6 +229,22 @@ def score(kernels: pd.DataFrame, forecasts: pd.DataFrame, draws: int = 1000, see
         values = values.astype(float).to_numpy()
         out[key] = float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
         out[f"{key}_lo"], out[f"{key}_hi"] = _interval(np.mean, values, draws, seed)
+    return out
+
+
+def score(kernels: pd.DataFrame, forecasts: pd.DataFrame, draws: int = 1000, seed: int = 0,
+          fractions: Sequence[float] = SELECTION_FRACTIONS) -> dict:
+    """Every yardstick of held-out ``forecasts`` (``held_out_forecasts``) of ``kernels``, each with its
+    bootstrap 95% interval over problems (``<key>_lo``, ``<key>_hi``)."""
+    done = forecasts["fold"].notna().to_numpy()
+    kernels, forecasts = kernels[done], forecasts[done]
+    failed = kernels["failed"].to_numpy(dtype=bool)
+    problems = kernels["op"].to_numpy()
+    expected = forecasts["expected"].to_numpy(dtype=float)
+    p_fail = forecasts["p_fail"].to_numpy(dtype=float)
+    probs = np.vstack(forecasts["probs"].to_list())
+    true_bins = kernels["true_bin"].to_numpy()
+    out = ranking_figures(kernels, ranking_score(expected, p_fail), expected, draws, seed, fractions)
     rows_of = [np.flatnonzero(problems == p) for p in sorted(set(problems))]
     losses = metrics.selective_loss(probs, true_bins)
     confidence = probs.max(axis=1)

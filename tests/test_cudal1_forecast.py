@@ -373,3 +373,42 @@ def test_several_dealings_of_the_folds_give_their_rows_and_per_forecaster_the_me
     assert "mean of 3 dealings" in out.with_suffix(".txt").read_text()
     with pytest.raises(SystemExit):
         cudal1_forecast.parse(["--dealings", "0"])
+
+
+def test_another_measurement_of_the_kernels_is_scored_as_a_ranker_beside_the_forecasters(tmp_path, monkeypatch):
+    """The pool's measurement under its other protocol ranks the same kernels: here every speedup reversed there,
+    so its within-problem Spearman is -1 and its top-1 is each problem's slowest kernel that ran."""
+    from benchmarks import cudal1_forecast
+    from storage.schema import measurements_from_frame
+
+    pool = _pool(tmp_path, monkeypatch)
+    ours = DataRoot(str(pool / "kernelcast"))
+    theirs = DataRoot(str(pool / "kernelbench"))
+    theirs.write_candidates(__import__("storage.schema", fromlist=["x"]).candidates_from_frame(ours.read_candidates()))
+    frame = ours.read_measurements()
+    reversed_ = 1.0 / frame["speedup"]
+    frame["speedup"] = reversed_
+    frame["runtime_us_median"] = [[] if not np.isfinite(s) else [100.0 / s] for s in reversed_]
+    theirs.write_measurements(measurements_from_frame(frame))
+    side = pd.read_parquet(pool / "cudal1.parquet")
+    side["published_speedup_h100"] = side["published_speedup_a100"] / GPU_FACTORS["a100"]
+    side.to_parquet(pool / "cudal1.parquet")
+    out = tmp_path / "out"
+    assert cudal1_forecast.main(["--pool", str(pool), "--folds", "3", "--draws", "20", "--corpus", str(tmp_path),
+                                 "--forecasters", "learned,random", "--out", str(out)]) == 0
+    rows = pd.DataFrame(json.loads(out.with_suffix(".json").read_text())["measured_rankers"])
+    assert set(zip(rows["ranker"], rows["kind"])) == {
+        (r, k) for r in ("CUDA-L1's published h100 speedup", "our measurement under the kernelbench protocol")
+        for k in ("measurement", "forecaster learned", "forecaster random")}
+    assert (rows["problems"] == 9).all()
+    other = rows[(rows["kind"] == "measurement") & rows["ranker"].str.contains("kernelbench")].iloc[0]
+    assert other["spearman"] == pytest.approx(-1.0)
+    # each problem's slowest kernel that ran: within 10% of its best only where they tie
+    assert other["top1_within_10pct"] == 0.0
+    published = rows[(rows["kind"] == "measurement") & rows["ranker"].str.startswith("CUDA-L1")].iloc[0]
+    assert published["top1_within_10pct"] > other["top1_within_10pct"]
+    assert "Rankers that are measurements" in out.with_suffix(".txt").read_text()
+    quiet = tmp_path / "quiet"
+    assert cudal1_forecast.main(["--pool", str(pool), "--folds", "3", "--draws", "20", "--corpus", str(tmp_path),
+                                 "--forecasters", "random", "--no-measured-rankers", "--out", str(quiet)]) == 0
+    assert json.loads(quiet.with_suffix(".json").read_text())["measured_rankers"] == []
