@@ -47,6 +47,8 @@ COLUMNS = ("spearman", "top1_within_10pct", "select_top10_within_20pct", "select
 
 
 def parse(argv=None) -> argparse.Namespace:
+    from surrogate.calibration import CALIBRATORS
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pool", default="data/pools/cudal1", help="the pool root: one data root per protocol, cudal1.parquet")
     p.add_argument("--protocol", default="kernelcast", choices=PROTOCOLS)
@@ -79,6 +81,10 @@ def parse(argv=None) -> argparse.Namespace:
                         "source+emb, each with a projection of them (fit on its training problems) among its "
                         "source features")
     p.add_argument("--embedding-dims", type=int, default=16, help="principal components of the vectors kept")
+    p.add_argument("--calibrator", action="append", default=[], choices=sorted(CALIBRATORS),
+                   help="also score each forecaster with its bin distributions recalibrated (NAME+CALIBRATOR): per "
+                        "fold, a calibrator fit on the forecaster's own held-out forecasts of that fold's training "
+                        "problems (surrogate.ranking.recalibrated; ranking and failure AUROC unchanged); repeatable")
     p.add_argument("--no-measured-rankers", dest="measured_rankers", action="store_false",
                    help="leave out the rankers that are other measurements of the same kernels (CUDA-L1's published "
                         "figure, the pool's other protocol), which show how well a second measurement ranks")
@@ -187,7 +193,7 @@ def census(kernels: pd.DataFrame) -> dict:
 
 
 def run(args) -> int:
-    from surrogate import ranking
+    from surrogate import ranking, registry
 
     if args.census_only:
         found = census(_measured(args)[0])
@@ -247,6 +253,13 @@ def run(args) -> int:
             rows.append({"split": split, "forecaster": name, **ranking.score(kernels, forecasts, args.draws, args.seed),
                          "seconds": time.perf_counter() - t})
             print(f"  {split}, {name}: {rows[-1]['seconds']:.0f} s", flush=True)
+            for calibrator in ([] if registry.reads_folder(registered) else args.calibrator):
+                t = time.perf_counter()
+                again = ranking.recalibrated(forecasts, kernels, cases, registered, folds, calibrator, also_kernels,
+                                             also_cases, kwargs)
+                rows.append({"split": split, "forecaster": f"{name}+{calibrator}",
+                             **ranking.score(kernels, again, args.draws, args.seed), "seconds": time.perf_counter() - t})
+                print(f"  {split}, {name}+{calibrator}: {rows[-1]['seconds']:.0f} s", flush=True)
     for label, folder in (f.split("=", 1) for f in args.forecasts):
         files = sorted(Path(folder).glob("forecasts-*.parquet"))
         if not files:

@@ -33,6 +33,7 @@ MIN_RANKED = 3  # kernels that ran, for a problem's Spearman to count
 TOP1_TOLERANCE = 0.10
 SELECTION_TOLERANCE = 0.20
 SELECTION_FRACTIONS = (0.10, 0.20, 0.30)
+INNER_FOLDS = 4  # grouped folds of a fold's training problems, for a calibrator fit on held-out forecasts
 _LEVEL = re.compile(r"-l(\d+)-")
 
 
@@ -103,9 +104,7 @@ def held_out_forecasts(kernels: pd.DataFrame, cases: pd.DataFrame, name: str, fo
         test = kernels["op"].isin(held).to_numpy()
         if not test.any():
             continue
-        train_k = pd.concat([kernels[~test], *([also_kernels] if also_kernels is not None else [])], ignore_index=True)
-        train_c = pd.concat([cases[~cases["op"].isin(held)], *([also_cases] if also_cases is not None else [])],
-                            ignore_index=True)
+        train_k, train_c = _training(kernels[~test], cases[~cases["op"].isin(held)], also_kernels, also_cases)
         forecaster = ready(name, train_c, train_k, folder, options)
         rows = kernels.index[test]
         got = fold_forecasts(forecaster, kernels[test], float(train_k["failed"].mean()))
@@ -114,6 +113,58 @@ def held_out_forecasts(kernels: pd.DataFrame, cases: pd.DataFrame, name: str, fo
             out.loc[rows, column] = got[column]
         log(f"  {name} {fold}: {int(test.sum())} kernels of {len(held)} problems held out")
     return out
+
+
+def recalibrated(forecasts: pd.DataFrame, kernels: pd.DataFrame, cases: pd.DataFrame, name: str,
+                 folds: Sequence[tuple[str, frozenset]], calibrator: str, also_kernels: pd.DataFrame | None = None,
+                 also_cases: pd.DataFrame | None = None, options: dict | None = None,
+                 inner_folds: int = INNER_FOLDS) -> pd.DataFrame:
+    """``forecasts`` (``held_out_forecasts`` of forecaster ``name`` under ``folds``) with each fold's bin
+    distributions recalibrated by ``calibrator`` (``surrogate.calibration.CALIBRATORS``), fit on the forecaster's
+    own held-out forecasts of that fold's training problems (``calibrated_on_training``): no held-out problem's
+    measurement reaches it. It maps the confidence only, so the ranking (expected speedup, failure probability)
+    stays the uncalibrated one."""
+    if registry.reads_folder(name):
+        raise ValueError(f"{name} is read from a trained folder: it cannot be fit again on inner folds to be "
+                         "calibrated here (calibrate it where it is trained)")
+    out = forecasts.copy()
+    for _, held in folds:
+        test = (kernels["op"].isin(held) & forecasts["fold"].notna()).to_numpy()
+        if not test.any():
+            continue
+        fitted = calibrated_on_training(name, kernels[~kernels["op"].isin(held)], cases[~cases["op"].isin(held)],
+                                        calibrator, also_kernels, also_cases, options, inner_folds)
+        rows = kernels.index[test]
+        out.loc[rows, "probs"] = pd.Series(list(fitted.transform(np.vstack(forecasts.loc[rows, "probs"].to_list()))),
+                                           index=rows)
+    return out
+
+
+def _training(kernels, cases, also_kernels, also_cases) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The kernels and cases a forecaster is fit on: the pool's training rows and the other pools' (``also_*``)."""
+    return (pd.concat([kernels, *([also_kernels] if also_kernels is not None else [])], ignore_index=True),
+            pd.concat([cases, *([also_cases] if also_cases is not None else [])], ignore_index=True))
+
+
+def calibrated_on_training(name: str, kernels: pd.DataFrame, cases: pd.DataFrame, calibrator: str,
+                           also_kernels: pd.DataFrame | None = None, also_cases: pd.DataFrame | None = None,
+                           options: dict | None = None, inner_folds: int = INNER_FOLDS, seed: int = 0):
+    """A ``calibrator`` fit on forecaster ``name``'s held-out forecasts of the training problems ``kernels``:
+    grouped folds of those problems, each forecast by the forecaster fit on the others (and ``also_*``)."""
+    from surrogate.calibration import CALIBRATORS
+
+    if calibrator not in CALIBRATORS:
+        raise ValueError(f"unknown calibrator {calibrator!r}; known: {', '.join(CALIBRATORS)}")
+    inner = problem_folds(sorted(kernels["op"].unique()), inner_folds, seed)
+    probs, bins = [], []
+    for _, held in inner:
+        test = kernels["op"].isin(held).to_numpy()
+        train_k, train_c = _training(kernels[~test], cases[~cases["op"].isin(held)], also_kernels, also_cases)
+        got = fold_forecasts(ready(name, train_c, train_k, None, options), kernels[test],
+                             float(train_k["failed"].mean()))
+        probs.append(np.vstack(got["probs"].to_list()))
+        bins.append(kernels.loc[test, "true_bin"].to_numpy())
+    return CALIBRATORS[calibrator]().fit(np.vstack(probs), np.concatenate(bins))
 
 
 def stored_forecasts(kernels: pd.DataFrame, tables: Sequence[pd.DataFrame],

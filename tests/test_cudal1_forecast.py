@@ -412,3 +412,47 @@ def test_another_measurement_of_the_kernels_is_scored_as_a_ranker_beside_the_for
     assert cudal1_forecast.main(["--pool", str(pool), "--folds", "3", "--draws", "20", "--corpus", str(tmp_path),
                                  "--forecasters", "random", "--no-measured-rankers", "--out", str(quiet)]) == 0
     assert json.loads(quiet.with_suffix(".json").read_text())["measured_rankers"] == []
+
+
+def test_a_recalibrated_forecaster_is_calibrated_on_its_training_problems_only_and_ranks_as_before(tmp_path,
+                                                                                                 monkeypatch):
+    from benchmarks import cudal1_forecast
+
+    pool = _pool(tmp_path, monkeypatch)
+    fitted_on = []  # the problems each fold's calibrator learned from
+    real = ranking.calibrated_on_training
+
+    def spy(name, kernels, *args, **kwargs):
+        fitted_on.append(frozenset(kernels["op"]))
+        return real(name, kernels, *args, **kwargs)
+
+    monkeypatch.setattr(ranking, "calibrated_on_training", spy)
+    out = tmp_path / "out"
+    assert cudal1_forecast.main(["--pool", str(pool), "--folds", "3", "--draws", "20", "--corpus", str(tmp_path),
+                                 "--forecasters", "source", "--calibrator", "platt", "--calibrator", "temperature",
+                                 "--no-measured-rankers", "--out", str(out)]) == 0
+    problems = sorted(f"kb.{op}" for op in PROBLEMS)
+    folds = ranking.problem_folds(problems, 3, 0) + ranking.level_folds(problems)
+    # per split, each calibrator fit once per fold (a calibrator's folds, then the next's), never on a held-out problem
+    assert len(fitted_on) == 2 * len(folds)
+    for (_, held), seen in zip(ranking.problem_folds(problems, 3, 0) * 2 + ranking.level_folds(problems) * 2,
+                               fitted_on):
+        assert seen == frozenset(problems) - held
+    rows = pd.DataFrame(json.loads(out.with_suffix(".json").read_text())["rows"]).set_index(["split", "forecaster"])
+    for split in ("grouped 3-fold by problem", "leave one level out"):
+        plain, platt = rows.loc[(split, "source")], rows.loc[(split, "source+platt")]
+        for key in ("spearman", "top1_within_10pct", "select_top10_within_20pct", "failure_auroc"):
+            assert platt[key] == pytest.approx(plain[key], nan_ok=True)  # the ranking is the same forecasts'
+        assert (split, "source+temperature") in rows.index
+    assert any(rows.loc[(s, "source+platt"), "ece"] != rows.loc[(s, "source"), "ece"]
+               for s in ("grouped 3-fold by problem", "leave one level out"))
+
+
+def test_recalibration_refuses_a_forecaster_read_from_a_folder_and_an_unknown_calibrator():
+    kernels = _kernels().assign(candidate_id=lambda f: [f"c{i}" for i in range(len(f))])
+    folds = ranking.problem_folds(sorted(PROBLEMS), 3, 0)
+    forecasts = _forecasts(kernels, 1.0, 0.1)
+    with pytest.raises(ValueError, match="lmhead is read from a trained folder"):
+        ranking.recalibrated(forecasts, kernels, pd.DataFrame({"op": []}), "lmhead", folds, "platt")
+    with pytest.raises(ValueError, match="unknown calibrator 'sigmoid'; known: temperature, isotonic, platt"):
+        ranking.calibrated_on_training("random", kernels, pd.DataFrame({"op": []}), "sigmoid")
