@@ -32,6 +32,11 @@ comes back rejected) for more seeds, on a machine with no GPU:
 ``--gpumode DIR,...`` adds GPU MODE task folders (imported here, searched from their reference alone, since the
 pool holds no kernels of theirs): ``--problems none --gpumode .../helion/causal_conv1d_py,...`` searches only those.
 
+``--live URL`` (with ``--live-model``, ``--model-sha256``, ``--temperature``, ``--max-tokens``, ``--concurrency``, as
+``benchmarks.llm_search`` takes them) has a model behind that OpenAI-compatible endpoint (the project's engine:
+``python -m infra.engine --model MODEL.gguf --port 8000 --gpu-lock LOCK``) rewrite the measured kernels as well:
+generator ``freeform+variants``, the model's rewrites of the parents it picks first, then execution variants.
+
 ``--space`` measures each problem's variant space once instead (its roots, every variant of the reference and
 of the roots, ``--space-depth 2`` their variants too), in one call of the pool so its children compile side by
 side, into ``--data/<problem>``; every comparison is then a replay of it, at no GPU cost:
@@ -52,7 +57,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.llm_search import BASELINE, run_one, to_reach
+from benchmarks.llm_search import BASELINE, add_live_arguments, live_model_settings, run_one, to_reach
 from tasks.config import SearchConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,7 +107,12 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--prior-spaces", default="", help="a folder of measured variant spaces (as --space leaves them) "
                    "whose kernels join the pool in the surrogate's prior (built under --data/prior-with-spaces); the "
                    "searched problem's own rows are still left out (prior_scope other-ops)")
+    add_live_arguments(p, "rewrites of each problem's measured kernels beside their execution variants (generator "
+                          "freeform+variants: the model's children first, at least half of each generation variants)")
     args = p.parse_args(argv)
+    if args.live and (args.space or args.backend == "replay"):
+        p.error("--live searches with a model writing new code, measured here: not with --space (a fixed space) nor "
+                "--backend replay (a pool answers only for the children it holds)")
     from kernels.variants import VARIANTS
 
     unknown = [n for n in args.space_variants if n not in VARIANTS]
@@ -219,9 +229,12 @@ def problem_settings(args, op: str) -> dict:
     """The settings every run on ``op`` shares (its own data root under --data, the pool's roots and prior)."""
     base = dict(op=op, generations=args.generations, data=f"{args.data}/{op}", gpu_type=args.gpu_type,
                 acquisition=args.acquisition,
-                backend=args.backend, generator="variants", prior_data=args.prior or f"{args.pool}/{args.protocol}",
+                backend=args.backend, generator="freeform+variants" if args.live else "variants",
+                prior_data=args.prior or f"{args.pool}/{args.protocol}",
                 # a task of the pool starts from its kernels there; another (GPU MODE) from its reference
                 generator_roots=f"{args.pool}/{args.protocol}" if op.startswith("kb.cudal1-") else "")
+    if args.live:
+        base |= live_model_settings(args)
     if args.backend == "replay":
         base["replay_pool"] = f"{args.replay_pool}/{op}" if args.replay_pool else f"{args.pool}/{args.protocol}"
         if args.replay_pool:  # the children the live runs made, with their ids: the variants' text may have moved on
@@ -293,6 +306,7 @@ def search_problem(args, op: str, rows: list, save) -> None:
                 scale = spent
             reached = to_reach(run, ref["best"], mode) if ref["best"] else None
             row = {"op": op, "budget": budget, "seed": seed, "mode": mode, "surrogate": name,
+                   "generator": base["generator"], "model": base.get("generator_model", ""),
                    "surrogate_best": run["best"], "baseline_best": ref["best"], "torch_compile": compiled,
                    "ratio": run["best"] / ref["best"] if ref["best"] else None,
                    "to_baseline_best": reached, "share_of_baseline_budget": reached / scale if reached else None,

@@ -104,11 +104,28 @@ def search_base(args, op: str, seed: int) -> dict:
     base = dict(op=op, generations=args.generations, seed=seed, data=args.data)
     if not args.live:
         return base | dict(gpu_type=args.gpu_type, backend="replay", generator="replay", replay_corpus=args.corpus)
-    return base | dict(gpu_type=args.gpu_type, backend=args.backend, generator="freeform", generator_url=args.live,
-                       generator_model=args.live_model, generator_model_sha256=args.model_sha256,
-                       generator_schema_style="json_object", generator_temperature=args.temperature,
-                       generator_max_tokens=args.max_tokens, generator_concurrency=args.concurrency,
-                       generator_roots=args.roots)
+    return base | dict(gpu_type=args.gpu_type, backend=args.backend, generator="freeform", generator_roots=args.roots,
+                       **live_model_settings(args))
+
+
+def add_live_arguments(p: argparse.ArgumentParser, what: str) -> None:
+    """The flags of a model behind an OpenAI-compatible endpoint writing a live search's children (``what``)."""
+    p.add_argument("--live", default="", metavar="URL",
+                   help=f"a model at this OpenAI-compatible endpoint writes {what}, the harness measures them here "
+                        "(--backend)")
+    p.add_argument("--live-model", default="qwen2.5-coder-1.5b", help="the model the --live endpoint serves")
+    p.add_argument("--model-sha256", default="", help="its weights' SHA-256, recorded with every child")
+    p.add_argument("--temperature", type=float, default=0.8, help="--live: the model's sampling temperature")
+    p.add_argument("--max-tokens", type=int, default=1024, help="--live: most tokens of one rewritten source")
+    p.add_argument("--concurrency", type=int, default=16,
+                   help="--live: requests in flight per search (a batching server answers a generation at once)")
+
+
+def live_model_settings(args) -> dict:
+    """The search settings of the model ``add_live_arguments`` named: its endpoint, weights and sampling."""
+    return dict(generator_url=args.live, generator_model=args.live_model, generator_model_sha256=args.model_sha256,
+                generator_schema_style="json_object", generator_temperature=args.temperature,
+                generator_max_tokens=args.max_tokens, generator_concurrency=args.concurrency)
 
 
 def run_one(config: SearchConfig) -> dict:
@@ -148,15 +165,7 @@ def main(argv=None) -> int:
     p.add_argument("--generations", type=int, default=4)
     p.add_argument("--gpu-type", default=None, help="replayed: the corpus's GPU type (h100); live: auto")
     p.add_argument("--data", default="/tmp/kernelcast-llm-search")
-    p.add_argument("--live", default="", metavar="URL",
-                   help="search live: a model at this OpenAI-compatible endpoint writes the children, the harness "
-                        "measures them here (--backend)")
-    p.add_argument("--live-model", default="qwen2.5-coder-1.5b", help="the model the --live endpoint serves")
-    p.add_argument("--model-sha256", default="", help="its weights' SHA-256, recorded with every child")
-    p.add_argument("--temperature", type=float, default=0.8, help="--live: the model's sampling temperature")
-    p.add_argument("--max-tokens", type=int, default=1024, help="--live: most tokens of one rewritten source")
-    p.add_argument("--concurrency", type=int, default=16,
-                   help="--live: requests in flight per search (a batching server answers a generation at once)")
+    add_live_arguments(p, "the children (search live)")
     p.add_argument("--max-minutes", type=float, default=math.inf,
                    help="start no (op, budget, seed) after this long; the rows finished are kept")
     p.add_argument("--backend", default="local", help="--live: where children are measured (local: this GPU)")

@@ -19,6 +19,7 @@ from tasks.generators import VariantGenerator, make_generator
 from tasks.setup import resolve
 from tasks.state import Archive
 from tests.formats_for_tests import KB_ROW_SUM, KB_ROW_SUM_NEW, _src, write_kernelbench
+from tests.test_llm_forecaster import server, tiny_model  # noqa: F401 (fixtures)
 from tests.test_search import run
 
 CONV = _src('''
@@ -481,3 +482,43 @@ def test_every_problem_of_the_pool_in_order(tmp_path):
          for op in ("kb.cudal1-l2-002", "gpumode.other", "kb.cudal1-l1-001")])
     args = headroom_search.parse(["--pool", str(tmp_path / "p"), "--problems", "all", "--shard", "0/1"])
     assert headroom_search.problems(args) == ["kb.cudal1-l1-001", "kb.cudal1-l2-002"]
+
+
+def test_a_live_headroom_search_has_the_model_rewrite_the_pools_kernels_beside_their_variants(server, tmp_path,  # noqa: F811,E501
+                                                                                               monkeypatch):
+    """``headroom_search --live URL``: generator freeform+variants from the problem's kernels in the CUDA-L1 pool,
+    the model behind the endpoint asked for rewrites of them; refused with a fixed space or a replayed backend."""
+    from pathlib import Path
+
+    from benchmarks import headroom_search
+    from kernels.formats import TASKS_ENV, install_from_root
+    from tasks.config import validate
+    from tasks.generators import template_roots
+
+    pool = str(Path(__file__).resolve().parents[1] / "data" / "pools" / "cudal1" / "kernelcast")
+    monkeypatch.setenv(TASKS_ENV, str(tmp_path / "tasks"))
+    op = "kb.cudal1-l2-017"
+    install_from_root(DataRoot(pool), op)
+    live = ["--live", server.base_url, "--live-model", "tiny", "--model-sha256", "ab" * 32, "--max-tokens", "64",
+            "--concurrency", "2"]
+    for other in (["--space"], ["--backend", "replay"]):
+        with pytest.raises(SystemExit):
+            headroom_search.parse(live + other)
+    args = headroom_search.parse(live + ["--problems", "l2-017", "--data", str(tmp_path / "data")])
+    settings = headroom_search.problem_settings(args, op)
+    assert settings["generator"] == "freeform+variants" and settings["generator_url"] == server.base_url
+    assert settings["generator_model_sha256"] == "ab" * 32 and settings["generator_roots"] == pool
+    # The same settings, measured from the pool's own timings here (no GPU): the model is asked for rewrites of the
+    # pool's kernels, which the search measured first.
+    config = validate(SearchConfig(**(settings | dict(backend="replay", replay_pool=pool, gpu_type="h100",
+                                                       generator_children=2, generations=4)),
+                                   surrogate="none", budget=12, seed=0))
+    search, result = run(config)
+    assert search.generator.name == "freeform+variants"
+    roots = {c.candidate_id for c, _ in template_roots(pool, op, "h100")}
+    # the pool's kernels first, with no request; then the model is asked (the tiny model's answers are noise)
+    assert result.generations[0].generator_asked == 0 and sum(g.generator_asked for g in result.generations) > 0
+    made = DataRoot(config.data).read_candidates(op)
+    assert roots <= set(made["candidate_id"])
+    variants = made[made["origin"].str.startswith("variant:")]
+    assert len(variants) and set(variants["parent_id"]) & roots  # the pool's kernels run other ways too
