@@ -305,12 +305,15 @@ def search_problem(args, op: str, rows: list, save) -> None:
                                            budget_kind="gpu_compile_seconds"))
                 scale = spent
             reached = to_reach(run, ref["best"], mode) if ref["best"] else None
+            origin = origins_of(base["data"], op)
             row = {"op": op, "budget": budget, "seed": seed, "mode": mode, "surrogate": name,
                    "generator": base["generator"], "model": base.get("generator_model", ""),
                    "surrogate_best": run["best"], "baseline_best": ref["best"], "torch_compile": compiled,
                    "ratio": run["best"] / ref["best"] if ref["best"] else None,
                    "to_baseline_best": reached, "share_of_baseline_budget": reached / scale if reached else None,
                    "baseline_to_its_best": to_reach(ref, ref["best"], mode) if ref["best"] else None,
+                   "surrogate_best_origin": origin.get(run["best_candidate"], ""),
+                   "baseline_best_origin": origin.get(ref["best_candidate"], ""),
                    **{f"surrogate_{k}": run[k] for k in ("run_id", "best_candidate", "measurements", "gpu_seconds",
                                                          "compile_seconds", "stop_reason", "trusted", "dropped",
                                                          "failed", "seconds")},
@@ -319,6 +322,15 @@ def search_problem(args, op: str, rows: list, save) -> None:
             rows.append(row)
             save()
             print(json.dumps(row), flush=True)
+
+
+def origins_of(data: str, op: str) -> dict[str, str]:
+    """Candidate id -> origin (a CUDA-L1 kernel: import; variant:NAME; a model's rewrite) of ``op``'s kernels
+    under the data root ``data``."""
+    from storage.dataset import DataRoot
+
+    made = DataRoot(data).read_candidates(op)
+    return dict(zip(made["candidate_id"], made["origin"])) if len(made) else {}
 
 
 def geomean(values) -> float:
@@ -330,7 +342,10 @@ def summary(rows: list[dict]) -> list[str]:
     """The goal's table per (mode, surrogate, budget), then per problem the best kernel found."""
     ops = sorted({r["op"] for r in rows})
     seeds = sorted({r["seed"] for r in rows})
-    lines = [f"Live search, generator variants from CUDA-L1's kernels, on {len(ops)} problems x {len(seeds)} seeds.",
+    generators = sorted({r.get("generator", "variants") for r in rows})
+    models = sorted({r["model"] for r in rows if r.get("model")})
+    lines = [f"Live search, generator {', '.join(generators)} from CUDA-L1's kernels"
+             + (f" (model {', '.join(models)})" if models else "") + f", on {len(ops)} problems x {len(seeds)} seeds.",
              "", "| budget kind | surrogate | budget | runs | geomean best(surrogate) / best(baseline) | wins / ties / "
              "losses | reached the baseline's best | median share of the baseline's cost to get there | "
              "median cost to the baseline's best, over the baseline's own | "
@@ -365,8 +380,9 @@ def summary(rows: list[dict]) -> list[str]:
         mine = [r for r in rows if r["op"] == op]
         best = max(mine, key=lambda r: max(r["surrogate_best"], r["baseline_best"]))
         top = max(best["surrogate_best"], best["baseline_best"])
-        who = best["surrogate_best_candidate"] if best["surrogate_best"] >= best["baseline_best"] else \
-            best["baseline_best_candidate"]
+        side = "surrogate" if best["surrogate_best"] >= best["baseline_best"] else "baseline"
+        who = best[f"{side}_best_candidate"] + (f" ({best[f'{side}_best_origin']})"
+                                                if best.get(f"{side}_best_origin") else "")
         tc = best["torch_compile"]
         lines.append(f"| {op} | {top:.3f} | {f'{tc:.3f}' if tc else '-'} | {f'{top / tc:.3f}' if tc else '-'} | "
                      f"{who} |")

@@ -522,3 +522,30 @@ def test_a_live_headroom_search_has_the_model_rewrite_the_pools_kernels_beside_t
     assert roots <= set(made["candidate_id"])
     variants = made[made["origin"].str.startswith("variant:")]
     assert len(variants) and set(variants["parent_id"]) & roots  # the pool's kernels run other ways too
+
+
+def test_a_headroom_replay_names_the_generator_and_the_origin_of_each_best_kernel(tmp_path, monkeypatch):
+    """The committed headroom pool replayed for one problem: each row names its generator and where each side's
+    best kernel came from (as the data root records it), and the summary says both."""
+    import json
+    from pathlib import Path
+
+    from benchmarks import headroom_search
+
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(repo)
+    out = tmp_path / "rows.json"
+    md = tmp_path / "summary.md"
+    assert headroom_search.main(["--problems", "l2-096", "--backend", "replay", "--replay-pool", "data/pools/headroom",
+                                 "--gpu-type", "h100", "--seeds", "1", "--budgets", "4", "--modes", "measurements",
+                                 "--data", str(tmp_path / "data"), "--json", str(out), "--markdown", str(md)]) == 0
+    [row] = json.loads(out.read_text())["runs"]
+    assert row["generator"] == "variants" and row["model"] == ""
+    made = DataRoot(str(tmp_path / "data" / "kb.cudal1-l2-096")).read_candidates("kb.cudal1-l2-096")
+    origin = dict(zip(made["candidate_id"], made["origin"]))
+    assert row["baseline_best_origin"] == origin[row["baseline_best_candidate"]] != ""
+    assert row["surrogate_best_origin"] == origin[row["surrogate_best_candidate"]] != ""
+    text = md.read_text()
+    assert "generator variants from CUDA-L1's kernels" in text
+    side = "surrogate" if row["surrogate_best"] >= row["baseline_best"] else "baseline"
+    assert f"{row[f'{side}_best_candidate']} ({row[f'{side}_best_origin']})" in text
