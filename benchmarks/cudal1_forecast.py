@@ -85,6 +85,9 @@ def parse(argv=None) -> argparse.Namespace:
                    help="also score each forecaster with its bin distributions recalibrated (NAME+CALIBRATOR): per "
                         "fold, a calibrator fit on the forecaster's own held-out forecasts of that fold's training "
                         "problems (surrogate.ranking.recalibrated; ranking and failure AUROC unchanged); repeatable")
+    p.add_argument("--retest", default=None, metavar="POOL",
+                   help="another pool root holding the same kernels measured again under --protocol "
+                        "(benchmarks/cudal1_pool.py --root POOL): a test-retest ranker beside the others")
     p.add_argument("--no-measured-rankers", dest="measured_rankers", action="store_false",
                    help="leave out the rankers that are other measurements of the same kernels (CUDA-L1's published "
                         "figure, the pool's other protocol), which show how well a second measurement ranks")
@@ -313,8 +316,8 @@ def run(args) -> int:
 
 def measured_rankers(args, kernels: pd.DataFrame, forecasts: dict, split: str) -> pd.DataFrame:
     """Another measurement of the same kernels, ranked as a forecaster's forecasts are: CUDA-L1's published
-    speedup on this GPU type (the null twin, the reference's own code, at 1), and the pool's measurement under
-    its other protocol (0 where the kernel failed there). Each is scored on the problems where every kernel has
+    speedup on this GPU type (the null twin, the reference's own code, at 1), the pool's measurement under
+    its other protocol (0 where the kernel failed there), and with ``--retest`` the same protocol's second one. Each is scored on the problems where every kernel has
     it, and so is each forecaster of ``forecasts`` (held out under ``split``), on the same problems: how close a
     forecaster comes to what a second measurement knows."""
     from kernels.formats.cudal1 import published_gpu
@@ -335,6 +338,11 @@ def measured_rankers(args, kernels: pd.DataFrame, forecasts: dict, split: str) -
         values[f"our measurement under the {other} protocol"] = kernels["candidate_id"].map(
             theirs[~theirs.index.duplicated()]).astype(float)
     held = np.logical_or.reduce([f["fold"].notna().to_numpy() for f in forecasts.values()]) if forecasts else True
+    if args.retest:  # the same kernels measured again, by the same protocol, into another pool root
+        again = _measured(argparse.Namespace(**{**vars(args), "pool": args.retest, "spaces": []}))[0]
+        again = pd.Series(ranking.worth(again["speedup"], again["failed"]), index=again["candidate_id"])
+        values[f"our second measurement under the {args.protocol} protocol"] = kernels["candidate_id"].map(
+            again[~again.index.duplicated()]).astype(float)
     rows = []
     for ranker, value in values.items():
         whole = value.notna().groupby(kernels["op"]).transform("all").to_numpy() & held

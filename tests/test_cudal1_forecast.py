@@ -408,6 +408,17 @@ def test_another_measurement_of_the_kernels_is_scored_as_a_ranker_beside_the_for
     published = rows[(rows["kind"] == "measurement") & rows["ranker"].str.startswith("CUDA-L1")].iloc[0]
     assert published["top1_within_10pct"] > other["top1_within_10pct"]
     assert "Rankers that are measurements" in out.with_suffix(".txt").read_text()
+    # a second measurement by the same protocol, identical to the first: it ranks every problem right
+    retest = tmp_path / "retest"
+    again = DataRoot(str(retest / "kernelcast"))
+    again.write_candidates(__import__("storage.schema", fromlist=["x"]).candidates_from_frame(ours.read_candidates()))
+    again.write_measurements(measurements_from_frame(ours.read_measurements()))
+    out = tmp_path / "with_retest"
+    assert cudal1_forecast.main(["--pool", str(pool), "--folds", "3", "--draws", "20", "--corpus", str(tmp_path),
+                                 "--forecasters", "random", "--retest", str(retest), "--out", str(out)]) == 0
+    rows = pd.DataFrame(json.loads(out.with_suffix(".json").read_text())["measured_rankers"])
+    same = rows[(rows["kind"] == "measurement") & rows["ranker"].str.contains("second measurement")].iloc[0]
+    assert same["problems"] == 9 and same["spearman"] == pytest.approx(1.0) and same["top1_within_10pct"] == 1.0
     quiet = tmp_path / "quiet"
     assert cudal1_forecast.main(["--pool", str(pool), "--folds", "3", "--draws", "20", "--corpus", str(tmp_path),
                                  "--forecasters", "random", "--no-measured-rankers", "--out", str(quiet)]) == 0
