@@ -90,7 +90,7 @@ def parse(argv=None) -> argparse.Namespace:
                         "(benchmarks/cudal1_pool.py --root POOL): a test-retest ranker beside the others")
     p.add_argument("--no-measured-rankers", dest="measured_rankers", action="store_false",
                    help="leave out the rankers that are other measurements of the same kernels (CUDA-L1's published "
-                        "figure, the pool's other protocol), which show how well a second measurement ranks")
+                        "figure, the pool's other protocol, --retest), which show how well a second measurement ranks")
     p.add_argument("--out", default=None, help="path stem of the .txt and .json results")
     p.add_argument("--census-only", action="store_true",
                    help="count the pool's measured implementations (every problem; no forecaster is fit or scored)")
@@ -260,8 +260,8 @@ def run(args) -> int:
                 t = time.perf_counter()
                 again = ranking.recalibrated(forecasts, kernels, cases, registered, folds, calibrator, also_kernels,
                                              also_cases, kwargs)
-                rows.append({"split": split, "forecaster": f"{name}+{calibrator}",
-                             **ranking.score(kernels, again, args.draws, args.seed), "seconds": time.perf_counter() - t})
+                rows.append({"split": split, "forecaster": f"{name}+{calibrator}", "seconds": time.perf_counter() - t,
+                             **ranking.score(kernels, again, args.draws, args.seed)})
                 print(f"  {split}, {name}+{calibrator}: {rows[-1]['seconds']:.0f} s", flush=True)
     for label, folder in (f.split("=", 1) for f in args.forecasts):
         files = sorted(Path(folder).glob("forecasts-*.parquet"))
@@ -316,10 +316,10 @@ def run(args) -> int:
 
 def measured_rankers(args, kernels: pd.DataFrame, forecasts: dict, split: str) -> pd.DataFrame:
     """Another measurement of the same kernels, ranked as a forecaster's forecasts are: CUDA-L1's published
-    speedup on this GPU type (the null twin, the reference's own code, at 1), the pool's measurement under
-    its other protocol (0 where the kernel failed there), and with ``--retest`` the same protocol's second one. Each is scored on the problems where every kernel has
-    it, and so is each forecaster of ``forecasts`` (held out under ``split``), on the same problems: how close a
-    forecaster comes to what a second measurement knows."""
+    speedup on this GPU type (the null twin, the reference's own code, at 1), the pool's measurement under its
+    other protocol, and with ``--retest`` the same protocol's second one (a kernel that failed there at 0). Each
+    is scored on the problems where every kernel has it, and so is each forecaster of ``forecasts`` (held out
+    under ``split``), on the same problems: how close a forecaster comes to what a second measurement knows."""
     from kernels.formats.cudal1 import published_gpu
     from surrogate import ranking
 
@@ -333,16 +333,11 @@ def measured_rankers(args, kernels: pd.DataFrame, forecasts: dict, split: str) -
             kernels["candidate_id"].map(by_id["variant"]) != "null", 1.0)
     other = next(p for p in PROTOCOLS if p != args.protocol)
     if (Path(args.pool) / other).is_dir():
-        theirs = _measured(argparse.Namespace(**{**vars(args), "protocol": other, "spaces": []}))[0]
-        theirs = pd.Series(ranking.worth(theirs["speedup"], theirs["failed"]), index=theirs["candidate_id"])
-        values[f"our measurement under the {other} protocol"] = kernels["candidate_id"].map(
-            theirs[~theirs.index.duplicated()]).astype(float)
-    held = np.logical_or.reduce([f["fold"].notna().to_numpy() for f in forecasts.values()]) if forecasts else True
+        values[f"our measurement under the {other} protocol"] = _worth_of(kernels, args, protocol=other)
     if args.retest:  # the same kernels measured again, by the same protocol, into another pool root
-        again = _measured(argparse.Namespace(**{**vars(args), "pool": args.retest, "spaces": []}))[0]
-        again = pd.Series(ranking.worth(again["speedup"], again["failed"]), index=again["candidate_id"])
-        values[f"our second measurement under the {args.protocol} protocol"] = kernels["candidate_id"].map(
-            again[~again.index.duplicated()]).astype(float)
+        values[f"our second measurement under the {args.protocol} protocol"] = _worth_of(kernels, args,
+                                                                                        pool=args.retest)
+    held = np.logical_or.reduce([f["fold"].notna().to_numpy() for f in forecasts.values()]) if forecasts else True
     rows = []
     for ranker, value in values.items():
         whole = value.notna().groupby(kernels["op"]).transform("all").to_numpy() & held
@@ -358,6 +353,16 @@ def measured_rankers(args, kernels: pd.DataFrame, forecasts: dict, split: str) -
             rows.append({"ranker": ranker, "kind": f"forecaster {name}", "split": split,
                          **ranking.ranking_figures(kernels[done], rank, expected, args.draws, args.seed)})
     return pd.DataFrame(rows)
+
+
+def _worth_of(kernels: pd.DataFrame, args, **where) -> pd.Series:
+    """What each of ``kernels`` measured in the pool ``where`` names (another ``protocol`` or ``pool``; no spaces):
+    its speedup, 0 where it failed there, NaN where it was not measured there."""
+    from surrogate import ranking
+
+    found = _measured(argparse.Namespace(**{**vars(args), "spaces": [], **where}))[0]
+    found = pd.Series(ranking.worth(found["speedup"], found["failed"]), index=found["candidate_id"])
+    return kernels["candidate_id"].map(found[~found.index.duplicated()]).astype(float)
 
 
 def _ranker_table(table: pd.DataFrame) -> str:
