@@ -78,6 +78,8 @@ def main() -> int:
     p.add_argument("--timing-windows", type=int, default=5, help="timing windows at most for a host-bound case")
     p.add_argument("--anchor", choices=("host-bound", "all", "off"), default="host-bound",
                    help="which cases are timed beside the reference in one process (the worker's setting)")
+    p.add_argument("--warm-checks", action="store_true",
+                   help="children warm the checks' comparisons before the GPU lock (WorkerConfig.warm_checks)")
     p.add_argument("--json", default=None, help="also write the figures here")
     p.add_argument("--timeline", default=None, help="write the worker's timeline of the throughput batch here "
                    "(JSON lines: candidate, attempt, phase, seconds, detail) to see where a child's time went")
@@ -95,8 +97,9 @@ def main() -> int:
     print(f"copy bandwidth {report['copy_gbps']:.0f} GB/s, bf16 matmul {report['matmul_bf16_tflops']:.0f} TFLOP/s")
     config = WorkerConfig(mode="gpu", concurrency=args.concurrency,
                           reserve_timing_core=False if args.no_reserve else None,
-                          host_bound_windows=args.timing_windows, verify=not args.no_verify, anchor=args.anchor)
-    report.update(verify=not args.no_verify, anchor=args.anchor)
+                          host_bound_windows=args.timing_windows, verify=not args.no_verify, anchor=args.anchor,
+                          warm_checks=args.warm_checks)
+    report.update(verify=not args.no_verify, anchor=args.anchor, warm_checks=args.warm_checks)
 
     # 2. throughput over a fresh batch (the eager reference of each op is measured too and counted)
     batch = spread_batch(args.batch)

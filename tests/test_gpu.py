@@ -128,3 +128,19 @@ def test_one_host_bound_call_timed_against_itself_in_a_pair_comes_out_alike():
         assert len(first.round_ratios) >= 8 and second.paired_ratio == 0.0
     assert sorted(ratios)[1] == pytest.approx(1.0, abs=0.03), ratios
     assert sorted(paired)[1] == pytest.approx(1.0, abs=0.03), paired
+
+
+def test_with_warm_checks_each_child_warms_its_comparisons_before_the_lock_and_the_verdicts_stand():
+    """WorkerConfig.warm_checks: a ``warmed_checks`` mark before each child waits for the lock, and the same
+    candidates come out ok; the lock breakdown's first-case comparison is what it is meant to shrink."""
+    from kernels.harness.sweep_report import lock_breakdown
+
+    good = get_space("layernorm").spread_subset(4)
+    with MeasureWorker(detect(), WorkerConfig(mode="gpu", concurrency=3, warm_checks=True)) as w:
+        out = {m.candidate_id: m for m in w.measure(good)}
+        timeline = list(w.timeline)
+    assert all(out[c.candidate_id].status == "ok" for c in good), [out[c.candidate_id].error for c in good]
+    for c in good:
+        marks = [phase for cid, _, phase, _, _ in timeline if cid == c.candidate_id]
+        assert "warmed_checks" in marks and marks.index("warmed_checks") < marks.index("waiting")
+    assert lock_breakdown(timeline)["comparison, first case"]["children"] >= len(good)

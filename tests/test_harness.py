@@ -175,3 +175,47 @@ def test_a_paired_case_takes_the_median_of_round_ratios_and_records_both_estimat
     # a format's timers give no per-round ratio: the ratio of their figures
     got = _anchored_timing("c", Timing(1500.0, 5.0, 100, 0.0), Timing(1000.0, 5.0, 100, 0.0), 500.0, lambda *p: None)
     assert got.runtime_us_median == pytest.approx(750.0)
+
+
+def test_warming_the_checks_runs_their_comparisons_on_four_elements_per_output_dtype_and_makes_no_case_data():
+    """``warm_comparisons`` (WorkerConfig.warm_checks) touches nothing bigger than four elements, warms each output
+    dtype of the cases once, skips a dtype the comparisons cannot take, and the config reaches the child's job."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from kernels.harness.anticheat import warm_comparisons
+    from kernels.ops import get_operation
+
+    class Largest(TorchDispatchMode):
+        bytes = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    Largest.bytes = max(Largest.bytes, t.numel() * t.element_size())
+            return out
+
+    for name in ("softmax", "layernorm", "matmul", "cross_entropy"):
+        op = get_operation(name)
+        dtypes = {str(d) for case in op.cases for _, d in op.output_specs(case)}
+        with Largest():
+            assert warm_comparisons(op, op.cases, "cpu") == len(dtypes) >= 1
+        assert 0 < Largest.bytes <= 4 * 8  # four elements, in float64 at the most
+
+    class Unjudged:  # outputs of a dtype the tolerance does not know
+        def output_specs(self, case):
+            return [((3,), torch.float32), ((3,), torch.complex64)]
+
+        def tolerance(self, dtype):
+            if dtype.is_complex:
+                raise ValueError("no tolerance for complex outputs")
+            return 1e-5, 1e-5
+
+    case = get_operation("softmax").cases[0]
+    assert warm_comparisons(Unjudged(), [case], "cpu") == 1
+
+    from kernels.harness.runner import Job
+    from kernels.harness.worker import WorkerConfig
+
+    assert WorkerConfig().warm_checks is False and Job.__dataclass_fields__["warm_checks"].default is False

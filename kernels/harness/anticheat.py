@@ -273,6 +273,44 @@ def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a, b)
 
 
+def warm_comparisons(op, cases, device) -> int:
+    """The checks' comparisons run once on tensors of four elements, one per output dtype of ``cases``, on
+    ``device``; returns how many dtypes were warmed. No case's data is made.
+
+    In a fresh process the first launch of each of the comparisons' kernels (the inputs left unchanged, the
+    outputs written, the reference within tolerance, the error against float64) loads it: the worker's lock
+    breakdown puts about 200 ms on a check's first case and 3-16 ms on each later one (H100). Called before the
+    GPU lock (``WorkerConfig.warm_checks``), the loading is paid outside it, for a few launches of a few
+    microseconds beside another child's work. A dtype the comparisons cannot take is skipped: warming never
+    fails a candidate."""
+    from kernels.harness import precision
+    from kernels.ops.base import mismatch
+
+    dtypes: dict[str, tuple] = {}
+    for case in cases:
+        try:
+            specs = op.output_specs(case)
+        except Exception:  # noqa: BLE001 - outputs the task cannot describe ahead: nothing to warm for them
+            continue
+        for _, dtype in specs:
+            dtypes.setdefault(str(dtype), (dtype, case))
+    warmed = 0
+    for dtype, case in dtypes.values():
+        try:
+            t = torch.ones(4, dtype=dtype, device=device)
+            copy = t.clone()
+            _same_bytes(t, copy)
+            _untouched(t)
+            mismatch(op, case, (t,), (copy,))
+            precision.relative_error((t,), (copy,))
+        except Exception:  # noqa: BLE001 - a dtype the comparisons do not take here: the check will say so itself
+            continue
+        warmed += 1
+    if device != "cpu":
+        torch.cuda.synchronize()
+    return warmed
+
+
 # Inputs up to this size are copied to check that a call left them unchanged; larger ones are made
 # again from their seed instead, so a check never holds two copies of a gigabyte case.
 COPY_INPUTS_BYTES = 256 << 20

@@ -49,7 +49,8 @@ import triton.language as tl
 
 from kernels.formats.common import unmet_requirement
 from kernels.harness import ahead, budget, cores, prebuild, sandbox, verify
-from kernels.harness.anticheat import CallGuard, Checker, Rejected, install_stream_guard, scan_source
+from kernels.harness.anticheat import (CallGuard, Checker, Rejected, install_stream_guard, scan_source,
+                                      warm_comparisons)
 from kernels.harness.correctness import CandidateLoadError, call_candidate, load_launch, poisoned_outputs
 from kernels.harness.timing import (FORMAT_PROTOCOLS, Timing, fastest, flush_us, l2_flush_buffer, time_again, time_call,
                                     time_gpumode, time_pair, time_trials)
@@ -96,6 +97,7 @@ class Job:
     protocol: str = "kernelcast"  # how cases are timed (kernels.harness.timing.PROTOCOLS)
     anchor_all: bool = False  # every case of a candidate timed again beside the reference, not only host-bound ones
     reference_host_bound: tuple[str, ...] = ()  # cases where the reference's own timing was host-bound
+    warm_checks: bool = False  # the checks' comparisons and the libraries' handles warmed before the lock
 
     def policy(self) -> sandbox.SandboxPolicy:
         return sandbox.SandboxPolicy(scratch_dir=self.scratch_dir, triton_cache_dir=self.triton_cache_dir,
@@ -328,7 +330,11 @@ def evaluate(job: Job, notify=lambda *msg: None) -> dict:
         if too_big:
             return fail("rejected", too_big)
     if gpu:
-        _warm_context(libraries=any(word in cand.source for word in _CAPTURES))
+        _warm_context(libraries=job.warm_checks or any(word in cand.source for word in _CAPTURES))
+        if job.warm_checks:
+            t_warm = time.perf_counter()
+            warmed = warm_comparisons(op, cases, "cuda")
+            phase("warmed_checks", {"dtypes": warmed, "seconds": time.perf_counter() - t_warm})
         if job.verify:
             _warm_profiler(result)
     result["compile_seconds"] = time.perf_counter() - t0

@@ -104,6 +104,10 @@ class WorkerConfig:
     # --gpu-lock): children take it for their GPU work as they take the worker's own, so nothing else runs
     # on the GPU while a kernel is timed. None: the worker's private lock. Default: $KERNELCAST_GPU_LOCK.
     gpu_lock: str | None = field(default_factory=lambda: os.environ.get(GPU_LOCK_ENV) or None)
+    # Before the lock, the checks' comparisons run once on four-element tensors of each output dtype and the
+    # libraries make their handles (kernels.harness.anticheat.warm_comparisons): the first launch of each
+    # kernel loads it, about 200 ms of a child's first check under the lock on an H100. Off until measured.
+    warm_checks: bool = False
 
 
 @dataclass
@@ -355,7 +359,7 @@ class MeasureWorker:
                    host_bound_windows=cfg.host_bound_windows, reference_us=self._anchor(cand),
                    reference_host_bound=self._reference_host_bound(cand),
                    verify=cfg.verify, fresh_calls=cfg.fresh_calls, precision=cfg.precision,
-                   protocol=cfg.protocol, anchor_all=cfg.anchor == "all",
+                   protocol=cfg.protocol, anchor_all=cfg.anchor == "all", warm_checks=cfg.warm_checks,
                    peak_bandwidth_gbps=self.hardware.peak_bandwidth_gbps if cfg.mode == "gpu" else None,
                    peak_tflops=peak_tflops(self.hardware.gpu_type) if cfg.mode == "gpu" else None,
                    l2_bytes=int(self.hardware.l2_mib * 2**20))
