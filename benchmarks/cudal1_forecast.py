@@ -85,6 +85,9 @@ def parse(argv=None) -> argparse.Namespace:
                    help="also score each forecaster with its bin distributions recalibrated (NAME+CALIBRATOR): per "
                         "fold, a calibrator fit on the forecaster's own held-out forecasts of that fold's training "
                         "problems (surrogate.ranking.recalibrated; ranking and failure AUROC unchanged); repeatable")
+    p.add_argument("--versus", default="learned",
+                   help="pair every other forecaster against this one (the first split's held-out forecasts, and any "
+                        "--forecasts): the difference of each figure with a bootstrap interval over the same problems")
     p.add_argument("--retest", default=None, metavar="POOL",
                    help="another pool root holding the same kernels measured again under --protocol "
                         "(benchmarks/cudal1_pool.py --root POOL): a test-retest ranker beside the others")
@@ -275,6 +278,7 @@ def run(args) -> int:
         seed = seeds.pop()
         split = next(iter(splits)) if args.problems == "sealed" else grouped(args, problems, seed)
         forecasts = ranking.stored_forecasts(kernels, tables, ranking.problem_folds(problems, args.folds, seed))
+        first[label] = forecasts
         rows.append({"split": split, "forecaster": label, **ranking.score(kernels, forecasts, args.draws, args.seed),
                      "seconds": 0.0})
     table = pd.DataFrame(rows)
@@ -288,6 +292,12 @@ def run(args) -> int:
     say(_table(table))
     if skipped:
         say(f"not run: {', '.join(skipped)}")
+    paired = versus(args, kernels, first)
+    if not paired.empty:
+        say()
+        say(f"Paired against {args.versus} (each forecaster's figure less {args.versus}'s on the kernels both forecast; "
+            "95% bootstrap over problems, the same problems for both; * where the interval excludes a tie):")
+        say(_versus_table(paired))
     measured = measured_rankers(args, kernels, first, next(iter(splits))) if args.measured_rankers else pd.DataFrame()
     if not measured.empty:
         say()
@@ -308,7 +318,8 @@ def run(args) -> int:
                 "kernels": len(kernels), "failed": int(kernels["failed"].sum()), "draws": args.draws,
                 "not_run": skipped}
         Path(args.out + ".json").write_text(json.dumps(
-            {**meta, "rows": table.to_dict("records"), "measured_rankers": measured.to_dict("records"),
+            {**meta, "rows": table.to_dict("records"), "versus": paired.to_dict("records"),
+             "measured_rankers": measured.to_dict("records"),
              "cross_gpu": transfer.to_dict("records")}, indent=1,
             default=float))
     return 0
@@ -353,6 +364,32 @@ def measured_rankers(args, kernels: pd.DataFrame, forecasts: dict, split: str) -
             rows.append({"ranker": ranker, "kind": f"forecaster {name}", "split": split,
                          **ranking.ranking_figures(kernels[done], rank, expected, args.draws, args.seed)})
     return pd.DataFrame(rows)
+
+
+def versus(args, kernels: pd.DataFrame, forecasts: dict) -> pd.DataFrame:
+    """Each forecaster of ``forecasts`` (the first split's, and any stored ones) against ``--versus``'s, paired on
+    the kernels both forecast (``surrogate.ranking.paired_difference``); empty when that one was not run."""
+    from surrogate import ranking
+
+    if args.versus not in forecasts:
+        return pd.DataFrame()
+    return pd.DataFrame([{"forecaster": name, "versus": args.versus,
+                          **ranking.paired_difference(kernels, theirs, forecasts[args.versus], args.draws, args.seed)}
+                         for name, theirs in forecasts.items() if name != args.versus])
+
+
+def _versus_table(table: pd.DataFrame) -> str:
+    def cell(r, key):
+        value, lo, hi = r[key], r[key + "_lo"], r[key + "_hi"]
+        if not np.isfinite(value):
+            return "-"
+        return f"{value:+.2f} [{lo:+.2f},{hi:+.2f}]" + ("*" if lo > 0 or hi < 0 else "")
+
+    keys = ("spearman", "top1_within_10pct", "select_top10_within_20pct", "failure_auroc", "ece", "aurc")
+    heads = ("forecaster", "problems", "Spearman", "top-1 within 10%", "top 10% within 20%", "failure AUROC", "ECE",
+             "AURC")
+    body = [[r["forecaster"], str(r["problems"]), *[cell(r, k) for k in keys]] for r in table.to_dict("records")]
+    return _aligned(heads, body)
 
 
 def _worth_of(kernels: pd.DataFrame, args, **where) -> pd.Series:

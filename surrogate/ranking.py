@@ -258,29 +258,55 @@ def _over_problems(statistic, rows_of: list[np.ndarray], draws: int, seed: int) 
                                       np.arange(len(rows_of)), draws=draws, seed=seed)
 
 
-def ranking_figures(kernels: pd.DataFrame, rank, order=None, draws: int = 1000, seed: int = 0,
-                    fractions: Sequence[float] = SELECTION_FRACTIONS) -> dict:
-    """The per-problem yardsticks of one ranking of ``kernels`` (op, speedup, failed): within-problem Spearman
-    of ``order`` (``rank`` when not given) against the measured speedup, top-1 and the selections by ``rank``,
-    each with its bootstrap 95% interval over problems. Whatever ranks (a forecaster, or another measurement
-    of the same kernels) is judged by the same figures."""
+def per_problem_figures(kernels: pd.DataFrame, rank, order=None,
+                        fractions: Sequence[float] = SELECTION_FRACTIONS) -> dict[str, pd.Series]:
+    """Per problem, the yardsticks of one ranking of ``kernels`` (op, speedup, failed): within-problem Spearman of
+    ``order`` (``rank`` when not given) against the measured speedup, top-1 and the selections by ``rank``."""
     failed = kernels["failed"].to_numpy(dtype=bool)
     speedups = kernels["speedup"].to_numpy(dtype=float)
     problems = kernels["op"].to_numpy()
     rank = np.asarray(rank, dtype=float)
     found = worth(speedups, failed)
-    per_problem = {"spearman": within_problem_spearman(rank if order is None else order, speedups, ~failed, problems),
-                   "top1_within_10pct": found_within(rank, found, problems, 0.0, TOP1_TOLERANCE)}
+    out = {"spearman": within_problem_spearman(rank if order is None else order, speedups, ~failed, problems),
+           "top1_within_10pct": found_within(rank, found, problems, 0.0, TOP1_TOLERANCE)}
     for fraction in fractions:
-        per_problem[f"select_top{round(100 * fraction)}_within_20pct"] = found_within(
-            rank, found, problems, fraction, SELECTION_TOLERANCE)
-    out = {"problems": int(len(set(problems))), "kernels": int(len(kernels)), "failed": int(failed.sum()),
-           "spearman_problems": int(per_problem["spearman"].notna().sum())}
+        out[f"select_top{round(100 * fraction)}_within_20pct"] = found_within(rank, found, problems, fraction,
+                                                                             SELECTION_TOLERANCE)
+    return {key: values.astype(float) for key, values in out.items()}
+
+
+def ranking_figures(kernels: pd.DataFrame, rank, order=None, draws: int = 1000, seed: int = 0,
+                    fractions: Sequence[float] = SELECTION_FRACTIONS) -> dict:
+    """The per-problem yardsticks of one ranking of ``kernels`` (``per_problem_figures``), each the mean over
+    problems with its bootstrap 95% interval over problems. Whatever ranks (a forecaster, or another measurement
+    of the same kernels) is judged by the same figures."""
+    per_problem = per_problem_figures(kernels, rank, order, fractions)
+    out = {"problems": int(kernels["op"].nunique()), "kernels": int(len(kernels)),
+           "failed": int(kernels["failed"].sum()), "spearman_problems": int(per_problem["spearman"].notna().sum())}
     for key, values in per_problem.items():
-        values = values.astype(float).to_numpy()
+        values = values.to_numpy()
         out[key] = float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
         out[f"{key}_lo"], out[f"{key}_hi"] = _interval(np.mean, values, draws, seed)
     return out
+
+
+def _candidate_figures(kernels: pd.DataFrame, forecasts: pd.DataFrame) -> dict:
+    """{figure: statistic of candidate rows}: failure AUROC, ECE and AURC of ``forecasts`` of ``kernels``."""
+    failed = kernels["failed"].to_numpy(dtype=bool)
+    p_fail = forecasts["p_fail"].to_numpy(dtype=float)
+    probs = np.vstack(forecasts["probs"].to_list())
+    true_bins = kernels["true_bin"].to_numpy()
+    losses = metrics.selective_loss(probs, true_bins)
+    confidence = probs.max(axis=1)
+    return {"failure_auroc": lambda r: metrics.auroc(p_fail[r], failed[r]),
+            "ece": lambda r: metrics.ece(probs[r], true_bins[r]),
+            "aurc": lambda r: metrics.aurc(confidence[r], losses[r])}
+
+
+def _rank_of(forecasts: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(ranking score, expected speedup) of held-out ``forecasts``."""
+    expected = forecasts["expected"].to_numpy(dtype=float)
+    return ranking_score(expected, forecasts["p_fail"].to_numpy(dtype=float)), expected
 
 
 def score(kernels: pd.DataFrame, forecasts: pd.DataFrame, draws: int = 1000, seed: int = 0,
@@ -289,20 +315,38 @@ def score(kernels: pd.DataFrame, forecasts: pd.DataFrame, draws: int = 1000, see
     bootstrap 95% interval over problems (``<key>_lo``, ``<key>_hi``)."""
     done = forecasts["fold"].notna().to_numpy()
     kernels, forecasts = kernels[done], forecasts[done]
-    failed = kernels["failed"].to_numpy(dtype=bool)
+    out = ranking_figures(kernels, *_rank_of(forecasts), draws, seed, fractions)
     problems = kernels["op"].to_numpy()
-    expected = forecasts["expected"].to_numpy(dtype=float)
-    p_fail = forecasts["p_fail"].to_numpy(dtype=float)
-    probs = np.vstack(forecasts["probs"].to_list())
-    true_bins = kernels["true_bin"].to_numpy()
-    out = ranking_figures(kernels, ranking_score(expected, p_fail), expected, draws, seed, fractions)
     rows_of = [np.flatnonzero(problems == p) for p in sorted(set(problems))]
-    losses = metrics.selective_loss(probs, true_bins)
-    confidence = probs.max(axis=1)
-    candidate_level = {"failure_auroc": lambda r: metrics.auroc(p_fail[r], failed[r]),
-                       "ece": lambda r: metrics.ece(probs[r], true_bins[r]),
-                       "aurc": lambda r: metrics.aurc(confidence[r], losses[r])}
-    for key, statistic in candidate_level.items():
+    for key, statistic in _candidate_figures(kernels, forecasts).items():
+        out[key] = statistic(np.arange(len(kernels)))
+        out[f"{key}_lo"], out[f"{key}_hi"] = _over_problems(statistic, rows_of, draws, seed)
+    return out
+
+
+def paired_difference(kernels: pd.DataFrame, mine: pd.DataFrame, theirs: pd.DataFrame, draws: int = 1000,
+                      seed: int = 0, fractions: Sequence[float] = SELECTION_FRACTIONS) -> dict:
+    """Each yardstick of held-out forecasts ``mine`` less that of ``theirs``, on the kernels both forecast, with
+    a bootstrap 95% interval over problems that resamples the same problems for both: whether one forecaster
+    beats another by more than a tie (``<key>_lo`` > 0 or ``<key>_hi`` < 0), which two intervals of their own,
+    each drawn alone, cannot say. Per-problem figures: the mean over problems of the difference (problems where
+    both have the figure); candidate-level ones (AUROC, ECE, AURC): the difference of the two statistics."""
+    both = (mine["fold"].notna() & theirs["fold"].notna()).to_numpy()
+    if not both.any():
+        raise ValueError("the two forecasters forecast no kernel in common")
+    kernels, mine, theirs = kernels[both], mine[both], theirs[both]
+    a, b = per_problem_figures(kernels, *_rank_of(mine), fractions), per_problem_figures(kernels, *_rank_of(theirs),
+                                                                                          fractions)
+    out = {"problems": int(kernels["op"].nunique()), "kernels": int(len(kernels))}
+    for key in a:
+        diff = (a[key] - b[key]).to_numpy()
+        out[key] = float(np.nanmean(diff)) if np.isfinite(diff).any() else float("nan")
+        out[f"{key}_lo"], out[f"{key}_hi"] = _interval(np.mean, diff, draws, seed)
+    problems = kernels["op"].to_numpy()
+    rows_of = [np.flatnonzero(problems == p) for p in sorted(set(problems))]
+    ours, other = _candidate_figures(kernels, mine), _candidate_figures(kernels, theirs)
+    for key in ours:
+        statistic = lambda r, key=key: ours[key](r) - other[key](r)  # noqa: E731
         out[key] = statistic(np.arange(len(kernels)))
         out[f"{key}_lo"], out[f"{key}_hi"] = _over_problems(statistic, rows_of, draws, seed)
     return out

@@ -467,3 +467,43 @@ def test_recalibration_refuses_a_forecaster_read_from_a_folder_and_an_unknown_ca
         ranking.recalibrated(forecasts, kernels, pd.DataFrame({"op": []}), "lmhead", folds, "platt")
     with pytest.raises(ValueError, match="unknown calibrator 'sigmoid'; known: temperature, isotonic, platt"):
         ranking.calibrated_on_training("random", kernels, pd.DataFrame({"op": []}), "sigmoid")
+
+
+def test_a_paired_difference_resamples_the_same_problems_for_both_and_says_when_it_excludes_a_tie():
+    kernels = _kernels()
+    failed = kernels["failed"].to_numpy()
+    truth = kernels["speedup"].fillna(1.0).to_numpy()
+    perfect = _forecasts(kernels, truth, failed.astype(float))
+    reversed_ = _forecasts(kernels, 1.0 / truth, np.where(failed, 0.0, 0.5))
+    better = ranking.paired_difference(kernels, perfect, reversed_, draws=200)
+    assert better["problems"] == 9 and better["spearman"] == pytest.approx(2.0)
+    assert better["spearman_lo"] > 0 and better["top1_within_10pct"] == 1.0 and better["top1_within_10pct_lo"] > 0
+    assert better["failure_auroc"] == pytest.approx(1.0) and better["failure_auroc_lo"] > 0
+    same = ranking.paired_difference(kernels, perfect, perfect.copy(), draws=200)
+    for key in ("spearman", "top1_within_10pct", "select_top10_within_20pct", "failure_auroc", "ece", "aurc"):
+        assert same[key] == 0.0 and same[f"{key}_lo"] == 0.0 and same[f"{key}_hi"] == 0.0
+    # only the kernels both forecast count; none in common is an error
+    half = perfect.copy()
+    half.loc[kernels["op"].isin(sorted(PROBLEMS)[:4]), "fold"] = None
+    assert ranking.paired_difference(kernels, half, reversed_, draws=50)["problems"] == 5
+    nothing = perfect.assign(fold=None)
+    with pytest.raises(ValueError, match="no kernel in common"):
+        ranking.paired_difference(kernels, nothing, reversed_)
+
+
+def test_the_benchmark_pairs_every_forecaster_against_the_one_named(tmp_path, monkeypatch):
+    from benchmarks import cudal1_forecast
+
+    pool = _pool(tmp_path, monkeypatch)
+    out = tmp_path / "out"
+    assert cudal1_forecast.main(["--pool", str(pool), "--folds", "3", "--draws", "20", "--corpus", str(tmp_path),
+                                 "--forecasters", "learned,random,roofline", "--no-measured-rankers",
+                                 "--out", str(out)]) == 0
+    rows = pd.DataFrame(json.loads(out.with_suffix(".json").read_text())["versus"])
+    assert sorted(rows["forecaster"]) == ["random", "roofline"] and set(rows["versus"]) == {"learned"}
+    assert (rows["problems"] == 9).all()
+    assert "Paired against learned" in out.with_suffix(".txt").read_text()
+    alone = tmp_path / "alone"
+    assert cudal1_forecast.main(["--pool", str(pool), "--folds", "3", "--draws", "20", "--corpus", str(tmp_path),
+                                 "--forecasters", "random", "--no-measured-rankers", "--out", str(alone)]) == 0
+    assert json.loads(alone.with_suffix(".json").read_text())["versus"] == []
