@@ -135,6 +135,16 @@ def source_pairs(*roots, gpu_type: str = "h100", anchor: str = "parent", ops=Non
     return pd.DataFrame(rows)
 
 
+def loadable_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``frame`` (an ``op`` column) whose operation loads here, as ``source_pairs`` keeps them: a task
+    whose reference needs what this machine lacks (a package, say) is left out with a warning naming it, rather
+    than ending a fit that would ask it for its anchor."""
+    if frame.empty:
+        return frame
+    loads = _loadable()
+    return frame[frame["op"].isin([op for op in frame["op"].unique() if loads(op)])]
+
+
 def _loadable() -> Callable[[str], bool]:
     """Whether an operation loads here, asked once per op: a task whose reference needs a package this machine
     lacks (einops, say) is left out of the pairs, with a warning naming it, rather than ending the fit."""

@@ -168,7 +168,7 @@ def prior_sources(config: SearchConfig):
 def fit_prior(config: SearchConfig, root: DataRoot):
     """The learned (or source) surrogate fit on the prior data (as much of it as ``prior_scope``
     allows) and, for its source model, the written corpus (``prior_sources``); cached under the root."""
-    from surrogate.dataset import case_pairs
+    from surrogate.dataset import case_pairs, loadable_rows
     from surrogate.registry import fit_prior as fit, get_forecaster_factory
 
     prior = DataRoot(config.prior_data)
@@ -176,7 +176,7 @@ def fit_prior(config: SearchConfig, root: DataRoot):
     stored = root.get_object(path)
     if stored is not None:
         return pickle.loads(stored)
-    pairs = prior_pairs(config, case_pairs(prior))
+    pairs = loadable_rows(prior_pairs(config, case_pairs(prior)))
     if pairs.empty:
         raise ConfigError(f"no measured pairs under {config.prior_data} to fit the {config.surrogate} surrogate on")
     sources = prior_sources(config)

@@ -507,3 +507,30 @@ def test_the_benchmark_pairs_every_forecaster_against_the_one_named(tmp_path, mo
     assert cudal1_forecast.main(["--pool", str(pool), "--folds", "3", "--draws", "20", "--corpus", str(tmp_path),
                                  "--forecasters", "random", "--no-measured-rankers", "--out", str(alone)]) == 0
     assert json.loads(alone.with_suffix(".json").read_text())["versus"] == []
+
+
+def test_a_prior_holding_a_task_that_does_not_load_here_is_fit_on_the_rest_with_a_warning(tmp_path, monkeypatch):
+    """A search's learned prior over the pool: a problem whose reference imports a package this machine lacks is
+    left out of the fit by name (as source_pairs leaves it out), not the end of every search."""
+    from kernels.formats import install_from_root
+    from surrogate.dataset import case_pairs, loadable_rows
+    from tasks.config import SearchConfig
+    from tasks.setup import fit_prior, resolve
+
+    pool = _pool(tmp_path, monkeypatch)
+    root = DataRoot(str(pool / "kernelcast"))
+    stored = pool / "kernelcast" / "tasks" / "kb.cudal1-l2-003" / "reference.py"
+    stored.write_text("import a_package_this_machine_lacks\n" + stored.read_text())
+    for op in sorted(root.read_candidates()["op"].unique()):
+        install_from_root(root, op)
+    pairs = case_pairs(root)
+    assert "kb.cudal1-l2-003" in set(pairs["op"])
+    with pytest.warns(UserWarning, match="kb.cudal1-l2-003 left out of the source pairs: it does not load here"):
+        kept = loadable_rows(pairs)
+    assert set(kept["op"]) == set(pairs["op"]) - {"kb.cudal1-l2-003"}
+    config = resolve(SearchConfig(op="kb.cudal1-l1-001", gpu_type="h100", backend="replay", replay_pool=root.uri,
+                                  prior_data=root.uri, surrogate="learned", generator="variants",
+                                  data=str(tmp_path / "data")))
+    with pytest.warns(UserWarning, match="kb.cudal1-l2-003"):
+        model = fit_prior(config, DataRoot(config.data))
+    assert model.n_train_ == len(kept.query("op != 'kb.cudal1-l1-001' and speedup == speedup"))
