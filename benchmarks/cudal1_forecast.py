@@ -359,10 +359,9 @@ def measured_rankers(args, kernels: pd.DataFrame, forecasts: dict, split: str) -
                      **ranking.ranking_figures(mine, value[whole].to_numpy(), draws=args.draws, seed=args.seed)})
         for name, theirs in forecasts.items():
             done = whole & theirs["fold"].notna().to_numpy()
-            expected = theirs.loc[done, "expected"].to_numpy(dtype=float)
-            rank = ranking.ranking_score(expected, theirs.loc[done, "p_fail"].to_numpy(dtype=float))
             rows.append({"ranker": ranker, "kind": f"forecaster {name}", "split": split,
-                         **ranking.ranking_figures(kernels[done], rank, expected, args.draws, args.seed)})
+                         **ranking.ranking_figures(kernels[done], *ranking.rank_of(theirs[done]), args.draws,
+                                                   args.seed)})
     return pd.DataFrame(rows)
 
 

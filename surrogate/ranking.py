@@ -252,6 +252,12 @@ def _interval(statistic, values, draws: int, seed: int) -> tuple[float, float]:
     return metrics.bootstrap_interval(statistic, values, draws=draws, seed=seed)
 
 
+def _rows_of_problems(kernels: pd.DataFrame) -> list[np.ndarray]:
+    """Per problem (sorted by name), the positions of its rows in ``kernels``: what a bootstrap over problems draws."""
+    problems = kernels["op"].to_numpy()
+    return [np.flatnonzero(problems == p) for p in sorted(set(problems))]
+
+
 def _over_problems(statistic, rows_of: list[np.ndarray], draws: int, seed: int) -> tuple[float, float]:
     """Bootstrap interval of a statistic of candidate rows, resampling whole problems."""
     return metrics.bootstrap_interval(lambda ids: statistic(np.concatenate([rows_of[i] for i in ids])),
@@ -303,8 +309,8 @@ def _candidate_figures(kernels: pd.DataFrame, forecasts: pd.DataFrame) -> dict:
             "aurc": lambda r: metrics.aurc(confidence[r], losses[r])}
 
 
-def _rank_of(forecasts: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """(ranking score, expected speedup) of held-out ``forecasts``."""
+def rank_of(forecasts: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(ranking score, expected speedup) of held-out ``forecasts``: how they rank a pool, and what Spearman reads."""
     expected = forecasts["expected"].to_numpy(dtype=float)
     return ranking_score(expected, forecasts["p_fail"].to_numpy(dtype=float)), expected
 
@@ -315,9 +321,8 @@ def score(kernels: pd.DataFrame, forecasts: pd.DataFrame, draws: int = 1000, see
     bootstrap 95% interval over problems (``<key>_lo``, ``<key>_hi``)."""
     done = forecasts["fold"].notna().to_numpy()
     kernels, forecasts = kernels[done], forecasts[done]
-    out = ranking_figures(kernels, *_rank_of(forecasts), draws, seed, fractions)
-    problems = kernels["op"].to_numpy()
-    rows_of = [np.flatnonzero(problems == p) for p in sorted(set(problems))]
+    out = ranking_figures(kernels, *rank_of(forecasts), draws, seed, fractions)
+    rows_of = _rows_of_problems(kernels)
     for key, statistic in _candidate_figures(kernels, forecasts).items():
         out[key] = statistic(np.arange(len(kernels)))
         out[f"{key}_lo"], out[f"{key}_hi"] = _over_problems(statistic, rows_of, draws, seed)
@@ -335,15 +340,14 @@ def paired_difference(kernels: pd.DataFrame, mine: pd.DataFrame, theirs: pd.Data
     if not both.any():
         raise ValueError("the two forecasters forecast no kernel in common")
     kernels, mine, theirs = kernels[both], mine[both], theirs[both]
-    a, b = per_problem_figures(kernels, *_rank_of(mine), fractions), per_problem_figures(kernels, *_rank_of(theirs),
+    a, b = per_problem_figures(kernels, *rank_of(mine), fractions), per_problem_figures(kernels, *rank_of(theirs),
                                                                                           fractions)
     out = {"problems": int(kernels["op"].nunique()), "kernels": int(len(kernels))}
     for key in a:
         diff = (a[key] - b[key]).to_numpy()
         out[key] = float(np.nanmean(diff)) if np.isfinite(diff).any() else float("nan")
         out[f"{key}_lo"], out[f"{key}_hi"] = _interval(np.mean, diff, draws, seed)
-    problems = kernels["op"].to_numpy()
-    rows_of = [np.flatnonzero(problems == p) for p in sorted(set(problems))]
+    rows_of = _rows_of_problems(kernels)
     ours, other = _candidate_figures(kernels, mine), _candidate_figures(kernels, theirs)
     for key in ours:
         statistic = lambda r, key=key: ours[key](r) - other[key](r)  # noqa: E731

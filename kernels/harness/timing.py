@@ -279,8 +279,8 @@ def paired_ratio(mine: list[list[float]], theirs: list[list[float]]) -> tuple[fl
     6.7, 10.4 and 11.5 ms within two seconds) makes each call's median over all its repetitions fall on either
     side of the two, by how many of its repetitions the slow stretches took; a ratio per round compares like
     with like, and their median ignores the rounds that straddle a change. Rounds missing on one side count not."""
-    ratios = [_quantile(sorted(a), 0.5) / _quantile(sorted(b), 0.5) for a, b in zip(mine, theirs)
-              if a and b and _quantile(sorted(b), 0.5) > 0]
+    medians = [(_quantile(sorted(a), 0.5), _quantile(sorted(b), 0.5)) for a, b in zip(mine, theirs) if a and b]
+    ratios = [a / b for a, b in medians if b > 0]
     if not ratios:
         raise ValueError("no round of the pair has repetitions on both sides")
     return _quantile(sorted(ratios), 0.5), ratios
