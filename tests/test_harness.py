@@ -219,3 +219,33 @@ def test_warming_the_checks_runs_their_comparisons_on_four_elements_per_output_d
     from kernels.harness.worker import WorkerConfig
 
     assert WorkerConfig().warm_checks is False and Job.__dataclass_fields__["warm_checks"].default is False
+
+
+def test_an_imported_task_declaring_no_outputs_is_warmed_by_its_inputs_dtypes(tmp_path, monkeypatch):
+    """A KernelBench task's candidates return their outputs, so it declares none: its inputs' dtypes, made on the
+    meta device, stand for them, and still nothing larger than four elements is touched."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from kernels.formats import import_task
+    from kernels.harness.anticheat import warm_comparisons
+    from tests.formats_for_tests import KB_ROW_SUM, write_kernelbench
+
+    monkeypatch.setenv("KERNELCAST_TASKS", str(tmp_path / "installed"))
+    problem, _ = write_kernelbench(tmp_path, KB_ROW_SUM)
+    op, _ = import_task("kernelbench", str(problem))
+    assert all(op.output_specs(case) == () for case in op.cases)
+
+    class Largest(TorchDispatchMode):
+        bytes = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                    Largest.bytes = max(Largest.bytes, t.numel() * t.element_size())
+            return out
+
+    with Largest():
+        assert warm_comparisons(op, op.cases, "cpu") == 1
+    assert 0 < Largest.bytes <= 4 * 8

@@ -274,8 +274,9 @@ def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def warm_comparisons(op, cases, device) -> int:
-    """The checks' comparisons run once on tensors of four elements, one per output dtype of ``cases``, on
-    ``device``; returns how many dtypes were warmed. No case's data is made.
+    """The checks' comparisons run once on tensors of four elements, one per output dtype of ``cases`` (an op that
+    declares no outputs: its inputs' dtypes), on ``device``; returns how many dtypes were warmed. No case's data is
+    made.
 
     In a fresh process the first launch of each of the comparisons' kernels (the inputs left unchanged, the
     outputs written, the reference within tolerance, the error against float64) loads it: the worker's lock
@@ -289,10 +290,13 @@ def warm_comparisons(op, cases, device) -> int:
     dtypes: dict[str, tuple] = {}
     for case in cases:
         try:
-            specs = op.output_specs(case)
-        except Exception:  # noqa: BLE001 - outputs the task cannot describe ahead: nothing to warm for them
+            # An op whose candidates return their outputs (an imported task) declares none: its inputs' dtypes,
+            # made on the meta device (no memory), stand for them.
+            found = [dtype for _, dtype in op.output_specs(case)] or [
+                t.dtype for t in op.make_inputs(case, _meta_generator(), "meta") if isinstance(t, torch.Tensor)]
+        except Exception:  # noqa: BLE001 - a case the meta device cannot describe: nothing to warm for it
             continue
-        for _, dtype in specs:
+        for dtype in found:
             dtypes.setdefault(str(dtype), (dtype, case))
     warmed = 0
     for dtype, case in dtypes.values():
@@ -309,6 +313,12 @@ def warm_comparisons(op, cases, device) -> int:
     if device != "cpu":
         torch.cuda.synchronize()
     return warmed
+
+
+def _meta_generator() -> torch.Generator:
+    gen = torch.Generator()
+    gen.manual_seed(0)
+    return gen
 
 
 # Inputs up to this size are copied to check that a call left them unchanged; larger ones are made
