@@ -277,7 +277,8 @@ def run(args) -> int:
             raise ValueError(f"--forecasts {label}={folder}: its files were made under folds of seeds {sorted(seeds)}")
         seed = seeds.pop()
         split = next(iter(splits)) if args.problems == "sealed" else grouped(args, problems, seed)
-        forecasts = ranking.stored_forecasts(kernels, tables, ranking.problem_folds(problems, args.folds, seed))
+        folds = splits[split] if args.problems == "sealed" else ranking.problem_folds(problems, args.folds, seed)
+        forecasts = ranking.stored_forecasts(kernels, tables, folds)
         first[label] = forecasts
         rows.append({"split": split, "forecaster": label, **ranking.score(kernels, forecasts, args.draws, args.seed),
                      "seconds": 0.0})

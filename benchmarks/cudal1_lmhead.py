@@ -2,11 +2,13 @@
 of that fold, for ``benchmarks/cudal1_forecast.py --forecasts lmhead=DIR``.
 
     PYTHONPATH=$PWD python benchmarks/cudal1_lmhead.py --pool POOL --model MODEL.gguf --fold I --out DIR
-        [--folds 4] [--spaces FOLDER ...] [--also-data ROOT ...] [--max-seconds 300]
+        [--folds 4] [--problems all|dev] [--spaces FOLDER ...] [--also-data ROOT ...] [--max-seconds 300]
+    PYTHONPATH=$PWD python benchmarks/cudal1_lmhead.py --problems sealed --model MODEL.gguf --out DIR ...
 
 The folds are ``surrogate.ranking.problem_folds`` of the pool's problems: the very folds the forecast
 benchmark scores every other forecaster on, so a fold's problems are never in its training. One fold a
-process (one a GPU, in parallel). Writes DIR/fold-I/ (the trained folder: adapter, heads, calibration,
+process (one a GPU, in parallel); ``--problems sealed`` is one more run, fit on the development problems
+and forecasting the sealed fifth (files named ``sealed`` in place of I). Writes DIR/fold-I/ (the trained folder: adapter, heads, calibration,
 training.json naming its held-out problems) and DIR/forecasts-I.parquet (per held-out kernel: op,
 candidate_id, fold, fold_seed (the seed that dealt the folds, which is also the training seed), p_fail,
 expected, probs). Needs torch, transformers, peft and gguf.
@@ -34,9 +36,12 @@ def parse(argv=None) -> argparse.Namespace:
                    help="a folder of variant spaces whose kernels join the pool's problems (as cudal1_forecast's "
                         "--spaces: its table scores them, so they need forecasts too)")
     p.add_argument("--model", required=True, help="a local model folder or .gguf file")
-    p.add_argument("--fold", type=int, required=True, help="the fold held out (0-based)")
+    p.add_argument("--fold", type=int, default=None, help="the fold held out (0-based; not with --problems sealed)")
     p.add_argument("--folds", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--problems", default="all", choices=("all", "dev", "sealed"),
+                   help="as cudal1_forecast's: dev deals the folds among the development problems only (the sealed "
+                        "fifth never read); sealed trains on every development problem and forecasts the sealed ones")
     p.add_argument("--also-data", action="append", default=[], help="another pool's root to train on (repeatable)")
     p.add_argument("--out", required=True)
     p.add_argument("--max-seconds", type=float, default=0.0)
@@ -58,6 +63,32 @@ def training_pairs(kernels):
                                                                    "status", "speedup"]]
 
 
+def held_out(args, kernels):
+    """(fold name, held-out problems, the kernels this run may read) as ``cudal1_forecast --problems`` deals
+    them: every problem, the development problems only, or the sealed ones held out of a fit on the rest."""
+    from surrogate import ranking
+
+    sealed = ranking.sealed_problems(kernels["op"].unique())
+    if args.problems == "sealed":
+        if args.fold is not None:
+            raise ValueError("--problems sealed holds out the sealed problems as one fold: give no --fold")
+        return "sealed", sealed, kernels
+    if args.fold is None:
+        raise ValueError(f"--problems {args.problems} needs --fold: which of the {args.folds} folds to hold out")
+    if args.problems == "dev":
+        kernels = kernels[~kernels["op"].isin(sealed)].reset_index(drop=True)
+    folds = ranking.problem_folds(sorted(kernels["op"].unique()), args.folds, args.seed)
+    if not 0 <= args.fold < len(folds):
+        raise ValueError(f"--fold {args.fold}: there are {len(folds)} folds (0..{len(folds) - 1})")
+    name, held = folds[args.fold]
+    return name, frozenset(held), kernels
+
+
+def label(args) -> str:
+    """The run's name in its files: the fold's index, or sealed."""
+    return "sealed" if args.problems == "sealed" else str(args.fold)
+
+
 def run(args) -> int:
     import pandas as pd
 
@@ -67,25 +98,24 @@ def run(args) -> int:
 
     kernels, _ = _measured(args)
     also_kernels, _ = _also(args)
-    problems = sorted(kernels["op"].unique())
-    folds = ranking.problem_folds(problems, args.folds, args.seed)
-    name, held = folds[args.fold]
-    if also_kernels is not None:  # another pool holding one of the held-out problems must not teach it
-        also_kernels = also_kernels[~also_kernels["op"].isin(held)]
+    kept_out = ranking.sealed_problems(kernels["op"].unique()) if args.problems != "all" else frozenset()
+    name, held, kernels = held_out(args, kernels)
+    if also_kernels is not None:  # another pool holding one of the held-out (or sealed) problems must not teach it
+        also_kernels = also_kernels[~also_kernels["op"].isin(held | kept_out)]
     train_rows = pd.concat([kernels, *([also_kernels] if also_kernels is not None else [])], ignore_index=True)
     t0 = time.perf_counter()
     result = train(training_pairs(train_rows), HeadConfig(model=args.model, max_tokens=args.max_tokens),
-                   TrainSettings(folds=args.folds, fold=args.fold, held_out=tuple(sorted(held)), epochs=args.epochs,
+                   TrainSettings(folds=args.folds, fold=args.fold or 0, held_out=tuple(sorted(held)), epochs=args.epochs,
                                  batch_size=args.batch, max_seconds=args.max_seconds, seed=args.seed,
                                  gradient_checkpointing=args.gradient_checkpointing,
                                  calibrate_on=args.calibrate_on),
-                   out=str(Path(args.out) / f"fold-{args.fold}"))
+                   out=str(Path(args.out) / f"fold-{label(args)}"))
     test = kernels[kernels["op"].isin(held)]
     got = ranking.fold_forecasts(result.forecaster, test, float(kernels[~kernels["op"].isin(held)]["failed"].mean()))
     table = pd.DataFrame({"op": test["op"], "candidate_id": test["candidate_id"], "fold": name, "fold_seed": args.seed,
                           "p_fail": got["p_fail"].astype(float), "expected": got["expected"].astype(float),
                           "probs": [list(map(float, p)) for p in got["probs"]]})
-    table.to_parquet(Path(args.out) / f"forecasts-{args.fold}.parquet", index=False)
+    table.to_parquet(Path(args.out) / f"forecasts-{label(args)}.parquet", index=False)
     print(json.dumps({"fold": name, "held_out_problems": len(held), "steps": result.steps,
                       "stopped_early": result.stopped_early, "seconds": time.perf_counter() - t0,
                       "metrics": result.metrics}, indent=1, default=float))

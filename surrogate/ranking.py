@@ -171,8 +171,10 @@ def stored_forecasts(kernels: pd.DataFrame, tables: Sequence[pd.DataFrame],
                      folds: Sequence[tuple[str, frozenset]]) -> pd.DataFrame:
     """Held-out forecasts made elsewhere (say, a forecaster trained on a GPU once per fold), aligned with
     ``kernels`` as ``held_out_forecasts`` returns them. Each table has op, candidate_id, fold, p_fail,
-    expected and probs; a kernel forecast under another fold than ``folds`` gives it, or not forecast at
-    all, is refused by name: its forecaster may have trained on it."""
+    expected and probs; a kernel forecast under another fold than ``folds`` gives it, or a kernel of a
+    held-out problem not forecast at all, is refused by name: its forecaster may have trained on it. A
+    kernel of a problem no fold holds out (the development problems, when only the sealed ones are) is
+    left unforecast (fold NaN), as ``held_out_forecasts`` leaves it."""
     table = pd.concat(list(tables), ignore_index=True)
     fold_of = {op: name for name, held in folds for op in held}
     other = table[table["op"].map(fold_of) != table["fold"]]
@@ -184,9 +186,10 @@ def stored_forecasts(kernels: pd.DataFrame, tables: Sequence[pd.DataFrame],
     if table.duplicated(["op", "candidate_id"]).any():
         raise ValueError("the stored forecasts hold a kernel twice: give each fold's file once")
     merged = kernels[["op", "candidate_id"]].merge(table, on=["op", "candidate_id"], how="left")
-    missing = merged["p_fail"].isna()
+    held = kernels["op"].isin(fold_of).to_numpy()
+    missing = merged["p_fail"].isna().to_numpy() & held
     if missing.any():
-        raise ValueError(f"{int(missing.sum())} of {len(kernels)} kernels have no stored forecast, e.g. "
+        raise ValueError(f"{int(missing.sum())} of {int(held.sum())} kernels have no stored forecast, e.g. "
                          f"{merged.loc[missing, 'op'].iloc[0]} {merged.loc[missing, 'candidate_id'].iloc[0]}")
     out = pd.DataFrame(index=kernels.index, columns=["fold", "p_fail", "expected", "probs"], dtype=object)
     for column in ("fold", "p_fail", "expected"):

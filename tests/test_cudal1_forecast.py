@@ -534,3 +534,18 @@ def test_a_prior_holding_a_task_that_does_not_load_here_is_fit_on_the_rest_with_
     with pytest.warns(UserWarning, match="kb.cudal1-l2-003"):
         model = fit_prior(config, DataRoot(config.data))
     assert model.n_train_ == len(kept.query("op != 'kb.cudal1-l1-001' and speedup == speedup"))
+
+
+def test_stored_forecasts_of_the_held_out_problems_only_leave_the_others_unforecast():
+    """Forecasts of the sealed problems alone, scored where only those are held out: the other kernels are
+    not forecast (fold NaN) rather than refused; a held-out kernel without a forecast is still refused."""
+    kernels = _kernels().assign(candidate_id=lambda k: [f"c{i}" for i in range(len(k))])
+    held = frozenset({"cudal1-l2-002", "cudal1-l3-001"})
+    mine = kernels[kernels["op"].isin(held)]
+    table = pd.DataFrame({"op": mine["op"], "candidate_id": mine["candidate_id"], "fold": "sealed", "p_fail": 0.1,
+                          "expected": mine["speedup"].fillna(0.1), "probs": [list(np.full(9, 1 / 9))] * len(mine)})
+    got = ranking.stored_forecasts(kernels, [table], [("sealed", held)])
+    assert (got["fold"].notna() == kernels["op"].isin(held)).all()
+    assert ranking.score(kernels, got, draws=20)["problems"] == 2
+    with pytest.raises(ValueError, match=f"1 of {len(mine)} kernels have no stored forecast"):
+        ranking.stored_forecasts(kernels, [table.iloc[1:]], [("sealed", held)])

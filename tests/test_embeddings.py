@@ -164,3 +164,38 @@ def test_the_lmhead_benchmark_trains_every_fold_and_its_forecasts_are_scored_bes
     assert cudal1_forecast.main(score) == 0
     rows = pd.DataFrame(json.loads((tmp_path / "scored" / "forecast.json").read_text())["rows"])
     assert set(rows["forecaster"]) == {"random", "lmhead"}
+
+
+def test_the_lmhead_benchmark_deals_the_development_folds_and_forecasts_the_sealed_problems_once(tmp_path, monkeypatch):
+    """``--problems dev`` trains on folds dealt among the development problems only (the sealed one never
+    read), ``--problems sealed`` fits on every development problem and forecasts the sealed one: each is scored
+    by the forecast benchmark under the same ``--problems``, and a sealed run given a fold is refused."""
+    from benchmarks import cudal1_forecast, cudal1_lmhead
+    from surrogate import ranking
+
+    pool, model = _pool_and_tiny_model(tmp_path, monkeypatch)
+    train = ["--pool", str(pool), "--model", str(model), "--folds", "3", "--max-tokens", "64", "--batch", "4",
+             "--epochs", "1", "--calibrate-on", "kb.cudal1-"]
+    dev, sealed = tmp_path / "dev", tmp_path / "sealed"
+    for fold in range(3):
+        assert cudal1_lmhead.main([*train, "--problems", "dev", "--fold", str(fold), "--out", str(dev)]) == 0
+    assert cudal1_lmhead.main([*train, "--problems", "sealed", "--out", str(sealed)]) == 0
+    with pytest.raises(ValueError, match="give no --fold"):
+        cudal1_lmhead.main([*train, "--problems", "sealed", "--fold", "0", "--out", str(tmp_path / "x")])
+    held = pd.concat(pd.read_parquet(f) for f in sorted(dev.glob("forecasts-*.parquet")))
+    shut = ranking.sealed_problems(held["op"].tolist() + pd.read_parquet(sealed / "forecasts-sealed.parquet")["op"]
+                                   .tolist())
+    assert shut and not held["op"].isin(shut).any() and held["op"].nunique() == 9 - len(shut)
+    only = pd.read_parquet(sealed / "forecasts-sealed.parquet")
+    assert set(only["op"]) == set(shut) and (only["fold"] == "sealed").all()
+    for problems, folder, count in (("dev", dev, 9 - len(shut)), ("sealed", sealed, len(shut))):
+        out = tmp_path / "scored" / problems
+        assert cudal1_forecast.main(["--pool", str(pool), "--folds", "3", "--draws", "20", "--corpus", str(tmp_path),
+                                     "--forecasters", "random", "--problems", problems,
+                                     "--forecasts", f"lmhead={folder}", "--out", str(out)]) == 0
+        rows = pd.DataFrame(json.loads(out.with_suffix(".json").read_text())["rows"])
+        assert (rows.loc[rows["forecaster"] == "lmhead", "problems"] == count).all()
+    with pytest.raises(ValueError, match="other folds"):  # the dev folds are not the folds over every problem
+        cudal1_forecast.main(["--pool", str(pool), "--folds", "3", "--draws", "20", "--corpus", str(tmp_path),
+                              "--forecasters", "random", "--forecasts", f"lmhead={dev}",
+                              "--out", str(tmp_path / "scored" / "all")])
