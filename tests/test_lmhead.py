@@ -148,6 +148,29 @@ def test_gradient_checkpointing_takes_the_same_steps(tiny_gguf):
     np.testing.assert_allclose(recomputed.losses, plain.losses, rtol=1e-4)
 
 
+def test_a_batch_whose_loss_overflows_is_skipped_not_stepped_into_the_weights(tiny_gguf, tmp_path, monkeypatch):
+    """A 2,048-token run on a GPU once came out of training with NaN weights (one overflowing batch stepped into
+    them), and its calibration failed. A non-finite loss or gradient is now skipped and counted."""
+    from surrogate.lmhead import train as training
+    from surrogate.lmhead.model import HeadConfig
+
+    real, calls = training.pair_loss, []
+
+    def overflowing_second_batch(*args):
+        calls.append(1)
+        loss = real(*args)
+        return loss * float("nan") if len(calls) == 2 else loss
+
+    monkeypatch.setattr(training, "pair_loss", overflowing_second_batch)
+    result = training.train(synthetic_pairs(), HeadConfig(model=str(tiny_gguf), max_tokens=96),
+                            training.TrainSettings(folds=3, max_steps=4), out=str(tmp_path / "out"), device="cpu")
+    assert result.steps == 4 and math.isnan(result.losses[1])
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["training"]["skipped_steps"] == 1
+    assert all(math.isfinite(v) for v in result.metrics.values() if isinstance(v, float) and v == v)
+    got = result.forecaster.forecast(requests(3))
+    assert all(math.isfinite(f.failure_probability) and math.isfinite(f.expected_speedup) for f in got)
+
+
 def test_a_trained_folder_holds_its_config_metrics_and_calibration(trained):
     config = json.loads((trained / "config.json").read_text())
     metrics = json.loads((trained / "metrics.json").read_text())["held_out"]

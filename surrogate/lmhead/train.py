@@ -216,7 +216,7 @@ def train(pairs: pd.DataFrame, head: HeadConfig, settings: TrainSettings = Train
         {"params": [p for p in net.lm.parameters() if p.requires_grad], "lr": settings.learning_rate},
         {"params": list(net.heads.parameters()), "lr": settings.head_learning_rate}], weight_decay=0.0)
     rng = np.random.default_rng(settings.seed)
-    losses, step_seconds, stopped = [], [], False
+    losses, step_seconds, stopped, skipped = [], [], False, 0
     for _ in range(settings.epochs):
         order = train_ix[rng.permutation(len(train_ix))]
         for start in range(0, len(order), settings.batch_size):
@@ -226,8 +226,11 @@ def train(pairs: pd.DataFrame, head: HeadConfig, settings: TrainSettings = Train
             loss = pair_loss(net, [texts[i] for i in idx], *_tensors(net, failed, log_speedup, idx))
             optimiser.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-            optimiser.step()
+            norm = torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+            if torch.isfinite(loss) and torch.isfinite(norm):  # one overflowing batch must not poison the weights
+                optimiser.step()
+            else:
+                skipped += 1
             losses.append(float(loss.detach()))
             step_seconds.append(time.monotonic() - t0)
             if settings.max_steps and len(losses) >= settings.max_steps:
@@ -248,7 +251,8 @@ def train(pairs: pd.DataFrame, head: HeadConfig, settings: TrainSettings = Train
                               groups[test_ix])
     seconds = time.monotonic() - started
     if out:
-        training = {**asdict(settings), "steps": steps, "seconds": seconds, "stopped_early": stopped,
+        training = {**asdict(settings), "steps": steps, "skipped_steps": skipped, "seconds": seconds,
+                    "stopped_early": stopped,
                     "device": net.device, "train_pairs": len(train_ix), "calibration_pairs": len(calibration_ix),
                     "test_pairs": len(test_ix), "train_problems": sorted(set(groups[train_ix])),
                     "calibration_problems": sorted(set(groups[calibration_ix])),
