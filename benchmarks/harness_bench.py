@@ -45,10 +45,10 @@ def ceilings() -> dict:
     return {"copy_gbps": 2 * n / copy_ms / 1e6, "matmul_bf16_tflops": 2 * 8192**3 / mm_ms / 1e9}
 
 
-def spread_batch(total: int) -> list:
-    per_op = total // len(MEMORY_OPS)
+def spread_batch(total: int, ops=MEMORY_OPS) -> list:
+    per_op = total // len(ops)
     out = []
-    for op in MEMORY_OPS:
+    for op in ops:
         out += get_space(op).spread_subset(per_op)
     return out
 
@@ -71,6 +71,9 @@ def do_bench_medians(cand) -> list[float]:
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--batch", type=int, default=200)
+    p.add_argument("--ops", default=",".join(MEMORY_OPS),
+                   help="the template operations the batch spreads over (comma-separated; default: every memory-bound "
+                        "one), say one whose verdict is to be measured again")
     p.add_argument("--repeat-candidates", type=int, default=20)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--concurrency", type=int, default=12)
@@ -102,7 +105,12 @@ def main() -> int:
     report.update(verify=not args.no_verify, anchor=args.anchor, warm_checks=args.warm_checks)
 
     # 2. throughput over a fresh batch (the eager reference of each op is measured too and counted)
-    batch = spread_batch(args.batch)
+    ops = tuple(o for o in args.ops.split(",") if o)
+    unknown = sorted(set(ops) - set(MEMORY_OPS))
+    if unknown or not ops:
+        raise SystemExit(f"--ops {args.ops!r}: unknown {', '.join(unknown) or 'none given'}; "
+                         f"choose among {', '.join(MEMORY_OPS)}")
+    batch = spread_batch(args.batch, ops)
     with MeasureWorker(hw, config) as worker:
         t0 = time.monotonic()
         results = list(worker.measure(batch))
