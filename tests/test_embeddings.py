@@ -199,3 +199,32 @@ def test_the_lmhead_benchmark_deals_the_development_folds_and_forecasts_the_seal
         cudal1_forecast.main(["--pool", str(pool), "--folds", "3", "--draws", "20", "--corpus", str(tmp_path),
                               "--forecasters", "random", "--forecasts", f"lmhead={dev}",
                               "--out", str(tmp_path / "scored" / "all")])
+
+
+def test_the_reading_benchmark_says_what_a_cut_keeps_and_how_far_forecasts_spread(tmp_path, monkeypatch):
+    """A cut long enough reads every pair whole, a short one does not; forecasts equal to the measured speedups
+    spread exactly as the measurements do (ratio 1), and a constant forecast not at all."""
+    from benchmarks import cudal1_forecast, lmhead_reading
+
+    pool, model = _pool_and_tiny_model(tmp_path, monkeypatch)
+
+    def measured():
+        args = cudal1_forecast.parse(["--pool", str(pool), "--corpus", str(tmp_path)])
+        return cudal1_forecast._measured(args)[0]
+
+    kernels = cudal1_forecast.with_pool_tasks(measured)
+    for name, expected in (("truth", kernels["speedup"].fillna(1.0)), ("flat", pd.Series(1.3, index=kernels.index))):
+        (tmp_path / name).mkdir()
+        kernels.assign(expected=expected)[["op", "candidate_id", "expected"]].to_parquet(
+            tmp_path / name / "forecasts-0.parquet")
+    out = tmp_path / "reading.json"
+    assert lmhead_reading.main(["--pool", str(pool), "--model", str(model), "--corpus", str(tmp_path),
+                                "--max-tokens", "24,4096", "--forecasts", str(tmp_path / "truth"),
+                                "--forecasts", str(tmp_path / "flat"), "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    short, long = got["cuts"]
+    assert long["read_whole"] == 1.0 and long["candidate_read_median"] == 1.0
+    assert short["read_whole"] < 1.0 and short["candidate_read_p10"] < 1.0
+    assert short["problems_reading_two_alike"] >= long["problems_reading_two_alike"]
+    truth, flat = got["spread"]
+    assert truth["ratio_median"] == pytest.approx(1.0) and flat["forecast_sd_median"] == pytest.approx(0.0)

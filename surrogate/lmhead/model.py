@@ -58,6 +58,18 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def kept_tokens(anchor: int, candidate: int, room: int) -> tuple[int, int]:
+    """How many of the anchor's and the candidate's tokens a pair keeps in ``room``: each half of it, and what
+    one leaves unused goes to the other."""
+    keep_a = min(anchor, max(room // 2, room - candidate))
+    return keep_a, min(candidate, room - keep_a)
+
+
+def header_tokens(tokenizer) -> int:
+    """The tokens the two headers take from ``max_tokens``."""
+    return sum(len(tokenizer(h, add_special_tokens=False)["input_ids"]) for h in (_ANCHOR_HEADER, _CANDIDATE_HEADER))
+
+
 class PairModel:
     """The decoder with its LoRA adapter and the heads; ``outputs`` maps texts to (failure logit, mean,
     log-variance), ``pooled`` to the vectors the heads read."""
@@ -98,9 +110,8 @@ class PairModel:
     def pair_ids(self, anchor: str, candidate: str) -> list[int]:
         """The token ids of one pair: both headers, each source cut to its share of ``max_tokens``."""
         a, c = self._ids(anchor), self._ids(candidate)
-        room = self.config.max_tokens - len(self._headers[0]) - len(self._headers[1])
-        keep_a = min(len(a), max(room // 2, room - len(c)))
-        keep_c = min(len(c), room - keep_a)
+        keep_a, keep_c = kept_tokens(len(a), len(c), self.config.max_tokens - len(self._headers[0])
+                                     - len(self._headers[1]))
         return self._headers[0] + a[:keep_a] + self._headers[1] + c[:keep_c]
 
     def set_base_rates(self, failure_rate: float, mean: float, variance: float) -> None:
