@@ -397,10 +397,16 @@ def test_another_measurement_of_the_kernels_is_scored_as_a_ranker_beside_the_for
     assert cudal1_forecast.main(["--pool", str(pool), "--folds", "3", "--draws", "20", "--corpus", str(tmp_path),
                                  "--forecasters", "learned,random", "--out", str(out)]) == 0
     rows = pd.DataFrame(json.loads(out.with_suffix(".json").read_text())["measured_rankers"])
-    assert set(zip(rows["ranker"], rows["kind"])) == {
-        (r, k) for r in ("CUDA-L1's published h100 speedup", "our measurement under the kernelbench protocol")
+    rankers = ("CUDA-L1's published h100 speedup", "our measurement under the kernelbench protocol")
+    assert set(zip(rows["ranker"], rows["judged_against"], rows["kind"])) == {
+        (r, j, k) for r in rankers for j in (r, "the pool's measurement")
         for k in ("measurement", "forecaster learned", "forecaster random")}
     assert (rows["problems"] == 9).all()
+    # the other way round: the reversed measurement as the truth, the pool's own measurement ranks it reversed too
+    back = rows[(rows["kind"] == "measurement") & (rows["judged_against"] == rankers[1])].iloc[0]
+    assert back["ranked_by"] == "the pool's measurement" and back["spearman"] == pytest.approx(-1.0)
+    assert back["top1_within_10pct"] == 0.0
+    rows = rows[rows["judged_against"] == "the pool's measurement"]
     other = rows[(rows["kind"] == "measurement") & rows["ranker"].str.contains("kernelbench")].iloc[0]
     assert other["spearman"] == pytest.approx(-1.0)
     # each problem's slowest kernel that ran: within 10% of its best only where they tie
@@ -417,8 +423,9 @@ def test_another_measurement_of_the_kernels_is_scored_as_a_ranker_beside_the_for
     assert cudal1_forecast.main(["--pool", str(pool), "--folds", "3", "--draws", "20", "--corpus", str(tmp_path),
                                  "--forecasters", "random", "--retest", str(retest), "--out", str(out)]) == 0
     rows = pd.DataFrame(json.loads(out.with_suffix(".json").read_text())["measured_rankers"])
-    same = rows[(rows["kind"] == "measurement") & rows["ranker"].str.contains("second measurement")].iloc[0]
-    assert same["problems"] == 9 and same["spearman"] == pytest.approx(1.0) and same["top1_within_10pct"] == 1.0
+    same = rows[(rows["kind"] == "measurement") & rows["ranker"].str.contains("second measurement")]
+    assert len(same) == 2 and (same["problems"] == 9).all() and np.allclose(same["spearman"], 1.0)
+    assert (same["top1_within_10pct"] == 1.0).all()
     quiet = tmp_path / "quiet"
     assert cudal1_forecast.main(["--pool", str(pool), "--folds", "3", "--draws", "20", "--corpus", str(tmp_path),
                                  "--forecasters", "random", "--no-measured-rankers", "--out", str(quiet)]) == 0
