@@ -53,6 +53,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--calibrate-on", default="",
                    help="draw the calibration split from training problems whose name starts with this only "
                         "(kb.cudal1-: the pool the forecaster is judged on; default: any problem)")
+    p.add_argument("--rank-weight", type=float, default=0.0,
+                   help="weight of the within-problem ranking term (surrogate.lmhead.train.rank_loss): batches then "
+                        "hold whole problems (default 0: the per-pair losses alone)")
     p.add_argument("--corpus", default=str(SHARED / "corpora" / "cuda-l1"))
     return p.parse_args(argv)
 
@@ -108,7 +111,7 @@ def run(args) -> int:
                    TrainSettings(folds=args.folds, fold=args.fold or 0, held_out=tuple(sorted(held)), epochs=args.epochs,
                                  batch_size=args.batch, max_seconds=args.max_seconds, seed=args.seed,
                                  gradient_checkpointing=args.gradient_checkpointing,
-                                 calibrate_on=args.calibrate_on),
+                                 calibrate_on=args.calibrate_on, rank_weight=args.rank_weight),
                    out=str(Path(args.out) / f"fold-{label(args)}"))
     test = kernels[kernels["op"].isin(held)]
     got = ranking.fold_forecasts(result.forecaster, test, float(kernels[~kernels["op"].isin(held)]["failed"].mean()))

@@ -171,6 +171,62 @@ def test_a_batch_whose_loss_overflows_is_skipped_not_stepped_into_the_weights(ti
     assert all(math.isfinite(f.failure_probability) and math.isfinite(f.expected_speedup) for f in got)
 
 
+def test_problem_batches_keep_each_problem_whole_and_every_row_once():
+    from surrogate.lmhead.train import problem_batches
+
+    groups = np.array([f"p{i % 5}" for i in range(23)] + ["big"] * 11)
+    indices = np.arange(len(groups))
+    batches = problem_batches(indices, groups, 8, np.random.default_rng(0))
+    assert sorted(np.concatenate(batches).tolist()) == indices.tolist() and all(len(b) <= 8 for b in batches)
+    for problem in {f"p{i}" for i in range(5)}:  # 4-5 rows each: always inside one batch
+        assert sum(problem in set(groups[b]) for b in batches) == 1
+    assert sum("big" in set(groups[b]) for b in batches) == 2  # 11 rows: a batch of its own and the rest
+    again = problem_batches(indices, groups, 8, np.random.default_rng(0))
+    assert all((a == b).all() for a, b in zip(batches, again))
+
+
+def test_the_ranking_term_penalises_a_reversed_order_within_a_problem_only():
+    import torch
+
+    from surrogate.lmhead.train import rank_loss
+
+    y = torch.tensor([0.0, 0.5, 1.0, float("nan"), 0.2])
+    groups = torch.tensor([0, 0, 0, 0, 1])
+    right, wrong = torch.tensor([0.0, 0.5, 1.0, 9.0, -5.0]), torch.tensor([1.0, 0.5, 0.0, 9.0, 5.0])
+    assert rank_loss(right, y, groups) < 0.01 < 4.0 < rank_loss(wrong, y, groups)
+    # a failed kernel, another problem's kernel and speedups within the margin order nothing
+    assert rank_loss(right, torch.tensor([0.0, 0.01, float("nan"), 0.3, 0.3]), torch.tensor([0, 0, 0, 1, 2])) is None
+
+
+def test_training_with_the_ranking_term_draws_whole_problems_and_records_its_weight(tiny_gguf, tmp_path,
+                                                                                   monkeypatch):
+    from surrogate.lmhead import train as training
+    from surrogate.lmhead.model import HeadConfig
+
+    real, seen = training.pair_loss, []
+
+    def recording(net, texts, failed, log_speedup, groups=None, rank_weight=0.0):
+        seen.append((groups.tolist(), rank_weight))
+        return real(net, texts, failed, log_speedup, groups, rank_weight)
+
+    monkeypatch.setattr(training, "pair_loss", recording)
+    pairs = synthetic_pairs()
+    training.train(pairs, HeadConfig(model=str(tiny_gguf), max_tokens=96),
+                   training.TrainSettings(folds=3, epochs=2, max_steps=4, batch_size=16, rank_weight=0.5),
+                   out=str(tmp_path / "out"),
+                   device="cpu")
+    assert len(seen) == 4 and all(w == 0.5 for _, w in seen)
+    per_problem = pairs.groupby("op").size()
+    codes = pd.factorize(pairs["op"].astype(str))[0]
+    assert per_problem.max() <= 16
+    for batch, _ in seen:  # a problem that fits a batch is never split across two
+        for code in set(batch):
+            assert batch.count(code) == int(per_problem[pairs["op"].astype(str).to_numpy()[list(codes).index(code)]])
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["training"]["rank_weight"] == 0.5
+    with pytest.raises(ValueError, match="rank_weight"):
+        training.TrainSettings(rank_weight=-1.0)
+
+
 def test_a_trained_folder_holds_its_config_metrics_and_calibration(trained):
     config = json.loads((trained / "config.json").read_text())
     metrics = json.loads((trained / "metrics.json").read_text())["held_out"]

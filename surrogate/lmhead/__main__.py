@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="recompute activations in the backward pass (less memory, about a third slower)")
     sp.add_argument("--device", default="", help="cuda, cpu, ... (default: CUDA when available)")
     sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--rank-weight", type=float, default=0.0,
+                    help="weight of the within-problem ranking term; batches then hold whole problems (default 0)")
     args = parser.parse_args(argv)
 
     from surrogate.lmhead.model import HeadConfig
@@ -46,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
                                  epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch,
                                  learning_rate=args.lr, head_learning_rate=args.head_lr,
                                  max_seconds=args.max_seconds, gradient_checkpointing=args.gradient_checkpointing,
-                                 seed=args.seed)
+                                 seed=args.seed, rank_weight=args.rank_weight)
         pairs = read_pairs(args.pairs, columns=REQUIRED)
         result = train(pairs, head, settings, out=args.out, device=args.device)
     except (ValueError, OSError) as exc:  # bad settings or pairs, a file that is not there

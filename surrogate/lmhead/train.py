@@ -47,6 +47,10 @@ class TrainSettings:
     # Calibrate on the training problems whose name starts with this (kb.cudal1-: the pool the forecaster is
     # judged on), not on a share of every pool's: "" for any problem.
     calibrate_on: str = ""
+    # Weight of a within-problem ranking term: for two kernels of one problem in a batch that both ran and
+    # differ by more than RANK_MARGIN, a logistic loss on the order of their forecast means. Batches then hold
+    # whole problems (``problem_batches``). 0: the per-pair losses alone, batches drawn at random.
+    rank_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if self.folds < 2:
@@ -58,6 +62,8 @@ class TrainSettings:
         for name in ("epochs", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not (self.rank_weight >= 0 and math.isfinite(self.rank_weight)):
+            raise ValueError(f"rank_weight must be a finite number, 0 or more, got {self.rank_weight}")
         if self.max_steps < 0 or self.max_seconds < 0:
             raise ValueError(f"max_steps and max_seconds must not be negative, got {self.max_steps}, {self.max_seconds}")
 
@@ -115,8 +121,32 @@ def gaussian_nll(mean, log_var, y):
     return 0.5 * (log_var + (y - mean) ** 2 / log_var.exp())
 
 
-def pair_loss(net: PairModel, texts, failed, log_speedup):
-    """Failure cross-entropy on every pair plus the Gaussian NLL on the pairs that ran (torch tensors)."""
+# Two kernels of a problem are ordered by the ranking term when their measured speedups differ by more than 2%
+# (about the harness's repeatability on a null twin); the order's logistic loss reads mean differences in units
+# of RANK_TEMPERATURE (log speedup).
+RANK_MARGIN = math.log(1.02)
+RANK_TEMPERATURE = 0.1
+
+
+def rank_loss(mean, log_speedup, groups):
+    """Mean logistic loss over the ordered pairs of one batch: kernels of one problem (``groups``, integer codes)
+    that both ran and whose measured log speedups differ by more than RANK_MARGIN, penalised unless the faster
+    one's forecast mean is the higher; None when the batch holds no such pair."""
+    import torch
+
+    ran = ~torch.isnan(log_speedup)
+    y = torch.nan_to_num(log_speedup)
+    ordered = ((groups[:, None] == groups[None, :]) & ran[:, None] & ran[None, :]
+               & (y[:, None] - y[None, :] > RANK_MARGIN))
+    if not ordered.any():
+        return None
+    gap = (mean[:, None] - mean[None, :])[ordered] / RANK_TEMPERATURE
+    return torch.nn.functional.softplus(-gap).mean()
+
+
+def pair_loss(net: PairModel, texts, failed, log_speedup, groups=None, rank_weight: float = 0.0):
+    """Failure cross-entropy on every pair plus the Gaussian NLL on the pairs that ran (torch tensors), plus
+    ``rank_weight`` times the within-problem ranking term when ``groups`` are given."""
     import torch
 
     logit, mean, log_var = net.outputs(texts)
@@ -124,7 +154,34 @@ def pair_loss(net: PairModel, texts, failed, log_speedup):
     ran = ~torch.isnan(log_speedup)
     if ran.any():
         loss = loss + gaussian_nll(mean[ran], log_var[ran], log_speedup[ran]).mean()
+    if rank_weight and groups is not None:
+        ranked = rank_loss(mean, log_speedup, groups)
+        if ranked is not None:
+            loss = loss + rank_weight * ranked
     return loss
+
+
+def problem_batches(indices: np.ndarray, groups: np.ndarray, batch_size: int, rng) -> list[np.ndarray]:
+    """``indices`` in batches of whole problems: the problems in a random order, each one's rows shuffled and
+    packed into the current batch while they fit (a problem with more rows than a batch fills batches of its
+    own), so that a batch holds kernels to rank against each other."""
+    by_problem: dict = {}
+    for i in indices:
+        by_problem.setdefault(groups[i], []).append(i)
+    problems = sorted(by_problem)
+    batches, current = [], []
+    for k in rng.permutation(len(problems)):
+        rows = list(rng.permutation(by_problem[problems[k]]))
+        if current and len(current) + len(rows) > batch_size:
+            batches.append(np.array(current))
+            current = []
+        while len(rows) > batch_size:
+            batches.append(np.array(rows[:batch_size]))
+            rows = rows[batch_size:]
+        current += rows
+    if current:
+        batches.append(np.array(current))
+    return batches
 
 
 def mean_loss(net: PairModel, texts, failed: np.ndarray, log_speedup: np.ndarray, batch_size: int) -> float:
@@ -217,13 +274,18 @@ def train(pairs: pd.DataFrame, head: HeadConfig, settings: TrainSettings = Train
         {"params": list(net.heads.parameters()), "lr": settings.head_learning_rate}], weight_decay=0.0)
     rng = np.random.default_rng(settings.seed)
     losses, step_seconds, stopped, skipped = [], [], False, 0
+    codes = pd.factorize(groups)[0]
     for _ in range(settings.epochs):
-        order = train_ix[rng.permutation(len(train_ix))]
-        for start in range(0, len(order), settings.batch_size):
-            idx = order[start:start + settings.batch_size]
+        if settings.rank_weight:
+            batches = problem_batches(train_ix, groups, settings.batch_size, rng)
+        else:
+            order = train_ix[rng.permutation(len(train_ix))]
+            batches = [order[start:start + settings.batch_size] for start in range(0, len(order), settings.batch_size)]
+        for idx in batches:
             t0 = time.monotonic()
             net.train(True)
-            loss = pair_loss(net, [texts[i] for i in idx], *_tensors(net, failed, log_speedup, idx))
+            loss = pair_loss(net, [texts[i] for i in idx], *_tensors(net, failed, log_speedup, idx),
+                             torch.tensor(codes[idx], device=net.device), settings.rank_weight)
             optimiser.zero_grad()
             loss.backward()
             norm = torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
