@@ -46,19 +46,32 @@ COLUMNS = ("spearman", "top1_within_10pct", "select_top10_within_20pct", "select
            "select_top30_within_20pct", "failure_auroc", "ece", "aurc")
 
 
-def parse(argv=None) -> argparse.Namespace:
-    from surrogate.calibration import CALIBRATORS
-
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_pool_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments that say which pool, protocol, GPU type, problems and variant spaces a script reads (this
+    benchmark's, and the scripts that train or read on the same kernels)."""
     p.add_argument("--pool", default="data/pools/cudal1", help="the pool root: one data root per protocol, cudal1.parquet")
     p.add_argument("--protocol", default="kernelcast", choices=PROTOCOLS)
     p.add_argument("--gpu-type", default="h100", help="the GPU type the pool was measured on")
-    p.add_argument("--forecasters", default=",".join(FORECASTERS))
-    p.add_argument("--lmhead-folder", default=None, help="a folder lmhead was trained into: adds lmhead")
     p.add_argument("--problems", default="all", choices=("all", "dev", "sealed"),
                    help="all: every problem cross-validated; dev: the problems forecasters are developed on "
                         "(cross-validated among themselves); sealed: the other fifth (surrogate.ranking."
                         "sealed_problems), each forecaster fit on every dev problem and scored on them once")
+    p.add_argument("--spaces", action="append", default=[],
+                   help="a folder of per-problem data roots (kb.cudal1-lX-NNN/, as headroom_search --space leaves "
+                        "them: data/pools/headroom) whose implementations join their problem's pool, each anchored "
+                        "at the reference measured in its own root; a kernel the pool holds counts once, from the "
+                        "pool (repeatable)")
+    p.add_argument("--corpus", default=str(SHARED / "corpora" / "cuda-l1"),
+                   help="CUDA-L1's JSON Lines files, for published figures the side table lacks")
+
+
+def parse(argv=None) -> argparse.Namespace:
+    from surrogate.calibration import CALIBRATORS
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_pool_arguments(p)
+    p.add_argument("--forecasters", default=",".join(FORECASTERS))
+    p.add_argument("--lmhead-folder", default=None, help="a folder lmhead was trained into: adds lmhead")
     p.add_argument("--folds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dealings", type=int, default=1,
@@ -70,12 +83,6 @@ def parse(argv=None) -> argparse.Namespace:
                    help="held-out forecasts made elsewhere, scored beside the others: DIR's forecasts-*.parquet, one "
                         "a fold (benchmarks/cudal1_lmhead.py writes them); repeatable")
     p.add_argument("--also-data", action="append", default=[], help="another pool's root to train on (repeatable)")
-    p.add_argument("--spaces", action="append", default=[],
-                   help="a folder of per-problem data roots (kb.cudal1-lX-NNN/, as headroom_search --space leaves "
-                        "them: data/pools/headroom) whose implementations join their problem's pool, each anchored "
-                        "at the reference measured in its own root; a kernel the pool holds counts once, from the pool (repeatable)")
-    p.add_argument("--corpus", default=str(SHARED / "corpora" / "cuda-l1"),
-                   help="CUDA-L1's JSON Lines files, for published figures the side table lacks")
     p.add_argument("--embeddings", default=None,
                    help="a table of the pool's pair vectors (benchmarks/cudal1_embed.py): adds learned+emb and "
                         "source+emb, each with a projection of them (fit on its training problems) among its "

@@ -24,24 +24,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.cudal1_forecast import SHARED, _also, _measured, with_pool_tasks  # noqa: E402
+from benchmarks.cudal1_forecast import _also, _measured, add_pool_arguments, with_pool_tasks  # noqa: E402
 
 
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--pool", default="data/pools/cudal1")
-    p.add_argument("--protocol", default="kernelcast")
-    p.add_argument("--gpu-type", default="h100")
-    p.add_argument("--spaces", action="append", default=[],
-                   help="a folder of variant spaces whose kernels join the pool's problems (as cudal1_forecast's "
-                        "--spaces: its table scores them, so they need forecasts too)")
+    add_pool_arguments(p)  # the benchmark's: --spaces' kernels are scored there, so they need forecasts too
     p.add_argument("--model", required=True, help="a local model folder or .gguf file")
     p.add_argument("--fold", type=int, default=None, help="the fold held out (0-based; not with --problems sealed)")
     p.add_argument("--folds", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--problems", default="all", choices=("all", "dev", "sealed"),
-                   help="as cudal1_forecast's: dev deals the folds among the development problems only (the sealed "
-                        "fifth never read); sealed trains on every development problem and forecasts the sealed ones")
     p.add_argument("--also-data", action="append", default=[], help="another pool's root to train on (repeatable)")
     p.add_argument("--out", required=True)
     p.add_argument("--max-seconds", type=float, default=0.0)
@@ -56,7 +48,6 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--rank-weight", type=float, default=0.0,
                    help="weight of the within-problem ranking term (surrogate.lmhead.train.rank_loss): batches then "
                         "hold whole problems (default 0: the per-pair losses alone)")
-    p.add_argument("--corpus", default=str(SHARED / "corpora" / "cuda-l1"))
     return p.parse_args(argv)
 
 

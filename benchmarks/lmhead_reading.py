@@ -23,21 +23,16 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.cudal1_forecast import SHARED, _measured, with_pool_tasks  # noqa: E402
+from benchmarks.cudal1_forecast import _measured, add_pool_arguments, with_pool_tasks  # noqa: E402
 
 
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--pool", default="data/pools/cudal1")
-    p.add_argument("--protocol", default="kernelcast")
-    p.add_argument("--gpu-type", default="h100")
-    p.add_argument("--spaces", action="append", default=[])
-    p.add_argument("--problems", default="all", choices=("all", "dev", "sealed"))
+    add_pool_arguments(p)
     p.add_argument("--model", required=True, help="a local model folder or .gguf file (its tokenizer is read)")
     p.add_argument("--max-tokens", default="1024,2048,4096")
     p.add_argument("--forecasts", action="append", default=[], metavar="DIR",
                    help="a folder of forecasts-*.parquet (cudal1_lmhead.py --out): their within-problem spread")
-    p.add_argument("--corpus", default=str(SHARED / "corpora" / "cuda-l1"))
     p.add_argument("--json", default="")
     return p.parse_args(argv)
 
