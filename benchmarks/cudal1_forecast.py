@@ -342,6 +342,7 @@ def measured_rankers(args, kernels: pd.DataFrame, forecasts: dict, split: str) -
     under ``split``), on the same problems: how close a forecaster comes to what a second measurement knows."""
     from kernels.formats.cudal1 import published_gpu
     from surrogate import ranking
+    from surrogate.bins import speedup_bin
 
     values = {}
     side = pd.read_parquet(Path(args.pool) / "cudal1.parquet").dropna(subset=["candidate_id"])
@@ -364,7 +365,8 @@ def measured_rankers(args, kernels: pd.DataFrame, forecasts: dict, split: str) -
         if not whole.any():
             continue
         # the other way round: this measurement as the truth, the pool's own measurement one more ranker
-        truth = kernels.assign(speedup=value.where(value > 0), failed=value == 0)
+        truth = kernels.assign(speedup=value.where(value > 0), failed=value == 0,
+                               true_bin=[speedup_bin(v if v > 0 else None) if v == v else -1 for v in value])
         for judged, label, ranked in ((kernels, pool, (ranker, value)),
                                       (truth, ranker, (pool, pd.Series(ranking.worth(kernels["speedup"],
                                                                                    kernels["failed"]),
@@ -372,12 +374,10 @@ def measured_rankers(args, kernels: pd.DataFrame, forecasts: dict, split: str) -
             rows.append({"ranker": ranker, "judged_against": label, "kind": "measurement", "ranked_by": ranked[0],
                          "split": split, **ranking.ranking_figures(judged[whole], ranked[1][whole].to_numpy(),
                                                                    draws=args.draws, seed=args.seed)})
-            for name, theirs in forecasts.items():
-                done = whole & theirs["fold"].notna().to_numpy()
+            for name, theirs in forecasts.items():  # every figure, failure AUROC and ECE against this truth too
                 rows.append({"ranker": ranker, "judged_against": label, "kind": f"forecaster {name}",
                              "ranked_by": f"forecaster {name}", "split": split,
-                             **ranking.ranking_figures(judged[done], *ranking.rank_of(theirs[done]), args.draws,
-                                                       args.seed)})
+                             **ranking.score(judged[whole], theirs[whole], args.draws, args.seed)})
     return pd.DataFrame(rows)
 
 
@@ -419,9 +419,10 @@ def _worth_of(kernels: pd.DataFrame, args, **where) -> pd.Series:
 
 def _ranker_table(table: pd.DataFrame) -> str:
     heads = ("problems of", "judged against", "ranked by", "problems", "Spearman (problems)", "top-1 within 10%",
-             "top 10% within 20%", "top 20% within 20%", "top 30% within 20%")
+             "top 10% within 20%", "top 20% within 20%", "top 30% within 20%", "failure AUROC", "ECE")
     body = [[r["ranker"], r["judged_against"], r["ranked_by"], str(r["problems"]),
-             f"{_cell(r, 'spearman')} ({r['spearman_problems']})", *[_cell(r, k) for k in COLUMNS[1:5]]]
+             f"{_cell(r, 'spearman')} ({r['spearman_problems']})", *[_cell(r, k) for k in COLUMNS[1:5]],
+             *[_cell(r, k) for k in ("failure_auroc", "ece")]]
             for r in table.to_dict("records")]
     return _aligned(heads, body)
 

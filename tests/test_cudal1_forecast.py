@@ -426,6 +426,11 @@ def test_another_measurement_of_the_kernels_is_scored_as_a_ranker_beside_the_for
     same = rows[(rows["kind"] == "measurement") & rows["ranker"].str.contains("second measurement")]
     assert len(same) == 2 and (same["problems"] == 9).all() and np.allclose(same["spearman"], 1.0)
     assert (same["top1_within_10pct"] == 1.0).all()
+    # a forecaster judged against an identical second measurement scores as against the pool, ECE and AUROC too
+    twice = rows[(rows["kind"] == "forecaster random") & rows["ranker"].str.contains("second measurement")]
+    assert len(twice) == 2 and twice["ece"].notna().all()
+    for key in ("spearman", "top1_within_10pct", "failure_auroc", "ece"):
+        assert twice[key].iloc[0] == pytest.approx(twice[key].iloc[1])
     quiet = tmp_path / "quiet"
     assert cudal1_forecast.main(["--pool", str(pool), "--folds", "3", "--draws", "20", "--corpus", str(tmp_path),
                                  "--forecasters", "random", "--no-measured-rankers", "--out", str(quiet)]) == 0
