@@ -342,7 +342,6 @@ def measured_rankers(args, kernels: pd.DataFrame, forecasts: dict, split: str) -
     under ``split``), on the same problems: how close a forecaster comes to what a second measurement knows."""
     from kernels.formats.cudal1 import published_gpu
     from surrogate import ranking
-    from surrogate.bins import speedup_bin
 
     values = {}
     side = pd.read_parquet(Path(args.pool) / "cudal1.parquet").dropna(subset=["candidate_id"])
@@ -359,26 +358,35 @@ def measured_rankers(args, kernels: pd.DataFrame, forecasts: dict, split: str) -
         values[f"our second measurement under the {args.protocol} protocol"] = _worth_of(kernels, args,
                                                                                         pool=args.retest)
     held = np.logical_or.reduce([f["fold"].notna().to_numpy() for f in forecasts.values()]) if forecasts else True
-    rows, pool = [], "the pool's measurement"
+    pool = "the pool's measurement"
+    pool_worth = pd.Series(ranking.worth(kernels["speedup"], kernels["failed"]), index=kernels.index)
+    rows = []
     for ranker, value in values.items():
         whole = value.notna().groupby(kernels["op"]).transform("all").to_numpy() & held
         if not whole.any():
             continue
-        # the other way round: this measurement as the truth, the pool's own measurement one more ranker
-        truth = kernels.assign(speedup=value.where(value > 0), failed=value == 0,
-                               true_bin=[speedup_bin(v if v > 0 else None) if v == v else -1 for v in value])
-        for judged, label, ranked in ((kernels, pool, (ranker, value)),
-                                      (truth, ranker, (pool, pd.Series(ranking.worth(kernels["speedup"],
-                                                                                   kernels["failed"]),
-                                                                     index=kernels.index)))):
-            rows.append({"ranker": ranker, "judged_against": label, "kind": "measurement", "ranked_by": ranked[0],
-                         "split": split, **ranking.ranking_figures(judged[whole], ranked[1][whole].to_numpy(),
-                                                                   draws=args.draws, seed=args.seed)})
-            for name, theirs in forecasts.items():  # every figure, failure AUROC and ECE against this truth too
-                rows.append({"ranker": ranker, "judged_against": label, "kind": f"forecaster {name}",
-                             "ranked_by": f"forecaster {name}", "split": split,
-                             **ranking.score(judged[whole], theirs[whole], args.draws, args.seed)})
+        # judged against the pool, then the other way round: this measurement as the truth, the pool's own one
+        # more ranker, and every figure of each forecaster (failure AUROC and ECE too) against it
+        for truth, judged_against, rank, rank_name in ((kernels, pool, value, ranker),
+                                                       (as_truth(kernels, value), ranker, pool_worth, pool)):
+            rows.append({"ranker": ranker, "judged_against": judged_against, "kind": "measurement",
+                         "ranked_by": rank_name, "split": split,
+                         **ranking.ranking_figures(truth[whole], rank[whole].to_numpy(), draws=args.draws,
+                                                   seed=args.seed)})
+            rows += [{"ranker": ranker, "judged_against": judged_against, "kind": f"forecaster {name}",
+                      "ranked_by": f"forecaster {name}", "split": split,
+                      **ranking.score(truth[whole], theirs[whole], args.draws, args.seed)}
+                     for name, theirs in forecasts.items()]
     return pd.DataFrame(rows)
+
+
+def as_truth(kernels: pd.DataFrame, worth: pd.Series) -> pd.DataFrame:
+    """``kernels`` with another measurement's ``worth`` of each (its speedup, 0 where it failed there) as their
+    measured speedup, failure and bin."""
+    from surrogate.bins import speedup_bin
+
+    return kernels.assign(speedup=worth.where(worth > 0), failed=worth == 0,
+                          true_bin=[speedup_bin(w if w > 0 else None) for w in worth.fillna(0.0)])
 
 
 def versus(args, kernels: pd.DataFrame, forecasts: dict) -> pd.DataFrame:
