@@ -83,6 +83,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--budgets", type=int, nargs="+", default=[8, 16, 32])
     p.add_argument("--surrogates", nargs="+", default=["learned"])
     p.add_argument("--acquisition", default="thompson", help="the surrogate runs' acquisition (thompson, ei)")
+    p.add_argument("--weigh-roots", action="store_true",
+                   help="the surrogate weighs the roots (CUDA-L1's kernels) with the other children rather than "
+                        "measuring them first (SearchConfig.weigh_roots); the baseline meets them first either way")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--generations", type=int, default=4)
     p.add_argument("--gpu-type", default="auto")
@@ -228,7 +231,7 @@ def torch_compile_speedup(base: dict, op: str) -> float | None:
 def problem_settings(args, op: str) -> dict:
     """The settings every run on ``op`` shares (its own data root under --data, the pool's roots and prior)."""
     base = dict(op=op, generations=args.generations, data=f"{args.data}/{op}", gpu_type=args.gpu_type,
-                acquisition=args.acquisition,
+                acquisition=args.acquisition, weigh_roots=args.weigh_roots,
                 backend=args.backend, generator="freeform+variants" if args.live else "variants",
                 prior_data=args.prior or f"{args.pool}/{args.protocol}",
                 # a task of the pool starts from its kernels there; another (GPU MODE) from its reference

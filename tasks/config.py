@@ -65,6 +65,10 @@ class SearchConfig:
     # generator freeform: a measured pool (data root) whose best, median and poor template variants of the op
     # are the first generation's children and the model's first parents; "": the model rewrites the reference.
     generator_roots: str = ""
+    # False: a search's roots are its starting point, measured first by every search (the baseline and the
+    # surrogate's alike); True: the surrogate weighs them with the other children, as it would kernels a strong
+    # generator wrote (the baseline still meets them first, in the generator's order).
+    weigh_roots: bool = False
     replay_corpus: str = PACKAGED_CORPUS  # generator "replay": the corpus whose recorded children answer
     # generator variants: a data root whose recorded variant children (as a live variants search made them) are
     # offered rather than made anew, so a replay of that search meets the very children, and ids, it measured.

@@ -201,8 +201,8 @@ class Search:
 
     def select(self, gen: Generation) -> Selection:
         # A search's roots (a pool's kernels it starts from) are its starting point, not candidates to weigh:
-        # measured first by every search, the equal-budget baseline and the surrogate's alike.
-        roots = {c.candidate_id for c in getattr(self.generator, "roots", ())}
+        # measured first by every search, the equal-budget baseline and the surrogate's alike (unless weigh_roots).
+        roots = set() if self.config.weigh_roots else {c.candidate_id for c in getattr(self.generator, "roots", ())}
         pending = [ch.candidate_id for ch in gen.children if ch.candidate_id in roots]
         forced, late = pending[: gen.budget], pending[gen.budget:]
         rest = [ch for ch in gen.children if ch.candidate_id not in roots]

@@ -273,6 +273,35 @@ def test_a_searchs_roots_are_measured_first_by_the_baseline_and_the_surrogate_al
     assert result.best_speedup >= max(s for _, s in template_roots(pool, op, "h100")) - 1e-9
 
 
+def test_with_weigh_roots_the_surrogate_weighs_the_roots_with_the_other_children(tmp_path, monkeypatch):
+    """SearchConfig.weigh_roots: the roots are children like the rest for the surrogate (a random one here picks
+    its four of the first generation among them all, not the three roots and one more); the baseline, which
+    takes the generator's order, still meets them first."""
+    from pathlib import Path
+
+    from kernels.formats import TASKS_ENV, install_from_root
+    from tasks.generators import template_roots
+
+    pool = str(Path(__file__).resolve().parents[1] / "data" / "pools" / "cudal1" / "kernelcast")
+    monkeypatch.setenv(TASKS_ENV, str(tmp_path / "tasks"))
+    root = DataRoot(pool)
+    for op in sorted(root.read_candidates()["op"].unique()):
+        install_from_root(root, op)
+    op = "kb.cudal1-l2-017"
+    roots = {c.candidate_id for c, _ in template_roots(pool, op, "h100")}
+    measured = {}
+    for surrogate in ("random", "none"):
+        config = SearchConfig(op=op, gpu_type="h100", backend="replay", replay_pool=pool, prior_data=pool,
+                              generator="variants", generator_roots=pool, surrogate=surrogate, budget=8,
+                              generations=2, data=str(tmp_path / surrogate), seed=1, weigh_roots=True)
+        _, result = run(config)
+        decided = DataRoot(str(tmp_path / surrogate)).read_run_rows("decisions", result.run_id, op=op)
+        first = decided[decided["generation"] == 0]
+        measured[surrogate] = set(first.loc[first["decision"] == "measure", "candidate_id"])
+        assert len(measured[surrogate]) == 4
+    assert not roots <= measured["random"] and roots <= measured["none"]
+
+
 CONV_NEW_OLD_SUPER = _src('''
     import torch
     import torch.nn as nn
