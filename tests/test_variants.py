@@ -244,20 +244,27 @@ def test_a_budget_in_seconds_of_any_value_gives_a_valid_run_id(tmp_path):
     assert resolve(replay_config(tmp_path, budget=16)).run_id.count("-b16-") == 1
 
 
-@pytest.mark.parametrize("surrogate", ["none", "source"])
-def test_a_searchs_roots_are_measured_first_by_the_baseline_and_the_surrogate_alike(surrogate, tmp_path, monkeypatch):
-    """On the committed CUDA-L1 pool, replayed: a variants search from a problem's imported kernels measures
-    those kernels in its first generation whatever the surrogate forecasts of them, and weighs only the rest."""
+def _committed_cudal1_pool(tmp_path, monkeypatch) -> str:
+    """The committed CUDA-L1 pool's kernelcast data root, its tasks installed into a folder of this test's own."""
     from pathlib import Path
 
     from kernels.formats import TASKS_ENV, install_from_root
-    from tasks.generators import template_roots
 
     pool = str(Path(__file__).resolve().parents[1] / "data" / "pools" / "cudal1" / "kernelcast")
     monkeypatch.setenv(TASKS_ENV, str(tmp_path / "tasks"))
     root = DataRoot(pool)
     for op in sorted(root.read_candidates()["op"].unique()):
         install_from_root(root, op)
+    return pool
+
+
+@pytest.mark.parametrize("surrogate", ["none", "source"])
+def test_a_searchs_roots_are_measured_first_by_the_baseline_and_the_surrogate_alike(surrogate, tmp_path, monkeypatch):
+    """On the committed CUDA-L1 pool, replayed: a variants search from a problem's imported kernels measures
+    those kernels in its first generation whatever the surrogate forecasts of them, and weighs only the rest."""
+    from tasks.generators import template_roots
+
+    pool = _committed_cudal1_pool(tmp_path, monkeypatch)
     op = "kb.cudal1-l2-017"
     config = SearchConfig(op=op, gpu_type="h100", backend="replay", replay_pool=pool, prior_data=pool,
                           generator="variants", generator_roots=pool, surrogate=surrogate, budget=8, generations=2,
@@ -277,16 +284,9 @@ def test_with_weigh_roots_the_surrogate_weighs_the_roots_with_the_other_children
     """SearchConfig.weigh_roots: the roots are children like the rest for the surrogate (a random one here picks
     its four of the first generation among them all, not the three roots and one more); the baseline, which
     takes the generator's order, still meets them first."""
-    from pathlib import Path
-
-    from kernels.formats import TASKS_ENV, install_from_root
     from tasks.generators import template_roots
 
-    pool = str(Path(__file__).resolve().parents[1] / "data" / "pools" / "cudal1" / "kernelcast")
-    monkeypatch.setenv(TASKS_ENV, str(tmp_path / "tasks"))
-    root = DataRoot(pool)
-    for op in sorted(root.read_candidates()["op"].unique()):
-        install_from_root(root, op)
+    pool = _committed_cudal1_pool(tmp_path, monkeypatch)
     op = "kb.cudal1-l2-017"
     roots = {c.candidate_id for c, _ in template_roots(pool, op, "h100")}
     measured = {}
