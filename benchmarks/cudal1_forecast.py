@@ -102,6 +102,10 @@ def parse(argv=None) -> argparse.Namespace:
                    help="leave out the rankers that are other measurements of the same kernels (CUDA-L1's published "
                         "figure, the pool's other protocol, --retest), which show how well a second measurement ranks")
     p.add_argument("--out", default=None, help="path stem of the .txt and .json results")
+    p.add_argument("--save-forecasts", default=None, metavar="DIR",
+                   help="write each forecaster's held-out forecasts of the first split into DIR/NAME/forecasts-0."
+                        "parquet, as cudal1_lmhead.py writes its own (--forecasts NAME=DIR/NAME reads them back; "
+                        "lmhead_reading.py --forecasts compares their spread)")
     p.add_argument("--census-only", action="store_true",
                    help="count the pool's measured implementations (every problem; no forecaster is fit or scored)")
     args = p.parse_args(argv)
@@ -289,6 +293,9 @@ def run(args) -> int:
         first[label] = forecasts
         rows.append({"split": split, "forecaster": label, **ranking.score(kernels, forecasts, args.draws, args.seed),
                      "seconds": 0.0})
+    if args.save_forecasts:
+        for name in names:
+            save_forecasts(kernels, first[name], Path(args.save_forecasts) / name, args.seed)
     table = pd.DataFrame(rows)
     if args.dealings > 1 and args.problems != "sealed":
         table = pd.concat([table, over_dealings(table, [grouped(args, problems, seed) for seed in
@@ -378,6 +385,21 @@ def measured_rankers(args, kernels: pd.DataFrame, forecasts: dict, split: str) -
                       **ranking.score(truth[whole], theirs[whole], args.draws, args.seed)}
                      for name, theirs in forecasts.items()]
     return pd.DataFrame(rows)
+
+
+def save_forecasts(kernels: pd.DataFrame, forecasts: pd.DataFrame, folder: Path, seed: int, part: str = "0") -> Path:
+    """``forecasts`` (held out, aligned with ``kernels``) of the kernels they forecast, into
+    ``folder/forecasts-<part>.parquet`` in the stored forecasts' columns (op, candidate_id, fold, fold_seed, p_fail,
+    expected, probs): ``surrogate.ranking.stored_forecasts`` reads them back under the same folds."""
+    done = forecasts["fold"].notna().to_numpy()
+    table = pd.DataFrame({"op": kernels["op"][done], "candidate_id": kernels["candidate_id"][done],
+                          "fold": forecasts["fold"][done], "fold_seed": seed,
+                          "p_fail": forecasts["p_fail"][done].astype(float),
+                          "expected": forecasts["expected"][done].astype(float),
+                          "probs": [list(map(float, p)) for p in forecasts["probs"][done]]})
+    folder.mkdir(parents=True, exist_ok=True)
+    table.to_parquet(folder / f"forecasts-{part}.parquet", index=False)
+    return folder
 
 
 def as_truth(kernels: pd.DataFrame, worth: pd.Series) -> pd.DataFrame:

@@ -24,7 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.cudal1_forecast import _also, _measured, add_pool_arguments, with_pool_tasks  # noqa: E402
+from benchmarks.cudal1_forecast import (_also, _measured, add_pool_arguments, save_forecasts,  # noqa: E402
+                                        with_pool_tasks)
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -106,10 +107,7 @@ def run(args) -> int:
                    out=str(Path(args.out) / f"fold-{label(args)}"))
     test = kernels[kernels["op"].isin(held)]
     got = ranking.fold_forecasts(result.forecaster, test, float(kernels[~kernels["op"].isin(held)]["failed"].mean()))
-    table = pd.DataFrame({"op": test["op"], "candidate_id": test["candidate_id"], "fold": name, "fold_seed": args.seed,
-                          "p_fail": got["p_fail"].astype(float), "expected": got["expected"].astype(float),
-                          "probs": [list(map(float, p)) for p in got["probs"]]})
-    table.to_parquet(Path(args.out) / f"forecasts-{label(args)}.parquet", index=False)
+    save_forecasts(test, got.assign(fold=name), Path(args.out), args.seed, part=label(args))
     print(json.dumps({"fold": name, "held_out_problems": len(held), "steps": result.steps,
                       "stopped_early": result.stopped_early, "seconds": time.perf_counter() - t0,
                       "metrics": result.metrics}, indent=1, default=float))

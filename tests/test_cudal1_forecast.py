@@ -561,3 +561,24 @@ def test_stored_forecasts_of_the_held_out_problems_only_leave_the_others_unforec
     assert ranking.score(kernels, got, draws=20)["problems"] == 2
     with pytest.raises(ValueError, match=f"1 of {len(mine)} kernels have no stored forecast"):
         ranking.stored_forecasts(kernels, [table.iloc[1:]], [("sealed", held)])
+
+
+def test_saved_forecasts_read_back_score_as_the_forecaster_did(tmp_path, monkeypatch):
+    """--save-forecasts writes each forecaster's held-out forecasts as a GPU-trained forecaster's are stored;
+    scored back with --forecasts they give the very figures the forecaster got in the run that saved them."""
+    from benchmarks import cudal1_forecast
+
+    pool = _pool(tmp_path, monkeypatch)
+    saved = tmp_path / "saved"
+    common = ["--pool", str(pool), "--folds", "3", "--draws", "20", "--corpus", str(tmp_path), "--no-measured-rankers"]
+    assert cudal1_forecast.main([*common, "--forecasters", "learned", "--save-forecasts", str(saved),
+                                 "--out", str(tmp_path / "first")]) == 0
+    stored = pd.read_parquet(saved / "learned" / "forecasts-0.parquet")
+    assert len(stored) == 36 and set(stored.columns) >= {"op", "candidate_id", "fold", "fold_seed", "probs"}
+    assert cudal1_forecast.main([*common, "--forecasters", "random", "--forecasts", f"again={saved / 'learned'}",
+                                 "--out", str(tmp_path / "again")]) == 0
+    first = pd.DataFrame(json.loads((tmp_path / "first.json").read_text())["rows"]).set_index("forecaster")
+    again = pd.DataFrame(json.loads((tmp_path / "again.json").read_text())["rows"]).set_index("forecaster")
+    row = first[first["split"] == again.loc["again", "split"]].loc["learned"]
+    for key in ("spearman", "top1_within_10pct", "failure_auroc", "ece", "aurc"):
+        assert again.loc["again", key] == pytest.approx(row[key], nan_ok=True)
