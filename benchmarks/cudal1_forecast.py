@@ -243,11 +243,10 @@ def run(args) -> int:
         names += [n for n in options if n not in names]
     skipped = ([] if "lmhead" in names or any(f.startswith("lmhead") for f in args.forecasts)
                else ["lmhead (no trained folder given: --lmhead-folder, nor its forecasts: --forecasts lmhead=DIR)"])
-    problems = sorted(kernels["op"].unique())
-    sealed = ranking.sealed_problems(problems)
+    development, sealed = development_split(kernels)
     if args.problems == "dev":
-        kernels = kernels[~kernels["op"].isin(sealed)].reset_index(drop=True)
-        problems = sorted(kernels["op"].unique())
+        kernels = development
+    problems = sorted(kernels["op"].unique())
     say(f"CUDA-L1 pool {args.pool} ({args.protocol} protocol, {args.gpu_type}): {len(problems)} problems, "
         f"{len(kernels)} kernels ({int(kernels['failed'].sum())} failed)"
         + (f"; with the variant spaces of {', '.join(args.spaces)}" if args.spaces else "")
@@ -385,6 +384,15 @@ def measured_rankers(args, kernels: pd.DataFrame, forecasts: dict, split: str) -
                       **ranking.score(truth[whole], theirs[whole], args.draws, args.seed)}
                      for name, theirs in forecasts.items()]
     return pd.DataFrame(rows)
+
+
+def development_split(kernels: pd.DataFrame) -> tuple[pd.DataFrame, frozenset]:
+    """The kernels of the development problems, and the sealed problems kept out of them
+    (``surrogate.ranking.sealed_problems``: fixed by the problems' names)."""
+    from surrogate import ranking
+
+    sealed = ranking.sealed_problems(kernels["op"].unique())
+    return kernels[~kernels["op"].isin(sealed)].reset_index(drop=True), sealed
 
 
 def save_forecasts(kernels: pd.DataFrame, forecasts: pd.DataFrame, folder: Path, seed: int, part: str = "0") -> Path:

@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.cudal1_forecast import (_also, _measured, add_pool_arguments, save_forecasts,  # noqa: E402
-                                        with_pool_tasks)
+from benchmarks.cudal1_forecast import (_also, _measured, add_pool_arguments, development_split,  # noqa: E402
+                                        save_forecasts, with_pool_tasks)
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -59,24 +59,25 @@ def training_pairs(kernels):
 
 
 def held_out(args, kernels):
-    """(fold name, held-out problems, the kernels this run may read) as ``cudal1_forecast --problems`` deals
-    them: every problem, the development problems only, or the sealed ones held out of a fit on the rest."""
+    """(fold name, held-out problems, the kernels this run may read, the problems no other pool may teach it) as
+    ``cudal1_forecast --problems`` deals them: every problem, the development problems only, or the sealed ones
+    held out of a fit on the rest."""
     from surrogate import ranking
 
-    sealed = ranking.sealed_problems(kernels["op"].unique())
+    development, sealed = development_split(kernels)
     if args.problems == "sealed":
         if args.fold is not None:
             raise ValueError("--problems sealed holds out the sealed problems as one fold: give no --fold")
-        return "sealed", sealed, kernels
+        return "sealed", sealed, kernels, sealed
     if args.fold is None:
         raise ValueError(f"--problems {args.problems} needs --fold: which of the {args.folds} folds to hold out")
     if args.problems == "dev":
-        kernels = kernels[~kernels["op"].isin(sealed)].reset_index(drop=True)
+        kernels = development
     folds = ranking.problem_folds(sorted(kernels["op"].unique()), args.folds, args.seed)
     if not 0 <= args.fold < len(folds):
         raise ValueError(f"--fold {args.fold}: there are {len(folds)} folds (0..{len(folds) - 1})")
     name, held = folds[args.fold]
-    return name, frozenset(held), kernels
+    return name, frozenset(held), kernels, frozenset(held) | (sealed if args.problems == "dev" else frozenset())
 
 
 def label(args) -> str:
@@ -93,10 +94,9 @@ def run(args) -> int:
 
     kernels, _ = _measured(args)
     also_kernels, _ = _also(args)
-    kept_out = ranking.sealed_problems(kernels["op"].unique()) if args.problems != "all" else frozenset()
-    name, held, kernels = held_out(args, kernels)
+    name, held, kernels, kept_out = held_out(args, kernels)
     if also_kernels is not None:  # another pool holding one of the held-out (or sealed) problems must not teach it
-        also_kernels = also_kernels[~also_kernels["op"].isin(held | kept_out)]
+        also_kernels = also_kernels[~also_kernels["op"].isin(kept_out)]
     train_rows = pd.concat([kernels, *([also_kernels] if also_kernels is not None else [])], ignore_index=True)
     t0 = time.perf_counter()
     result = train(training_pairs(train_rows), HeadConfig(model=args.model, max_tokens=args.max_tokens),

@@ -23,7 +23,8 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.cudal1_forecast import _measured, add_pool_arguments, with_pool_tasks  # noqa: E402
+from benchmarks.cudal1_forecast import (_measured, add_pool_arguments, development_split,  # noqa: E402
+                                        with_pool_tasks)
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -85,14 +86,14 @@ def spread(kernels: pd.DataFrame, folder: str) -> dict:
 
 
 def run(args) -> int:
-    from surrogate import ranking
     from surrogate.lmhead.model import header_tokens
 
     kernels, _ = _measured(args)
-    sealed = ranking.sealed_problems(kernels["op"].unique())
-    if args.problems != "all":
-        keep = kernels["op"].isin(sealed) if args.problems == "sealed" else ~kernels["op"].isin(sealed)
-        kernels = kernels[keep].reset_index(drop=True)
+    development, sealed = development_split(kernels)
+    if args.problems == "dev":
+        kernels = development
+    elif args.problems == "sealed":
+        kernels = kernels[kernels["op"].isin(sealed)].reset_index(drop=True)
     tokenizer = tokenizer_of(args.model)
     texts = set(kernels["anchor_source"]) | set(kernels["source"])
     ids = {t: tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts}
