@@ -285,6 +285,7 @@ def warm_comparisons(op, cases, device) -> int:
     microseconds beside another child's work. A dtype the comparisons cannot take is skipped: warming never
     fails a candidate."""
     from kernels.harness import precision
+    from kernels.harness.budget import meta_inputs
     from kernels.ops.base import mismatch
 
     dtypes: dict[str, tuple] = {}
@@ -293,7 +294,7 @@ def warm_comparisons(op, cases, device) -> int:
             # An op whose candidates return their outputs (an imported task) declares none: its inputs' dtypes,
             # made on the meta device (no memory), stand for them.
             found = [dtype for _, dtype in op.output_specs(case)] or [
-                t.dtype for t in op.make_inputs(case, _meta_generator(), "meta") if isinstance(t, torch.Tensor)]
+                t.dtype for t in meta_inputs(op, case) if isinstance(t, torch.Tensor)]
         except Exception:  # noqa: BLE001 - a case the meta device cannot describe: nothing to warm for it
             continue
         for dtype in found:
@@ -313,12 +314,6 @@ def warm_comparisons(op, cases, device) -> int:
     if device != "cpu":
         torch.cuda.synchronize()
     return warmed
-
-
-def _meta_generator() -> torch.Generator:
-    gen = torch.Generator()
-    gen.manual_seed(0)
-    return gen
 
 
 # Inputs up to this size are copied to check that a call left them unchanged; larger ones are made

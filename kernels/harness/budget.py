@@ -58,11 +58,16 @@ def tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
 
-def footprint(op, case) -> Footprint:
-    """The case's bytes from meta inputs (no memory), the op's output specs and its bytes model."""
+def meta_inputs(op, case) -> tuple:
+    """``case``'s inputs made on the meta device (shapes and dtypes, no memory), from a fixed seed."""
     gen = torch.Generator()
     gen.manual_seed(0)
-    inputs = op.make_inputs(case, gen, "meta")
+    return op.make_inputs(case, gen, "meta")
+
+
+def footprint(op, case) -> Footprint:
+    """The case's bytes from meta inputs (no memory), the op's output specs and its bytes model."""
+    inputs = meta_inputs(op, case)
     in_bytes = tensor_bytes(inputs)
     spec_bytes = sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size()
                      for shape, dtype in op.output_specs(case))

@@ -172,9 +172,7 @@ def compile_ahead(job: Job, op, cases) -> dict[str, str]:
     with ahead.compile_only(target, interpreted=not gpu):
         for case in cases:
             try:
-                gen = torch.Generator()
-                gen.manual_seed(0)
-                inputs = op.make_inputs(case, gen, "meta")
+                inputs = budget.meta_inputs(op, case)
                 outputs = poisoned_outputs(op, case, "meta")
                 guard = CallGuard(op, job.candidate)
                 with guard, ahead.DeviceGuard("cuda"):
