@@ -162,6 +162,61 @@ def test_candidate_cannot_write_outside_its_scratch_directory(tmp_path):
     assert "filesystem=landlock" in summary
 
 
+FIXED_PATH_BUILD = '''
+import os
+os.makedirs({folder!r}, exist_ok=True)  # as a kernel that writes its CUDA sources to a fixed path before load()
+
+def launch(x, out):
+    raise RuntimeError("never reached")
+'''
+
+FIXED_PATH_AT_CALL = '''
+def launch(x, out):
+    with open({path!r}, "w") as f:
+        f.write("escaped")
+'''
+
+
+def _measure_one(source: str):
+    cand = Candidate(op="softmax", backend="triton", source=source, origin="llm")
+    cfg = WorkerConfig(mode="interpreter", concurrency=1, timeout_s=30, seeds=1)
+    with MeasureWorker(CPU, cfg) as worker:
+        (m,) = worker.measure([cand])
+        (summary,) = worker.stats.sandboxes
+    return m, summary
+
+
+def test_a_write_to_a_fixed_path_outside_the_scratch_directory_names_the_sandbox(tmp_path):
+    folder = tmp_path / "cuda_extensions"
+    m, summary = _measure_one(FIXED_PATH_BUILD.format(folder=str(folder)))
+    assert "filesystem=landlock" in summary
+    assert m.status == "compile_error", (m.status, m.error)
+    assert "PermissionError" in m.error and f"{folder} is outside it" in m.error, m.error
+    assert "write only beneath its scratch directory" in m.error
+    assert not folder.exists()
+    m, _ = _measure_one(FIXED_PATH_AT_CALL.format(path=str(tmp_path / "out.txt")))
+    assert m.status == "runtime_error" and f"{tmp_path / 'out.txt'} is outside it" in m.error, m.error
+
+
+def test_a_refused_write_is_named_only_while_landlock_confines_writes(monkeypatch):
+    refused = PermissionError(13, "Permission denied", "/tmp/cuda_extensions")
+    monkeypatch.setattr(sandbox, "_confined_to", ())
+    assert sandbox.denied_write(refused) == ""  # the operating system's own refusal, not the sandbox's
+    monkeypatch.setattr(sandbox, "_confined_to", ("/scratch/c1", "/dev"))
+    assert "/tmp/cuda_extensions is outside it" in sandbox.denied_write(refused)
+    assert sandbox.denied_write(PermissionError(13, "Permission denied", "/scratch/c1/build/x.cu")) == ""
+    assert sandbox.denied_write(PermissionError(13, "Permission denied", "/scratch/c10/x")) != ""  # not a prefix
+    try:
+        try:
+            raise refused
+        except PermissionError as inner:
+            raise RuntimeError("building the extension failed") from inner
+    except RuntimeError as outer:
+        assert "/tmp/cuda_extensions is outside it" in sandbox.denied_write(outer)
+    assert sandbox.denied_write(ValueError("unrelated")) == ""
+    assert sandbox.denied_write(PermissionError(1, "Operation not permitted")) == ""  # no path named
+
+
 def test_scratch_directories_are_removed_after_each_candidate():
     _, worker = probe(WRITE_PROBE.format(outside="/nonexistent/x", sibling="/nonexistent/y"))
     assert not os.path.exists(worker._root)

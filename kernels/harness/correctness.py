@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from kernels.harness.sandbox import denied_write
 from kernels.ops import Case, Operation
 
 
@@ -40,7 +41,7 @@ def load_launch(source: str, directory: str | None = None, module_name: str = "c
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
-        raise CandidateLoadError(f"module failed to import: {type(exc).__name__}: {exc}") from exc
+        raise CandidateLoadError(f"module failed to import: {type(exc).__name__}: {exc}{denied_write(exc)}") from exc
     launch = getattr(module, "launch", None)
     if not callable(launch):
         raise CandidateLoadError("source defines no callable 'launch(*inputs, *outputs, **params)'")

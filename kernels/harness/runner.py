@@ -144,7 +144,7 @@ def _is_compile_failure(exc: BaseException) -> bool:
 
 
 def _describe(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip()
+    text = f"{type(exc).__name__}: {exc}".strip() + sandbox.denied_write(exc)
     return text if len(text) <= 2000 else text[:2000] + " ..."
 
 

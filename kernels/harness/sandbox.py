@@ -97,6 +97,27 @@ class SandboxReport:
         return text + (f" ({'; '.join(self.notes)})" if self.notes else "")
 
 
+# The directories this process may write beneath, once Landlock confines its writes (set by ``enter``); empty while
+# writes are not confined, so a refused write is then the operating system's own permission, not the sandbox's.
+_confined_to: tuple[str, ...] = ()
+
+
+def denied_write(exc: BaseException) -> str:
+    """A clause for an error that is the sandbox refusing a write: a PermissionError (itself, or what caused it)
+    naming a path beneath none of the directories this process may write, while Landlock confines its writes;
+    else ''. Appended to the verdict's error so that a kernel writing to a fixed path (``/tmp/build``) says why."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, PermissionError) and exc.filename and _confined_to:
+            path = os.path.realpath(os.fsdecode(exc.filename))
+            if not any(path == d or path.startswith(d.rstrip("/") + "/") for d in _confined_to):
+                return (f" (the sandbox lets a candidate write only beneath its scratch directory, which TMPDIR, HOME, "
+                        f"tempfile and torch's extension builds use; {path} is outside it)")
+            return ""
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return ""
+
+
 def is_secret_name(name: str) -> bool:
     """Whether an environment variable's name looks like it holds a credential."""
     return bool(_SECRET_NAME.search(name)) or name.upper().startswith(_SECRET_PREFIXES)
@@ -230,6 +251,7 @@ def _set_limits(policy: SandboxPolicy) -> list[str]:
 
 def enter(policy: SandboxPolicy) -> SandboxReport:
     """Apply every layer of ``policy`` to this process (irreversibly) and report what took effect."""
+    global _confined_to
     scrubbed = scrub_environment()
     os.setpgrp()  # its own process group, so the worker can kill whatever it forks along with it
     os.chdir(policy.scratch_dir)
@@ -272,6 +294,7 @@ def enter(policy: SandboxPolicy) -> SandboxReport:
                         if p and os.path.isdir(p)]
             try:
                 extra = _landlock(writable, abi)
+                _confined_to = tuple(os.path.realpath(p) for p in writable)
                 filesystem = f"landlock-abi{abi}"
                 if extra:
                     filesystem += "+" + "+".join(extra)
