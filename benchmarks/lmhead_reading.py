@@ -38,19 +38,6 @@ def parse(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def tokenizer_of(path: str):
-    """The tokenizer of a local model folder or .gguf file, never from the hub."""
-    import os
-
-    from transformers import AutoTokenizer
-
-    if not os.path.exists(path):
-        raise ValueError(f"model {path!r} does not exist; give a local model folder or .gguf file")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    folder, gguf = (os.path.dirname(path) or ".", os.path.basename(path)) if path.endswith(".gguf") else (path, None)
-    return AutoTokenizer.from_pretrained(folder, local_files_only=True, **({"gguf_file": gguf} if gguf else {}))
-
-
 def reading(kernels: pd.DataFrame, lengths: dict, headers: int, max_tokens: int) -> dict:
     """What a pair cut to ``max_tokens`` keeps, over ``kernels`` (op, anchor_source, source)."""
     from surrogate.lmhead.model import kept_tokens
@@ -86,6 +73,7 @@ def spread(kernels: pd.DataFrame, folder: str) -> dict:
 
 
 def run(args) -> int:
+    from surrogate.grpo.model import load_tokenizer
     from surrogate.lmhead.model import header_tokens
 
     kernels, _ = _measured(args)
@@ -94,7 +82,7 @@ def run(args) -> int:
         kernels = development
     elif args.problems == "sealed":
         kernels = kernels[kernels["op"].isin(sealed)].reset_index(drop=True)
-    tokenizer = tokenizer_of(args.model)
+    tokenizer = load_tokenizer(args.model)
     texts = set(kernels["anchor_source"]) | set(kernels["source"])
     ids = {t: tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts}
     lengths = {t: len(i) for t, i in ids.items()}

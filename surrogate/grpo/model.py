@@ -23,20 +23,34 @@ from surrogate.pairs import requests_of
 PRECISIONS = ("bf16", "fp32")
 
 
+def _local_model(path: str) -> tuple[str, str | None]:
+    """(folder, .gguf file name or None) of a local model folder or .gguf file; a path that does not exist is
+    refused by name, and the hub is never asked."""
+    if not os.path.exists(path):
+        raise ValueError(f"model {path!r} does not exist; give a local model folder or .gguf file")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return (os.path.dirname(path) or ".", os.path.basename(path)) if path.endswith(".gguf") else (path, None)
+
+
+def load_tokenizer(path: str):
+    """The tokenizer of a local model folder or .gguf file (no weights are loaded), never from the hub."""
+    from transformers import AutoTokenizer
+
+    folder, gguf = _local_model(path)
+    return AutoTokenizer.from_pretrained(folder, local_files_only=True, **({"gguf_file": gguf} if gguf else {}))
+
+
 def load_causal_lm(path: str, precision: str = "bf16"):
     """(model, tokenizer) from a local folder or a .gguf file, never from the hub; bfloat16 weights on a
     GPU unless ``precision`` is fp32. A path that does not exist is refused by name."""
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
-    if not os.path.exists(path):
-        raise ValueError(f"model {path!r} does not exist; give a local model folder or .gguf file")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    folder, gguf = _local_model(path)
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    folder, gguf = (os.path.dirname(path) or ".", os.path.basename(path)) if path.endswith(".gguf") else (path, None)
     extra: dict = {"gguf_file": gguf} if gguf else {}
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **extra)
+    tokenizer = load_tokenizer(path)
     dtype = torch.bfloat16 if torch.cuda.is_available() and precision == "bf16" else torch.float32
     if gguf:
         from transformers import GgufConfig
