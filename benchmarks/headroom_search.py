@@ -43,11 +43,16 @@ side, into ``--data/<problem>``; every comparison is then a replay of it, at no 
 
     python -m benchmarks.headroom_search --space --shard 0/4 --data /tmp/space0 --json space0.json
     python -m benchmarks.headroom_search --backend replay --replay-pool /tmp/space0 --gpu-type h100 --seeds 10
+
+``--space --live URL`` adds the model's rewrites to the space: ``--space-rewrites`` of each root (the reference where
+the problem has none), asked once and measured beside the variants; a replay offers a root's rewrites with its
+variants, so a surrogate is judged on choosing among them as well.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import json
 import math
@@ -111,11 +116,18 @@ def parse(argv=None) -> argparse.Namespace:
                    "whose kernels join the pool in the surrogate's prior (built under --data/prior-with-spaces); the "
                    "searched problem's own rows are still left out (prior_scope other-ops)")
     add_live_arguments(p, "rewrites of each problem's measured kernels beside their execution variants (generator "
-                          "freeform+variants: the model's children first, at least half of each generation variants)")
+                          "freeform+variants: the model's children first, at least half of each generation variants; "
+                          "with --space, --space-rewrites of each root join the space)")
+    p.add_argument("--space-rewrites", type=int, default=8, metavar="K",
+                   help="--space --live: the model's rewrites of each root (of the reference where the problem has "
+                        "none) asked once, measured in the space beside the variants; a replay offers them as the "
+                        "root's children")
     args = p.parse_args(argv)
-    if args.live and (args.space or args.backend == "replay"):
-        p.error("--live searches with a model writing new code, measured here: not with --space (a fixed space) nor "
-                "--backend replay (a pool answers only for the children it holds)")
+    if args.live and args.backend == "replay":
+        p.error("--live has a model write new code, measured here: not with --backend replay (a pool answers only "
+                "for the children it holds)")
+    if args.space_rewrites < 0:
+        p.error(f"--space-rewrites must be 0 or more, got {args.space_rewrites}")
     from kernels.variants import VARIANTS
 
     unknown = [n for n in args.space_variants if n not in VARIANTS]
@@ -273,9 +285,14 @@ def measure_space(args, op: str) -> dict:
                           run_id=f"space-{op.replace('.', '-')}"[:64])
     search = open_search(config, track=False)  # the root, the pool and the reference's own measurement
     try:
-        roots = [c for c, _ in template_roots(base["generator_roots"], op, search.config.gpu_type)] \
+        measured_roots = template_roots(base["generator_roots"], op, search.config.gpu_type) \
             if base["generator_roots"] and not args.space_reference_only else []
+        roots = [c for c, _ in measured_roots]
         space = variant_space(op, roots, args.space_depth, tuple(args.space_variants))
+        t0 = time.perf_counter()
+        rewrites = model_rewrites(search, op, measured_roots, space, args.space_rewrites) if args.live else []
+        ask_seconds = time.perf_counter() - t0
+        space += rewrites
         search.root.write_candidates(space)
         t0 = time.perf_counter()
         found, reused = measure_and_store(search.root, search.pool, space, search.config.gpu_type)
@@ -283,10 +300,50 @@ def measure_space(args, op: str) -> dict:
     finally:
         search.pool.close()
     ok = [m for m in found.values() if m.status == "ok" and m.speedup]
-    return {"op": op, "children": len(space), "measured": len(found), "reused": reused, "ok": len(ok),
-            "best": max((m.speedup for m in ok), default=None), "wall_seconds": wall,
-            "gpu_seconds": sum(m.gpu_seconds for m in found.values()),
-            "compile_seconds": sum(m.compile_seconds for m in found.values())}
+    row = {"op": op, "children": len(space), "measured": len(found), "reused": reused, "ok": len(ok),
+           "best": max((m.speedup for m in ok), default=None), "wall_seconds": wall,
+           "gpu_seconds": sum(m.gpu_seconds for m in found.values()),
+           "compile_seconds": sum(m.compile_seconds for m in found.values())}
+    if args.live:
+        row |= rewrite_summary(rewrites, found, ask_seconds)
+    return row
+
+
+def model_rewrites(search, op: str, measured_roots, space, k: int) -> list:
+    """``k`` rewrites by the search's model of each root (CUDA-L1's best, median and poor kernel, with the speedup the
+    pool measured; the reference where the problem has no roots), asked at once as a free-form search's model
+    generation asks them; those passing the static checks, each with its parent id and provenance (written)."""
+    from kernels.ops import get_operation
+    from tasks.generators import rewriter
+    from tasks.llm_generator import Parent, fingerprints
+
+    parents = [Parent(c, speedup, "ok") for c, speedup in measured_roots] or \
+        [Parent(get_operation(op).seed_candidates()[0])]
+    model = rewriter(search.config)
+    model.probe()
+    kids = model.propose(op, [p for p in parents for _ in range(k)], None, seed=search.config.seed,
+                         seen=fingerprints(space), run_id=search.config.run_id)
+    counts = model.last_counts_
+    print(f"{op}: the model wrote {len(kids)} rewrites of {len(parents)} parents that pass the static checks "
+          f"(asked {k * len(parents)}; {counts.failed} failed, {counts.invalid} invalid, {counts.duplicate} "
+          "duplicates)", flush=True)
+    search.root.write_records(list(model.provenance_.values()))
+    return kids
+
+
+def rewrite_summary(rewrites, found: dict, ask_seconds: float) -> dict:
+    """What the model's rewrites came to: how many ran, and the best of them over its own parent (measured in the
+    same space) and over eager."""
+    speed = {cid: m.speedup for cid, m in found.items() if m.status == "ok" and m.speedup}
+    ran = [k for k in rewrites if k.candidate_id in speed]
+    over_parent = [speed[k.candidate_id] / speed[k.parent_id] for k in ran if k.parent_id in speed]
+    statuses = collections.Counter(found[k.candidate_id].status if k.candidate_id in found else "unmeasured"
+                                   for k in rewrites)
+    return {"rewrites": len(rewrites), "rewrites_ok": len(ran), "rewrite_statuses": dict(statuses),
+            "rewrite_best": max((speed[k.candidate_id] for k in ran), default=None),
+            "rewrite_best_over_parent": max(over_parent, default=None),
+            "rewrites_faster_than_parent": sum(r > 1.0 for r in over_parent),
+            "rewrites_10pct_faster": sum(r >= 1.10 for r in over_parent), "ask_seconds": ask_seconds}
 
 
 def search_problem(args, op: str, rows: list, save) -> None:

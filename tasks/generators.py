@@ -223,8 +223,13 @@ def _roots(config) -> list[Candidate]:
         if config.generator_roots else []
 
 
+def rewriter(config):
+    """The model that writes a free-form search's children (whole rewritten sources), from ``config``'s settings."""
+    return _llm_model(config, "source")
+
+
 def _freeform(config) -> Generator:
-    return ModelGenerator("freeform", _llm_model(config, "source"), config.generator_children, _roots(config))
+    return ModelGenerator("freeform", rewriter(config), config.generator_children, _roots(config))
 
 
 def template_roots(pool: str, op: str, gpu_type: str | None = None,
@@ -273,14 +278,17 @@ def _replay(config) -> Generator:
 
 
 def recorded_variants(pool: str, op: str) -> dict[str, list[Candidate]]:
-    """The variant children of ``op`` recorded in the data root ``pool``, by parent id, in the order stored."""
+    """The variant children of ``op`` recorded in the data root ``pool``, by parent id, in the order stored, and
+    the model's rewrites recorded there beside them (origin ``llm``: a measured space's, ``headroom_search
+    --space --live``), so that a replay of that space offers a parent's rewrites as it offers its variants."""
     from storage.dataset import DataRoot
     from storage.schema import candidates_from_frame
 
     frame = DataRoot(pool).read_candidates(op=op)
     if frame.empty:
         return {}
-    frame = frame[frame["origin"].str.startswith("variant:")].drop_duplicates("candidate_id")
+    frame = frame[frame["origin"].str.startswith("variant:") | (frame["origin"] == "llm")]
+    frame = frame.drop_duplicates("candidate_id")
     found: dict[str, list[Candidate]] = {}
     for c in candidates_from_frame(frame):
         found.setdefault(c.parent_id, []).append(c)

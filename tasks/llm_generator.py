@@ -231,6 +231,9 @@ def feedback_line(status: str, speedup: float | None, error: str) -> str:
     return f"{status}: {first[:200]}" if first else status
 
 
+CHARS_PER_TOKEN = 4  # of Python or CUDA source, for the tokenizers of code models
+
+
 class LLMGenerator:
     """Children of parents, proposed by a model behind an OpenAI-compatible chat endpoint."""
 
@@ -239,7 +242,7 @@ class LLMGenerator:
 
     def __init__(self, base_url: str, model: str, *, mode: str = "variant", temperature: float = 0.8,
                  concurrency: int = 4, timeout_s: float = 120.0, retries: int = 2, schema_style: str = "json_schema",
-                 max_tokens_variant: int = 256, max_tokens_source: int = 2048, max_source_chars: int = 6000,
+                 max_tokens_variant: int = 256, max_tokens_source: int = 2048, max_source_chars: int | None = None,
                  model_sha256: str = "", measure_anyway: frozenset[str] = frozenset()):
         response_format({}, schema_style)  # an unknown style fails here
         if not frozenset(measure_anyway) <= MEASURABLE:
@@ -255,7 +258,10 @@ class LLMGenerator:
         self.schema_style = schema_style
         self.max_tokens_variant = max_tokens_variant
         self.max_tokens_source = max_tokens_source
-        self.max_source_chars = max_source_chars
+        # A source is shown whole where the answer could hold it whole (about four characters a token of code): a
+        # parent cut short cannot be rewritten whole.
+        self.max_source_chars = max(6000, CHARS_PER_TOKEN * max_tokens_source) if max_source_chars is None \
+            else max_source_chars
         self.model_sha256 = model_sha256
         self.measure_anyway = frozenset(measure_anyway)  # static checks whose children are measured, not dropped
         self.counts_ = GeneratorCounts()  # over the generator's life

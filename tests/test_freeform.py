@@ -191,6 +191,19 @@ def test_the_rewrite_prompt_shows_the_reference_the_parent_its_call_its_speedup_
     assert all(f"- {line}" in text for line in feedback)
 
 
+def test_a_long_parent_is_shown_whole_when_the_answer_could_hold_it_whole_and_cut_when_it_could_not():
+    import dataclasses
+
+    parent = get_space("softmax").variants()[0]
+    long = dataclasses.replace(parent, source=parent.source + "".join(f"# line {i:05d} of a long kernel\n"
+                                                                      for i in range(300)))
+    assert 9000 < len(long.source) < 4 * 3072
+    whole = _generator(max_tokens_source=3072).source_messages("softmax", Parent(long, 1.0, "ok"))[1]["content"]
+    assert "# line 00299 of a long kernel" in whole and "(cut)" not in whole
+    short = _generator(max_tokens_source=1024).source_messages("softmax", Parent(long, 1.0, "ok"))[1]["content"]
+    assert "# line 00299 of a long kernel" not in short and "(cut)" in short
+
+
 def test_an_imported_tasks_rewrite_prompt_states_what_its_format_must_define(tmp_path):
     ref, cands = write_kernelbench(tmp_path, new=KB_ROW_SUM_NEW)
     op, _ = import_task("kernelbench", str(ref), [str(cands[0])], name="row_sum_contract",

@@ -19,7 +19,7 @@ from tasks.generators import VariantGenerator, make_generator
 from tasks.setup import resolve
 from tasks.state import Archive
 from tests.formats_for_tests import KB_ROW_SUM, KB_ROW_SUM_NEW, _src, write_kernelbench
-from tests.test_llm_forecaster import server, tiny_model  # noqa: F401 (fixtures)
+from tests.test_llm_forecaster import LLAMA_CPP_PYTHON, server, tiny_model  # noqa: F401 (fixtures)
 from tests.test_search import run
 
 CONV = _src('''
@@ -379,6 +379,13 @@ def test_a_replayed_variants_search_offers_the_children_a_live_one_recorded_with
     made = make_generator(config).children(row_sum.name, None, Archive(), 64, random.Random(0), 0.0, seed=0,
                                            run_id="r", generation=0)
     assert [k.candidate_id for k in made.children] == [older.candidate_id]
+    # a measured space's model rewrites are recorded beside the variants, and offered as their parent's children
+    rewrite = Candidate(op=live.op, backend="torch", source=reference.source + "\n# rewritten\n",
+                        parent_id=reference.candidate_id, origin="llm")
+    pool.write_candidates([rewrite])
+    made = make_generator(config).children(row_sum.name, None, Archive(), 64, random.Random(0), 0.0, seed=0,
+                                           run_id="r", generation=0)
+    assert sorted(k.candidate_id for k in made.children) == sorted([older.candidate_id, rewrite.candidate_id])
     with pytest.raises(ConfigError, match="generator 'replay' makes no variants"):
         resolve(config.replace(generator="replay"))
     with pytest.raises(ConfigError, match="holds no recorded variant children"):
@@ -530,9 +537,10 @@ def test_a_live_headroom_search_has_the_model_rewrite_the_pools_kernels_beside_t
     install_from_root(DataRoot(pool), op)
     live = ["--live", server.base_url, "--live-model", "tiny", "--model-sha256", "ab" * 32, "--max-tokens", "64",
             "--concurrency", "2"]
-    for other in (["--space"], ["--backend", "replay"]):
-        with pytest.raises(SystemExit):
-            headroom_search.parse(live + other)
+    with pytest.raises(SystemExit):
+        headroom_search.parse(live + ["--backend", "replay"])
+    with pytest.raises(SystemExit):
+        headroom_search.parse(live + ["--space", "--space-rewrites", "-1"])
     args = headroom_search.parse(live + ["--problems", "l2-017", "--data", str(tmp_path / "data")])
     settings = headroom_search.problem_settings(args, op)
     assert settings["generator"] == "freeform+variants" and settings["generator_url"] == server.base_url
@@ -578,3 +586,58 @@ def test_a_headroom_replay_names_the_generator_and_the_origin_of_each_best_kerne
     assert "generator variants from CUDA-L1's kernels" in text
     side = "surrogate" if row["surrogate_best"] >= row["baseline_best"] else "baseline"
     assert f"{row[f'{side}_best_candidate']} ({row[f'{side}_best_origin']})" in text
+
+
+def test_a_space_with_a_live_model_asks_it_for_k_rewrites_of_each_root_and_records_who_wrote_them(
+        server, tmp_path, monkeypatch):  # noqa: F811
+    """``headroom_search --space --live``: the model behind the real endpoint is asked ``--space-rewrites`` times for
+    each of the problem's roots (CUDA-L1's best, median and poor kernel); every child that passes the static checks
+    is a child of the root it rewrote, with its provenance in the space's root (the tiny model's answers are noise,
+    so the count asked is what is checked); a summary counts how the rewrites fared against their parents."""
+    import types
+    from pathlib import Path
+
+    from benchmarks import headroom_search
+    from kernels.formats import TASKS_ENV, install_from_root
+    from tasks.config import validate
+    from tasks.generators import template_roots
+
+    pool = str(Path(__file__).resolve().parents[1] / "data" / "pools" / "cudal1" / "kernelcast")
+    monkeypatch.setenv(TASKS_ENV, str(tmp_path / "tasks"))
+    op = "kb.cudal1-l2-017"
+    install_from_root(DataRoot(pool), op)
+    args = headroom_search.parse(["--live", server.base_url, "--live-model", "tiny", "--max-tokens", "32",
+                                  "--concurrency", "3", "--space", "--space-rewrites", "2", "--problems", "l2-017",
+                                  "--data", str(tmp_path / "data")])
+    settings = headroom_search.problem_settings(args, op) | dict(generator_schema_style=LLAMA_CPP_PYTHON)
+    config = validate(SearchConfig(**(settings | dict(gpu_type="h100", backend="replay", replay_pool=pool,
+                                                       generations=1)),
+                                   surrogate="none", budget=1, seed=0, run_id="space-rewrites"))
+    roots = template_roots(pool, op, "h100")
+    search = types.SimpleNamespace(config=config, root=DataRoot(str(tmp_path / "root")))
+    asked: list = []
+    from tasks.llm_generator import LLMGenerator
+
+    propose = LLMGenerator.propose
+
+    def noting(self, op_name, parents, *a, **kw):  # the real model is asked; this notes for which parents
+        asked.extend(p.candidate.candidate_id for p in parents)
+        return propose(self, op_name, parents, *a, **kw)
+
+    monkeypatch.setattr(LLMGenerator, "propose", noting)
+    kids = headroom_search.model_rewrites(search, op, roots, [], 2)
+    assert sorted(asked) == sorted([c.candidate_id for c, _ in roots] * 2)
+    assert all(k.origin == "llm" and k.parent_id in {c.candidate_id for c, _ in roots} for k in kids)
+    if kids:
+        assert set(search.root.read("provenance")["candidate_id"]) == {k.candidate_id for k in kids}
+    # How the rewrites fared: one ran 1.2x faster than its parent, one failed, one was never measured.
+    parent = roots[0][0]
+    a, b, c = (types.SimpleNamespace(candidate_id=f"k{i}", parent_id=parent.candidate_id) for i in range(3))
+    found = {parent.candidate_id: types.SimpleNamespace(status="ok", speedup=2.0),
+             "k0": types.SimpleNamespace(status="ok", speedup=2.4), "k1": types.SimpleNamespace(status="incorrect",
+                                                                                                speedup=None)}
+    summary = headroom_search.rewrite_summary([a, b, c], found, 1.5)
+    assert summary["rewrites"] == 3 and summary["rewrites_ok"] == 1
+    assert summary["rewrite_statuses"] == {"ok": 1, "incorrect": 1, "unmeasured": 1}
+    assert summary["rewrite_best"] == 2.4 and summary["rewrite_best_over_parent"] == pytest.approx(1.2)
+    assert summary["rewrites_faster_than_parent"] == 1 and summary["rewrites_10pct_faster"] == 1
