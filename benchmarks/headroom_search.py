@@ -281,8 +281,9 @@ def measure_space(args, op: str) -> dict:
     from tasks.setup import open_search
 
     base = problem_settings(args, op)
+    # A space measured without a model keeps its run; the model's rewrites added to it are a run of their own.
     config = SearchConfig(**(base | dict(seed=0, surrogate=BASELINE, budget=1, generations=1)),
-                          run_id=f"space-{op.replace('.', '-')}"[:64])
+                          run_id=f"space-{'rewrites-' if args.live else ''}{op.replace('.', '-')}"[:64])
     search = open_search(config, track=False)  # the root, the pool and the reference's own measurement
     try:
         measured_roots = template_roots(base["generator_roots"], op, search.config.gpu_type) \
