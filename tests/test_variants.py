@@ -641,3 +641,28 @@ def test_a_space_with_a_live_model_asks_it_for_k_rewrites_of_each_root_and_recor
     assert summary["rewrite_statuses"] == {"ok": 1, "incorrect": 1, "unmeasured": 1}
     assert summary["rewrite_best"] == 2.4 and summary["rewrite_best_over_parent"] == pytest.approx(1.2)
     assert summary["rewrites_faster_than_parent"] == 1 and summary["rewrites_10pct_faster"] == 1
+
+
+def test_the_models_rewrites_join_a_space_measured_before_without_a_model(server, tmp_path, monkeypatch, capsys):  # noqa: F811,E501
+    """A space measured by ``--space`` alone, then again with ``--live``: the second call is a run of its own in the
+    same root (its model settings are not the first run's), reuses what the first measured, and reports the
+    rewrites it asked for (on this machine's CPU, correctness only)."""
+    import json
+    from pathlib import Path
+
+    from benchmarks import headroom_search
+    from kernels.formats import TASKS_ENV
+
+    monkeypatch.setenv(TASKS_ENV, str(tmp_path / "tasks"))
+    pool = str(Path(__file__).resolve().parents[1] / "data" / "pools" / "cudal1")
+    common = ["--space", "--space-reference-only", "--space-variants", "cudnn-benchmark", "--pool", pool,
+              "--problems", "l2-096", "--backend", "local", "--gpu-type", "interpreter", "--data", str(tmp_path / "d")]
+    live = ["--live", server.base_url, "--live-model", "tiny", "--max-tokens", "32", "--concurrency", "2",
+            "--space-rewrites", "2"]
+    assert headroom_search.main(common + ["--json", str(tmp_path / "a.json")]) == 0
+    assert headroom_search.main(common + live + ["--json", str(tmp_path / "b.json")]) == 0
+    assert "search failed" not in capsys.readouterr().out
+    [first] = json.loads((tmp_path / "a.json").read_text())["runs"]
+    [second] = json.loads((tmp_path / "b.json").read_text())["runs"]
+    assert "rewrites" not in first and second["reused"] >= first["measured"] >= 1
+    assert second["rewrites"] == second["children"] - first["children"]
