@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -411,3 +413,25 @@ def test_get_inputs_returning_no_tensor_or_an_object_is_refused_naming_what(tmp_
         path.write_text(_SCALED.replace("[torch.randn(M, N), 3.5]", body))
         with pytest.raises(TaskFormatError, match=words):
             kernelbench.import_task(str(path))
+
+
+def _install_many(directory: str, rounds: int) -> int:
+    from kernels.formats import install
+
+    for i in range(rounds):
+        install("kb.same", {"manifest.json": b"{}", "reference.py": f"# {os.getpid()} {i}\n".encode()},
+                Path(directory))
+    return rounds
+
+
+def test_processes_installing_the_same_task_at_once_all_succeed_and_leave_it_whole(tmp_path):
+    """Two searches of one machine install the same tasks into one tasks directory: each install must succeed
+    (without a lock between the renames one found the folder gone or another in its way) and leave the task
+    whole, with no staging or old folders behind."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(6) as pool:
+        done = pool.starmap(_install_many, [(str(tmp_path), 60)] * 6)
+    assert done == [60] * 6
+    assert sorted(p.name for p in (tmp_path / "kb.same").iterdir()) == ["manifest.json", "reference.py"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != ".install.lock") == ["kb.same"]

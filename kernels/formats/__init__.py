@@ -19,6 +19,7 @@ letters, digits, ``_``, ``-``, so they are valid Parquet partition values.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -63,9 +64,13 @@ def install(name: str, files: Mapping[str, bytes], directory: Path | None = None
         (staging / rel).write_bytes(data)
     final = base / name
     old = base / f".{name}-old-{os.getpid()}"
-    if final.exists():
-        os.replace(final, old)
-    os.replace(staging, final)
+    # Processes that install the same task at once (two searches of one machine) take turns: between one's two
+    # renames the other would find the folder gone, or a folder in the way of its own.
+    with open(base / ".install.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if final.exists():
+            os.replace(final, old)
+        os.replace(staging, final)
     shutil.rmtree(old, ignore_errors=True)
     _LOADED.pop(name, None)
     return final
