@@ -192,7 +192,8 @@ def published_columns(problem: Problem, variant: str) -> dict:
 
 def refresh_published(top: DataRoot, problems: Sequence[Problem]) -> pd.DataFrame:
     """The stored side table with its published columns read again from ``problems`` (a corpus folder with more
-    GPUs' files than the one measured from, say); the candidates and measurements are untouched."""
+    GPUs' files than the one measured from, say); the candidates and measurements are untouched, and a figure the
+    corpus lacks (a GPU whose file is not in it) keeps its stored value rather than being erased."""
     with _side_table_lock(top):
         table = read_side_table(top)
         if table.empty:
@@ -201,8 +202,13 @@ def refresh_published(top: DataRoot, problems: Sequence[Problem]) -> pd.DataFram
         rows = []
         for row in table.to_dict("records"):
             problem = by_key.get((int(row["level"]), int(row["task_id"])))
-            rows.append({**row, **published_columns(problem, row["variant"])} if problem else row)
+            fresh = published_columns(problem, row["variant"]) if problem else {}
+            rows.append({**row, **{k: v for k, v in fresh.items() if not _missing(v)}})
         return _merge_side_table(top, pd.DataFrame(rows))
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def file_sha256(path: str | Path) -> str:

@@ -223,6 +223,11 @@ def test_a_report_reads_the_published_figures_again_from_a_fuller_corpus(tmp_pat
     assert side.loc["custom", "published_speedup_a100"] == 1.7 and side.loc["custom", "same_code_a100"]
     assert pd.isna(side.loc["null", "published_speedup_a100"])  # nothing of theirs to compare the null with
     assert len(pool.protocol_root(tmp_path / "pool", "kernelcast").read_measurements()) == 3  # untouched
+    # a report from a corpus with the H100's file alone keeps the other GPUs' figures it cannot read again
+    assert bench.main(["--corpus", str(tmp_path / "h100only"), *common, "--report-only", "--gpu-type",
+                       "interpreter"]) == 0
+    side = pool.read_side_table(top).set_index("variant")
+    assert side.loc["custom", "published_speedup_a100"] == 1.7 and side.loc["custom", "same_code_a100"]
 
 
 def test_a_shard_compiles_and_times_on_its_own_share_of_the_cores():
