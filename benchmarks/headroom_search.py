@@ -63,6 +63,7 @@ import time
 from pathlib import Path
 
 from benchmarks.llm_search import BASELINE, add_live_arguments, live_model_settings, run_one, to_reach
+from kernels.records import utc_now
 from tasks.config import SearchConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -295,7 +296,7 @@ def measure_space(args, op: str) -> dict:
         ask_seconds = time.perf_counter() - t0
         space += rewrites
         search.root.write_candidates(space)
-        t0 = time.perf_counter()
+        t0, since = time.perf_counter(), utc_now()
         found, reused = measure_and_store(search.root, search.pool, space, search.config.gpu_type)
         wall = time.perf_counter() - t0
     finally:
@@ -306,7 +307,7 @@ def measure_space(args, op: str) -> dict:
            "gpu_seconds": sum(m.gpu_seconds for m in found.values()),
            "compile_seconds": sum(m.compile_seconds for m in found.values())}
     if args.live:
-        row |= rewrite_summary(rewrites, found, ask_seconds)
+        row |= rewrite_summary(rewrites, found, ask_seconds, since)
     return row
 
 
@@ -332,19 +333,25 @@ def model_rewrites(search, op: str, measured_roots, space, k: int) -> list:
     return kids
 
 
-def rewrite_summary(rewrites, found: dict, ask_seconds: float) -> dict:
-    """What the model's rewrites came to: how many ran, and the best of them over its own parent (measured in the
-    same space) and over eager."""
+def rewrite_summary(rewrites, found: dict, ask_seconds: float, since=None) -> dict:
+    """What the model's rewrites came to: how many ran, and the best of them over eager and over its own parent.
+
+    A rewrite is set against its parent only where both were measured in this call (after ``since``): a parent
+    measured in an earlier call of the space had another reference measurement, and on a host-bound problem the
+    two speedups are not comparable (a copy of its parent once came out 4.2x faster that way)."""
     speed = {cid: m.speedup for cid, m in found.items() if m.status == "ok" and m.speedup}
     ran = [k for k in rewrites if k.candidate_id in speed]
-    over_parent = [speed[k.candidate_id] / speed[k.parent_id] for k in ran if k.parent_id in speed]
+    now = {cid for cid, m in found.items() if since is None or m.measured_at >= since}
+    over_parent = [speed[k.candidate_id] / speed[k.parent_id] for k in ran if k.parent_id in speed and k.parent_id in now]
     statuses = collections.Counter(found[k.candidate_id].status if k.candidate_id in found else "unmeasured"
                                    for k in rewrites)
     return {"rewrites": len(rewrites), "rewrites_ok": len(ran), "rewrite_statuses": dict(statuses),
             "rewrite_best": max((speed[k.candidate_id] for k in ran), default=None),
             "rewrite_best_over_parent": max(over_parent, default=None),
             "rewrites_faster_than_parent": sum(r > 1.0 for r in over_parent),
-            "rewrites_10pct_faster": sum(r >= 1.10 for r in over_parent), "ask_seconds": ask_seconds}
+            "rewrites_10pct_faster": sum(r >= 1.10 for r in over_parent),
+            "rewrites_with_parent_measured_earlier": sum(k.parent_id in speed and k.parent_id not in now for k in ran),
+            "ask_seconds": ask_seconds}
 
 
 def search_problem(args, op: str, rows: list, save) -> None:

@@ -631,16 +631,25 @@ def test_a_space_with_a_live_model_asks_it_for_k_rewrites_of_each_root_and_recor
     if kids:
         assert set(search.root.read("provenance")["candidate_id"]) == {k.candidate_id for k in kids}
     # How the rewrites fared: one ran 1.2x faster than its parent, one failed, one was never measured.
+    import datetime as dt
+
     parent = roots[0][0]
     a, b, c = (types.SimpleNamespace(candidate_id=f"k{i}", parent_id=parent.candidate_id) for i in range(3))
-    found = {parent.candidate_id: types.SimpleNamespace(status="ok", speedup=2.0),
-             "k0": types.SimpleNamespace(status="ok", speedup=2.4), "k1": types.SimpleNamespace(status="incorrect",
-                                                                                                speedup=None)}
-    summary = headroom_search.rewrite_summary([a, b, c], found, 1.5)
+    start = dt.datetime(2026, 11, 27, 20, tzinfo=dt.timezone.utc)
+    now, earlier = start + dt.timedelta(minutes=1), start - dt.timedelta(days=1)
+    found = {parent.candidate_id: types.SimpleNamespace(status="ok", speedup=2.0, measured_at=now),
+             "k0": types.SimpleNamespace(status="ok", speedup=2.4, measured_at=now),
+             "k1": types.SimpleNamespace(status="incorrect", speedup=None, measured_at=now)}
+    summary = headroom_search.rewrite_summary([a, b, c], found, 1.5, start)
     assert summary["rewrites"] == 3 and summary["rewrites_ok"] == 1
     assert summary["rewrite_statuses"] == {"ok": 1, "incorrect": 1, "unmeasured": 1}
     assert summary["rewrite_best"] == 2.4 and summary["rewrite_best_over_parent"] == pytest.approx(1.2)
     assert summary["rewrites_faster_than_parent"] == 1 and summary["rewrites_10pct_faster"] == 1
+    # a parent measured in an earlier call of the space (another reference measurement) is not set against
+    found[parent.candidate_id] = types.SimpleNamespace(status="ok", speedup=0.5, measured_at=earlier)
+    summary = headroom_search.rewrite_summary([a, b, c], found, 1.5, start)
+    assert summary["rewrite_best_over_parent"] is None and summary["rewrites_10pct_faster"] == 0
+    assert summary["rewrites_with_parent_measured_earlier"] == 1 and summary["rewrite_best"] == 2.4
 
 
 def test_the_models_rewrites_join_a_space_measured_before_without_a_model(server, tmp_path, monkeypatch, capsys):  # noqa: F811,E501
