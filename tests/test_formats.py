@@ -424,6 +424,27 @@ def _install_many(directory: str, rounds: int) -> int:
     return rounds
 
 
+def _read_while_installed(directory: str, rounds: int) -> int:
+    from kernels.formats import install
+
+    files = {"manifest.json": b"{}", "reference.py": b"# the same task\n"}
+    folder = Path(directory) / "kb.steady"
+    read = 0
+    for _ in range(rounds):
+        install("kb.steady", files, Path(directory))
+        read += (folder / "reference.py").read_bytes() == files["reference.py"]  # never found gone
+    return read
+
+
+def test_a_task_installed_again_with_the_same_files_never_disappears_for_a_reader(tmp_path):
+    """Searches install the same tasks from the same pool while others read them: an install of files already
+    there leaves the folder in place (a replace would leave a moment in which a reader finds it gone)."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(6) as pool:
+        assert pool.starmap(_read_while_installed, [(str(tmp_path), 200)] * 6) == [200] * 6
+
+
 def test_processes_installing_the_same_task_at_once_all_succeed_and_leave_it_whole(tmp_path):
     """Two searches of one machine install the same tasks into one tasks directory: each install must succeed
     (without a lock between the renames one found the folder gone or another in its way) and leave the task

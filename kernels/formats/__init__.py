@@ -56,9 +56,14 @@ def tasks_dir() -> Path:
 # ---- the tasks directory and the data root -------------------------------------------------------
 
 def install(name: str, files: Mapping[str, bytes], directory: Path | None = None) -> Path:
-    """Write a task's files into the tasks directory as one step (a reader never sees half a task)."""
+    """Write a task's files into the tasks directory as one step (a reader never sees half a task).
+
+    A task already installed with these very files is left in place: searches of one machine install the same
+    tasks from the same pool, and replacing a folder leaves a moment in which a reader finds it gone."""
     base = directory or tasks_dir()
     base.mkdir(parents=True, exist_ok=True)
+    if _installed_as(base / name, files):
+        return base / name
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=base))
     for rel, data in files.items():
         (staging / rel).write_bytes(data)
@@ -74,6 +79,15 @@ def install(name: str, files: Mapping[str, bytes], directory: Path | None = None
     shutil.rmtree(old, ignore_errors=True)
     _LOADED.pop(name, None)
     return final
+
+
+def _installed_as(folder: Path, files: Mapping[str, bytes]) -> bool:
+    """Whether ``folder`` holds exactly ``files``, byte for byte."""
+    try:
+        present = {p.name for p in folder.iterdir() if p.is_file()}
+        return present == set(files) and all((folder / rel).read_bytes() == data for rel, data in files.items())
+    except OSError:  # not there, or replaced while read
+        return False
 
 
 def task_files(name: str, directory: Path | None = None) -> dict[str, bytes]:
