@@ -342,7 +342,8 @@ def rewrite_summary(rewrites, found: dict, ask_seconds: float, since=None) -> di
     speed = {cid: m.speedup for cid, m in found.items() if m.status == "ok" and m.speedup}
     ran = [k for k in rewrites if k.candidate_id in speed]
     now = {cid for cid, m in found.items() if since is None or m.measured_at >= since}
-    over_parent = [speed[k.candidate_id] / speed[k.parent_id] for k in ran if k.parent_id in speed and k.parent_id in now]
+    over_parent = [speed[k.candidate_id] / speed[k.parent_id] for k in ran
+                   if k.parent_id in speed and k.parent_id in now]
     statuses = collections.Counter(found[k.candidate_id].status if k.candidate_id in found else "unmeasured"
                                    for k in rewrites)
     return {"rewrites": len(rewrites), "rewrites_ok": len(ran), "rewrite_statuses": dict(statuses),
