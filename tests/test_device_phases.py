@@ -409,6 +409,14 @@ def test_a_host_bound_case_is_reported_as_the_reference_runtime_times_the_paired
     assert phases[-1][0] == "anchored" and phases[-1][1]["ratio"] == pytest.approx(1.5)
     # the reference itself (no reference runtimes given) is never anchored
     assert runner._anchored(_anchor_job(tmp_path, cand, ()), op, op.cases, pair, {}, lambda *p: None) == {}
+    # and the stored row says which cases were paired, so a speedup can be read without the timeline
+    from kernels.harness.worker import MeasureWorker
+
+    checks = MeasureWorker._from_result({"status": "ok", "window_check": "profiled", **result})["checks"]
+    assert checks == f"window_check: profiled; anchored: {op.cases[1].name}"
+    # a timed candidate none of whose cases was paired (``_time_cases`` records the empty list)
+    assert MeasureWorker._from_result({"status": "ok", "anchored_cases": []})["checks"] == "anchored: none"
+    assert MeasureWorker._from_result({"status": "compile_error"})["checks"] == ""  # never timed
 
 
 def test_no_anchoring_once_the_candidate_has_replaced_a_torch_function(tmp_path, monkeypatch):

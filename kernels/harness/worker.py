@@ -642,7 +642,8 @@ class MeasureWorker:
                 "precision": str(res.get("precision", "")),
                 "error_rel": tuple(res.get("error_rel", ())),
                 "reference_error_rel": tuple(res.get("reference_error_rel", ())),
-                "checks": "; ".join(f"{k}: {res[k]}" for k in ("window_check", "memcheck") if res.get(k))}
+                "checks": "; ".join([f"{k}: {res[k]}" for k in ("window_check", "memcheck") if res.get(k)]
+                                    + _anchoring(res))}
 
     def _finish(self, r: _Running, **fields) -> Measurement:
         self._note(r, "ended", time.monotonic(), fields.get("status"))
@@ -658,3 +659,13 @@ class MeasureWorker:
         return Measurement(candidate_id=r.candidate.candidate_id, op=r.candidate.op,
                            gpu_type=self.hardware.gpu_type, mode=self.config.mode, protocol=self.config.protocol,
                            wall_seconds=time.monotonic() - r.started, hardware=self.hardware, **fields)
+
+
+def _anchoring(res: dict) -> list[str]:
+    """The cases timed beside the reference, as the row records them: whether a speedup is a paired ratio or a
+    runtime over the reference's stored one ("none": so for the reference itself) is otherwise only in the
+    timeline. Nothing where the candidate was not timed."""
+    if "anchored_cases" not in res:
+        return []
+    return [f"anchored: {', '.join(res['anchored_cases']) or 'none'}"]
+
