@@ -203,12 +203,8 @@ def refresh_published(top: DataRoot, problems: Sequence[Problem]) -> pd.DataFram
         for row in table.to_dict("records"):
             problem = by_key.get((int(row["level"]), int(row["task_id"])))
             fresh = published_columns(problem, row["variant"]) if problem else {}
-            rows.append({**row, **{k: v for k, v in fresh.items() if not _missing(v)}})
+            rows.append({**row, **{k: v for k, v in fresh.items() if not pd.isna(v)}})
         return _merge_side_table(top, pd.DataFrame(rows))
-
-
-def _missing(value) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def file_sha256(path: str | Path) -> str:

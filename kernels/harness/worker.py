@@ -668,4 +668,3 @@ def _anchoring(res: dict) -> list[str]:
     if "anchored_cases" not in res:
         return []
     return [f"anchored: {', '.join(res['anchored_cases']) or 'none'}"]
-
