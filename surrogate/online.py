@@ -190,6 +190,7 @@ class SearchSurrogate:
             pr, raw = normalise(p)
             out.append(Forecast(c.candidate_id, self.reference.candidate_id, self.name, self.version, pr,
                                 raw_sum=raw, latency_s=latency, failure_probability=float(f),
+                                expected_speedup=math.exp(m),  # the point, not the bins' (capped at 5.66x)
                                 extra={"log_speedup_mean": float(m), "log_speedup_sigma": float(s),
                                        "log_speedup_sigma_within": float(w),
                                        "prior_log_speedup_mean": float(pm), "prior_log_speedup_sigma": float(ps),

@@ -70,6 +70,22 @@ def test_a_forecaster_that_does_not_split_its_spread_is_ranked_by_the_whole(chil
     assert all(f.extra["log_speedup_sigma_within"] == pytest.approx(0.8) for f in forecasts)
 
 
+class FarAboveForecaster(SplitSpreadForecaster):
+    """Every child some 17x faster than eager, beyond the top bin's 4x (test-only)."""
+
+    def predict_log_speedup_split(self, requests):
+        mu, sigma, within = super().predict_log_speedup_split(requests)
+        return mu + LEVEL_ERROR + math.log(17.0), sigma, within
+
+
+def test_a_forecasts_speedup_is_its_gaussians_point_not_the_bins_capped_one(children):
+    # The bins' representative of the open top bin is 5.66x: a policy comparing it with a 13x incumbent dropped a
+    # 17x child as a sure loss (a replayed KernelBench problem whose CUDA-L1 kernel ran at 13.1x).
+    forecasts = surrogate_for(FarAboveForecaster()).forecast(children)
+    assert all(f.expected_speedup == pytest.approx(math.exp(f.extra["log_speedup_mean"])) for f in forecasts)
+    assert min(f.expected_speedup for f in forecasts) > 8.0 and all(f.predicted_bin == 8 for f in forecasts)
+
+
 def test_measurements_pin_down_the_level_and_shrink_its_share_of_the_spread(children):
     surrogate = surrogate_for(SplitSpreadForecaster())
     first = surrogate.forecast(children[:20])

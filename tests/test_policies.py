@@ -1,5 +1,7 @@
 """Selective policies: budgets, never trusting unparsed forecasts, conformal risk control's guarantee."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -70,6 +72,23 @@ def test_a_confident_new_best_is_measured_not_trusted():
     assert sel.measure == ["star"] and "star" not in sel.trust
 
 
+def test_a_child_in_the_top_bin_is_no_sure_loss_against_a_best_within_that_bin():
+    # The top bin is 4x and up: a forecast of bins alone cannot say a child there is slower than a 13x incumbent,
+    # though the bins' representative (5.66x) is. Measured on a replay of a KernelBench problem whose CUDA-L1 kernel
+    # ran at 13.1x: every variant of it was forecast in the top bin and dropped as a sure loss.
+    trust = ThresholdPolicy(threshold=0.9)
+    top, low = forecast("top", 8, 0.99), forecast("low", 6, 0.99)
+    sel = BudgetPolicy(budget=1, trust=trust).select([top, low], best_speedup=13.1)
+    assert sel.measure == ["top"] and sel.drop == ["low"]  # 1.41-2x lies wholly below 13.1x
+    # a continuous forecaster's point estimate says which side it is on
+    above = Forecast("above", "ref", "test", "1", top.probabilities, expected_speedup=17.0,
+                     extra={"log_speedup_mean": math.log(17.0), "log_speedup_sigma": 0.2})
+    below = Forecast("below", "ref", "test", "1", top.probabilities, expected_speedup=6.0,
+                     extra={"log_speedup_mean": math.log(6.0), "log_speedup_sigma": 0.2})
+    sel = BudgetPolicy(budget=1, trust=trust).select([below, above], best_speedup=13.1)
+    assert sel.measure == ["above"] and sel.drop == ["below"]
+
+
 def test_bad_policy_settings_are_clear_errors():
     with pytest.raises(ValueError, match="unknown confidence score 'certainty'"):
         ThresholdPolicy(score="certainty")
@@ -137,14 +156,17 @@ def test_forecasts_that_say_nothing_about_failure_are_selected_as_before():
     assert [run_weighted(score)(f) for f in fs] == [score(f) for f in fs]
     trust = ThresholdPolicy(threshold=0.8)
     sel = BudgetPolicy(budget=6, trust=trust, rank=run_weighted(score)).select(fs, best_speedup=1.2)
-    # What the policy did before failure was forecast, spelled out: confident new bests first, then the
-    # unsure by score; confident losers dropped, confident ties trusted.
+    # What the policy did before failure was forecast, spelled out: confident new bests (bins wholly above the
+    # best, 1.41x and up) first, then the unsure by score, among them the confident ones whose bin holds the best
+    # (bin 5, 1.0-1.41x); confident losers (bins wholly below) dropped.
     sure = [f for f in fs if f.max_probability >= 0.8]
-    queue = sorted([f for f in sure if f.expected_speedup > 1.2], key=lambda f: -f.expected_speedup) + \
-        sorted([f for f in fs if f.max_probability < 0.8], key=lambda f: -score(f))
+    unsure = [f for f in fs if f.max_probability < 0.8 or f.predicted_bin == 5]
+    queue = sorted([f for f in sure if f.predicted_bin >= 6], key=lambda f: -f.expected_speedup) + \
+        sorted(unsure, key=lambda f: -score(f))
     assert sel.measure == [f.candidate_id for f in queue[:6]]
-    assert set(sel.drop) == {f.candidate_id for f in sure if f.expected_speedup < 1.2} | \
+    assert set(sel.drop) == {f.candidate_id for f in sure if f.predicted_bin <= 4} | \
         {f.candidate_id for f in queue[6:] if f.max_probability < 0.8}
+    assert {f.candidate_id for f in queue[6:] if f.max_probability >= 0.8} <= set(sel.trust)  # left, and trusted
 
 
 def test_expected_improvement_per_second_measures_a_cheap_child_before_a_likelier_dear_one():
