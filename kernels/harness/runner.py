@@ -571,7 +571,12 @@ def _verify_case(job: Job, case, checker: Checker, call, pacer: verify.Pacer, re
             result["window_check"] = "profiled" if verify.has_marks(activities) else "unavailable: no markers traced"
             if outside:
                 raise Rejected(f"{where}: {outside}")
-            result.setdefault("traced_busy_us", {})[case.name] = verify.traced_busy_us(activities)
+            try:
+                busy = verify.traced_work_settled(runtime_us, verify.traced_busy_us(activities),
+                                                  lambda: verify.profile_window(lambda: call(0), pacer))
+            except Rejected as exc:
+                raise Rejected(f"{where}: {exc}") from None
+            result.setdefault("traced_busy_us", {})[case.name] = busy
         phase("traced", {"case": case.name})
     found, seen = None, {}
     traced = result.get("window_check") == "profiled"

@@ -144,11 +144,40 @@ def floor_us(op, case, peak_bandwidth_gbps: float | None, peak_tflops: float | N
 TRACED_WORK_MARGIN = 0.8  # a timed runtime below this share of the traced call's device time misses work
 
 
+def misses_work(runtime_us: float, traced_us: float | None, margin: float = TRACED_WORK_MARGIN) -> bool:
+    """Whether ``runtime_us`` lies below ``margin`` times a traced call's device time on several streams."""
+    return bool(traced_us) and runtime_us < margin * traced_us
+
+
+def traced_work_settled(runtime_us: float, traced_us: float | None,
+                        trace_again: Callable[[], list["Activity"]]) -> float | None:
+    """The traced device time to judge ``runtime_us`` by: ``traced_us``, or, where that says the timer misses
+    work, the smaller of it and a second traced call's (``trace_again``: its activities; one whose work left the
+    window raises ``Rejected``). A verdict of missed work needs both calls, as the synced and unseen-input rounds'
+    do: tracing slows a call's concurrent streams unevenly. Measured on an H100 (2026-11-27, KernelBench level3/40,
+    a bidirectional GRU whose cuDNN work uses a second stream): its CUDA-L1 kernel, a CUDA graph of the reference
+    and two more were timed at 6.8-7.0 ms and traced at 9.2-9.9 ms of busy device, rejected, where the same space
+    measured minutes earlier passed them. Hidden work shows in every trace, so the smaller still catches it."""
+    if not misses_work(runtime_us, traced_us):
+        return traced_us
+    try:
+        again = trace_again()
+    except Rejected:
+        raise
+    except Exception:  # noqa: BLE001 - no second trace: the first one's verdict stands
+        return traced_us
+    outside = outside_window(again)
+    if outside:
+        raise Rejected(outside)
+    second = traced_busy_us(again)
+    return traced_us if second is None else min(traced_us, second)
+
+
 def check_traced_work(case_name: str, runtime_us: float, traced_us: float | None,
                       margin: float = TRACED_WORK_MARGIN) -> None:
     """Refuse a runtime below ``margin`` times the device time one profiled call's work took, where some of that
     work ran on a stream other than the timed one (``traced_busy_us``)."""
-    if traced_us and runtime_us < margin * traced_us:
+    if misses_work(runtime_us, traced_us, margin):
         raise Rejected(f"case {case_name}: timed at {runtime_us:.1f} us, but one traced call's work, part of it on "
                        f"another stream, kept the device busy {traced_us:.1f} us: the timer does not see all of its "
                        f"work (a stream the timed stream never waits for, or work left pending at return)")
