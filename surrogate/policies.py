@@ -114,7 +114,8 @@ class BudgetPolicy:
     """Spend at most ``budget`` measurements: the most promising uncertain children first.
 
     Trusted forecasts predicting a loss against ``best_speedup`` are dropped; a trusted
-    forecast predicting a new best is measured (it takes precedence in the budget);
+    forecast predicting a new best is measured (it takes precedence in the budget); one whose
+    bin holds the best predicts neither (``_against``) and is ranked with the unsure;
     forecasts as sure the kernel fails are dropped (``drop_failures``); other children
     are measured in order of ``rank`` (default: expected speedup times run probability;
     a search passes expected improvement over its best, ``run_weighted``) until the
