@@ -80,6 +80,12 @@ class Forecast:
         return replace(self, failure_probability=p)
 
     @property
+    def has_point(self) -> bool:
+        """Whether ``expected_speedup`` is the forecaster's own point (a Gaussian over log speedup, whose mean
+        ``extra`` carries), not the bins' representative, which says nothing within its bin."""
+        return "log_speedup_mean" in self.extra
+
+    @property
     def predicted_bin(self) -> int:
         """Most probable bin, 1..8."""
         return int(np.argmax(self.probabilities)) + 1

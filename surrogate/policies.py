@@ -171,7 +171,7 @@ def _against(forecast: Forecast, best_speedup: float) -> int | None:
     bins alone says only where its bin lies wholly on one side. Its bins' representative speedup is no point
     within the bin: the top bin (4x and up) holds a child of 5x and an incumbent of 13x alike, and comparing its
     representative (5.66x) dropped the fastest children of a 13x kernel as sure losses."""
-    if "log_speedup_mean" in forecast.extra:
+    if forecast.has_point:
         point = forecast.expected_speedup
         return (point > best_speedup) - (point < best_speedup)
     k = forecast.predicted_bin - 1
