@@ -133,6 +133,21 @@ def test_missed_work_needs_a_second_traced_call_to_say_so_too():
     assert verify.traced_work_settled(6840.0, busy, lambda: 1 / 0) == busy
 
 
+def test_an_anchored_figure_is_held_to_the_trace_by_its_runtime_in_the_same_process():
+    # KernelBench level2/98 on an H100 (2026-11-27): the reference took 45.8 us in its own process and 223 us beside
+    # the candidate, whose 52.5 us there became 12.2 us anchored. A trace taken beside it (40 us busy on two streams)
+    # judges the 52.5 us: set against the 12.2, the host's drift alone would have read as missed work.
+    from kernels.harness.runner import _check_timed
+    from kernels.harness.timing import Timing
+
+    anchored, here = Timing(12.2, 1.0, 20), Timing(52.5, 4.0, 20, paired_ratio=0.235)
+    _check_timed("c", anchored, here, traced_us=40.0, floor_us=1.0)
+    with pytest.raises(Rejected, match="timed at 20.0 us, but one traced call's work"):
+        _check_timed("c", anchored, Timing(20.0, 1.0, 20), traced_us=40.0, floor_us=1.0)  # the timer missed work
+    with pytest.raises(Rejected, match="below the case's floor"):
+        _check_timed("c", anchored, here, traced_us=None, floor_us=20.0)  # the reported figure meets the floor
+
+
 def test_a_host_bound_call_on_two_streams_is_held_to_its_device_work_not_its_traced_span():
     # KernelBench level3/35 (LSTM) on an H100, 2026-11-27: its reference timed at 38 ms, one traced call 75 ms
     # from first kernel to last; the profiled host launched slowly and the device idled between kernels. Here:
