@@ -51,6 +51,103 @@ def test_a_first_call_on_unseen_inputs_slower_than_its_repeat_means_reused_work(
     assert "reserve" not in verify.reuses_work([Window(90.0, 97.0)] * 3, repeated)
 
 
+def test_first_calls_the_reference_is_slow_on_too_are_the_hosts_not_a_cache():
+    # KernelBench level2/85's reference on a host of four H100s whose cores were compiling (2026-11-28), both rounds
+    first, again = [Window(842.2, 850.0)] * 3, [Window(516.9, 525.0)] * 3
+    assert "reuses work" in verify.reuses_work(first, again)
+    assert verify.reuses_work(first, again, ([Window(830.0, 838.0)] * 3, [Window(520.0, 528.0)] * 3)) is None
+    # a cache is still a cache beside a quiet reference, and beside one the host slows by as much
+    cache = [Window(293.2, 300.0)] * 3, [Window(137.3, 145.0)] * 3  # the suite's content_cache on an H100
+    quiet = [Window(340.0, 348.0)] * 3, [Window(338.0, 346.0)] * 3
+    assert "1.01x its repeats" in verify.reuses_work(*cache, quiet)
+    assert "reuses work" in verify.reuses_work(*cache, ([Window(540.0, 548.0)] * 3, [Window(338.0, 346.0)] * 3))
+    # a reference faster on its first calls does not lower the bar
+    assert "reuses work" in verify.reuses_work([Window(70.0, 78.0)] * 3, [Window(50.0, 58.0)] * 3,
+                                               ([Window(40.0, 48.0)] * 3, [Window(50.0, 58.0)] * 3))
+
+
+class _Host:
+    """Calls timed by a model instead of a GPU: ``cost(who, key, times_seen)`` in microseconds."""
+
+    def __init__(self, cost):
+        self.cost, self.seen = cost, {}
+
+    def synced_call(self, fn, flush=None, touch=()):
+        who, key = fn()
+        n = self.seen.get((who, key), 0)
+        self.seen[(who, key)] = n + 1
+        us = self.cost(who, key, n)
+        return Window(us, us + 6.0), None
+
+
+class _Unseen:
+    def __init__(self, key):
+        self.key, self.inputs, self.outputs = key, (), ()
+
+
+class _Checker:
+    def prepare(self, case, seed):
+        return _Unseen(f"unseen-{seed}")
+
+    def fresh(self, unseen, run):
+        run(lambda: ("candidate", unseen.key))
+
+
+class _Pacer:
+    flush = None
+
+    def window(self, us):
+        return Window(us, us + 6.0)
+
+    def idle_window(self, us):
+        return Window(us, us + 6.0)
+
+
+def _verify(monkeypatch, cost, with_control=True):
+    """runner._verify_case on a modelled host: the candidate's calls and the reference's control."""
+    from types import SimpleNamespace
+
+    from kernels.harness import runner
+
+    host = _Host(cost)
+    monkeypatch.setattr(verify, "synced_call", host.synced_call)
+    monkeypatch.setattr(verify, "check_integrity", lambda *a, **k: None)
+
+    def control(unseen, slow):
+        host.synced_call(lambda: ("reference", "timing-set"))
+        return tuple(host.synced_call(lambda: ("reference", unseen.key))[0] for _ in range(2))
+
+    job = SimpleNamespace(fresh_calls=3)
+    result = {"window_check": "unavailable: no trace in this test"}
+    case = SimpleNamespace(name="case-1")
+    problem = runner._verify_case(job, case, _Checker(), lambda i: ("candidate", "timing-set"), _Pacer(), result,
+                                  lambda *a: None, 500.0, control=control if with_control else None)
+    return problem, host
+
+
+def test_honest_code_on_a_host_that_slows_first_calls_passes_with_the_references_control(monkeypatch):
+    busy = lambda who, key, n: 500.0 * (1.6 if n == 0 and key != "timing-set" else 1.0)  # noqa: E731
+    with pytest.raises(Rejected, match="reuses work"):
+        _verify(monkeypatch, busy, with_control=False)
+    problem, host = _verify(monkeypatch, busy)
+    assert problem is None
+    assert any(who == "reference" for who, _ in host.seen)  # the control was made, after both rounds found it
+
+
+def test_a_cache_is_rejected_beside_the_references_control(monkeypatch):
+    for slowing in (1.0, 1.6):  # a quiet host, and one that slows every first call as above
+        def cache(who, key, n, slowing=slowing):
+            first = slowing if n == 0 and key != "timing-set" else 1.0
+            return 500.0 * first if who == "reference" or n == 0 else 60.0
+        with pytest.raises(Rejected, match="the reference's first calls there were"):
+            _verify(monkeypatch, cache)
+
+
+def test_the_control_is_not_made_for_honest_code_on_a_quiet_host(monkeypatch):
+    problem, host = _verify(monkeypatch, lambda who, key, n: 500.0)
+    assert problem is None and not any(who == "reference" for who, _ in host.seen)
+
+
 def test_a_clean_trace_widens_the_synced_checks_margin():
     paced = [Window(177.0, 185.0)] * 6
     heavy_host = [Window(177.0, 212.0)] * 6  # 27 us beyond the paced gap: 15% of the call

@@ -500,12 +500,30 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
             del sets[1:], outs[1:]
             torch.cuda.empty_cache()
             problem = _verify_case(job, case, checker, call, pacer, result, phase,
-                                   (timing[0] if anchor else timing).runtime_us_median)
+                                   (timing[0] if anchor else timing).runtime_us_median,
+                                   control=lambda unseen, slow: reference_control(case, sets[0], unseen, slow))
             if problem:
                 raise _Incorrect(problem)
         del sets, outs, first, first_outs
         torch.cuda.empty_cache()  # the next case starts from a clean pool
         return timing, n_sets
+
+    def reference_control(case, seen_inputs, unseen, slow: bool):
+        """The reference's first and repeated call on ``unseen``, made as the candidate's were (after an untimed
+        call on inputs it has seen); None where the reference cannot run in this process."""
+        loaded = _control_launch(job, op, phase, controls)
+        if loaded is None:
+            return None
+        ref_launch, ref_params = loaded
+        if not slow:
+            outs = poisoned_outputs(op, case, "cuda")
+            verify.synced_call(lambda: ref_launch(*seen_inputs, *outs, **ref_params), flush)
+        outs = poisoned_outputs(op, case, "cuda")
+        touch = (*unseen.inputs, *outs)
+        return tuple(verify.synced_call(lambda: ref_launch(*unseen.inputs, *outs, **ref_params), flush, touch)[0]
+                     for _ in range(2))
+
+    controls: dict[str, object] = {}
 
     def time_pair_case(case, anchor):
         return time_case(case, max_seconds=job.max_seconds_per_case, anchor=anchor)[0]
@@ -563,9 +581,13 @@ class _Incorrect(Exception):
 
 
 def _verify_case(job: Job, case, checker: Checker, call, pacer: verify.Pacer, result: dict, phase,
-                 runtime_us: float = 0.0) -> str | None:
+                 runtime_us: float = 0.0, control=None) -> str | None:
     """The checks of kernels.harness.verify on one timed case; a cheat raises ``Rejected``, a wrong output
-    on unseen inputs comes back as the problem."""
+    on unseen inputs comes back as the problem.
+
+    ``control(unseen, slow)``: the reference's (first, again) windows on ``unseen`` inputs, or None where the
+    reference cannot be run here. Where both rounds say the candidate reuses work, a third set of calls, the
+    reference's, tells how much slower this host made first calls (``verify.reuses_work``)."""
     where = f"case {case.name}"
     verify.check_integrity(_HARNESS_AT_START, where)
     if result.get("window_check", "profiled") == "profiled":
@@ -587,7 +609,7 @@ def _verify_case(job: Job, case, checker: Checker, call, pacer: verify.Pacer, re
                 raise Rejected(f"{where}: {exc}") from None
             result.setdefault("traced_busy_us", {})[case.name] = busy
         phase("traced", {"case": case.name})
-    found, seen = None, {}
+    found, hidden, seen = None, None, {}
     traced = result.get("window_check") == "profiled"
     for attempt in range(2):  # a round that finds something runs again on other inputs: a verdict needs both
         first, again, paced, idle = [], [], [], []
@@ -618,9 +640,24 @@ def _verify_case(job: Job, case, checker: Checker, call, pacer: verify.Pacer, re
                 "idle_gap_us": [w.synced_us - w.timed_us for w in idle]}
         share = verify.TRACED_SHARE if traced else 0.1
         floor = verify.TRACED_FLOOR_US if traced else 5.0
-        found = verify.hidden_work(first + again, paced, share, idle, floor) or verify.reuses_work(first, again)
+        hidden = verify.hidden_work(first + again, paced, share, idle, floor)
+        found = hidden or verify.reuses_work(first, again)
         if found is None:
             break
+    if found and not hidden and control is not None:
+        controls = ([], [])
+        for j in range(fresh_calls):
+            unseen = checker.prepare(case, verify.FRESH_SEED + 2 * job.fresh_calls + j)
+            got = control(unseen, slow)
+            del unseen
+            if got is None:
+                break
+            controls[0].append(got[0])
+            controls[1].append(got[1])
+        else:
+            found = verify.reuses_work(first, again, controls)
+            seen |= {"control_first_us": [w.timed_us for w in controls[0]],
+                     "control_again_us": [w.timed_us for w in controls[1]]}
     if found:
         raise Rejected(f"{where}: {found}")
     verify.check_integrity(_HARNESS_AT_START, where)
@@ -688,6 +725,23 @@ def _anchor_launch(job: Job, op, phase):
     except Exception as exc:  # noqa: BLE001 - the reference cannot be loaded here: windows as before
         phase("not_anchored", {"error": _describe(exc)})
         return None
+
+
+def _control_launch(job: Job, op, phase, loaded: dict):
+    """(launch, params) of the op's reference loaded in this child as the unseen-input check's control, once
+    (``loaded`` keeps it); None where torch's functions were replaced (the candidate's replacement would run in the
+    reference too) or the reference cannot be loaded here. Loaded for the reference's own measurement as well: it
+    is the control of any code, its own included."""
+    if "launch" not in loaded:
+        loaded["launch"] = None
+        if _TORCH_AT_START and not _torch_replaced(phase):
+            seed = op.seed_candidates()[0]
+            try:
+                loaded["launch"] = (load_launch(seed.source, job.scratch_dir, module_name="control_reference"),
+                                    seed.params)
+            except Exception as exc:  # noqa: BLE001 - no control: the verdict stands as the two rounds gave it
+                phase("no_control", {"error": _describe(exc)})
+    return loaded["launch"]
 
 
 def _anchored_timing(case_name: str, timing: Timing, ref: Timing, reference_us: float, phase) -> Timing:
