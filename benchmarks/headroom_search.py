@@ -44,6 +44,9 @@ side, into ``--data/<problem>``; every comparison is then a replay of it, at no 
     python -m benchmarks.headroom_search --space --shard 0/4 --data /tmp/space0 --json space0.json
     python -m benchmarks.headroom_search --backend replay --replay-pool /tmp/space0 --gpu-type h100 --seeds 10
 
+``--census DIR`` measures nothing: per space under DIR, the best of what both sides measure first (the reference and
+the roots), the best kernel, what made it, and how far beyond the roots it lies.
+
 ``--space --live URL`` adds the model's rewrites to the space: ``--space-rewrites`` of each root (the reference where
 the problem has none), asked once and measured beside the variants; a replay offers a root's rewrites with its
 variants, so a surrogate is judged on choosing among them as well.
@@ -104,6 +107,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--json", nargs="+", default=[], help="write every run here (--summary-only: read these)")
     p.add_argument("--markdown", default="")
     p.add_argument("--summary-only", action="store_true")
+    p.add_argument("--census", default="", metavar="DIR",
+                   help="measure nothing: for each problem's space under DIR (as --space leaves them), how far its best "
+                        "kernel lies beyond what both sides of a comparison measure first (the reference and the roots)")
     p.add_argument("--space", action="store_true", help="measure each problem's variant space once instead of "
                    "searching it: its roots and every variant of the reference and of the roots (--space-depth 2: "
                    "and of those variants), one pool call, into --data/<problem>; the comparisons are then replays "
@@ -458,8 +464,53 @@ def summary(rows: list[dict]) -> list[str]:
     return lines
 
 
+def space_census(folder: str, gpu_type: str = "auto") -> list[str]:
+    """Per measured space under ``folder``: its children, how many ran, the best of what both sides of a comparison
+    measure first (the reference and CUDA-L1's kernels, the roots), the best kernel and what made it, and how much
+    beyond the roots it lies; then how many spaces hold a kernel 1.10x beyond their roots, the margin a surrogate
+    needs to win by 1.10 (docs/search.md)."""
+    from storage.dataset import DataRoot
+
+    roots = [d for d in sorted(Path(folder).iterdir()) if d.is_dir() and (d / "measurements").is_dir()] \
+        if Path(folder).is_dir() else []
+    if not roots:
+        raise ValueError(f"--census {folder}: no measured spaces there (folders holding measurements/)")
+    lines = ["| problem | children | ran | best root | best | made by | best / best root | within 10% of the best |",
+             "|---|---:|---:|---:|---:|---|---:|---:|"]
+    beyond = []
+    for root in roots:
+        data = DataRoot(str(root))
+        c = data.read_candidates()
+        m = data.read_measurements(**({} if gpu_type in ("", "auto") else {"gpu_type": gpu_type}))
+        if c.empty or m.empty:
+            continue
+        m = m.drop_duplicates("candidate_id", keep="last").merge(c[["candidate_id", "origin"]], on="candidate_id")
+        kids = m[m["origin"] != "seed"]
+        ok = m[(m["status"] == "ok") & m["speedup"].notna()]
+        if ok.empty:
+            continue
+        first = ok[ok["origin"].isin(("seed", "import"))]
+        best_root = max(1.0, first["speedup"].max()) if not first.empty else 1.0
+        top = ok.loc[ok["speedup"].idxmax()]
+        ratio = top["speedup"] / best_root
+        near = int((ok["speedup"] >= 0.9 * top["speedup"]).sum())
+        beyond.append(ratio)
+        lines.append(f"| {root.name} | {len(kids)} | {int((kids['status'] == 'ok').sum())} | {best_root:.3f} | "
+                     f"{top['speedup']:.3f} | {top['origin']} | {ratio:.3f} | {near} |")
+    lines += ["", f"{len(beyond)} spaces; a kernel at least 1.10x beyond the roots in {sum(r >= 1.10 for r in beyond)}, "
+              f"at least 1.03x in {sum(r >= 1.03 for r in beyond)}; the best is a root in "
+              f"{sum(r <= 1.0 + 1e-9 for r in beyond)}"]
+    return lines
+
+
 def main(argv=None) -> int:
     args = parse(argv)
+    if args.census:
+        try:
+            return write(space_census(args.census, args.gpu_type), args.markdown)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if args.summary_only:
         rows = [r for path in args.json for r in json.loads(Path(path).read_text())["runs"]]
         return write(summary(rows), args.markdown)
