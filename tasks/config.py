@@ -282,6 +282,12 @@ def check_operation(config: SearchConfig) -> None:
         from tasks.generators import recorded_variants
 
         try:
+            from storage.dataset import DataRoot
+
+            root = DataRoot(config.variants_recorded)
+            if not root.fs.exists(root.path):  # a folder moved away mid-run reads as empty: say which it is
+                raise ValueError(f"{config.variants_recorded} does not exist (a data root of recorded children: "
+                                 "a measured space's or a live search's)")
             if not recorded_variants(config.variants_recorded, config.op):
                 raise ValueError(f"{config.variants_recorded} holds no recorded variant children of {config.op}")
         except (ValueError, OSError) as exc:

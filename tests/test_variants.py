@@ -396,8 +396,11 @@ def test_a_replayed_variants_search_offers_the_children_a_live_one_recorded_with
     assert sorted(k.candidate_id for k in made.children) == sorted([older.candidate_id, rewrite.candidate_id])
     with pytest.raises(ConfigError, match="generator 'replay' makes no variants"):
         resolve(config.replace(generator="replay"))
+    (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="holds no recorded variant children"):
         resolve(config.replace(variants_recorded=str(tmp_path / "empty")))
+    with pytest.raises(ConfigError, match="missing does not exist"):
+        resolve(config.replace(variants_recorded=str(tmp_path / "missing")))
 
 
 def test_a_problems_variant_space_is_its_roots_then_their_and_the_references_variants(row_sum):
