@@ -301,9 +301,15 @@ def measure_space(args, op: str) -> dict:
         rewrites = model_rewrites(search, op, measured_roots, space, args.space_rewrites) if args.live else []
         ask_seconds = time.perf_counter() - t0
         space += rewrites
-        search.root.write_candidates(space)
         t0, since = time.perf_counter(), utc_now()
-        found, reused = measure_and_store(search.root, search.pool, space, search.config.gpu_type)
+        try:
+            found, reused = measure_and_store(search.root, search.pool, space, search.config.gpu_type)
+        finally:
+            # The space's children are written once measured: a call stopped part way (a deadline's kill) leaves
+            # its measurements, which a second call reuses, and no child a replay would meet unmeasured.
+            stored = search.root.read_measurements(op=op, gpu_type=search.config.gpu_type)
+            measured = set(stored["candidate_id"]) if not stored.empty else set()
+            search.root.write_candidates([c for c in space if c.candidate_id in measured])
         wall = time.perf_counter() - t0
     finally:
         search.pool.close()

@@ -686,3 +686,43 @@ def test_the_models_rewrites_join_a_space_measured_before_without_a_model(server
     [second] = json.loads((tmp_path / "b.json").read_text())["runs"]
     assert "rewrites" not in first and second["reused"] >= first["measured"] >= 1
     assert second["rewrites"] == second["children"] - first["children"]
+
+
+def test_a_space_stopped_part_way_keeps_no_child_unmeasured_and_a_second_call_completes_it(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """A space's call killed at its deadline left children written but never measured, which a replay then met as
+    rejected (2026-11-28): the children are now written once measured, and a second call reuses what was."""
+    import json
+    from pathlib import Path
+
+    from benchmarks import headroom_search
+    from kernels.formats import TASKS_ENV
+    from storage.dataset import DataRoot
+
+    monkeypatch.setenv(TASKS_ENV, str(tmp_path / "tasks"))
+    pool = str(Path(__file__).resolve().parents[1] / "data" / "pools" / "cudal1")
+    common = ["--space", "--space-reference-only", "--space-variants", "cudnn-benchmark", "cuda-graph", "--pool", pool,
+              "--problems", "l2-096", "--backend", "local", "--gpu-type", "interpreter", "--data", str(tmp_path / "d")]
+    monkeypatch.setattr("tasks.search._FLUSH_EVERY", 1)
+    real, calls = DataRoot.write_measurements, []
+
+    def stopped(self, rows):  # the first child's measurement is written, then the call is stopped
+        real(self, rows)
+        calls.append(len(rows))
+        if any(r.candidate_id != rows[0].candidate_id for r in rows) or len(calls) == 2:
+            raise KeyboardInterrupt("the deadline")
+
+    monkeypatch.setattr(DataRoot, "write_measurements", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        headroom_search.main(common + ["--json", str(tmp_path / "a.json")])
+    root = DataRoot(str(tmp_path / "d" / "kb.cudal1-l2-096"))
+    written = set(root.read_candidates()["candidate_id"])
+    measured = set(root.read_measurements()["candidate_id"])
+    assert written and written <= measured  # nothing a replay would meet unmeasured
+    monkeypatch.setattr(DataRoot, "write_measurements", real)
+    assert headroom_search.main(common + ["--json", str(tmp_path / "b.json")]) == 0
+    assert "search failed" not in capsys.readouterr().out
+    [row] = json.loads((tmp_path / "b.json").read_text())["runs"]
+    assert row["reused"] >= 1 and row["children"] == 2
+    assert set(root.read_candidates()["candidate_id"]) <= set(root.read_measurements()["candidate_id"])
+    assert len(set(root.read_candidates()["candidate_id"])) == 3  # the reference and its two variants
