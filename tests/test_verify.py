@@ -103,7 +103,7 @@ class _Pacer:
         return Window(us, us + 6.0)
 
 
-def _verify(monkeypatch, cost, with_control=True):
+def _verify(monkeypatch, cost, with_control=True, keep=False):
     """runner._verify_case on a modelled host: the candidate's calls and the reference's control."""
     from types import SimpleNamespace
 
@@ -122,16 +122,20 @@ def _verify(monkeypatch, cost, with_control=True):
     case = SimpleNamespace(name="case-1")
     problem = runner._verify_case(job, case, _Checker(), lambda i: ("candidate", "timing-set"), _Pacer(), result,
                                   lambda *a: None, 500.0, control=control if with_control else None)
-    return problem, host
+    return (problem, host, result) if keep else (problem, host)
 
 
 def test_honest_code_on_a_host_that_slows_first_calls_passes_with_the_references_control(monkeypatch):
     busy = lambda who, key, n: 500.0 * (1.6 if n == 0 and key != "timing-set" else 1.0)  # noqa: E731
     with pytest.raises(Rejected, match="reuses work"):
         _verify(monkeypatch, busy, with_control=False)
-    problem, host = _verify(monkeypatch, busy)
+    problem, host, result = _verify(monkeypatch, busy, keep=True)
     assert problem is None
     assert any(who == "reference" for who, _ in host.seen)  # the control was made, after both rounds found it
+    assert result["unseen_control"] == ["case-1 (first calls 800.0 us against 500.0 us; the reference's 800.0 against "
+                                        "500.0 us)"]
+    from kernels.harness.worker import _controlled
+    assert _controlled(result) == [f"unseen-input control: {result['unseen_control'][0]}"] and _controlled({}) == []
 
 
 def test_a_cache_is_rejected_beside_the_references_control(monkeypatch):

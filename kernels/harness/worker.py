@@ -643,7 +643,7 @@ class MeasureWorker:
                 "error_rel": tuple(res.get("error_rel", ())),
                 "reference_error_rel": tuple(res.get("reference_error_rel", ())),
                 "checks": "; ".join([f"{k}: {res[k]}" for k in ("window_check", "memcheck") if res.get(k)]
-                                    + _anchoring(res))}
+                                    + _anchoring(res) + _controlled(res))}
 
     def _finish(self, r: _Running, **fields) -> Measurement:
         self._note(r, "ended", time.monotonic(), fields.get("status"))
@@ -659,6 +659,12 @@ class MeasureWorker:
         return Measurement(candidate_id=r.candidate.candidate_id, op=r.candidate.op,
                            gpu_type=self.hardware.gpu_type, mode=self.config.mode, protocol=self.config.protocol,
                            wall_seconds=time.monotonic() - r.started, hardware=self.hardware, **fields)
+
+
+def _controlled(res: dict) -> list[str]:
+    """The cases whose first calls on unseen inputs were slower than their repeats, as the reference's own were
+    (``runner._verify_case``'s control): kept in the row, since the reused-work check let them pass on that ground."""
+    return [f"unseen-input control: {'; '.join(res['unseen_control'])}"] if res.get("unseen_control") else []
 
 
 def _anchoring(res: dict) -> list[str]:
