@@ -512,7 +512,7 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
     def reference_control(case, seen_inputs, unseen, slow: bool):
         """The reference's first and repeated call on ``unseen``, made as the candidate's were (after an untimed
         call on inputs it has seen); None where the reference cannot run in this process."""
-        loaded = _control_launch(job, op, phase, controls)
+        loaded = _control_launch(job, op, phase, control_cache)
         if loaded is None:
             return None
         ref_launch, ref_params = loaded
@@ -524,7 +524,7 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
         return tuple(verify.synced_call(lambda: ref_launch(*unseen.inputs, *outs, **ref_params), flush, touch)[0]
                      for _ in range(2))
 
-    controls: dict[str, object] = {}
+    control_cache: dict[str, object] = {}  # the reference loaded once for every case's control
 
     def time_pair_case(case, anchor):
         return time_case(case, max_seconds=job.max_seconds_per_case, anchor=anchor)[0]
