@@ -279,11 +279,10 @@ def check_operation(config: SearchConfig) -> None:
         if not config.generator.endswith("variants"):
             raise ConfigError(f"variants_recorded gives a variants generator its recorded children; generator "
                               f"{config.generator!r} makes no variants")
+        from storage.dataset import DataRoot
         from tasks.generators import recorded_variants
 
         try:
-            from storage.dataset import DataRoot
-
             root = DataRoot(config.variants_recorded)
             if not root.fs.exists(root.path):  # a folder moved away mid-run reads as empty: say which it is
                 raise ValueError(f"{config.variants_recorded} does not exist (a data root of recorded children: "

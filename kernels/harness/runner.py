@@ -37,7 +37,6 @@ import fcntl
 import gc
 import math
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -661,10 +660,7 @@ def _verify_case(job: Job, case, checker: Checker, call, pacer: verify.Pacer, re
                      "control_again_us": [w.timed_us for w in controls[1]]}
             if found is None:  # said in the verdict's checks: the reference's own first calls excused this case's
                 result.setdefault("unseen_control", []).append(
-                    f"{case.name} (first calls {statistics.median(w.timed_us for w in first):.1f} us against "
-                    f"{statistics.median(w.timed_us for w in again):.1f} us; the reference's "
-                    f"{statistics.median(w.timed_us for w in controls[0]):.1f} against "
-                    f"{statistics.median(w.timed_us for w in controls[1]):.1f} us)")
+                    f"{case.name} ({verify.control_note(first, again, controls)})")
     if found:
         raise Rejected(f"{where}: {found}")
     verify.check_integrity(_HARNESS_AT_START, where)

@@ -309,6 +309,17 @@ def fresh_calls_for(runtime_us: float, fresh_calls: int) -> int:
     return 1 if slow_call(runtime_us) else fresh_calls
 
 
+def median_us(windows: list[Window]) -> float:
+    """The median timed length of ``windows``."""
+    return statistics.median(w.timed_us for w in windows)
+
+
+def control_note(first: list[Window], again: list[Window], control: tuple[list[Window], list[Window]]) -> str:
+    """What a candidate's first and repeated calls on unseen inputs took beside the reference's own (its control)."""
+    return (f"first calls {median_us(first):.1f} us against {median_us(again):.1f} us; the reference's "
+            f"{median_us(control[0]):.1f} against {median_us(control[1]):.1f} us")
+
+
 def reuses_work(first: list[Window], again: list[Window],
                 control: tuple[list[Window], list[Window]] | None = None) -> str | None:
     """Why calls on unseen inputs are slower than the same calls repeated on those inputs; None when not.
@@ -321,12 +332,10 @@ def reuses_work(first: list[Window], again: list[Window],
     what slowed them, and the candidate is held to that much more: on a host of four H100s whose cores were
     compiling, KernelBench level2/85's reference took 842 us on unseen inputs against 517 us repeated, in both
     rounds, and 0.83-1.08 of its repeat on a quiet one."""
-    new = statistics.median(w.timed_us for w in first)
-    seen = statistics.median(w.timed_us for w in again)
+    new, seen = median_us(first), median_us(again)
     host = 1.0
     if control and control[0] and control[1]:
-        host = max(1.0, statistics.median(w.timed_us for w in control[0]) /
-                   max(statistics.median(w.timed_us for w in control[1]), 1e-3))
+        host = max(1.0, median_us(control[0]) / max(median_us(control[1]), 1e-3))
     if new > 1.25 * host * seen and new - seen > 2.0:
         grew = sum(w.grew_bytes for w in first) - sum(w.grew_bytes for w in again)
         # kept in the verdict: an allocator that had to reserve memory for the first calls only makes them
