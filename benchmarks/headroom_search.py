@@ -473,16 +473,17 @@ def summary(rows: list[dict]) -> list[str]:
 def space_census(folder: str, gpu_type: str = "auto") -> list[str]:
     """Per measured space under ``folder``: its children, how many ran, the best of what both sides of a comparison
     measure first (the reference and CUDA-L1's kernels, the roots), the best kernel and what made it, and how much
-    beyond the roots it lies; then how many spaces hold a kernel 1.10x beyond their roots, the margin a surrogate
-    needs to win by 1.10 (docs/search.md)."""
+    beyond the roots it lies, and the best over torch.compile of the reference (default mode) where the space holds
+    it; then how many spaces hold a kernel 1.10x beyond their roots, the margin a surrogate needs to win by 1.10
+    (docs/search.md)."""
     from storage.dataset import DataRoot
 
     roots = [d for d in sorted(Path(folder).iterdir()) if d.is_dir() and (d / "measurements").is_dir()] \
         if Path(folder).is_dir() else []
     if not roots:
         raise ValueError(f"--census {folder}: no measured spaces there (folders holding measurements/)")
-    lines = ["| problem | children | ran | best root | best | made by | best / best root | within 10% of the best |",
-             "|---|---:|---:|---:|---:|---|---:|---:|"]
+    lines = ["| problem | children | ran | best root | best | made by | best / best root | within 10% of the best | "
+             "torch.compile | best / torch.compile |", "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
     beyond = []
     for root in roots:
         data = DataRoot(str(root))
@@ -490,7 +491,8 @@ def space_census(folder: str, gpu_type: str = "auto") -> list[str]:
         m = data.read_measurements(**({} if gpu_type in ("", "auto") else {"gpu_type": gpu_type}))
         if c.empty or m.empty:
             continue
-        m = m.drop_duplicates("candidate_id", keep="last").merge(c[["candidate_id", "origin"]], on="candidate_id")
+        m = m.drop_duplicates("candidate_id", keep="last").merge(c[["candidate_id", "origin", "parent_id"]],
+                                                                 on="candidate_id")
         kids = m[m["origin"] != "seed"]
         ok = m[(m["status"] == "ok") & m["speedup"].notna()]
         if ok.empty:
@@ -501,8 +503,12 @@ def space_census(folder: str, gpu_type: str = "auto") -> list[str]:
         ratio = top["speedup"] / best_root
         near = int((ok["speedup"] >= 0.9 * top["speedup"]).sum())
         beyond.append(ratio)
+        seeds = set(m.loc[m["origin"] == "seed", "candidate_id"])
+        compiled = ok[(ok["origin"] == TORCH_COMPILE) & ok["parent_id"].isin(seeds)]
+        over = f"{compiled['speedup'].iloc[0]:.3f} | {top['speedup'] / compiled['speedup'].iloc[0]:.3f}" \
+            if not compiled.empty else "- | -"
         lines.append(f"| {root.name} | {len(kids)} | {int((kids['status'] == 'ok').sum())} | {best_root:.3f} | "
-                     f"{top['speedup']:.3f} | {top['origin']} | {ratio:.3f} | {near} |")
+                     f"{top['speedup']:.3f} | {top['origin']} | {ratio:.3f} | {near} | {over} |")
     lines += ["", f"{len(beyond)} spaces; a kernel at least 1.10x beyond the roots in {sum(r >= 1.10 for r in beyond)}, "
               f"at least 1.03x in {sum(r >= 1.03 for r in beyond)}; the best is a root in "
               f"{sum(r <= 1.0 + 1e-9 for r in beyond)}"]
