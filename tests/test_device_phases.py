@@ -360,6 +360,35 @@ def test_share_gives_each_gpu_worker_whole_cores_of_its_own():
         cores.share(0, 5, range(8), siblings_of=pairs.__getitem__)
 
 
+def _machine_of_gpus(root, *uuids):
+    """A driver's list of a machine's GPUs, as /proc/driver/nvidia/gpus holds it: a folder a GPU, by PCI address."""
+    for i, uuid in enumerate(uuids):
+        bus = root / f"0000:00:0{6 + i}.0"
+        bus.mkdir(parents=True)
+        (bus / "information").write_text(f"Model: \t\t NVIDIA H200\nGPU UUID: \t {uuid}\nBus Location: \t {bus.name}\n")
+    return str(root)
+
+
+def test_a_process_told_one_of_the_machines_gpus_takes_that_gpus_share_of_the_cores(tmp_path):
+    """Two sweeps, one per GPU of a two-GPU host, each started with CUDA_VISIBLE_DEVICES alone: each takes its GPU's
+    share, so their lock holders never share a core (on two H200s, both kept core 31 and five honest calls were
+    rejected as work left on the device)."""
+    from kernels.harness import cores
+
+    gpus = _machine_of_gpus(tmp_path / "gpus", "GPU-0b2bfbfe", "GPU-fa6fd60d")
+    assert cores.gpu_of_machine("1", gpus) == (1, 2) and cores.gpu_of_machine("GPU-0b2bfbfe", gpus) == (0, 2)
+    first, second = (cores.this_gpus_share(v, gpus, cpus=range(32)) for v in ("0", "GPU-fa6fd60d"))
+    assert first and second and not set(first) & set(second) and set(first) | set(second) == set(range(32))
+    assert cores.plan(first).timing != cores.plan(second).timing
+    # a process that sees all of them, or several, or a GPU the driver does not list, keeps every core
+    for visible in (None, "", "0,1", "2", "GPU-unknown", "MIG-0b2bfbfe"):
+        assert cores.this_gpus_share(visible or "", gpus, cpus=range(32)) is None, visible
+    # a machine of one GPU, no driver here, or fewer cores than GPUs: nothing to share
+    assert cores.this_gpus_share("0", _machine_of_gpus(tmp_path / "one", "GPU-a"), cpus=range(32)) is None
+    assert cores.this_gpus_share("0", str(tmp_path / "no-driver"), cpus=range(32)) is None
+    assert cores.this_gpus_share("1", gpus, cpus=[0]) is None
+
+
 def test_a_worker_given_cores_runs_its_children_on_them_only():
     mine = tuple(sorted(os.sched_getaffinity(0)))[-1:]
     hw = HardwareSpec(gpu_type=INTERPRETER, device_name="cpu")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 _TOPOLOGY = "/sys/devices/system/cpu/cpu{}/topology/thread_siblings_list"
+_GPUS = "/proc/driver/nvidia/gpus"  # one folder a GPU of the machine, named by its PCI address
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,50 @@ def share(index: int, parts: int, cpus: Iterable[int] | None = None,
         raise ValueError(f"{len(groups)} cores cannot be shared among {parts} workers: each needs one of its own")
     first, last = index * len(groups) // parts, (index + 1) * len(groups) // parts
     return tuple(sorted(c for g in groups[first:last] for c in g))
+
+
+def gpu_of_machine(visible: str | None, gpus_dir: str = _GPUS) -> tuple[int, int] | None:
+    """``(index, count)``: which of the machine's ``count`` GPUs a process that sees one of them measures on, from
+    its ``CUDA_VISIBLE_DEVICES`` (an index or a UUID) and the driver's list of the machine's GPUs; None where it sees
+    all of them or several, where the machine has one GPU, or where the driver's list cannot be read."""
+    names = [v.strip() for v in (visible or "").split(",") if v.strip()]
+    try:
+        buses = sorted(os.listdir(gpus_dir))
+    except OSError:
+        return None
+    if len(names) != 1 or len(buses) < 2:
+        return None
+    name = names[0]
+    if name.isdigit():
+        index = int(name)
+        return (index, len(buses)) if index < len(buses) else None
+    for index, bus in enumerate(buses):  # a UUID (GPU-...): the driver's information file of each GPU names it
+        try:
+            with open(os.path.join(gpus_dir, bus, "information")) as f:
+                if any(line.split(":", 1)[-1].strip() == name for line in f if line.startswith("GPU UUID")):
+                    return index, len(buses)
+        except OSError:
+            continue
+    return None
+
+
+def this_gpus_share(visible: str | None = None, gpus_dir: str = _GPUS,
+                    cpus: Iterable[int] | None = None) -> tuple[int, ...] | None:
+    """The cores of this process's share (``share``) where it measures on one of the machine's several GPUs
+    (``gpu_of_machine``; default: this process's ``CUDA_VISIBLE_DEVICES``); None otherwise, or where the machine
+    has fewer cores than GPUs.
+
+    Two processes measuring on two GPUs of one machine (two sweeps, two searches), each told nothing of the
+    other, would otherwise each keep the same last core for its lock holder. Measured on a host of two H200s:
+    two task sweeps' lock holders shared core 31, and five honest calls of milliseconds were rejected as work
+    left on the device, their host's wake-up after the synchronisation delayed by the other's (docs/harness.md)."""
+    found = gpu_of_machine(os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible, gpus_dir)
+    if found is None:
+        return None
+    try:
+        return share(*found, cpus=cpus)
+    except ValueError:
+        return None
 
 
 def pin(cpus: Iterable[int]) -> tuple[int, ...]:

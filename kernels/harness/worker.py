@@ -72,8 +72,9 @@ class WorkerConfig:
     # A core (with its hyperthreads) kept for the child holding the lock, the others for compiling
     # (kernels.harness.cores); None: in GPU mode, where host time is timed, and not in interpreter mode.
     reserve_timing_core: bool | None = None
-    # The cores this worker's children may use (None: all this process may): one share per GPU where
-    # several workers measure on one machine (kernels.harness.cores.share).
+    # The cores this worker's children may use (None: all this process may, or in GPU mode, where the process sees
+    # one of the machine's several GPUs, that GPU's share: kernels.harness.cores.this_gpus_share): one share per GPU
+    # where several workers measure on one machine (kernels.harness.cores.share).
     cpus: tuple[int, ...] | None = None
     host_bound_windows: int = 5  # timing windows at most for a case whose host side outlasts the L2 flush
     # After each case is timed: its call profiled, calls on unseen inputs beside timed ones, the timer checked
@@ -266,7 +267,9 @@ class MeasureWorker:
         os.makedirs(self._cache, exist_ok=True)
         self.stats = WorkerStats()
         reserve = config.reserve_timing_core if config.reserve_timing_core is not None else config.mode == "gpu"
-        self.cores = cores.plan(config.cpus, reserve=reserve)
+        # A process told to measure on one of the machine's GPUs takes that GPU's share of the cores unless given some.
+        own = config.cpus if config.cpus is not None or config.mode != "gpu" else cores.this_gpus_share()
+        self.cores = cores.plan(own, reserve=reserve)
         self._protection = (config.network, config.filesystem)  # in GPU mode, settled by a probe
         self._probed = config.mode != "gpu"
         self.reference_us: dict[str, tuple[float, ...]] = {}  # op -> eager runtime per case
