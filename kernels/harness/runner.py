@@ -636,6 +636,7 @@ def _verify_case(job: Job, case, checker: Checker, call, pacer: verify.Pacer, re
                 idle.append(pacer.idle_window(first[-1].timed_us))
         seen = {"first_us": [w.timed_us for w in first], "again_us": [w.timed_us for w in again],
                 "synced_gap_us": [w.synced_us - w.timed_us for w in first + again],
+                "host_waited_us": [w.waited_us for w in first + again],  # taken off the gaps (verify.gap_us)
                 "paced_gap_us": [w.synced_us - w.timed_us for w in paced],  # none for a call of seconds
                 "idle_gap_us": [w.synced_us - w.timed_us for w in idle]}
         share = verify.TRACED_SHARE if traced else 0.1
