@@ -470,11 +470,25 @@ def summary(rows: list[dict]) -> list[str]:
     return lines
 
 
+def published_compile(corpus: Path = POOL / "cudal1.parquet") -> dict[str, float]:
+    """Per KernelBench problem of the CUDA-L1 pool, torch.compile's (default mode) speedup over eager on CUDA-L1's
+    own H100 as its published scores imply it (its kernel's score over eager divided by its score over
+    torch.compile): their machine and software, not measured here."""
+    import pandas as pd
+
+    if not corpus.is_file():
+        return {}
+    scores = pd.read_parquet(corpus, columns=["op", "h100_score_default", "h100_score_torch_compile_default"])
+    scores = scores.dropna().groupby("op").first()
+    scores = scores[(scores["h100_score_default"] > 0) & (scores["h100_score_torch_compile_default"] > 0)]
+    return (scores["h100_score_default"] / scores["h100_score_torch_compile_default"]).to_dict()
+
+
 def space_census(folder: str, gpu_type: str = "auto") -> list[str]:
     """Per measured space under ``folder``: its children, how many ran, the best of what both sides of a comparison
     measure first (the reference and CUDA-L1's kernels, the roots), the best kernel and what made it, and how much
     beyond the roots it lies, and the best over torch.compile of the reference (default mode) where the space holds
-    it; then how many spaces hold a kernel 1.10x beyond their roots, the margin a surrogate needs to win by 1.10
+    it, and over torch.compile as CUDA-L1's published H100 scores imply it (``published_compile``); then how many spaces hold a kernel 1.10x beyond their roots, the margin a surrogate needs to win by 1.10
     (docs/search.md)."""
     from storage.dataset import DataRoot
 
@@ -482,8 +496,10 @@ def space_census(folder: str, gpu_type: str = "auto") -> list[str]:
         if Path(folder).is_dir() else []
     if not roots:
         raise ValueError(f"--census {folder}: no measured spaces there (folders holding measurements/)")
+    published = published_compile()
     lines = ["| problem | children | ran | best root | best | made by | best / best root | within 10% of the best | "
-             "torch.compile | best / torch.compile |", "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+             "torch.compile | best / torch.compile | torch.compile, published | best / published torch.compile |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     beyond = []
     for root in roots:
         data = DataRoot(str(root))
@@ -507,6 +523,8 @@ def space_census(folder: str, gpu_type: str = "auto") -> list[str]:
         compiled = ok[(ok["origin"] == TORCH_COMPILE) & ok["parent_id"].isin(seeds)]
         over = f"{compiled['speedup'].iloc[0]:.3f} | {top['speedup'] / compiled['speedup'].iloc[0]:.3f}" \
             if not compiled.empty else "- | -"
+        paper = published.get(root.name)
+        over += f" | {paper:.3f} | {top['speedup'] / paper:.3f}" if paper else " | - | -"
         lines.append(f"| {root.name} | {len(kids)} | {int((kids['status'] == 'ok').sum())} | {best_root:.3f} | "
                      f"{top['speedup']:.3f} | {top['origin']} | {ratio:.3f} | {near} | {over} |")
     lines += ["", f"{len(beyond)} spaces; a kernel at least 1.10x beyond the roots in {sum(r >= 1.10 for r in beyond)}, "

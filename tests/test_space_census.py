@@ -20,6 +20,10 @@ def test_the_census_of_the_committed_spaces_names_the_best_beyond_the_roots():
     assert cells[8:10] == ["1.422", "11.236"]
     # l2-089's space was measured without compile variants: no figure over torch.compile is made up for it
     assert [c.strip() for c in _row(lines, "kb.cudal1-l2-089")][8:10] == ["-", "-"]
+    # beside it, torch.compile as CUDA-L1's published H100 scores imply it: 15.926 / 9.895 for l3-031
+    assert cells[10:12] == [f"{15.926 / 9.895:.3f}", f"{15.980 / (15.926 / 9.895):.3f}"]
+    # a GPU MODE task has no published figure
+    assert [c.strip() for c in _row(lines, "gpumode.grayscale")][10:12] == ["-", "-"]
     # l2-096: the best is one of CUDA-L1's kernels, which both sides measure first
     cells = [c.strip() for c in _row(lines, "kb.cudal1-l2-096")]
     assert cells[5] == "import" and cells[6] == "1.000"
