@@ -377,16 +377,18 @@ def test_a_process_told_one_of_the_machines_gpus_takes_that_gpus_share_of_the_co
 
     gpus = _machine_of_gpus(tmp_path / "gpus", "GPU-0b2bfbfe", "GPU-fa6fd60d")
     assert cores.gpu_of_machine("1", gpus) == (1, 2) and cores.gpu_of_machine("GPU-0b2bfbfe", gpus) == (0, 2)
-    first, second = (cores.this_gpus_share(v, gpus, cpus=range(32)) for v in ("0", "GPU-fa6fd60d"))
+    first, second = (cores.this_gpus_share(v, gpus, cpus=range(32), machine_cpus=32) for v in ("0", "GPU-fa6fd60d"))
     assert first and second and not set(first) & set(second) and set(first) | set(second) == set(range(32))
     assert cores.plan(first).timing != cores.plan(second).timing
     # a process that sees all of them, or several, or a GPU the driver does not list, keeps every core
     for visible in (None, "", "0,1", "2", "GPU-unknown", "MIG-0b2bfbfe"):
-        assert cores.this_gpus_share(visible or "", gpus, cpus=range(32)) is None, visible
+        assert cores.this_gpus_share(visible or "", gpus, cpus=range(32), machine_cpus=32) is None, visible
     # a machine of one GPU, no driver here, or fewer cores than GPUs: nothing to share
-    assert cores.this_gpus_share("0", _machine_of_gpus(tmp_path / "one", "GPU-a"), cpus=range(32)) is None
-    assert cores.this_gpus_share("0", str(tmp_path / "no-driver"), cpus=range(32)) is None
-    assert cores.this_gpus_share("1", gpus, cpus=[0]) is None
+    assert cores.this_gpus_share("0", _machine_of_gpus(tmp_path / "one", "GPU-a"), range(32), 32) is None
+    assert cores.this_gpus_share("0", str(tmp_path / "no-driver"), cpus=range(32), machine_cpus=32) is None
+    assert cores.this_gpus_share("1", gpus, cpus=[0], machine_cpus=1) is None
+    # a process already given its share (taskset -c 16-31 for GPU 1) keeps it whole, not a half of it
+    assert cores.this_gpus_share("1", gpus, cpus=range(16, 32), machine_cpus=32) is None
 
 
 def test_a_worker_given_cores_runs_its_children_on_them_only():

@@ -115,21 +115,23 @@ def gpu_of_machine(visible: str | None, gpus_dir: str = _GPUS) -> tuple[int, int
     return None
 
 
-def this_gpus_share(visible: str | None = None, gpus_dir: str = _GPUS,
-                    cpus: Iterable[int] | None = None) -> tuple[int, ...] | None:
-    """The cores of this process's share (``share``) where it measures on one of the machine's several GPUs
-    (``gpu_of_machine``; default: this process's ``CUDA_VISIBLE_DEVICES``); None otherwise, or where the machine
-    has fewer cores than GPUs.
+def this_gpus_share(visible: str | None = None, gpus_dir: str = _GPUS, cpus: Iterable[int] | None = None,
+                    machine_cpus: int | None = None) -> tuple[int, ...] | None:
+    """The cores of this process's share (``share``) of ``cpus`` (default: those it may run on) where it measures on
+    one of the machine's several GPUs (``gpu_of_machine``; default: this process's ``CUDA_VISIBLE_DEVICES``); None
+    otherwise, where the machine has fewer cores than GPUs, or where the process was already given fewer than the
+    machine's ``machine_cpus`` (default: all of them; ``taskset`` a GPU: that is its share already).
 
     Two processes measuring on two GPUs of one machine (two sweeps, two searches), each told nothing of the
     other, would otherwise each keep the same last core for its lock holder. Measured on a host of two H200s:
     two task sweeps' lock holders shared core 31, and five honest calls of milliseconds were rejected as work
     left on the device, their host's wake-up after the synchronisation delayed by the other's (docs/harness.md)."""
     found = gpu_of_machine(os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible, gpus_dir)
-    if found is None:
+    allowed = sorted(set(os.sched_getaffinity(0) if cpus is None else cpus))
+    if found is None or len(allowed) < (machine_cpus or os.cpu_count() or 0):
         return None
     try:
-        return share(*found, cpus=cpus)
+        return share(*found, cpus=allowed)
     except ValueError:
         return None
 
