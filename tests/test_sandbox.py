@@ -217,6 +217,45 @@ def test_a_refused_write_is_named_only_while_landlock_confines_writes(monkeypatc
     assert sandbox.denied_write(PermissionError(1, "Operation not permitted")) == ""  # no path named
 
 
+ORPHAN_PROBE = '''
+import ctypes
+import os
+import subprocess
+import sys
+import time
+
+
+def children():
+    found = 0
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/stat" % entry) as f:
+                found += f.read().rsplit(")", 1)[1].split()[1] == str(os.getpid())
+        except (OSError, IndexError):
+            pass
+    return found
+
+
+def launch(x, out):
+    # a daemon's double fork: the middle process exits at once, leaving a grandchild that sleeps
+    subprocess.run([sys.executable, "-c", "import subprocess, sys; subprocess.Popen([sys.executable, '-c', "
+                    "'import time; time.sleep(5)'])"], check=True)
+    time.sleep(0.5)
+    flag = ctypes.c_int(0)
+    ctypes.CDLL(None).prctl(37, ctypes.byref(flag), 0, 0, 0)  # PR_GET_CHILD_SUBREAPER
+    raise RuntimeError("PROBE subreaper=%d own=%d" % (flag.value, children()))
+'''
+
+
+def test_a_process_the_candidate_leaves_behind_stays_its_own():
+    """The child is a subreaper: a grandchild whose parent exited becomes the candidate's, so the verification sees
+    that the candidate has processes of its own (``verify.own_processes``, whose turns on the timing core excuse
+    nothing)."""
+    report, _ = probe(ORPHAN_PROBE)
+    flag, own = (int(part.split("=")[1]) for part in report.split())
+    assert flag == 1 and own >= 1, report  # one grandchild a call of launch (the harness may call it more than once)
+
+
 def test_scratch_directories_are_removed_after_each_candidate():
     _, worker = probe(WRITE_PROBE.format(outside="/nonexistent/x", sibling="/nonexistent/y"))
     assert not os.path.exists(worker._root)

@@ -61,9 +61,38 @@ def test_the_host_clock_reads_the_threads_schedstat(tmp_path):
     for tid, stat in (("100", "500 7000 3\n"), ("101", "9000 0 1\n"), ("102", "11 2 1\n")):
         (tasks / tid).mkdir(parents=True)
         (tasks / tid / "schedstat").write_text(stat)
-    assert verify.host_clock(str(tasks / "100"), str(tasks)) == verify.HostClock(queued_ns=7000, others_ns=9011)
+    import os
+
+    reaped = os.times()  # the CPU time of child processes this one has reaped counts as the candidate's own too
+    reaped_ns = int((reaped.children_user + reaped.children_system) * 1e9)
+    assert verify.host_clock(str(tasks / "100"), str(tasks)) == verify.HostClock(7000, 9011 + reaped_ns)
     # a kernel that keeps no schedstat (or a sandbox that hides it): zeros, so nothing is excused
-    assert verify.host_clock(str(tmp_path / "none"), str(tmp_path / "none")) == verify.HostClock(0, 0)
+    assert verify.host_clock(str(tmp_path / "none"), str(tmp_path / "none")) == verify.HostClock(0, reaped_ns)
+
+
+def test_the_processes_of_the_candidates_own_are_counted_from_proc(tmp_path):
+    """/proc/<pid>/stat: pid, (command, which may hold spaces and parentheses), state, parent pid, ..."""
+    for pid, stat in (("10", "10 (a b) S 7 10 10"), ("11", "11 (x) S 8 11 11"), ("12", "12 (we)ird) Z 7 1 1"),
+                      ("self", "1 (init) S 0")):
+        (tmp_path / pid).mkdir()
+        (tmp_path / pid / "stat").write_text(stat)
+    assert verify.own_processes(7, str(tmp_path)) == 2  # a running child and an exited one not yet reaped
+    assert verify.own_processes(9, str(tmp_path)) == 0
+
+
+def test_a_child_process_is_seen_while_it_lives_and_its_cpu_time_once_reaped():
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
+    try:
+        assert verify.own_processes() >= 1
+    finally:
+        child.kill()
+        child.wait()
+    before = verify.host_clock()
+    subprocess.run([sys.executable, "-c", "sum(range(30_000_000))"], check=True)
+    assert verify.host_clock().others_ns - before.others_ns > 0.05e9  # its CPU time counts as the candidate's own
 
 
 def _schedstat_counts() -> bool:

@@ -44,6 +44,7 @@ FILESYSTEM_CHOICES = ("landlock", "off")
 
 _CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
 _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
+_PR_SET_CHILD_SUBREAPER = 36
 _SYS_LANDLOCK_CREATE_RULESET, _SYS_LANDLOCK_ADD_RULE, _SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
 _LANDLOCK_CREATE_RULESET_VERSION = 1
 _LANDLOCK_RULE_PATH_BENEATH = 1
@@ -254,6 +255,9 @@ def enter(policy: SandboxPolicy) -> SandboxReport:
     global _confined_to
     scrubbed = scrub_environment()
     os.setpgrp()  # its own process group, so the worker can kill whatever it forks along with it
+    # Whatever it forks stays its descendant even when the parent between them exits (a daemon's double fork): the
+    # verification asks whether the child has processes of its own (kernels.harness.verify.own_processes).
+    _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     os.chdir(policy.scratch_dir)
     os.environ.update(HOME=policy.scratch_dir, TMPDIR=policy.scratch_dir, TRITON_HOME=policy.scratch_dir,
                       TRITON_CACHE_DIR=policy.triton_cache_dir,

@@ -20,7 +20,8 @@ these checks (docs/harness.md, "What a verdict must withstand"):
                timed stream finished, beyond what a call of the same length with nothing hidden
                leaves (``Pacer``), is work the timer missed. The time the timing thread sat ready for a
                CPU meanwhile (Linux's per-thread ``schedstat``), less what its own process's other
-               threads ran, is the host's delay, not the device's, and is taken off the gap.
+               threads and reaped children ran, is the host's delay, not the device's, and is taken
+               off the gap, unless the candidate has processes of its own at the time.
   fresh      — calls on inputs the candidate has never seen, each made twice, their outputs checked
                after the timed calls: a cache by address or content, a replay, or work skipped when
                an output buffer already holds the answer shows as a wrong output or as a first call
@@ -226,8 +227,8 @@ def _schedstat(path: str) -> tuple[int, int]:
 
 
 def host_clock(task_dir: str = "/proc/thread-self", process_dir: str = "/proc/self/task") -> HostClock:
-    """The calling thread's run-queue time and the CPU time of every other thread of its process (Linux
-    ``schedstat``; zeros where the kernel keeps none)."""
+    """The calling thread's run-queue time and the CPU time of every other thread of its process, and of its child
+    processes it has reaped (Linux ``schedstat``; zeros where the kernel keeps none)."""
     import os
 
     me = os.path.realpath(task_dir)
@@ -237,7 +238,33 @@ def host_clock(task_dir: str = "/proc/thread-self", process_dir: str = "/proc/se
         tasks = []
     others = sum(_schedstat(os.path.join(process_dir, t, "schedstat"))[0] for t in tasks
                  if os.path.realpath(os.path.join(process_dir, t)) != me)
+    reaped = os.times()
+    others += int((reaped.children_user + reaped.children_system) * 1e9)
     return HostClock(_schedstat(os.path.join(task_dir, "schedstat"))[1], others)
+
+
+def own_processes(pid: int | None = None, proc: str = "/proc") -> int:
+    """How many processes (running, or exited and not yet reaped) have ``pid`` (default: this one) as their parent.
+
+    The sandbox makes the candidate's process a child subreaper, so a process it started stays its child even
+    after a double fork: one that held the timing core would make the timing thread's wait its own doing."""
+    import os
+
+    pid = os.getpid() if pid is None else pid
+    found = 0
+    try:
+        entries = [e for e in os.listdir(proc) if e.isdigit()]
+    except OSError:
+        return 0
+    for entry in entries:
+        try:
+            with open(os.path.join(proc, entry, "stat")) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 1 and fields[1] == str(pid):
+            found += 1
+    return found
 
 
 def host_waited_us(before: HostClock, after: HostClock) -> float:
@@ -269,6 +296,8 @@ def synced_call(call: Callable[[], object], flush: torch.Tensor, touch=()) -> tu
     idle.record()
     idle.synchronize()
     waited = host_waited_us(before, host_clock())
+    if waited and own_processes():  # a process of its own may have held the core: the wait is not the host's
+        waited = 0.0
     grew = max(0, torch.cuda.memory_reserved() - reserved)
     return Window(start.elapsed_time(end) * 1e3, start.elapsed_time(idle) * 1e3, grew, waited), got
 
