@@ -65,7 +65,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.llm_search import BASELINE, add_live_arguments, live_model_settings, run_one, to_reach
+from benchmarks.llm_search import (BASELINE, add_live_arguments, beyond_roots, live_model_settings, run_one,
+                                   to_reach)
 from kernels.records import utc_now
 from tasks.config import SearchConfig
 
@@ -393,6 +394,9 @@ def search_problem(args, op: str, rows: list, save) -> None:
                    "ratio": run["best"] / ref["best"] if ref["best"] else None,
                    "to_baseline_best": reached, "share_of_baseline_budget": reached / scale if reached else None,
                    "baseline_to_its_best": to_reach(ref, ref["best"], mode) if ref["best"] else None,
+                   # the same two, less the roots both sides measure first (at the same cost)
+                   "beyond_roots_to_baseline_best": beyond_roots(run, ref["best"], mode) if ref["best"] else None,
+                   "baseline_beyond_roots_to_its_best": beyond_roots(ref, ref["best"], mode) if ref["best"] else None,
                    "surrogate_best_origin": origin.get(run["best_candidate"], ""),
                    "baseline_best_origin": origin.get(ref["best_candidate"], ""),
                    **{f"surrogate_{k}": run[k] for k in ("run_id", "best_candidate", "measurements", "gpu_seconds",
@@ -430,8 +434,9 @@ def summary(rows: list[dict]) -> list[str]:
              "", "| budget kind | surrogate | budget | runs | geomean best(surrogate) / best(baseline) | wins / ties / "
              "losses | reached the baseline's best | median share of the baseline's cost to get there | "
              "median cost to the baseline's best, over the baseline's own | "
+             "the same beyond the roots (runs whose baseline found its best beyond them) | "
              "measured (surrogate / baseline, mean) | GPU + compile s (surrogate / baseline, mean) |",
-             "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+             "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     keys = sorted({(r["mode"], r["surrogate"], r["budget"]) for r in rows}, key=lambda k: (MODES.index(k[0]), k[1:]))
     for mode, name, budget in keys:
         mine = [r for r in rows if (r["mode"], r["surrogate"], r["budget"]) == (mode, name, budget) and r["ratio"]]
@@ -444,12 +449,18 @@ def summary(rows: list[dict]) -> list[str]:
         # A run that never reached it counts as 2x; a row without the baseline's own (older files) is left out.
         relative = [(r["to_baseline_best"] or 2 * r["baseline_to_its_best"]) / r["baseline_to_its_best"]
                     for r in mine if r.get("baseline_to_its_best")]
+        # Beyond the roots: only where the baseline spent something past them to reach its best (else there is no
+        # search cost to compare); a surrogate that never reached it counts as 2x, as above.
+        past = [(r["beyond_roots_to_baseline_best"] if r["beyond_roots_to_baseline_best"] is not None
+                 else 2 * r["baseline_beyond_roots_to_its_best"]) / r["baseline_beyond_roots_to_its_best"]
+                for r in mine if r.get("baseline_beyond_roots_to_its_best")]
         cost = [(r["surrogate_gpu_seconds"] + r["surrogate_compile_seconds"],
                  r["baseline_gpu_seconds"] + r["baseline_compile_seconds"]) for r in mine]
         lines.append(f"| {mode} | {name} | {budget} | {len(mine)} | **{geomean(r['ratio'] for r in mine):.3f}** | "
                      f"{wins} / {len(mine) - wins - losses} / {losses} | "
                      f"{sum(r['to_baseline_best'] is not None for r in mine)}/{len(mine)} | {share:.2f} | "
                      f"{f'{statistics.median(relative):.2f}' if relative else '-'} | "
+                     f"{f'{statistics.median(past):.2f} ({len(past)})' if past else '-'} | "
                      f"{statistics.mean(r['surrogate_measurements'] for r in mine):.1f} / "
                      f"{statistics.mean(r['baseline_measurements'] for r in mine):.1f} | "
                      f"{statistics.mean(c[0] for c in cost):.0f} / {statistics.mean(c[1] for c in cost):.0f} |")

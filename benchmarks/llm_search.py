@@ -138,8 +138,26 @@ def run_one(config: SearchConfig) -> dict:
             "compile_seconds": sum(search.compile_charges), "stop_reason": result.stop_reason,
             "trajectory": search.trajectory, "charges": search.charges,
             "costs": [g + c for g, c in zip(search.charges, search.compile_charges)],
+            "roots_first": roots_first(search),
             "trusted": sum(s.trusted for s in result.generations), "dropped": sum(s.dropped for s in result.generations),
             "failed": sum(s.failed for s in result.generations), "seconds": time.perf_counter() - t0}
+
+
+def roots_first(search) -> int:
+    """How many of a search's first measurements were its roots (a measured pool's kernels it starts from)."""
+    roots = {c.candidate_id for c in getattr(search.generator, "roots", ())}
+    return next((i for i, cid in enumerate(search.charged_ids) if cid not in roots), len(search.charged_ids))
+
+
+def beyond_roots(run: dict, target: float, mode: str) -> float | None:
+    """``to_reach`` less what the run's first measurements, its roots, charged (both sides measure them first, at
+    the same cost): 0 where a root reached ``target``; None when the run never did."""
+    reached = to_reach(run, target, mode)
+    if reached is None:
+        return None
+    first = run.get("roots_first", 0)
+    per = {"gpu-seconds": "charges", "gpu-compile-seconds": "costs"}.get(mode)
+    return max(0.0, reached - (sum(run[per][:first]) if per else first))
 
 
 def to_reach(run: dict, target: float, mode: str) -> float | None:

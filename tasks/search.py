@@ -102,6 +102,7 @@ class Search:
         self.trajectory: list[float] = []  # measured speedups in the order they were charged (0: failed)
         self.charges: list[float] = []  # the GPU-seconds each of those measurements charged
         self.compile_charges: list[float] = []  # the compile seconds each of them charged
+        self.charged_ids: list[str] = []  # the candidate each of them was
         self.seconds_by_origin: dict[str, list[float]] = {}  # GPU + compile seconds of the children measured, by origin
         self.spent_each: list[float] = []  # what each of them cost in the budget's units (config.charge)
         self.budget_used = 0  # measurements charged
@@ -259,6 +260,7 @@ class Search:
         self.trajectory += [m.speedup if m.status == "ok" and m.speedup else 0.0 for m in gen.measurements]
         self.charges += [m.gpu_seconds for m in gen.measurements]
         self.compile_charges += [m.compile_seconds for m in gen.measurements]
+        self.charged_ids += [m.candidate_id for m in gen.measurements]
         for m in gen.measurements:
             self.seconds_by_origin.setdefault(self.candidates[m.candidate_id].origin, []).append(
                 m.gpu_seconds + m.compile_seconds)

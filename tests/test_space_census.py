@@ -37,3 +37,41 @@ def test_a_census_of_a_folder_without_spaces_is_refused(tmp_path, capsys):
         space_census(str(tmp_path))
     assert main(["--census", str(tmp_path / "missing")]) == 2
     assert "no measured spaces" in capsys.readouterr().err
+
+
+def test_the_cost_beyond_the_roots_leaves_out_what_both_sides_measure_first():
+    from benchmarks.llm_search import beyond_roots, to_reach
+
+    # three roots first (the best at 1.5x), then variants: one at 1.8x found fourth by one run, sixth by the other
+    quick = {"trajectory": [1.0, 1.5, 0.9, 1.8, 1.2], "charges": [2.0, 3.0, 3.0, 5.0, 1.0],
+             "costs": [2.0, 3.0, 3.0, 5.0, 1.0], "roots_first": 3}
+    slow = dict(quick, trajectory=[1.0, 1.5, 0.9, 1.2, 1.1, 1.8], charges=[2.0, 3.0, 3.0, 1.0, 1.0, 5.0],
+                costs=[2.0, 3.0, 3.0, 1.0, 1.0, 5.0])
+    assert to_reach(quick, 1.8, "measurements") == 4 and beyond_roots(quick, 1.8, "measurements") == 1
+    assert to_reach(slow, 1.8, "measurements") == 6 and beyond_roots(slow, 1.8, "measurements") == 3
+    assert beyond_roots(quick, 1.8, "gpu-compile-seconds") == 5.0 and beyond_roots(slow, 1.8, "gpu-seconds") == 7.0
+    assert beyond_roots(quick, 1.5, "measurements") == 0  # a root reached it: no search cost
+    assert beyond_roots(quick, 2.0, "measurements") is None
+
+
+def test_a_replayed_search_counts_its_roots_first(tmp_path, monkeypatch):
+    """On a committed space: the roots (CUDA-L1's kernels of the pool) are the first measurements of both sides."""
+    from benchmarks.headroom_search import parse, problem_settings
+    from benchmarks.llm_search import BASELINE, run_one
+    from kernels.formats import install_from_root
+    from storage.dataset import DataRoot
+    from tasks.config import SearchConfig
+
+    monkeypatch.setenv("KERNELCAST_TASKS", str(tmp_path / "tasks"))
+    install_from_root(DataRoot("data/pools/cudal1/h100-2026-11-27/kernelcast"), "kb.cudal1-l2-075")
+
+    args = parse(["--backend", "replay", "--replay-pool", "data/pools/spaces", "--gpu-type", "h100",
+                  "--pool", "data/pools/cudal1/h100-2026-11-27", "--data", str(tmp_path / "runs")])
+    base = problem_settings(args, "kb.cudal1-l2-075")
+    space = DataRoot("data/pools/spaces/kb.cudal1-l2-075").read_candidates()
+    assert (space["origin"] == "import").sum() == 2  # the pool holds two CUDA-L1 kernels of this problem: its roots
+    for name in (BASELINE, "roofline"):  # a surrogate needing no prior fit: the roots come first for it as well
+        run = run_one(SearchConfig(**base, seed=0, budget=8, surrogate=name))
+        assert run["roots_first"] == 2, run
+        # the baseline measures the space's seven children (the roots, then five variants); the surrogate fewer
+        assert len(run["trajectory"]) == 7 if name == BASELINE else 2 < len(run["trajectory"]) <= 7
