@@ -390,6 +390,16 @@ def test_replacing_a_timing_function_breaks_the_fingerprint():
             verify.check_integrity(before, "case a")
     finally:
         timing.fastest.__code__ = saved_code
+    import os
+
+    saved_listdir = os.listdir  # what the host clock counts the candidate's threads and processes with
+    try:
+        os.listdir = lambda path=".": []
+        with pytest.raises(Rejected, match="os.listdir"):
+            verify.check_integrity(before, "case a")
+    finally:
+        os.listdir = saved_listdir
+    verify.check_integrity(before, "case a")
 
 
 def test_a_tensor_subclass_output_is_refused():

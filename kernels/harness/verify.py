@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import os
 import statistics
 import sys
 import time
@@ -62,6 +63,10 @@ _WATCHED_MODULES = ("kernels.harness.timing", "kernels.harness.verify", "kernels
                     "kernels.harness.correctness", "kernels.harness.runner")
 
 
+# What the host clock reads /proc with (``host_clock``, ``own_processes``): a candidate that replaced one could make
+# its own threads or processes vanish from the count, or a wait appear.
+_WATCHED_OS = ("os.listdir", "os.times", "os.getpid", "os.path.realpath", "os.path.join")
+
 _WATCHED_TORCH = ("torch.cuda.synchronize", "torch.cuda.Event", "torch.cuda.current_stream",
                   "torch.cuda.mem_get_info", "torch.cuda.empty_cache", "torch.Tensor.zero_", "torch.Tensor.fill_")
 
@@ -78,6 +83,9 @@ def harness_fingerprint() -> dict[str, tuple[int, int]]:
     holders = [("builtins.", builtins), ("math.", math), ("time.", time), ("statistics.", statistics),
                ("torch.cuda.Event.", torch.cuda.Event)]
     holders += [(f"{name}.", sys.modules[name]) for name in _WATCHED_MODULES if name in sys.modules]
+    for name in _WATCHED_OS:
+        holder, _, attr = name.rpartition(".")
+        found[name] = _identity(getattr(os.path if holder == "os.path" else os, attr))
     for name in _WATCHED_TORCH:  # torch's own functions the timer calls (torch.compile rewraps others: not these)
         holder, _, attr = name.rpartition(".")
         found[name] = _identity(getattr(torch.cuda if holder == "torch.cuda" else torch.Tensor, attr))
@@ -229,8 +237,6 @@ def _schedstat(path: str) -> tuple[int, int]:
 def host_clock(task_dir: str = "/proc/thread-self", process_dir: str = "/proc/self/task") -> HostClock:
     """The calling thread's run-queue time and the CPU time of every other thread of its process, and of its child
     processes it has reaped (Linux ``schedstat``; zeros where the kernel keeps none)."""
-    import os
-
     me = os.path.realpath(task_dir)
     try:
         tasks = os.listdir(process_dir)
@@ -248,8 +254,6 @@ def own_processes(pid: int | None = None, proc: str = "/proc") -> int:
 
     The sandbox makes the candidate's process a child subreaper, so a process it started stays its child even
     after a double fork: one that held the timing core would make the timing thread's wait its own doing."""
-    import os
-
     pid = os.getpid() if pid is None else pid
     found = 0
     try:
