@@ -197,7 +197,7 @@ def test_a_slow_reference_holds_back_its_own_candidates_only(tmp_path):
 
     (tmp_path / "quick.py").write_text(KB_RELU)  # imported where the harness's children look (its fork server)
     (tmp_path / "slow.py").write_text(KB_RELU.replace("        return torch.relu(x)",
-                                                      "        import time\n        time.sleep(1.5)\n"
+                                                      "        import time\n        time.sleep(4.0)\n"
                                                       "        return torch.relu(x)"))
     slow, _ = import_task("kernelbench", str(tmp_path / "slow.py"), name="budget-slowref")
     quick, _ = import_task("kernelbench", str(tmp_path / "quick.py"), name="budget-quickref")
