@@ -499,8 +499,8 @@ def space_census(folder: str, gpu_type: str = "auto") -> list[str]:
     """Per measured space under ``folder``: its children, how many ran, the best of what both sides of a comparison
     measure first (the reference and CUDA-L1's kernels, the roots), the best kernel and what made it, and how much
     beyond the roots it lies, and the best over torch.compile of the reference (default mode) where the space holds
-    it, and over torch.compile as CUDA-L1's published H100 scores imply it (``published_compile``); then how many spaces hold a kernel 1.10x beyond their roots, the margin a surrogate needs to win by 1.10
-    (docs/search.md)."""
+    it, and over torch.compile as CUDA-L1's published H100 scores imply it (``published_compile``); then how many
+    spaces hold a kernel 1.10x beyond their roots, the margin a surrogate needs to win by 1.10 (docs/search.md)."""
     from storage.dataset import DataRoot
 
     roots = [d for d in sorted(Path(folder).iterdir()) if d.is_dir() and (d / "measurements").is_dir()] \

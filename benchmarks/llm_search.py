@@ -149,23 +149,26 @@ def roots_first(search) -> int:
     return next((i for i, cid in enumerate(search.charged_ids) if cid not in roots), len(search.charged_ids))
 
 
+def _charged(run: dict, mode: str) -> list[float]:
+    """What each of the run's measurements cost in ``mode``'s unit: 1 (measurements), its GPU-seconds
+    (gpu-seconds) or its GPU plus compile seconds (gpu-compile-seconds)."""
+    per = {"gpu-seconds": "charges", "gpu-compile-seconds": "costs"}.get(mode)
+    return run[per] if per else [1] * len(run["trajectory"])
+
+
 def beyond_roots(run: dict, target: float, mode: str) -> float | None:
     """``to_reach`` less what the run's first measurements, its roots, charged (both sides measure them first, at
     the same cost): 0 where a root reached ``target``; None when the run never did."""
     reached = to_reach(run, target, mode)
     if reached is None:
         return None
-    first = run.get("roots_first", 0)
-    per = {"gpu-seconds": "charges", "gpu-compile-seconds": "costs"}.get(mode)
-    return max(0.0, reached - (sum(run[per][:first]) if per else first))
+    return max(0.0, reached - sum(_charged(run, mode)[: run.get("roots_first", 0)]))
 
 
 def to_reach(run: dict, target: float, mode: str) -> float | None:
     """Measurements (mode measurements), GPU-seconds (gpu-seconds) or GPU plus compile seconds
     (gpu-compile-seconds) the run charged until its best reached ``target``; None when it never did."""
-    per = {"gpu-seconds": "charges", "gpu-compile-seconds": "costs"}.get(mode)
-    spent = itertools.accumulate(run[per]) if per else itertools.count(1)
-    for best, used in zip(itertools.accumulate(run["trajectory"], max), spent):
+    for best, used in zip(itertools.accumulate(run["trajectory"], max), itertools.accumulate(_charged(run, mode))):
         if best >= target:
             return used
     return None
