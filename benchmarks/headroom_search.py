@@ -93,6 +93,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--budgets", type=int, nargs="+", default=[8, 16, 32])
     p.add_argument("--surrogates", nargs="+", default=["learned"])
     p.add_argument("--acquisition", default="thompson", help="the surrogate runs' acquisition (thompson, ei)")
+    p.add_argument("--surrogate-folder", default="", metavar="DIR",
+                   help="the folder a surrogate that reads one is given, {op} standing for the problem's name "
+                        "(the oracle: the replayed root itself, --surrogate-folder data/pools/spaces/{op})")
     p.add_argument("--weigh-roots", action="store_true",
                    help="the surrogate weighs the roots (CUDA-L1's kernels) with the other children rather than "
                         "measuring them first (SearchConfig.weigh_roots); the baseline meets them first either way")
@@ -256,6 +259,8 @@ def problem_settings(args, op: str) -> dict:
                 prior_data=args.prior or f"{args.pool}/{args.protocol}",
                 # a task of the pool starts from its kernels there; another (GPU MODE) from its reference
                 generator_roots=f"{args.pool}/{args.protocol}" if op.startswith("kb.cudal1-") else "")
+    if args.surrogate_folder:
+        base["surrogate_folder"] = args.surrogate_folder.format(op=op)
     if args.live:
         base |= live_model_settings(args)
     if args.backend == "replay":

@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from surrogate.features import FEATURE_NAMES, feature_matrix
-from surrogate.forecast import Forecast, ForecastRequest, normalise
+from surrogate.forecast import Forecast, ForecastRequest, gaussian_forecasts, normalise
 from surrogate.bins import bin_probabilities
 
 _F = {name: i for i, name in enumerate(FEATURE_NAMES)}
@@ -95,3 +95,82 @@ class RooflineForecaster:
                                 raw_sum=raw, latency_s=latency, expected_speedup=math.exp(m),
                                 extra={"log_speedup_mean": float(m), "log_speedup_sigma": self.sigma}))
         return out
+
+
+class OracleForecaster:
+    """Hindsight: each candidate's measured outcome, read from a data root, forecast as certain.
+
+    No search can have this surrogate. It gives the ceiling a perfect one would reach on the same
+    measurements: a replay whose children were all measured before (``surrogate="oracle"``,
+    ``surrogate_folder`` the replayed data root) ranks them by their real speedups, so its best against
+    the baseline's bounds what any forecaster could win there. Each candidate's outcome is the one a replay
+    of that root answers (``infra.measure.ReplayMeasurer``: its last measurement on the request's GPU type).
+    A candidate the root never measured is forecast as its anchor with a wide spread: known to be unknown.
+    """
+
+    name = "oracle"
+    version = "hindsight-1"
+    SURE = 1e-3  # the spread of a measured outcome's log speedup, and how far from 0 or 1 its failure lies
+    UNKNOWN_SIGMA = 1.0
+
+    def __init__(self, folder: str = ""):
+        self.folder = folder
+        self._known: dict[tuple[str, str], dict[str, tuple[bool, float]]] = {}  # (op, gpu) -> id -> (ran, speedup)
+
+    @classmethod
+    def load(cls, folder: str) -> "OracleForecaster":
+        """The oracle of the data root ``folder``; a clear error where it holds no measurements."""
+        from storage.dataset import DataRoot
+
+        if not DataRoot(folder).read_measurements().shape[0]:
+            raise ValueError(f"the oracle reads measured outcomes, and {folder} holds no measurements")
+        return cls(folder)
+
+    def fit(self, pairs=None) -> "OracleForecaster":
+        return self
+
+    def _outcomes(self, op: str, gpu_type: str) -> dict[str, tuple[bool, float]]:
+        if (op, gpu_type) not in self._known:
+            from storage.dataset import DataRoot
+            from storage.schema import measurements_from_frame
+
+            frame = DataRoot(self.folder).read_measurements(op=op, gpu_type=gpu_type) if self.folder else None
+            found = measurements_from_frame(frame) if frame is not None and not frame.empty else []
+            self._known[op, gpu_type] = {m.candidate_id: (m.status == "ok" and bool(m.speedup), m.speedup or 0.0)
+                                         for m in found}
+        return self._known[op, gpu_type]
+
+    def _outcome(self, req: ForecastRequest, candidate) -> tuple[bool, float] | None:
+        return self._outcomes(req.op, req.hardware.gpu_type).get(candidate.candidate_id)
+
+    def predict_log_speedup(self, requests: Sequence[ForecastRequest]) -> tuple[np.ndarray, np.ndarray]:
+        """Per request, the log of the candidate's measured speedup over its anchor's (the anchor's measured
+        one where the request carries it, else the root's, else 1: the reference) and a spread of ``SURE``;
+        (0, ``UNKNOWN_SIGMA``) for a candidate never measured, and a floor of 1e-3x for one that failed."""
+        mu, sigma = [], []
+        for req in requests:
+            got = self._outcome(req, req.candidate)
+            if got is None:
+                mu.append(0.0)
+                sigma.append(self.UNKNOWN_SIGMA)
+                continue
+            anchor = req.anchor_speedup
+            if not anchor > 0:
+                known = self._outcome(req, req.anchor)
+                anchor = known[1] if known is not None and known[0] else 1.0
+            mu.append(math.log(max(got[1], 1e-3) / anchor) if got[0] else math.log(1e-3 / anchor))
+            sigma.append(self.SURE)
+        return np.array(mu), np.array(sigma)
+
+    def predict_failure(self, requests: Sequence[ForecastRequest]) -> np.ndarray:
+        """Per request, ``SURE`` where the candidate ran, 1 - ``SURE`` where it failed, 0.5 where never measured."""
+        out = []
+        for req in requests:
+            got = self._outcome(req, req.candidate)
+            out.append(0.5 if got is None else (self.SURE if got[0] else 1.0 - self.SURE))
+        return np.array(out)
+
+    def forecast(self, requests: Sequence[ForecastRequest]) -> list[Forecast]:
+        t0 = time.perf_counter()
+        mu, sigma = self.predict_log_speedup(requests)
+        return gaussian_forecasts(requests, self.name, self.version, self.predict_failure(requests), mu, sigma, t0)

@@ -154,8 +154,11 @@ class BudgetPolicy:
             sorted(unsure, key=lambda f: -self.rank(f))
         measure = [f.candidate_id for f in queue[: self.budget]]
         leftover = queue[self.budget:]
-        trust += [f.candidate_id for f in leftover if self.trust.trusted(f)]
-        drop += [f.candidate_id for f in leftover if not self.trust.trusted(f)]
+        # A would-be best the budget cannot take waits for a later generation (dropped for this one): trusted, it
+        # would never be measured, and the best it promises would never be found.
+        ahead = {f.candidate_id for f in would_be_best}
+        trust += [f.candidate_id for f in leftover if self.trust.trusted(f) and f.candidate_id not in ahead]
+        drop += [f.candidate_id for f in leftover if not self.trust.trusted(f) or f.candidate_id in ahead]
         if self.spend_all and len(measure) < self.budget and drop:
             by_id = {f.candidate_id: f for f in forecasts}
             extra = sorted(drop, key=lambda i: -self.rank(by_id[i]))[: self.budget - len(measure)]

@@ -48,6 +48,18 @@ def _roofline():
     return RooflineForecaster()
 
 
+def _oracle():
+    from surrogate.baselines import OracleForecaster
+
+    return OracleForecaster()
+
+
+def _load_oracle(folder: str):
+    from surrogate.baselines import OracleForecaster
+
+    return OracleForecaster.load(folder)
+
+
 def _fit_learned(forecaster, pairs, sources):
     """Per-case template pairs for the speed model, written kernels (when any) for its source model."""
     return forecaster.fit(pairs, sources=sources)
@@ -69,7 +81,9 @@ class SurrogateEntry:
 
 SURROGATES: dict[str, SurrogateEntry] = {
     "learned": SurrogateEntry(_learned, _fit_learned), "source": SurrogateEntry(_source, _fit_source),
-    "lmhead": SurrogateEntry(_lmhead, load=_load_lmhead), "random": SurrogateEntry(_random), "roofline": SurrogateEntry(_roofline)}
+    "lmhead": SurrogateEntry(_lmhead, load=_load_lmhead), "random": SurrogateEntry(_random), "roofline": SurrogateEntry(_roofline),
+    # hindsight, for replays: the measured outcomes of the data root it is given (surrogate_folder)
+    "oracle": SurrogateEntry(_oracle, load=_load_oracle)}
 FACTORIES: dict[str, Callable[[], object]] = {name: entry.make for name, entry in SURROGATES.items()}
 
 

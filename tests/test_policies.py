@@ -72,6 +72,23 @@ def test_a_confident_new_best_is_measured_not_trusted():
     assert sel.measure == ["star"] and "star" not in sel.trust
 
 
+def test_a_confident_new_best_beyond_the_budget_waits_for_a_later_generation_rather_than_being_trusted():
+    # Measured on a replay of KernelBench level2/35 with the oracle (every forecast sure): the generation's budget
+    # went to the roots, the 2.53x child was trusted as leftover, so never measured and never offered again, and
+    # the oracle's best stayed 2.10x while the learned surrogate, unsure of it, measured it two generations later.
+    trust = ThresholdPolicy(threshold=0.9)
+    stars = [forecast(f"star{i}", 8, 0.99) for i in range(3)]
+    level = Forecast("level", "ref", "test", "1", stars[0].probabilities, expected_speedup=2.0,
+                     extra={"log_speedup_mean": math.log(2.0), "log_speedup_sigma": 0.01})
+    sel = BudgetPolicy(budget=1, trust=trust).select([*stars, level], best_speedup=2.0)
+    assert sel.measure == ["star0"]
+    assert {"star1", "star2"} <= set(sel.drop) and not {"star1", "star2"} & set(sel.trust)
+    assert sel.trust == ["level"]  # a sure tie with the best is still trusted: measuring it finds nothing
+    # and a generation with budget left over measures the waiting ones first
+    sel = BudgetPolicy(budget=0, trust=trust, spend_all=True).select(stars, best_speedup=2.0)
+    assert sel.measure == [] and sorted(sel.drop) == ["star0", "star1", "star2"]
+
+
 def test_a_child_in_the_top_bin_is_no_sure_loss_against_a_best_within_that_bin():
     # The top bin is 4x and up: a forecast of bins alone cannot say a child there is slower than a 13x incumbent,
     # though the bins' representative (5.66x) is. Measured on a replay of a KernelBench problem whose CUDA-L1 kernel
@@ -181,3 +198,60 @@ def test_expected_improvement_per_second_measures_a_cheap_child_before_a_likelie
         config = SearchConfig(op="softmax", acquisition=acquisition, trust_threshold=0.99)
         chosen = select_children(config, [dear, cheap], best=1.0, generation=0, budget=1, cost=seconds.__getitem__)
         assert chosen.measure == [first], acquisition
+
+
+# ---- the oracle: hindsight over a measured space ------------------------------------------------
+
+
+def test_the_oracle_forecasts_each_measured_outcome_of_its_root_as_certain_and_what_it_never_saw_as_unknown(tmp_path):
+    """A committed variant space read back: every child's forecast is its measured speedup (over the reference,
+    and over a measured parent where the request is against it), a failure is forecast as one, and a kernel the
+    root never measured gets no confidence; a root without measurements is a clear error."""
+    from pathlib import Path
+
+    from kernels.records import Candidate
+    from storage.dataset import DataRoot
+    from storage.schema import candidates_from_frame, measurements_from_frame
+    from surrogate.baselines import OracleForecaster
+    from surrogate.forecast import ForecastRequest
+    from surrogate.registry import get_forecaster_factory, load_trained, reads_folder
+
+    folder = Path(__file__).resolve().parents[1] / "data" / "pools" / "spaces" / "kb.cudal1-l2-035"
+    op = "kb.cudal1-l2-035"
+    root = DataRoot(str(folder))
+    measured = {m.candidate_id: m for m in measurements_from_frame(root.read_measurements(op=op, gpu_type="h100"))}
+    made = {c.candidate_id: c for c in candidates_from_frame(root.read_candidates(op))}
+    ran = [m for m in measured.values() if m.status == "ok" and m.speedup and m.candidate_id in made]
+    failed = [m for m in measured.values() if m.status != "ok" and m.candidate_id in made]
+    assert len(ran) > 5 and failed
+    hardware = ran[0].hardware
+    assert reads_folder("oracle") and get_forecaster_factory("oracle")().name == "oracle"
+    oracle = load_trained("oracle", str(folder))
+    anchor = made[ran[0].candidate_id]
+
+    def ask(candidate, against=anchor, anchor_speedup=1.0):  # 1.0: as the reference's requests carry it
+        return ForecastRequest(anchor=against, candidate=candidate, op=op, hardware=hardware,
+                               anchor_speedup=anchor_speedup)
+
+    requests = [ask(made[m.candidate_id]) for m in ran]
+    mu, sigma = oracle.predict_log_speedup(requests)
+    assert mu == pytest.approx([math.log(m.speedup) for m in ran], abs=1e-9)
+    assert (sigma == OracleForecaster.SURE).all()
+    # against a measured parent: the ratio of the two
+    fast, slow = max(ran, key=lambda m: m.speedup), min(ran, key=lambda m: m.speedup)
+    [m], _ = oracle.predict_log_speedup([ask(made[fast.candidate_id], made[slow.candidate_id], slow.speedup)])
+    assert m == pytest.approx(math.log(fast.speedup / slow.speedup))
+    [m], _ = oracle.predict_log_speedup([ask(made[fast.candidate_id], made[slow.candidate_id], math.nan)])
+    assert m == pytest.approx(math.log(fast.speedup / slow.speedup))  # the anchor's own measurement, read
+    assert oracle.predict_failure([ask(made[failed[0].candidate_id])])[0] == pytest.approx(1 - OracleForecaster.SURE)
+    assert oracle.predict_failure(requests) == pytest.approx([OracleForecaster.SURE] * len(ran))
+    # the forecasts a search ranks by carry the same point
+    best = max(oracle.forecast(requests), key=lambda f: f.expected_speedup)
+    assert best.candidate_id == fast.candidate_id and best.expected_speedup == pytest.approx(fast.speedup)
+    stranger = Candidate(op=op, backend="torch", source=made[fast.candidate_id].source + "\n# never measured\n")
+    [m], [s] = oracle.predict_log_speedup([ask(stranger)])
+    assert (m, s) == (0.0, OracleForecaster.UNKNOWN_SIGMA)
+    assert oracle.predict_failure([ask(stranger)])[0] == 0.5
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="holds no measurements"):
+        load_trained("oracle", str(tmp_path / "empty"))
