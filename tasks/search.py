@@ -214,7 +214,8 @@ class Search:
         else:
             _, best = self.archive.best()
             chosen = select_children(self.config, [f for f in gen.forecasts if f.candidate_id not in roots],
-                                     best or 0.0, gen.index, budget, self.calibration, self.expected_cost)
+                                     best or 0.0, gen.index, budget, self.calibration, self.expected_cost,
+                                     measured_first=[f for f in gen.forecasts if f.candidate_id in forced])
             gen.selection = dataclasses.replace(chosen, measure=forced + chosen.measure, drop=chosen.drop + late)
         return gen.selection
 
@@ -418,10 +419,17 @@ def check_resume(root: DataRoot, c: SearchConfig) -> None:
 
 def select_children(config: SearchConfig, forecasts: Sequence[Forecast], best: float, generation: int, budget: int,
                     calibration: Sequence[tuple[Forecast, int]] = (),
-                    cost: Callable[[str], float] | None = None) -> Selection:
+                    cost: Callable[[str], float] | None = None,
+                    measured_first: Sequence[Forecast] = ()) -> Selection:
     """Which forecast children generation ``generation`` of a search measures, trusts and drops, given
     the best measured speedup so far and ``budget`` measurements: the search's own choice, which
-    ``kernelcast forecast`` also reports."""
+    ``kernelcast forecast`` also reports.
+
+    ``measured_first``: the forecasts of kernels this generation measures before its children whatever they
+    forecast (a search's roots). Where one is trusted and gives a point, the children are weighed against it as
+    against the best so far: a child surely slower than a root measured beside it is no new best."""
+    trust = trust_policy(config, calibration)
+    best = max([best, *(f.expected_speedup for f in measured_first if f.has_point and trust.trusted(f))])
     key = f"{config.seed}:{generation}"  # a resumed run draws what the interrupted one drew
     if config.acquisition == "ei-per-second":  # per second: a cheap child may be worth more than a likelier dear one
         price = cost or (lambda candidate_id: 1.0)
@@ -433,7 +441,7 @@ def select_children(config: SearchConfig, forecasts: Sequence[Forecast], best: f
     rank = run_weighted(rank)  # a child that fails gains nothing (no change where failure is not forecast)
     # The last generation's budget is lost if unspent: children forecast to fail are measured then.
     last = generation == config.generations - 1
-    policy = BudgetPolicy(budget, trust_policy(config, calibration), rank=rank, spend_all=last)
+    policy = BudgetPolicy(budget, trust, rank=rank, spend_all=last)
     return policy.select(forecasts, best)
 
 

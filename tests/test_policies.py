@@ -200,6 +200,31 @@ def test_expected_improvement_per_second_measures_a_cheap_child_before_a_likelie
         assert chosen.measure == [first], acquisition
 
 
+def test_a_child_surely_slower_than_a_root_measured_beside_it_is_no_new_best():
+    """A generation that measures the search's roots first weighs its children against a root it is sure of, not
+    against the best before it (none, in the first generation). Measured on a replay of KernelBench level3/31
+    with the oracle: a 1.45x compile variant (162 GPU seconds) was measured beside the 13.1x root it could not
+    beat, and spent a budget of seconds the root's 16x CUDA graph needed. An unsure root changes nothing."""
+    from tasks.config import SearchConfig
+    from tasks.search import select_children
+
+    def sure(cid, speedup, sigma=0.001):
+        return Forecast(cid, "ref", "test", "1", forecast(cid, 6, 0.99).probabilities, expected_speedup=speedup,
+                        failure_probability=0.001,
+                        extra={"log_speedup_mean": math.log(speedup), "log_speedup_sigma": sigma})
+
+    config = SearchConfig(op="softmax", trust_threshold=0.9)
+    child = sure("compiled", 1.45)
+    alone = select_children(config, [child], best=0.0, generation=0, budget=1)
+    assert alone.measure == ["compiled"]  # nothing measured yet: a sure 1.45x is a new best
+    beside = select_children(config, [child], best=0.0, generation=0, budget=1, measured_first=[sure("root", 13.1)])
+    assert beside.measure == [] and beside.drop == ["compiled"]
+    unsure_root = Forecast("root", "ref", "test", "1", tuple([1 / 8] * 8), expected_speedup=13.1,
+                           extra={"log_speedup_mean": math.log(13.1), "log_speedup_sigma": 1.5})
+    assert select_children(config, [child], best=0.0, generation=0, budget=1,
+                           measured_first=[unsure_root]).measure == ["compiled"]
+
+
 # ---- the oracle: hindsight over a measured space ------------------------------------------------
 
 
