@@ -117,7 +117,7 @@ CASES = [
      "budget 2 is less than one measurement per generation (4 generations)", ()),
     (["search", "--op", "softmax", "--children", "0"], "children must be a positive whole number, got 0", ()),
     (["search", "--op", "softmax", "--surrogate", "lerned"],
-     "unknown surrogate 'lerned'; known: learned, source, lmhead, random, roofline, llm, none", ()),
+     "unknown surrogate 'lerned'; known: learned, source, lmhead, random, roofline, oracle, llm, none", ()),
     (["search", "--op", "softmax", "--generator", "gpt"], "unknown generator 'gpt'; known: template", ()),
     (["search", "--op", "softmax", "--policy", "greedy"], "unknown policy 'greedy'; known: budget, conformal", ()),
     (["search", "--op", "softmax", "--acquisition", "ucb"], "unknown acquisition 'ucb'; known: thompson, ei", ()),
