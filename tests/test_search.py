@@ -136,7 +136,7 @@ def test_a_run_id_of_another_operation_is_refused_before_measuring(tmp_path):
 @pytest.mark.parametrize("changes, message", [
     ({"op": "sofmax"}, "unknown operation 'sofmax'"),
     ({"gpu_type": "h999"}, "unknown GPU type 'h999'"),
-    ({"surrogate": "oracle"}, "unknown surrogate 'oracle'"),
+    ({"surrogate": "psychic"}, "unknown surrogate 'psychic'"),
     ({"budget": 0}, "budget must be a positive whole number"),
     ({"budget": -4}, "budget must be a positive whole number"),
     ({"generations": 0}, "generations must be a positive whole number"),
