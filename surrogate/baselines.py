@@ -120,9 +120,9 @@ class OracleForecaster:
     @classmethod
     def load(cls, folder: str) -> "OracleForecaster":
         """The oracle of the data root ``folder``; a clear error where it holds no measurements."""
-        from storage.dataset import DataRoot
+        import os
 
-        if not DataRoot(folder).read_measurements().shape[0]:
+        if not os.path.isdir(os.path.join(folder, "measurements")):
             raise ValueError(f"the oracle reads measured outcomes, and {folder} holds no measurements")
         return cls(folder)
 
@@ -130,14 +130,21 @@ class OracleForecaster:
         return self
 
     def _outcomes(self, op: str, gpu_type: str) -> dict[str, tuple[bool, float]]:
-        if (op, gpu_type) not in self._known:
-            from storage.dataset import DataRoot
-            from storage.schema import measurements_from_frame
+        if (op, gpu_type) not in self._known:  # the measurements table's partition, as the data root writes it
+            import glob
+            import os
 
-            frame = DataRoot(self.folder).read_measurements(op=op, gpu_type=gpu_type) if self.folder else None
-            found = measurements_from_frame(frame) if frame is not None and not frame.empty else []
-            self._known[op, gpu_type] = {m.candidate_id: (m.status == "ok" and bool(m.speedup), m.speedup or 0.0)
-                                         for m in found}
+            import pandas as pd
+
+            files = sorted(glob.glob(os.path.join(self.folder, "measurements", f"op={op}", f"gpu_type={gpu_type}",
+                                                  "*.parquet"))) if self.folder else []
+            known: dict[str, tuple[bool, float]] = {}
+            for path in files:  # in order, the last measurement of a kernel standing, as a replay answers
+                for cid, status, speedup in pd.read_parquet(path, columns=["candidate_id", "status", "speedup"]) \
+                        .itertuples(index=False):
+                    ran = status == "ok" and speedup == speedup and bool(speedup)
+                    known[cid] = (ran, float(speedup) if ran else 0.0)
+            self._known[op, gpu_type] = known
         return self._known[op, gpu_type]
 
     def _outcome(self, req: ForecastRequest, candidate) -> tuple[bool, float] | None:
