@@ -139,7 +139,12 @@ class VariantGenerator:
     while they have children to give. Repeatable: a parent's variants are the same every time.
 
     ``roots`` (alone, with no base): kernels given as the first children, as a free-form search's are (a
-    measured pool's kernels of the task, ``template_roots``); their variants follow once they are measured."""
+    measured pool's kernels of the task, ``template_roots``); their variants follow once they are measured.
+
+    A child offered in an earlier generation and not measured since (the search passed on it) gets its own
+    variants offered too, after those of the measured parents: a variant may pay where its parent does not (on
+    KernelBench level2/17, a CUDA graph of a cuDNN-autotuned kernel of 1.1x ran at 2.57x), and a search that must
+    measure a parent to see its variants never meets that one when it is sure the parent is no better."""
 
     def __init__(self, op: str, base: Generator | None = None, roots: Sequence[Candidate] = (),
                  recorded: dict[str, list[Candidate]] | None = None):
@@ -151,15 +156,22 @@ class VariantGenerator:
         self.recorded = recorded  # parent id -> the variant children a live search made of it (replayed searches)
         self.name = f"{base.name}+variants" if base else "variants"
         self.repeatable = base.repeatable if base else True
+        self.offered: dict[str, Candidate] = {}  # every variant child given so far, in the order given
+
+    def passed(self, archive) -> list[Candidate]:
+        """The variant children given in an earlier generation that the archive still lacks."""
+        return [c for i, c in self.offered.items() if i not in archive.entries]
 
     def probe(self) -> None:
         if self.base is not None:
             self.base.probe()
 
-    def _variants(self, op: str, archive, rng: random.Random | None = None) -> tuple[list[Candidate], list]:
-        """Every variant not yet in the archive, parent by parent (best measured first); with ``rng``, each
-        parent's own in an order drawn from it, so that a search that measures the first few (the equal-budget
-        baseline) picks among them at random rather than always in the order the variants are listed."""
+    def _variants(self, op: str, archive, rng: random.Random | None = None,
+                  passed: Sequence[Candidate] = ()) -> tuple[list[Candidate], list]:
+        """Every variant not yet in the archive, parent by parent (best measured first), then those of the
+        ``passed`` children; with ``rng``, each parent's own in an order drawn from it, so that a search that
+        measures the first few (the equal-budget baseline) picks among them at random rather than always in the
+        order the variants are listed."""
         from kernels.ops import get_operation
         from kernels.variants import variant_children
 
@@ -169,7 +181,7 @@ class VariantGenerator:
         parents = [e.candidate for e in ranked if e.value >= 0.0] + [reference] + \
                   [e.candidate for e in ranked if e.value < 0.0]  # value: log speedup
         kids, skipped, seen = [], [], set(archive.entries)
-        for parent in {p.candidate_id: p for p in parents}.values():
+        for parent in {p.candidate_id: p for p in [*parents, *passed]}.values():
             if self.recorded is not None:
                 made, why = list(self.recorded.get(parent.candidate_id, ())), []
             else:
@@ -183,21 +195,30 @@ class VariantGenerator:
 
     def children(self, op, space, archive, n, rng, explore, *, seed, run_id, generation) -> Offspring:
         pending = [c for c in self.roots if c.candidate_id not in archive.entries]
-        variants, skipped = self._variants(op, archive, rng)
+        variants, skipped = self._variants(op, archive, rng, self.passed(archive))
         if pending:  # the roots first, beside the reference's own variants: theirs follow once they are measured
-            return Offspring((pending + variants)[:n], skipped=skipped)
+            return self._give(Offspring((pending + variants)[:n], skipped=skipped))
         if self.base is None:
-            return Offspring(variants[:n], skipped=skipped)
+            return self._give(Offspring(variants[:n], skipped=skipped))
         made = self.base.children(op, space, archive, n - min(len(variants), n // 2), rng, explore, seed=seed,
                                   run_id=run_id, generation=generation)
         ids = {c.candidate_id for c in made.children}
         extra = [v for v in variants if v.candidate_id not in ids][: n - len(made.children)]
-        return Offspring(made.children + extra, made.counts, made.provenance, skipped)
+        return self._give(Offspring(made.children + extra, made.counts, made.provenance, skipped))
+
+    def _give(self, made: Offspring) -> Offspring:
+        from kernels.variants import ORIGIN_PREFIX
+
+        roots = {c.candidate_id for c in self.roots}
+        self.offered.update((c.candidate_id, c) for c in made.children
+                            if c.origin.startswith(f"{ORIGIN_PREFIX}:") and c.candidate_id not in roots)
+        return made
 
     def exhausted(self, space, archive) -> bool:
         if any(c.candidate_id not in archive.entries for c in self.roots):
             return False
-        return not self._variants(self.op, archive)[0] and (self.base is None or self.base.exhausted(space, archive))
+        return not self._variants(self.op, archive, passed=self.passed(archive))[0] and \
+            (self.base is None or self.base.exhausted(space, archive))
 
 
 def _template(config) -> Generator:
