@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -106,6 +106,8 @@ class OracleForecaster:
     the baseline's bounds what any forecaster could win there. Each candidate's outcome is the one a replay
     of that root answers (``infra.measure.ReplayMeasurer``: its last measurement on the request's GPU type).
     A candidate the root never measured is forecast as its anchor with a wide spread: known to be unknown.
+    The root's measurements come through ``read``, which the layer that owns the data root hands it
+    (``tasks.setup.forecaster``): a surrogate reads no storage itself.
     """
 
     name = "oracle"
@@ -113,37 +115,22 @@ class OracleForecaster:
     SURE = 1e-3  # the spread of a measured outcome's log speedup, and how far from 0 or 1 its failure lies
     UNKNOWN_SIGMA = 1.0
 
-    def __init__(self, folder: str = ""):
-        self.folder = folder
+    def __init__(self, read: Callable[[str, str], object] | None = None):
+        self.read = read  # (op, gpu_type) -> the data root's measurements of them, a frame in the order stored
         self._known: dict[tuple[str, str], dict[str, tuple[bool, float]]] = {}  # (op, gpu) -> id -> (ran, speedup)
-
-    @classmethod
-    def load(cls, folder: str) -> "OracleForecaster":
-        """The oracle of the data root ``folder``; a clear error where it holds no measurements."""
-        import os
-
-        if not os.path.isdir(os.path.join(folder, "measurements")):
-            raise ValueError(f"the oracle reads measured outcomes, and {folder} holds no measurements")
-        return cls(folder)
 
     def fit(self, pairs=None) -> "OracleForecaster":
         return self
 
     def _outcomes(self, op: str, gpu_type: str) -> dict[str, tuple[bool, float]]:
-        if (op, gpu_type) not in self._known:  # the measurements table's partition, as the data root writes it
-            import glob
-            import os
-
-            import pandas as pd
-
-            files = sorted(glob.glob(os.path.join(self.folder, "measurements", f"op={op}", f"gpu_type={gpu_type}",
-                                                  "*.parquet"))) if self.folder else []
+        if (op, gpu_type) not in self._known:
+            frame = self.read(op, gpu_type) if self.read is not None else None
             known: dict[str, tuple[bool, float]] = {}
-            for path in files:  # in order, the last measurement of a kernel standing, as a replay answers
-                for cid, status, speedup in pd.read_parquet(path, columns=["candidate_id", "status", "speedup"]) \
-                        .itertuples(index=False):
-                    ran = status == "ok" and speedup == speedup and bool(speedup)
-                    known[cid] = (ran, float(speedup) if ran else 0.0)
+            rows = () if frame is None or frame.empty else \
+                frame[["candidate_id", "status", "speedup"]].itertuples(index=False)
+            for cid, status, speedup in rows:  # in order, the last measurement of a kernel standing, as a replay answers
+                ran = status == "ok" and speedup == speedup and bool(speedup)
+                known[cid] = (ran, float(speedup) if ran else 0.0)
             self._known[op, gpu_type] = known
         return self._known[op, gpu_type]
 

@@ -54,10 +54,10 @@ def _oracle():
     return OracleForecaster()
 
 
-def _load_oracle(folder: str):
+def _load_oracle(folder: str, read_measurements):
     from surrogate.baselines import OracleForecaster
 
-    return OracleForecaster.load(folder)
+    return OracleForecaster(read_measurements)
 
 
 def _fit_learned(forecaster, pairs, sources):
@@ -76,14 +76,17 @@ class SurrogateEntry:
     # (forecaster, measured pairs, written kernels or None) -> fitted forecaster; None: nothing to fit on
     fit_on: Callable[[object, object, object], object] | None = None
     # folder -> the forecaster trained into it (``python -m surrogate.lmhead train --out DIR``); None: none
-    load: Callable[[str], object] | None = None
+    load: Callable[..., object] | None = None
+    # its folder is a data root whose measurements it forecasts from: load(folder, read) with read(op, gpu_type)
+    # giving them (the caller owns the data root)
+    reads_measurements: bool = False
 
 
 SURROGATES: dict[str, SurrogateEntry] = {
     "learned": SurrogateEntry(_learned, _fit_learned), "source": SurrogateEntry(_source, _fit_source),
     "lmhead": SurrogateEntry(_lmhead, load=_load_lmhead), "random": SurrogateEntry(_random), "roofline": SurrogateEntry(_roofline),
     # hindsight, for replays: the measured outcomes of the data root it is given (surrogate_folder)
-    "oracle": SurrogateEntry(_oracle, load=_load_oracle)}
+    "oracle": SurrogateEntry(_oracle, load=_load_oracle, reads_measurements=True)}
 FACTORIES: dict[str, Callable[[], object]] = {name: entry.make for name, entry in SURROGATES.items()}
 
 
@@ -117,11 +120,24 @@ def reads_folder(name: str) -> bool:
     return _entry(name).load is not None
 
 
-def load_trained(name: str, folder: str):
-    """Surrogate ``name`` as trained into ``folder``; a clear error if it is not read from one, or none is given."""
-    load = _entry(name).load
-    if load is None:
+def reads_measurements(name: str) -> bool:
+    """Whether surrogate ``name`` forecasts from the measurements of the data root it is given (``load_trained``'s
+    ``read_measurements``)."""
+    return _entry(name).reads_measurements
+
+
+def load_trained(name: str, folder: str, read_measurements: Callable[[str, str], object] | None = None):
+    """Surrogate ``name`` as trained into ``folder``; a clear error if it is not read from one, or none is given.
+    A surrogate that forecasts from a data root's measurements (the oracle) needs ``read_measurements(op,
+    gpu_type)``, given by whoever owns that root."""
+    entry = _entry(name)
+    if entry.load is None:
         raise ValueError(f"surrogate {name!r} is not read from a trained folder")
     if not folder:
         raise ValueError(f"surrogate {name!r} needs the folder it was trained into")
-    return load(folder)
+    if not entry.reads_measurements:
+        return entry.load(folder)
+    if read_measurements is None:
+        raise ValueError(f"surrogate {name!r} forecasts from the measurements of the data root {folder}: "
+                         "it needs a reader of them")
+    return entry.load(folder, read_measurements)

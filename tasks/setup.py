@@ -223,13 +223,25 @@ def forecaster(config: SearchConfig, root: DataRoot):
         from surrogate.llm import OpenAIForecaster
 
         return OpenAIForecaster(config.llm_url, config.llm_model)
-    from surrogate.registry import fits_on_prior, get_forecaster_factory, load_trained, reads_folder
+    from surrogate.registry import (fits_on_prior, get_forecaster_factory, load_trained, reads_folder,
+                                    reads_measurements)
 
     if reads_folder(config.surrogate):
-        return load_trained(config.surrogate, config.surrogate_folder)
+        wants = reads_measurements(config.surrogate) and config.surrogate_folder
+        read = measurements_of(config.surrogate_folder) if wants else None
+        return load_trained(config.surrogate, config.surrogate_folder, read)
     if fits_on_prior(config.surrogate):
         return fit_prior(config, root)
     return get_forecaster_factory(config.surrogate)().fit(None)
+
+
+def measurements_of(folder: str):
+    """``read(op, gpu_type)``: the measurements of the data root ``folder`` (a hindsight surrogate's), in the order
+    stored; a clear error where that root holds none."""
+    root = DataRoot(folder)
+    if not root.fs.exists(root.path.rstrip("/") + "/measurements"):
+        raise ConfigError(f"surrogate_folder {folder} holds no measurements to forecast from")
+    return lambda op, gpu_type: root.read_measurements(op=op, gpu_type=gpu_type)
 
 
 def tracker(config: SearchConfig, root: DataRoot) -> Tracker:

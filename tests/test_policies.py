@@ -251,7 +251,9 @@ def test_the_oracle_forecasts_each_measured_outcome_of_its_root_as_certain_and_w
     assert len(ran) > 5 and failed
     hardware = ran[0].hardware
     assert reads_folder("oracle") and get_forecaster_factory("oracle")().name == "oracle"
-    oracle = load_trained("oracle", str(folder))
+    from tasks.setup import measurements_of
+
+    oracle = load_trained("oracle", str(folder), measurements_of(str(folder)))
     anchor = made[ran[0].candidate_id]
 
     def ask(candidate, against=anchor, anchor_speedup=1.0):  # 1.0: as the reference's requests carry it
@@ -279,4 +281,6 @@ def test_the_oracle_forecasts_each_measured_outcome_of_its_root_as_certain_and_w
     assert oracle.predict_failure([ask(stranger)])[0] == 0.5
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="holds no measurements"):
-        load_trained("oracle", str(tmp_path / "empty"))
+        measurements_of(str(tmp_path / "empty"))
+    with pytest.raises(ValueError, match="needs a reader of them"):  # the surrogate reads no storage itself
+        load_trained("oracle", str(folder))
