@@ -239,7 +239,7 @@ def measurements_of(folder: str):
     """``read(op, gpu_type)``: the measurements of the data root ``folder`` (a hindsight surrogate's), in the order
     stored; a clear error where that root holds none."""
     root = DataRoot(folder)
-    if not root.fs.exists(root.path.rstrip("/") + "/measurements"):
+    if not root.fs.exists(root.path + "/measurements"):
         raise ConfigError(f"surrogate_folder {folder} holds no measurements to forecast from")
     return lambda op, gpu_type: root.read_measurements(op=op, gpu_type=gpu_type)
 
