@@ -382,3 +382,129 @@ def test_the_summary_scores_the_nulls_under_both_estimators_of_their_pairs():
     earlier = {k: v for k, v in swin.items() if k not in ("case_names", "null_anchored_ratio_of_medians")}
     assert null_speedup_by_ratio_of_medians(earlier) is None
     assert "null_within_2pct_share_by_ratio_of_medians" not in summarize([earlier, calm])
+
+
+# ---- a task swept in parts of its cases (kernels.harness.case_parts) ----------------------------------------------
+
+THREE_TESTS = '''
+tests:
+  - {"size": 8, "seed": 1}
+  - {"size": 24, "seed": 2}
+  - {"size": 16, "seed": 3}
+benchmarks:
+  - {"size": 64, "seed": 4}
+'''
+
+
+def test_cases_are_dealt_heaviest_first_each_to_the_lightest_part():
+    from kernels.harness.case_parts import deal
+
+    # linalg/eigh's reference on an H200, ms a call per case: three parts, none above 20 s of 56
+    eigh = [0.2, 120.1, 303.5, 9215.5, 623.1, 195.9, 10558.3, 621.6, 10798.1, 14010.4, 615.0, 8231.0, 641.6]
+    parts = deal(eigh, 3)
+    assert sorted(k for p in parts for k in p) == list(range(13)) and all(list(p) == sorted(p) for p in parts)
+    assert max(sum(eigh[k] for k in p) for p in parts) < 20000  # dealt by index, one part would get 34,000
+    assert deal(eigh, 3) == parts
+    assert deal([5.0, 1.0], 4) == [(0,), (1,)]  # no empty part
+    assert deal([1.0, 1.0, 1.0, 1.0], 2) == [(0, 2), (1, 3)]
+    with pytest.raises(ValueError, match="at least one part"):
+        deal([1.0], 0)
+
+
+def _part_row(task: str, i: int, n: int, cases: list[str], ref_us: list[float], null_us: list[float],
+              null_status: str = "ok", error: str = "") -> dict:
+    ratios = [r / t for r, t in zip(ref_us, null_us)]
+    return {"task": f"{task} [part {i}/{n}]", "format": "gpumode", "op": f"gpumode.t-part{i}of{n}", "mode": "gpu",
+            "imported": True, "import_error": "", "import_s": 1.0, "chunk": f"c{i}", "cases": len(cases),
+            "case_bytes_max": None, "case_names": cases, "reference_status": "ok", "reference_error": "",
+            "reference_us": ref_us, "reference_gpu_s": 2.0, "reference_wall_s": 3.0, "null_status": null_status,
+            "null_error": error, "null_us": null_us if null_status == "ok" else [], "null_gpu_s": 2.0,
+            "null_wall_s": 3.0, "reference_timing_windows": 2, "null_timing_windows": 2, "fits": True,
+            "refused": None, "measured": null_status == "ok",
+            "null_speedup": math.exp(sum(map(math.log, ratios)) / len(ratios)) if null_status == "ok" else None,
+            "wall_s": 7.0, "null_anchored": {cases[0]: ratios[0]}, "null_anchored_ratio_of_medians": {}}
+
+
+def test_a_tasks_row_from_its_parts_is_the_row_one_measurement_over_every_case_gives():
+    from kernels.harness.case_parts import complete
+
+    one = _part_row("gpumode/t", 1, 2, ["a", "c"], [10.0, 30.0], [11.0, 24.0])
+    two = _part_row("gpumode/t", 2, 2, ["b"], [20.0], [25.0])
+    assert complete([one]) == []  # a part missing: no row for the task yet
+    (row,) = complete([two, one])
+    ratios = [10 / 11, 30 / 24, 20 / 25]
+    assert row["task"] == "gpumode/t" and row["op"] == "gpumode.t" and row["measured"] and row["fits"]
+    assert row["null_speedup"] == pytest.approx(math.exp(sum(map(math.log, ratios)) / 3))
+    assert row["case_names"] == ["a", "c", "b"] and row["reference_us"] == [10.0, 30.0, 20.0]
+    assert row["null_us"] == [11.0, 24.0, 25.0] and row["cases"] == 3
+    assert row["reference_us_geomean"] == pytest.approx((10 * 30 * 20) ** (1 / 3))
+    assert row["null_gpu_s"] == 4.0 and row["wall_s"] == 14.0 and row["null_timing_windows"] == 4
+    assert row["null_anchored"] == {"a": 10 / 11, "b": 20 / 25}
+    assert row["parts"] == ["gpumode/t [part 1/2]", "gpumode/t [part 2/2]"]
+    assert complete([one, two, row]) == []  # written once
+
+    failed = _part_row("gpumode/t", 2, 2, ["b"], [20.0], [25.0], null_status="timeout", error="timing case b")
+    (row,) = complete([one, failed])
+    assert row["null_status"] == "timeout" and row["null_error"] == "part 2: timing case b"
+    assert not row["measured"] and row["null_speedup"] is None and row["reference_status"] == "ok"
+
+
+def test_a_reference_kept_for_the_whole_task_serves_each_part_with_its_cases_alone():
+    from kernels.harness.case_parts import sliced_reference
+    from kernels.harness.sweep import _stored_reference
+
+    class Part:
+        name = "gpumode.t-part2of2"
+
+        def seed_candidates(self):
+            from kernels.records import Candidate
+            return [Candidate(op=self.name, backend="torch", source="x = 1\n", origin="seed")]
+
+    kept = {"device": "NVIDIA H200", "op": "gpumode.t", "candidate_id": "0" * 16, "gpu_type": "h200", "mode": "gpu",
+            "us": [1.0, 2.0, 3.0], "gpu_s": 9.0, "wall_s": 9.5, "host_sensitive_cases": ["a", "c"], "windows": 7,
+            "measured_at": "2026-11-28T12:48:11+00:00"}
+    part = sliced_reference(kept, (1, 2), ["a", "b", "c"], Part())
+    assert part["us"] == [2.0, 3.0] and part["host_sensitive_cases"] == ["c"] and part["op"] == Part.name
+    assert part["windows"] is None and part["sliced_from"] == "gpumode.t" and kept["us"] == [1.0, 2.0, 3.0]
+    assert _stored_reference(part).runtime_us_median == (2.0, 3.0)
+
+
+def test_a_task_swept_in_parts_gets_a_row_a_part_then_its_own_once_all_are_in(tmp_path):
+    tasks = tmp_path / "tasks"
+    write_gpumode(tasks / "gpumode" / "add_into_py", reference=GPUMODE_ADD_INTO, specs=THREE_TESTS)
+    out = tmp_path / "out"
+    stdout, rows = _sweep(tasks, out, "--case-parts", "2", "--part", "2")
+    assert [r["task"] for r in rows] == ["gpumode/add_into_py [part 2/2]"]
+    assert "gpumode/add_into_py: parts 2 of 2 in" in stdout
+    assert json.loads((out / "summary.json").read_text())["tasks_done"] == 0  # a part is not the task
+    parts = json.loads((out / "parts.json").read_text())["gpumode/add_into_py"]
+    assert len(parts["cases"]) == 3 and sorted(k for p in parts["parts"] for k in p) == [0, 1, 2]
+
+    stdout, rows = _sweep(tasks, out, "--case-parts", "2")  # the rest: part 1, then the task's own row
+    assert [r["task"] for r in rows] == ["gpumode/add_into_py [part 2/2]", "gpumode/add_into_py [part 1/2]",
+                                         "gpumode/add_into_py"]
+    whole = rows[-1]
+    assert whole["measured"] and whole["reference_status"] == whole["null_status"] == "ok"
+    assert sorted(whole["case_names"]) == sorted(parts["cases"]) and whole["op"] == "gpumode.add_into"
+    assert rows[0]["op"] == "gpumode.add_into-part2of2" and rows[0]["cases"] == len(parts["parts"][1])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tasks_done"] == summary["measured"] == 1
+    assert "| gpumode/add_into_py | yes | ok |" in (out / "sweep.md").read_text()
+
+    stdout, again = _sweep(tasks, out, "--case-parts", "3")  # done: another number of parts measures nothing
+    assert "1 tasks, 1 done before, 0 to go" in stdout and len(again) == 3
+
+
+def test_parts_that_would_not_add_up_are_refused_by_name(tmp_path):
+    tasks = tmp_path / "tasks"
+    write_gpumode(tasks / "gpumode" / "add_into_py", reference=GPUMODE_ADD_INTO, specs=THREE_TESTS)
+    out = tmp_path / "out"
+    _sweep(tasks, out, "--case-parts", "2", "--part", "1")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TRITON_INTERPRET": "1"}
+    for extra, said in ((["--case-parts", "3"], "gpumode/add_into_py was split into 2 parts by an earlier call"),
+                        (["--case-parts", "2", "--part", "3"], "bad --part 3: give a part from 1 to --case-parts"),
+                        (["--case-parts", "0"], "bad --case-parts 0")):
+        done = subprocess.run([sys.executable, "-c", RUN, "--tasks", str(tasks), "--out", str(out), "--mode",
+                               "interpreter", *extra], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 2 and said in done.stderr, done.stderr[-2000:]
+    assert len((out / "sweep.jsonl").read_text().splitlines()) == 1  # the part measured before is still there

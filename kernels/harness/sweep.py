@@ -16,7 +16,9 @@ both measurements are in, and tasks already there are skipped, so the sweep can 
 spread over several calls (``--max-minutes`` stops starting new chunks of tasks after that
 long). A task's reference measured ok before its null is also kept, in ``DIR/references.jsonl``: the next call
 on the same device measures only the null against it, so a task whose pair outlasts one call (GPU MODE's
-linalg/eigh, whose reference alone held an H100 for 17 minutes) finishes over two. Each call prints the table of
+linalg/eigh, whose reference alone held an H100 for 17 minutes) finishes over two; ``--case-parts N`` goes further
+and measures each task in N parts of its cases, a row a part (``kernels.harness.case_parts``), so a null that
+outlasts a call finishes too. Each call prints the table of
 every task so far and the summary against the goals
 (``kernels.harness.sweep_report``), and writes ``DIR/sweep.md`` and ``DIR/summary.json``.
 
@@ -289,16 +291,19 @@ class _Journal:
 
 def sweep(tasks: list[Task], out: Path, *, mode: str, concurrency: int, max_minutes: float | None,
           chunk_size: int, reserve_timing_core: bool | None = None, anchor: str = "host-bound",
-          import_workers: int = 1) -> None:
+          import_workers: int = 1, case_parts: int = 1, part: int | None = None) -> None:
     """Import and measure the tasks not yet in ``out/sweep.jsonl``, appending a row per finished task.
 
     Every task is imported first (a task that cannot be is a row at once); the rest are measured smallest
     first, by the bytes of their largest case, so that a few slow tasks cannot hold back the verdicts of
-    many quick ones, and a call cut short leaves the largest for the next."""
+    many quick ones, and a call cut short leaves the largest for the next. With ``case_parts`` above 1 each task is
+    measured in that many parts of its cases (``kernels.harness.case_parts``; ``part``: this call's one alone),
+    a row a part, and the task's row is written once all of its parts are in."""
     from kernels.harness.worker import MeasureWorker, WorkerConfig
     from kernels.null import null_candidate
 
     journal = out / "sweep.jsonl"
+    _complete_parts(journal)
     done = {r["task"] for r in read_rows(journal)}
     todo = [t for t in tasks if t.key not in done]
     print(f"{len(tasks)} tasks, {len(done & {t.key for t in tasks})} done before, {len(todo)} to go", flush=True)
@@ -320,6 +325,10 @@ def sweep(tasks: list[Task], out: Path, *, mode: str, concurrency: int, max_minu
                 write(_row(task, None, seconds, error, mode=mode))
             else:
                 imported.append((_size(op, mode), task, op, seconds))
+        # only a GPU's timing can stand for a later call's null to be timed against
+        kept = _Kept(out / "references.jsonl", hardware.device_name) if mode == "gpu" else None
+        if case_parts > 1:
+            imported = _in_parts(imported, out, mode, case_parts, part, kept, done)
         imported = order(imported, _capability(mode))
         names = {}
         for _, task, op, _ in imported:
@@ -329,13 +338,13 @@ def sweep(tasks: list[Task], out: Path, *, mode: str, concurrency: int, max_minu
             print(f"cores: the lock holder on {list(worker.cores.timing)}, children compiling on "
                   f"{len(worker.cores.compile)} others" if worker.cores.reserved else "cores: none reserved", flush=True)
             timeline = _Journal(worker, out / "timeline.jsonl", names)
-            # only a GPU's timing can stand for a later call's null to be timed against
-            kept = _Kept(out / "references.jsonl", hardware.device_name) if mode == "gpu" else None
             try:
                 _measure_chunks(worker, imported, names, chunk_size, deadline, max_minutes, mode, write, kept)
             finally:
                 timeline.close()
             wall = time.monotonic() - started
+        for row in _parts_complete(journal):  # the tasks whose last part this call measured
+            write(row)
     print(f"this call: {wall:.0f} s wall, {worker.busy_gpu_seconds:.0f} device-seconds held by children", flush=True)
     breakdown = lock_breakdown(worker.timeline)  # where the children's time went: compiling, checks, timing
     (out / f"breakdown-{int(time.time())}.json").write_text(json.dumps(
@@ -343,6 +352,63 @@ def sweep(tasks: list[Task], out: Path, *, mode: str, concurrency: int, max_minu
     for name, b in breakdown.items():
         print(f"  {name:<16} median {b['median_s']:7.3f} s, total {b['total_s']:8.1f} s over {b['children']} children",
               flush=True)
+
+
+def _in_parts(imported: list, out: Path, mode: str, n: int, only: int | None, kept, done: set) -> list:
+    """The imported (size, task, op, seconds) items as their parts' items (``case_parts``), leaving out the parts
+    already in ``done`` and, with ``only``, every part but that one.
+    A reference kept for a whole task is sliced for each of its parts that has none of its own."""
+    from kernels.harness import case_parts
+
+    items = []
+    for _, task, op, seconds in imported:
+        record = kept.get(task.key) if kept is not None else None
+        record = record if record is not None and record["op"] == op.name else None
+        try:
+            parts = case_parts.partition(out, task.key, op, mode, n, record)
+        except ValueError as exc:  # the task changed since its parts were made: measured by nothing, said why
+            print(f"  {task.key}: not measured: {exc}", flush=True)
+            continue
+        names = [c.name for c in _mode_cases(op, mode)]
+        for i, indices in enumerate(parts, 1):
+            key = case_parts.part_key(task.key, i, len(parts))
+            if (only is not None and i != only) or key in done:
+                continue
+            part_op = case_parts.part_operation(op, indices, i, len(parts), mode)
+            if record is not None and kept.get(key) is None:
+                kept.found[key] = case_parts.sliced_reference(record, indices, names, part_op)
+            items.append((_size(part_op, mode), Task(key, task.format, task.path, part_op.name), part_op, seconds))
+    return items
+
+
+def _print_parts_pending(rows: list[dict], pending: set) -> None:
+    """Name each task not done whose parts are partly in: which are, of how many."""
+    from kernels.harness.case_parts import parse_part_key
+
+    got: dict[str, tuple[int, set]] = {}
+    for r in rows:
+        parsed = parse_part_key(r["task"])
+        if parsed is not None and parsed[0] in pending:
+            got.setdefault(parsed[0], (parsed[2], set()))[1].add(parsed[1])
+    for task, (n, parts) in sorted(got.items()):
+        print(f"{task}: parts {', '.join(map(str, sorted(parts)))} of {n} in; its row comes when all are",
+              flush=True)
+
+
+def _parts_complete(journal: Path) -> list[dict]:
+    """The row of every task whose parts are all in ``journal`` but which has no row of its own yet."""
+    from kernels.harness.case_parts import complete
+
+    return complete(read_rows(journal))
+
+
+def _complete_parts(journal: Path) -> None:
+    """Append to ``journal`` the row of every task whose parts are all in it (``_parts_complete``)."""
+    rows = _parts_complete(journal)
+    if rows:
+        with journal.open("a") as sink:
+            for row in rows:
+                sink.write(json.dumps(row) + "\n")
 
 
 class _Kept:
@@ -473,6 +539,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--anchor", choices=("host-bound", "all", "off"), default="host-bound",
                    help="which of the null's cases are timed beside the reference in one process: the host-bound "
                         "ones (default), every case, or none")
+    p.add_argument("--case-parts", type=int, default=1, metavar="N",
+                   help="measure each task in N parts of its cases, a row a part, and write the task's row once all "
+                        "are in: a task whose null outlasts one call finishes over several, or on several GPUs")
+    p.add_argument("--part", type=int, default=None, metavar="I",
+                   help="with --case-parts N: measure only part I (1 to N) of each task, e.g. one part a GPU")
     p.add_argument("--report-only", action="store_true", help="print the table and summary of what is done")
 
 
@@ -505,6 +576,15 @@ def run(tasks_dir: str, args) -> int:
         tasks = [t for t in tasks if t.key not in done]
     try:
         tasks = shard(tasks, args.shard)
+        if args.case_parts < 1:
+            raise ValueError(f"bad --case-parts {args.case_parts}: give a number of parts, 1 or more")
+        if args.part is not None and not 1 <= args.part <= args.case_parts:
+            raise ValueError(f"bad --part {args.part}: give a part from 1 to --case-parts ({args.case_parts})")
+        if args.case_parts > 1:
+            from kernels.harness.case_parts import check_parts
+
+            done = {r["task"] for r in read_rows(out / "sweep.jsonl")}
+            check_parts(out, [t.key for t in tasks if t.key not in done], args.case_parts)
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -516,9 +596,13 @@ def run(tasks_dir: str, args) -> int:
         sweep(tasks, out, mode=mode, concurrency=concurrency, max_minutes=args.max_minutes,
               chunk_size=args.chunk or 2 * concurrency, reserve_timing_core=False if args.no_reserve else None,
               anchor=args.anchor,
-              import_workers=args.import_workers or min(8, max(1, (os.cpu_count() or 2) // 2)))
+              import_workers=args.import_workers or min(8, max(1, (os.cpu_count() or 2) // 2)),
+              case_parts=args.case_parts, part=args.part)
+    _complete_parts(out / "sweep.jsonl")  # parts measured into other folders, their rows gathered into this one
     keys = {t.key for t in tasks}
-    rows = [r for r in read_rows(out / "sweep.jsonl") if r["task"] in keys]
+    every = read_rows(out / "sweep.jsonl")
+    rows = [r for r in every if r["task"] in keys]
+    _print_parts_pending(every, keys - {r["task"] for r in rows})
     summary = summarize(rows)
     summary.update(mode=mode, anchor=args.anchor, tasks_swept=len(tasks), tasks_done=len(rows), folder=str(root))
     text = markdown(rows, summary)
