@@ -442,6 +442,10 @@ def test_a_tasks_row_from_its_parts_is_the_row_one_measurement_over_every_case_g
     assert row["null_anchored"] == {"a": 10 / 11, "b": 20 / 25}
     assert row["parts"] == ["gpumode/t [part 1/2]", "gpumode/t [part 2/2]"]
     assert complete([one, two, row]) == []  # written once
+    other = _part_row("gpumode/t", 2, 2, ["c"], [30.0], [24.0])  # another partition's part 2: case c twice, b never
+    assert complete([one, other]) == []
+    short = {**two, "part_of": {"op": "gpumode.t", "part": 2, "parts": 2, "cases": 4}}  # a case of four missing
+    assert complete([one, short]) == []
 
     failed = _part_row("gpumode/t", 2, 2, ["b"], [20.0], [25.0], null_status="timeout", error="timing case b")
     (row,) = complete([one, failed])
@@ -487,6 +491,7 @@ def test_a_task_swept_in_parts_gets_a_row_a_part_then_its_own_once_all_are_in(tm
     assert whole["measured"] and whole["reference_status"] == whole["null_status"] == "ok"
     assert sorted(whole["case_names"]) == sorted(parts["cases"]) and whole["op"] == "gpumode.add_into"
     assert rows[0]["op"] == "gpumode.add_into-part2of2" and rows[0]["cases"] == len(parts["parts"][1])
+    assert rows[0]["part_of"] == {"op": "gpumode.add_into", "part": 2, "parts": 2, "cases": 3}
     summary = json.loads((out / "summary.json").read_text())
     assert summary["tasks_done"] == summary["measured"] == 1
     assert "| gpumode/add_into_py | yes | ok |" in (out / "sweep.md").read_text()

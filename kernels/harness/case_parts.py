@@ -113,7 +113,7 @@ def part_operation(op, indices: tuple[int, ...], i: int, n: int, mode: str):
     rows = manifest[field]
     manifest[field] = [rows[k] for k in indices]
     manifest["name"] = name = f"{op.name}-part{i}of{n}"
-    manifest["part_of"] = {"op": op.name, "part": i, "parts": n}
+    manifest["part_of"] = {"op": op.name, "part": i, "parts": n, "cases": len(rows)}
     install(name, {**files, MANIFEST: json.dumps(manifest, indent=1).encode()})
     return load_operation(name)
 
@@ -190,9 +190,18 @@ def combine(task_key: str, rows: list[dict]) -> dict:
     return row
 
 
+def adds_up(rows: list[dict]) -> bool:
+    """Whether parts' rows hold each of their task's cases exactly once: parts made by different partitions (folders
+    of other GPUs without the same kept reference) would count some cases twice and leave others out."""
+    names = [c for r in rows for c in r.get("case_names") or ()]
+    whole = {(r.get("part_of") or {}).get("cases") for r in rows}
+    return len(names) == len(set(names)) and (whole == {None} or whole == {len(names)})
+
+
 def complete(rows: list[dict]) -> list[dict]:
     """The task rows that ``rows`` hold every part of but not yet the task itself (one a task, in first-seen
-    order): what a sweep writes once a task's last part is in."""
+    order): what a sweep writes once a task's last part is in. Parts that do not add up (``adds_up``) make no
+    row: the parts stay, said so by the sweep's report."""
     have = {r["task"] for r in rows}
     parts: dict[tuple[str, int], dict[int, dict]] = {}
     for r in rows:
@@ -200,4 +209,5 @@ def complete(rows: list[dict]) -> list[dict]:
         if parsed is not None and parsed[0] not in have:
             task, i, n = parsed
             parts.setdefault((task, n), {})[i] = r
-    return [combine(task, list(got.values())) for (task, n), got in parts.items() if len(got) == n]
+    return [combine(task, list(got.values())) for (task, n), got in parts.items()
+            if len(got) == n and adds_up(list(got.values()))]

@@ -183,6 +183,8 @@ def _row(task: Task, op, import_s: float, import_error: str, ref=None, null=None
         sizes = _case_bytes(op, mode)
         row.update(cases=len(sizes), case_bytes_max=max((s for s in sizes if s), default=None),
                    case_names=[c.name for c in _mode_cases(op, mode)])
+        if getattr(op, "manifest", {}).get("part_of"):  # a part of a task's cases (case_parts)
+            row["part_of"] = op.manifest["part_of"]
     if ref is not None and null is not None:
         r, n = _status_row(ref), _status_row(null)
         # refused before any device work: too big for it, or its code needs a newer GPU
@@ -391,8 +393,9 @@ def _print_parts_pending(rows: list[dict], pending: set) -> None:
         if parsed is not None and parsed[0] in pending:
             got.setdefault(parsed[0], (parsed[2], set()))[1].add(parsed[1])
     for task, (n, parts) in sorted(got.items()):
-        print(f"{task}: parts {', '.join(map(str, sorted(parts)))} of {n} in; its row comes when all are",
-              flush=True)
+        said = ("they do not add up to its cases (made by different partitions): measure them again into one "
+                "folder" if len(parts) == n else "its row comes when all are")
+        print(f"{task}: parts {', '.join(map(str, sorted(parts)))} of {n} in; {said}", flush=True)
 
 
 def _parts_complete(journal: Path) -> list[dict]:
