@@ -3,7 +3,7 @@ and its null over those cases alone), and the task's row made from its parts' ro
 
 Why: a task's reference and its null are one measurement each, over every case, and a measurement cut short leaves
 nothing. A task whose null outlasts the time one call has (GPU MODE's linalg/eigh, calls of 10 s: about 19 minutes
-of an H200 for the null alone) can only finish in a call that long; keeping its reference (``sweep.kept_reference``)
+of an H100 for the null alone, measured on 2026-11-27) can only finish in a call that long; keeping its reference (``sweep.kept_reference``)
 halves the pair, not the null. In parts, every part that finishes is a row that stays, and the next call, or
 another GPU of the host (``--part``), measures the rest.
 
