@@ -453,6 +453,20 @@ def test_a_tasks_row_from_its_parts_is_the_row_one_measurement_over_every_case_g
     assert not row["measured"] and row["null_speedup"] is None and row["reference_status"] == "ok"
 
 
+def test_a_reference_kept_for_the_whole_task_is_counted_once_in_the_tasks_row():
+    from kernels.harness.case_parts import complete
+
+    kept = "an earlier call of the sweep (2026-11-28T12:48:11+00:00)"
+    one = {**_part_row("gpumode/t", 1, 2, ["a", "c"], [10.0, 30.0], [11.0, 24.0]), "reference_measured_in": kept}
+    two = {**_part_row("gpumode/t", 2, 2, ["b"], [20.0], [25.0]), "reference_measured_in": kept}
+    (row,) = complete([one, two])  # each part row carries the whole reference's 2 s, 3 s and 2 windows
+    assert row["reference_gpu_s"] == 2.0 and row["reference_wall_s"] == 3.0 and row["reference_timing_windows"] == 2
+    assert row["null_gpu_s"] == 4.0 and row["wall_s"] == 11.0 and row["reference_measured_in"] == kept
+    (fresh,) = complete([one, {**two, "reference_measured_in": "another call"}])  # two measurements: both count
+    assert fresh["reference_wall_s"] == 6.0 and fresh["wall_s"] == 14.0
+    assert fresh["reference_measured_in"] == f"{kept}; another call"
+
+
 def test_a_reference_kept_for_the_whole_task_serves_each_part_with_its_cases_alone():
     from kernels.harness.case_parts import sliced_reference
     from kernels.harness.sweep import _stored_reference

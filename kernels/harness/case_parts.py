@@ -58,8 +58,9 @@ def deal(weights: list[float], n: int) -> list[tuple[int, ...]]:
 def _weights(op, mode: str, kept: dict | None) -> tuple[list[float], str]:
     """Each case's weight for ``deal`` and what it was read from."""
     from kernels.harness.budget import case_bytes
+    from kernels.harness.sweep import mode_cases
 
-    cases = op.cases if mode == "gpu" else op.interpret_cases
+    cases = mode_cases(op, mode)
     if kept is not None and len(kept.get("us") or ()) == len(cases):
         return [float(u) for u in kept["us"]], "the kept reference's time per case"
     sizes = case_bytes(op, cases)
@@ -86,7 +87,9 @@ def partition(out: Path, task_key: str, op, mode: str, n: int, kept: dict | None
     longer those it was split by is refused by name."""
     path = out / PARTS_FILE
     table = json.loads(path.read_text()) if path.is_file() else {}
-    cases = [c.name for c in (op.cases if mode == "gpu" else op.interpret_cases)]
+    from kernels.harness.sweep import mode_cases
+
+    cases = [c.name for c in mode_cases(op, mode)]
     entry = table.get(task_key)
     if entry is not None:
         if entry["cases"] != cases:
@@ -168,12 +171,16 @@ def combine(task_key: str, rows: list[dict]) -> dict:
     if any("reference_status" not in r for r in rows):  # a part imported but never measured
         row.update(fits=None, measured=False, wall_s=_sum(rows, "wall_s"))
         return row
+    # every part's reference sliced from one measurement of the whole task: its seconds are counted once
+    kept = {r.get("reference_measured_in") for r in rows}
+    sliced = len(kept) == 1 and None not in kept and "" not in kept
     for role in ("reference", "null"):
         status, error = _status(rows, role)
+        spent = rows[:1] if role == "reference" and sliced else rows
         row.update({f"{role}_status": status, f"{role}_error": error,
                     f"{role}_us": [u for r in rows for u in r.get(f"{role}_us") or ()],
-                    f"{role}_gpu_s": _sum(rows, f"{role}_gpu_s"), f"{role}_wall_s": _sum(rows, f"{role}_wall_s"),
-                    f"{role}_timing_windows": _sum(rows, f"{role}_timing_windows")})
+                    f"{role}_gpu_s": _sum(spent, f"{role}_gpu_s"), f"{role}_wall_s": _sum(spent, f"{role}_wall_s"),
+                    f"{role}_timing_windows": _sum(spent, f"{role}_timing_windows")})
     refused = next((r["refused"] for r in rows if r.get("refused")), None)
     reference_us = row["reference_us"]
     row.update(fits=not refused and all(r["fits"] for r in rows), refused=refused,
@@ -182,9 +189,11 @@ def combine(task_key: str, rows: list[dict]) -> dict:
                null_speedup=_weighted_geomean((r.get("null_speedup"), r["cases"]) for r in rows)
                if row["reference_status"] == row["null_status"] == "ok" else None,
                wall_s=_sum(rows, "wall_s"))
-    earlier = [r["reference_measured_in"] for r in rows if r.get("reference_measured_in")]
+    earlier = sorted(kept - {None, ""})
     if earlier:
-        row["reference_measured_in"] = earlier[0]
+        row["reference_measured_in"] = "; ".join(earlier)
+    if sliced and row["wall_s"] is not None and None not in (r.get("reference_wall_s") for r in rows):
+        row["wall_s"] = round(row["wall_s"] - sum(r["reference_wall_s"] for r in rows[1:]), 3)
     for field in ("null_anchored", "null_anchored_ratio_of_medians"):
         row[field] = {case: ratio for r in rows for case, ratio in (r.get(field) or {}).items()}
     return row

@@ -182,7 +182,7 @@ def _row(task: Task, op, import_s: float, import_error: str, ref=None, null=None
     if op is not None:
         sizes = _case_bytes(op, mode)
         row.update(cases=len(sizes), case_bytes_max=max((s for s in sizes if s), default=None),
-                   case_names=[c.name for c in _mode_cases(op, mode)])
+                   case_names=[c.name for c in mode_cases(op, mode)])
         if getattr(op, "manifest", {}).get("part_of"):  # a part of a task's cases (case_parts)
             row["part_of"] = op.manifest["part_of"]
     if ref is not None and null is not None:
@@ -205,10 +205,10 @@ def _case_bytes(op, mode: str) -> list[int | None]:
     """Per case the mode runs, its bytes (``budget.case_bytes``); None where only the device can make its inputs."""
     from kernels.harness.budget import case_bytes
 
-    return case_bytes(op, _mode_cases(op, mode))
+    return case_bytes(op, mode_cases(op, mode))
 
 
-def _mode_cases(op, mode: str):
+def mode_cases(op, mode: str):
     """The cases ``mode`` runs: every case on a GPU, the interpreter's small ones elsewhere."""
     return op.cases if mode == "gpu" else op.interpret_cases
 
@@ -345,8 +345,7 @@ def sweep(tasks: list[Task], out: Path, *, mode: str, concurrency: int, max_minu
             finally:
                 timeline.close()
             wall = time.monotonic() - started
-        for row in _parts_complete(journal):  # the tasks whose last part this call measured
-            write(row)
+        _complete_parts(journal, write)  # the tasks whose last part this call measured
     print(f"this call: {wall:.0f} s wall, {worker.busy_gpu_seconds:.0f} device-seconds held by children", flush=True)
     breakdown = lock_breakdown(worker.timeline)  # where the children's time went: compiling, checks, timing
     (out / f"breakdown-{int(time.time())}.json").write_text(json.dumps(
@@ -371,7 +370,7 @@ def _in_parts(imported: list, out: Path, mode: str, n: int, only: int | None, ke
         except ValueError as exc:  # the task changed since its parts were made: measured by nothing, said why
             print(f"  {task.key}: not measured: {exc}", flush=True)
             continue
-        names = [c.name for c in _mode_cases(op, mode)]
+        names = [c.name for c in mode_cases(op, mode)]
         for i, indices in enumerate(parts, 1):
             key = case_parts.part_key(task.key, i, len(parts))
             if (only is not None and i != only) or key in done:
@@ -398,19 +397,16 @@ def _print_parts_pending(rows: list[dict], pending: set) -> None:
         print(f"{task}: parts {', '.join(map(str, sorted(parts)))} of {n} in; {said}", flush=True)
 
 
-def _parts_complete(journal: Path) -> list[dict]:
-    """The row of every task whose parts are all in ``journal`` but which has no row of its own yet."""
+def _complete_parts(journal: Path, write=None) -> None:
+    """Write the row of every task whose parts are all in ``journal`` but which has no row of its own yet: through
+    ``write`` (a sweep's own, which prints it too), else appended to ``journal``."""
     from kernels.harness.case_parts import complete
 
-    return complete(read_rows(journal))
-
-
-def _complete_parts(journal: Path) -> None:
-    """Append to ``journal`` the row of every task whose parts are all in it (``_parts_complete``)."""
-    rows = _parts_complete(journal)
-    if rows:
-        with journal.open("a") as sink:
-            for row in rows:
+    for row in complete(read_rows(journal)):
+        if write is not None:
+            write(row)
+        else:
+            with journal.open("a") as sink:
                 sink.write(json.dumps(row) + "\n")
 
 
@@ -601,13 +597,15 @@ def run(tasks_dir: str, args) -> int:
               anchor=args.anchor,
               import_workers=args.import_workers or min(8, max(1, (os.cpu_count() or 2) // 2)),
               case_parts=args.case_parts, part=args.part)
-    _complete_parts(out / "sweep.jsonl")  # parts measured into other folders, their rows gathered into this one
+    else:
+        _complete_parts(out / "sweep.jsonl")  # parts measured into other folders, their rows gathered into this one
     keys = {t.key for t in tasks}
     every = read_rows(out / "sweep.jsonl")
     rows = [r for r in every if r["task"] in keys]
     _print_parts_pending(every, keys - {r["task"] for r in rows})
     summary = summarize(rows)
-    summary.update(mode=mode, anchor=args.anchor, tasks_swept=len(tasks), tasks_done=len(rows), folder=str(root))
+    modes = {r.get("mode") for r in rows} - {None, ""}  # a report of rows measured elsewhere says their mode
+    summary.update(mode=modes.pop() if len(modes) == 1 else mode, anchor=args.anchor, tasks_swept=len(tasks), tasks_done=len(rows), folder=str(root))
     text = markdown(rows, summary)
     (out / "sweep.md").write_text(text)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
