@@ -394,7 +394,7 @@ def search_problem(args, op: str, rows: list, save) -> None:
             reached = to_reach(run, ref["best"], mode) if ref["best"] else None
             origin = origins_of(base["data"], op)
             row = {"op": op, "budget": budget, "seed": seed, "mode": mode, "surrogate": name,
-                   "generator": base["generator"], "model": base.get("generator_model", ""),
+                   "backend": args.backend, "generator": base["generator"], "model": base.get("generator_model", ""),
                    "surrogate_best": run["best"], "baseline_best": ref["best"], "torch_compile": compiled,
                    "ratio": run["best"] / ref["best"] if ref["best"] else None,
                    "to_baseline_best": reached, "share_of_baseline_budget": reached / scale if reached else None,
@@ -434,7 +434,10 @@ def summary(rows: list[dict]) -> list[str]:
     seeds = sorted({r["seed"] for r in rows})
     generators = sorted({r.get("generator", "variants") for r in rows})
     models = sorted({r["model"] for r in rows if r.get("model")})
-    lines = [f"Live search, generator {', '.join(generators)} from CUDA-L1's kernels"
+    backends = {r.get("backend") for r in rows}  # rows of older runs do not say
+    kind = "Replayed searches" if backends == {"replay"} else \
+        "Live searches" if None not in backends and "replay" not in backends else "Searches"
+    lines = [f"{kind}, generator {', '.join(generators)} from CUDA-L1's kernels"
              + (f" (model {', '.join(models)})" if models else "") + f", on {len(ops)} problems x {len(seeds)} seeds.",
              "", "| budget kind | surrogate | budget | runs | geomean best(surrogate) / best(baseline) | wins / ties / "
              "losses | reached the baseline's best | median share of the baseline's cost to get there | "

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from benchmarks.headroom_search import main, space_census
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _row(lines: list[str], problem: str) -> list[str]:
@@ -75,3 +80,15 @@ def test_a_replayed_search_counts_its_roots_first(tmp_path, monkeypatch):
         assert run["roots_first"] == 2, run
         # the baseline measures the space's seven children (the roots, then five variants); the surrogate fewer
         assert len(run["trajectory"]) == 7 if name == BASELINE else 2 < len(run["trajectory"]) <= 7
+
+
+def test_a_summary_says_whether_its_searches_were_replayed_or_live():
+    from benchmarks.headroom_search import summary
+
+    rows = json.loads((REPO / "docs" / "measured" /
+                       "headroom_space_replay_h200_depth2_heldout2_late_2026-11-28.json").read_text())["runs"][:8]
+    assert summary([{**r, "backend": "replay"} for r in rows])[0].startswith("Replayed searches, generator variants")
+    assert summary([{**r, "backend": "local"} for r in rows])[0].startswith("Live searches")
+    assert summary(rows)[0].startswith("Searches, ")  # rows written before they said
+    mixed = [{**r, "backend": "replay"} for r in rows[:4]] + [{**r, "backend": "local"} for r in rows[4:]]
+    assert summary(mixed)[0].startswith("Searches, ")
