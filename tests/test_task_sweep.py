@@ -514,6 +514,23 @@ def test_a_task_swept_in_parts_gets_a_row_a_part_then_its_own_once_all_are_in(tm
     assert "1 tasks, 1 done before, 0 to go" in stdout and len(again) == 3
 
 
+def test_parts_measured_on_gpus_elsewhere_are_gathered_into_the_tasks_row_by_a_report(tmp_path):
+    tasks = tmp_path / "tasks"
+    write_gpumode(tasks / "gpumode" / "add_into_py", reference=GPUMODE_ADD_INTO, specs=THREE_TESTS)
+    out = tmp_path / "all"
+    out.mkdir()
+    parts = [_part_row("gpumode/add_into_py", 1, 2, ["a", "c"], [10.0, 30.0], [10.1, 30.3]),
+             _part_row("gpumode/add_into_py", 2, 2, ["b"], [20.0], [19.9])]
+    (out / "sweep.jsonl").write_text("".join(json.dumps(r) + "\n" for r in parts))  # two GPUs' folders, concatenated
+    stdout, rows = _sweep(tasks, out, "--case-parts", "2", "--report-only")
+    assert [r["task"] for r in rows][-1] == "gpumode/add_into_py" and len(rows) == 3 and rows[-1]["measured"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tasks_done"] == summary["measured"] == 1
+    assert summary["mode"] == "gpu"  # the rows' mode, not that of the machine writing the report
+    _sweep(tasks, out, "--case-parts", "2", "--report-only")  # a second report writes the task's row no more
+    assert len((out / "sweep.jsonl").read_text().splitlines()) == 3
+
+
 def test_parts_that_would_not_add_up_are_refused_by_name(tmp_path):
     tasks = tmp_path / "tasks"
     write_gpumode(tasks / "gpumode" / "add_into_py", reference=GPUMODE_ADD_INTO, specs=THREE_TESTS)

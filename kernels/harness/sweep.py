@@ -605,7 +605,8 @@ def run(tasks_dir: str, args) -> int:
     _print_parts_pending(every, keys - {r["task"] for r in rows})
     summary = summarize(rows)
     modes = {r.get("mode") for r in rows} - {None, ""}  # a report of rows measured elsewhere says their mode
-    summary.update(mode=modes.pop() if len(modes) == 1 else mode, anchor=args.anchor, tasks_swept=len(tasks), tasks_done=len(rows), folder=str(root))
+    summary.update(mode=modes.pop() if len(modes) == 1 else mode, anchor=args.anchor, tasks_swept=len(tasks),
+                   tasks_done=len(rows), folder=str(root))
     text = markdown(rows, summary)
     (out / "sweep.md").write_text(text)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
