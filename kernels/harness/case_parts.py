@@ -55,10 +55,14 @@ def deal(weights: list[float], n: int) -> list[tuple[int, ...]]:
     return [tuple(sorted(p)) for p in parts]
 
 
+def mode_cases(op, mode: str):
+    """The cases ``mode`` runs: every case on a GPU, the interpreter's small ones elsewhere."""
+    return op.cases if mode == "gpu" else op.interpret_cases
+
+
 def _weights(op, mode: str, kept: dict | None) -> tuple[list[float], str]:
     """Each case's weight for ``deal`` and what it was read from."""
     from kernels.harness.budget import case_bytes
-    from kernels.harness.sweep import mode_cases
 
     cases = mode_cases(op, mode)
     if kept is not None and len(kept.get("us") or ()) == len(cases):
@@ -87,8 +91,6 @@ def partition(out: Path, task_key: str, op, mode: str, n: int, kept: dict | None
     longer those it was split by is refused by name."""
     path = out / PARTS_FILE
     table = json.loads(path.read_text()) if path.is_file() else {}
-    from kernels.harness.sweep import mode_cases
-
     cases = [c.name for c in mode_cases(op, mode)]
     entry = table.get(task_key)
     if entry is not None:

@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from kernels.harness.case_parts import mode_cases
 from kernels.harness.sweep_report import lock_breakdown, markdown, summarize, task_line
 
 
@@ -206,11 +207,6 @@ def _case_bytes(op, mode: str) -> list[int | None]:
     from kernels.harness.budget import case_bytes
 
     return case_bytes(op, mode_cases(op, mode))
-
-
-def mode_cases(op, mode: str):
-    """The cases ``mode`` runs: every case on a GPU, the interpreter's small ones elsewhere."""
-    return op.cases if mode == "gpu" else op.interpret_cases
 
 
 def _size(op, mode: str) -> float:
