@@ -121,6 +121,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--space-depth", type=int, default=1, choices=(1, 2))
     p.add_argument("--space-variants", nargs="+", default=[], metavar="NAME",
                    help="--space: only these variants (compile-default compile-reduce-overhead ...; default: all)")
+    p.add_argument("--space-anchors", type=int, default=2, metavar="K",
+                   help="--space resuming a space an earlier call began: K of its measured children measured again "
+                        "beside this call's reference, logged (space_calls.jsonl) to show how far the calls agree")
     p.add_argument("--space-reference-only", action="store_true",
                    help="--space: the reference's variants only, no roots (torch.compile of every reference, say)")
     p.add_argument("--prior-spaces", default="", help="a folder of measured variant spaces (as --space leaves them) "
@@ -308,7 +311,10 @@ def measure_space(args, op: str) -> dict:
         ask_seconds = time.perf_counter() - t0
         space += rewrites
         t0, since = time.perf_counter(), utc_now()
+        call = {"started": since.isoformat(), "children": len(space), "anchors": []}
+        found: dict = {}
         try:
+            call["anchors"] = measure_anchors(search, space, args.space_anchors)
             found, reused = measure_and_store(search.root, search.pool, space, search.config.gpu_type)
         finally:
             # The space's children are written once measured: a call stopped part way (a deadline's kill) leaves
@@ -316,17 +322,79 @@ def measure_space(args, op: str) -> dict:
             stored = search.root.read_measurements(op=op, gpu_type=search.config.gpu_type)
             measured = set(stored["candidate_id"]) if not stored.empty else set()
             search.root.write_candidates([c for c in space if c.candidate_id in measured])
+            log_call(search.root, op, stored, call, since, time.perf_counter() - t0)
         wall = time.perf_counter() - t0
     finally:
         search.pool.close()
     ok = [m for m in found.values() if m.status == "ok" and m.speedup]
     row = {"op": op, "children": len(space), "measured": len(found), "reused": reused, "ok": len(ok),
+           "anchors": call["anchors"],
            "best": max((m.speedup for m in ok), default=None), "wall_seconds": wall,
            "gpu_seconds": sum(m.gpu_seconds for m in found.values()),
            "compile_seconds": sum(m.compile_seconds for m in found.values())}
     if args.live:
         row |= rewrite_summary(rewrites, found, ask_seconds, since)
     return row
+
+
+CALLS = "space_calls.jsonl"  # a space's data root: one line a call that measured in it
+
+
+def measure_anchors(search, space, k: int) -> list[dict]:
+    """Where an earlier call began this space: ``k`` of the children it measured ok (the fastest, then evenly down
+    its speedups) measured again beside this call's own reference, each with its earlier and present speedup.
+
+    A speedup is relative to the reference measured in the same call, on that call's machine; a space is merged
+    across calls only as far as these agree. The anchors' new rows go to the call log, not to the measurements, so
+    the space keeps one row a child; the reference measured with them is written as any call's reference is."""
+    from kernels.ops import get_operation
+    from storage.schema import measurements_from_frame
+
+    seed = get_operation(search.config.op).seed_candidates()[0].candidate_id
+    by_id = {c.candidate_id: c for c in space}
+    stored = search.root.read_measurements(op=search.config.op, gpu_type=search.config.gpu_type)
+    if k <= 0 or stored.empty:
+        return []
+    earlier = stored[(stored["status"] == "ok") & stored["candidate_id"].isin(set(by_id) - {seed})]
+    earlier = earlier.drop_duplicates("candidate_id", keep="last").sort_values(
+        ["speedup", "candidate_id"], ascending=[False, True], na_position="last").reset_index(drop=True)
+    if earlier.empty:
+        return []
+    picks = sorted({round(i * (len(earlier) - 1) / max(1, k - 1)) for i in range(min(k, len(earlier)))})
+    before = {m.candidate_id: m for m in measurements_from_frame(earlier.loc[picks])}
+    anchors, reference = [], []
+    for m in search.pool.measure([by_id[cid] for cid in before], search.config.gpu_type):
+        if m.candidate_id == seed:
+            reference.append(m)
+            continue
+        was = before[m.candidate_id].speedup
+        anchors.append({"candidate_id": m.candidate_id, "origin": by_id[m.candidate_id].origin,
+                        "status": m.status, "earlier": was, "now": m.speedup,
+                        "ratio": m.speedup / was if m.speedup and was else None})
+    search.root.write_measurements(reference)
+    return anchors
+
+
+def log_call(root, op: str, stored, call: dict, since, wall: float) -> None:
+    """One line of the space's call log: when this call ran and on what, its reference's runtime, how many children
+    it measured, and its anchors (``measure_anchors``); written even when the call is stopped part way."""
+    from kernels.ops import get_operation
+
+    seed = get_operation(op).seed_candidates()[0].candidate_id
+    fresh = stored[stored["measured_at"] >= since] if not stored.empty else stored
+    ref = fresh[fresh["candidate_id"] == seed] if not fresh.empty else fresh
+    line = call | {"wall_seconds": round(wall, 1),
+                   "measured": int((fresh["candidate_id"] != seed).sum()) if not fresh.empty else 0,
+                   "device": str(fresh["device_name"].iloc[0]) if not fresh.empty else "",
+                   "reference_us": [float(x) for x in ref["runtime_us_median"].iloc[-1]] if not ref.empty else []}
+    earlier = root.get_object(CALLS) or b""
+    root.put_object(CALLS, earlier + (json.dumps(line) + "\n").encode())
+
+
+def space_calls(root) -> list[dict]:
+    """The calls that measured in a space's data root, in order (none logged: an empty list)."""
+    text = (root.get_object(CALLS) or b"").decode()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def model_rewrites(search, op: str, measured_roots, space, k: int) -> list:
@@ -519,7 +587,7 @@ def space_census(folder: str, gpu_type: str = "auto") -> list[str]:
     lines = ["| problem | children | ran | best root | best | made by | best / best root | within 10% of the best | "
              "torch.compile | best / torch.compile | torch.compile, published | best / published torch.compile |",
              "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
-    beyond = []
+    beyond, merged = [], []
     for root in roots:
         data = DataRoot(str(root))
         c = data.read_candidates()
@@ -546,10 +614,29 @@ def space_census(folder: str, gpu_type: str = "auto") -> list[str]:
         over += f" | {paper:.3f} | {top['speedup'] / paper:.3f}" if paper else " | - | -"
         lines.append(f"| {root.name} | {len(kids)} | {int((kids['status'] == 'ok').sum())} | {best_root:.3f} | "
                      f"{top['speedup']:.3f} | {top['origin']} | {ratio:.3f} | {near} | {over} |")
+        calls = space_calls(data)
+        if len(calls) > 1:
+            merged.append(calls_note(root.name, calls))
     lines += ["", f"{len(beyond)} spaces; a kernel at least 1.10x beyond the roots in {sum(r >= 1.10 for r in beyond)}, "
               f"at least 1.03x in {sum(r >= 1.03 for r in beyond)}; the best is a root in "
               f"{sum(r <= 1.0 + 1e-9 for r in beyond)}"]
-    return lines
+    return lines + (["", "Spaces measured over several calls (each child's speedup is over the reference of its own "
+                     "call; the anchors are children of earlier calls measured again):", "", *merged] if merged else [])
+
+
+def calls_note(name: str, calls: list[dict]) -> str:
+    """One line on a space measured over several calls: each call's children and reference, and how far its
+    anchors' speedups came out from their earlier ones."""
+    parts = []
+    for i, call in enumerate(calls, 1):
+        ref = statistics.median(call["reference_us"]) if call.get("reference_us") else None
+        ratios = [a["ratio"] for a in call.get("anchors", []) if a.get("ratio")]
+        part = f"call {i} {call['started'][:16]}: {call['measured']} children" + \
+            (f", reference {ref:.1f} us" if ref else "")
+        if ratios:
+            part += f", anchors at {min(ratios):.3f}-{max(ratios):.3f} of their earlier speedups"
+        parts.append(part)
+    return f"- {name}: " + "; ".join(parts)
 
 
 def main(argv=None) -> int:

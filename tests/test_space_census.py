@@ -92,3 +92,26 @@ def test_a_summary_says_whether_its_searches_were_replayed_or_live():
     assert summary(rows)[0].startswith("Searches, ")  # rows written before they said
     mixed = [{**r, "backend": "replay"} for r in rows[:4]] + [{**r, "backend": "local"} for r in rows[4:]]
     assert summary(mixed)[0].startswith("Searches, ")
+
+
+def test_a_space_measured_over_two_calls_is_named_with_each_calls_reference_and_anchors(tmp_path):
+    """A space resumed by a second call: the census says so, with each call's reference runtime and how far the
+    anchors (the first call's children measured again) came out from their first speedups."""
+    import shutil
+
+    from benchmarks.headroom_search import CALLS
+    from storage.dataset import DataRoot
+
+    shutil.copytree(REPO / "data" / "pools" / "spaces-h200" / "kb.cudal1-l2-076", tmp_path / "kb.cudal1-l2-076")
+    assert not any("several calls" in line for line in space_census(str(tmp_path)))  # one call: no note
+    calls = [{"started": "2026-11-29T01:00:00+00:00", "measured": 20, "reference_us": [100.0, 300.0], "anchors": []},
+             {"started": "2026-11-29T01:20:00+00:00", "measured": 8, "reference_us": [102.0, 306.0],
+              "anchors": [{"candidate_id": "a", "ratio": 0.98}, {"candidate_id": "b", "ratio": 1.01},
+                          {"candidate_id": "c", "status": "runtime_error", "ratio": None}]}]
+    DataRoot(str(tmp_path / "kb.cudal1-l2-076")).put_object(CALLS, "".join(json.dumps(c) + "\n"
+                                                                             for c in calls).encode())
+    lines = space_census(str(tmp_path))
+    [note] = [line for line in lines if line.startswith("- kb.cudal1-l2-076:")]
+    assert note == ("- kb.cudal1-l2-076: call 1 2026-11-29T01:00: 20 children, reference 200.0 us; "
+                    "call 2 2026-11-29T01:20: 8 children, reference 204.0 us, anchors at 0.980-1.010 of their "
+                    "earlier speedups")

@@ -697,6 +697,7 @@ def test_a_space_stopped_part_way_keeps_no_child_unmeasured_and_a_second_call_co
 
     from benchmarks import headroom_search
     from kernels.formats import TASKS_ENV
+    from kernels.ops import get_operation
     from storage.dataset import DataRoot
 
     monkeypatch.setenv(TASKS_ENV, str(tmp_path / "tasks"))
@@ -726,6 +727,15 @@ def test_a_space_stopped_part_way_keeps_no_child_unmeasured_and_a_second_call_co
     assert row["reused"] >= 1 and row["children"] == 2
     assert set(root.read_candidates()["candidate_id"]) <= set(root.read_measurements()["candidate_id"])
     assert len(set(root.read_candidates()["candidate_id"])) == 3  # the reference and its two variants
+    # Each call is logged, the stopped one too; the second measured the first call's child again as its anchor
+    # (its row in the log, not among the measurements: the space keeps one row a child).
+    first, second = headroom_search.space_calls(root)
+    assert first["measured"] == 1 and first["anchors"] == [] and second["measured"] == 1
+    [anchor] = second["anchors"]
+    assert anchor["candidate_id"] in measured and anchor["status"] == "ok"
+    kids = root.read_measurements()
+    kids = kids[kids["candidate_id"] != get_operation("kb.cudal1-l2-096").seed_candidates()[0].candidate_id]
+    assert len(kids) == kids["candidate_id"].nunique() == 2
 
 
 def test_the_oracle_replayed_on_a_measured_space_finds_its_best_kernel_within_budget(tmp_path, monkeypatch):
