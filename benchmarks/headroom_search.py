@@ -370,6 +370,8 @@ def measure_anchors(search, space, k: int) -> list[dict]:
         was = before[m.candidate_id].speedup
         anchors.append({"candidate_id": m.candidate_id, "origin": by_id[m.candidate_id].origin,
                         "status": m.status, "earlier": was, "now": m.speedup,
+                        "earlier_reference_us": list(before[m.candidate_id].reference_us_median or ()),
+                        "reference_us": list(m.reference_us_median or ()),
                         "ratio": m.speedup / was if m.speedup and was else None})
     search.root.write_measurements(reference)
     return anchors
@@ -382,11 +384,15 @@ def log_call(root, op: str, stored, call: dict, since, wall: float) -> None:
 
     seed = get_operation(op).seed_candidates()[0].candidate_id
     fresh = stored[stored["measured_at"] >= since] if not stored.empty else stored
-    ref = fresh[fresh["candidate_id"] == seed] if not fresh.empty else fresh
+    # the reference this call's speedups stand on, as its children's rows carry it (a pool need not hand back
+    # the reference row it measured for them)
+    timed = fresh[fresh["reference_us_median"].map(lambda r: r is not None and len(r) > 0)] \
+        if not fresh.empty else fresh
     line = call | {"wall_seconds": round(wall, 1),
                    "measured": int((fresh["candidate_id"] != seed).sum()) if not fresh.empty else 0,
                    "device": str(fresh["device_name"].iloc[0]) if not fresh.empty else "",
-                   "reference_us": [float(x) for x in ref["runtime_us_median"].iloc[-1]] if not ref.empty else []}
+                   "reference_us": [float(x) for x in timed["reference_us_median"].iloc[-1]] if not timed.empty
+                   else []}
     earlier = root.get_object(CALLS) or b""
     root.put_object(CALLS, earlier + (json.dumps(line) + "\n").encode())
 
