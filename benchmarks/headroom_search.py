@@ -338,6 +338,9 @@ def measure_space(args, op: str) -> dict:
 
 
 CALLS = "space_calls.jsonl"  # a space's data root: one line a call that measured in it
+# How far an anchor's speedup may come out from its earlier one for two calls' rows to count as one space: about
+# the spread of one child measured on two machines where both runs of the reference agree (docs/search.md).
+ANCHOR_TOLERANCE = 0.05
 
 
 def measure_anchors(search, space, k: int) -> list[dict]:
@@ -630,6 +633,16 @@ def space_census(folder: str, gpu_type: str = "auto") -> list[str]:
                      "call; the anchors are children of earlier calls measured again):", "", *merged] if merged else [])
 
 
+def calls_agree(calls: list[dict]) -> bool:
+    """Whether every anchor of every later call came out within ``ANCHOR_TOLERANCE`` of its earlier speedup (a later
+    call with no anchor measured ok cannot be told to agree)."""
+    for call in calls[1:]:
+        ratios = [a["ratio"] for a in call.get("anchors", []) if a.get("ratio")]
+        if not ratios or any(abs(r - 1.0) > ANCHOR_TOLERANCE for r in ratios):
+            return False
+    return True
+
+
 def calls_note(name: str, calls: list[dict]) -> str:
     """One line on a space measured over several calls: each call's children and reference, and how far its
     anchors' speedups came out from their earlier ones."""
@@ -642,7 +655,9 @@ def calls_note(name: str, calls: list[dict]) -> str:
         if ratios:
             part += f", anchors at {min(ratios):.3f}-{max(ratios):.3f} of their earlier speedups"
         parts.append(part)
-    return f"- {name}: " + "; ".join(parts)
+    verdict = f"the calls agree within {ANCHOR_TOLERANCE:.0%}" if calls_agree(calls) else \
+        f"the calls do not agree within {ANCHOR_TOLERANCE:.0%}: not one space"
+    return f"- {name}: " + "; ".join(parts) + f" ({verdict})"
 
 
 def main(argv=None) -> int:

@@ -114,4 +114,11 @@ def test_a_space_measured_over_two_calls_is_named_with_each_calls_reference_and_
     [note] = [line for line in lines if line.startswith("- kb.cudal1-l2-076:")]
     assert note == ("- kb.cudal1-l2-076: call 1 2026-11-29T01:00: 20 children, reference 200.0 us; "
                     "call 2 2026-11-29T01:20: 8 children, reference 204.0 us, anchors at 0.980-1.010 of their "
-                    "earlier speedups")
+                    "earlier speedups (the calls agree within 5%)")
+    # an anchor 1.37x its earlier speedup (a graph-captured child on a faster machine): the rows are not one space
+    calls[1]["anchors"][1]["ratio"] = 1.368
+    DataRoot(str(tmp_path / "kb.cudal1-l2-076")).put_object(CALLS, "".join(json.dumps(c) + "\n"
+                                                                             for c in calls).encode())
+    [note] = [line for line in space_census(str(tmp_path)) if line.startswith("- kb.cudal1-l2-076:")]
+    assert note.endswith("anchors at 0.980-1.368 of their earlier speedups (the calls do not agree within 5%: not "
+                         "one space)")
