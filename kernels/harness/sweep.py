@@ -39,7 +39,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernels.harness.case_parts import mode_cases
+from kernels.harness.case_parts import (check_parts, complete, mode_cases, parse_part_key, part_key, part_operation,
+                                        partition, sliced_reference)
 from kernels.harness.sweep_report import lock_breakdown, markdown, summarize, task_line
 
 
@@ -355,33 +356,29 @@ def _in_parts(imported: list, out: Path, mode: str, n: int, only: int | None, ke
     """The imported (size, task, op, seconds) items as their parts' items (``case_parts``), leaving out the parts
     already in ``done`` and, with ``only``, every part but that one.
     A reference kept for a whole task is sliced for each of its parts that has none of its own."""
-    from kernels.harness import case_parts
-
     items = []
     for _, task, op, seconds in imported:
         record = kept.get(task.key) if kept is not None else None
         record = record if record is not None and record["op"] == op.name else None
         try:
-            parts = case_parts.partition(out, task.key, op, mode, n, record)
+            parts = partition(out, task.key, op, mode, n, record)
         except ValueError as exc:  # the task changed since its parts were made: measured by nothing, said why
             print(f"  {task.key}: not measured: {exc}", flush=True)
             continue
         names = [c.name for c in mode_cases(op, mode)]
         for i, indices in enumerate(parts, 1):
-            key = case_parts.part_key(task.key, i, len(parts))
+            key = part_key(task.key, i, len(parts))
             if (only is not None and i != only) or key in done:
                 continue
-            part_op = case_parts.part_operation(op, indices, i, len(parts), mode)
+            part_op = part_operation(op, indices, i, len(parts), mode)
             if record is not None and kept.get(key) is None:
-                kept.found[key] = case_parts.sliced_reference(record, indices, names, part_op)
+                kept.found[key] = sliced_reference(record, indices, names, part_op)
             items.append((_size(part_op, mode), Task(key, task.format, task.path, part_op.name), part_op, seconds))
     return items
 
 
 def _print_parts_pending(rows: list[dict], pending: set) -> None:
     """Name each task not done whose parts are partly in: which are, of how many."""
-    from kernels.harness.case_parts import parse_part_key
-
     got: dict[str, tuple[int, set]] = {}
     for r in rows:
         parsed = parse_part_key(r["task"])
@@ -396,8 +393,6 @@ def _print_parts_pending(rows: list[dict], pending: set) -> None:
 def _complete_parts(journal: Path, write=None) -> None:
     """Write the row of every task whose parts are all in ``journal`` but which has no row of its own yet: through
     ``write`` (a sweep's own, which prints it too), else appended to ``journal``."""
-    from kernels.harness.case_parts import complete
-
     for row in complete(read_rows(journal)):
         if write is not None:
             write(row)
@@ -576,8 +571,6 @@ def run(tasks_dir: str, args) -> int:
         if args.part is not None and not 1 <= args.part <= args.case_parts:
             raise ValueError(f"bad --part {args.part}: give a part from 1 to --case-parts ({args.case_parts})")
         if args.case_parts > 1:
-            from kernels.harness.case_parts import check_parts
-
             done = {r["task"] for r in read_rows(out / "sweep.jsonl")}
             check_parts(out, [t.key for t in tasks if t.key not in done], args.case_parts)
     except ValueError as exc:
