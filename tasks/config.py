@@ -38,7 +38,8 @@ ACQUISITIONS = ("thompson", "ei", "ei-per-second")
 PRIOR_SCOPES = ("other-ops", "other-gpus", "all")
 BACKENDS = ("auto", "local", "replay", "ray")
 NO_SURROGATE = "none"  # the equal-budget baseline: every child is measured
-_RUN_ID = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+_RUN_ID_LENGTH = 64
+_RUN_ID = re.compile(r"[a-z0-9][a-z0-9_.-]{0,%d}" % (_RUN_ID_LENGTH - 1))
 
 
 class ConfigError(ValueError):
@@ -166,9 +167,16 @@ def default_run_id(config: SearchConfig) -> str:
     """A new id per start (a nightly schedule must not resume last night's run); pass it back to resume."""
     from datetime import datetime, timezone
 
+    import hashlib
+
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dt%H%M%S")
     budget = f"{config.budget:.2f}s" if config.budget_in_seconds else f"{config.budget}"  # 27.51s, not 17 digits
-    return f"{config.op}-{config.gpu_type}-{config.surrogate}-b{budget}-s{config.seed}-{stamp}".replace("_", "-")
+    tail = f"-{config.gpu_type}-{config.surrogate}-b{budget}-s{config.seed}-{stamp}".replace("_", "-")
+    op = config.op.replace("_", "-")
+    room = _RUN_ID_LENGTH - len(tail)
+    if len(op) > room:  # a long task name (an imported one): its head and a digest of the whole name
+        op = f"{op[:room - 7].rstrip('-.')}-{hashlib.sha256(config.op.encode()).hexdigest()[:6]}"
+    return op + tail
 
 
 def _install_imported(config: SearchConfig) -> bool:

@@ -244,6 +244,20 @@ def test_a_budget_in_seconds_of_any_value_gives_a_valid_run_id(tmp_path):
     assert resolve(replay_config(tmp_path, budget=16)).run_id.count("-b16-") == 1
 
 
+def test_a_task_with_a_long_name_gets_a_valid_run_id_that_still_tells_it_from_its_neighbours():
+    """gpumode.gated_deltanet_recompute_w_u's searches were refused for a 69-character run id (2026-11-29)."""
+    from tasks.config import SearchConfig, default_run_id
+
+    ids = [default_run_id(SearchConfig(op=f"gpumode.gated_deltanet_recompute_w_u{tail}", gpu_type="h200",
+                                       surrogate="learned", budget=81.23456, budget_kind="gpu_compile_seconds"))
+           for tail in ("", "_two")]
+    for run_id in ids:
+        assert len(run_id) <= 64 and run_id.startswith("gpumode.gated-de") and "-h200-learned-b81.23s-s0-" in run_id
+    assert ids[0].rsplit("-h200-", 1)[0] != ids[1].rsplit("-h200-", 1)[0]
+    short = default_run_id(SearchConfig(op="softmax", gpu_type="h100", surrogate="none", budget=8))
+    assert short.startswith("softmax-h100-none-b8-s0-")
+
+
 def _committed_cudal1_pool(tmp_path, monkeypatch) -> str:
     """The committed CUDA-L1 pool's kernelcast data root, its tasks installed into a folder of this test's own."""
     from pathlib import Path
