@@ -514,7 +514,10 @@ def summary(rows: list[dict]) -> list[str]:
     backends = {r.get("backend") for r in rows}  # rows of older runs do not say
     kind = "Replayed searches" if backends == {"replay"} else \
         "Live searches" if None not in backends and "replay" not in backends else "Searches"
-    lines = [f"{kind}, generator {', '.join(generators)} from CUDA-L1's kernels"
+    kb = sum(o.startswith("kb.cudal1-") for o in ops)
+    roots = "CUDA-L1's kernels" if kb == len(ops) else "the reference" if not kb else \
+        "CUDA-L1's kernels (the reference for a task the pool lacks)"
+    lines = [f"{kind}, generator {', '.join(generators)} from {roots}"
              + (f" (model {', '.join(models)})" if models else "") + f", on {len(ops)} problems x {len(seeds)} seeds.",
              "", "| budget kind | surrogate | budget | runs | geomean best(surrogate) / best(baseline) | wins / ties / "
              "losses | reached the baseline's best | median share of the baseline's cost to get there | "

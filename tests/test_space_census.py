@@ -122,3 +122,20 @@ def test_a_space_measured_over_two_calls_is_named_with_each_calls_reference_and_
     [note] = [line for line in space_census(str(tmp_path)) if line.startswith("- kb.cudal1-l2-076:")]
     assert note.endswith("anchors at 0.980-1.368 of their earlier speedups (the calls do not agree within 5%: not "
                          "one space)")
+
+
+def test_a_summary_names_the_roots_its_problems_were_searched_from():
+    """GPU MODE tasks have no CUDA-L1 kernels: their searches start from the reference, and the summary says so."""
+    from benchmarks.headroom_search import summary
+
+    row = {"op": "gpumode.fp8_quant", "seed": 0, "mode": "measurements", "surrogate": "learned", "budget": 8,
+           "backend": "replay", "generator": "variants", "model": "", "ratio": 1.0, "surrogate_best": 1.3,
+           "baseline_best": 1.3, "torch_compile": None, "to_baseline_best": 3, "share_of_baseline_budget": 0.375,
+           "baseline_to_its_best": 3, "surrogate_measurements": 8, "baseline_measurements": 8,
+           "surrogate_gpu_seconds": 1.0, "surrogate_compile_seconds": 1.0, "baseline_gpu_seconds": 1.0,
+           "baseline_compile_seconds": 1.0, "surrogate_best_candidate": "a", "surrogate_best_origin": "seed",
+           "baseline_best_candidate": "a", "baseline_best_origin": "seed"}
+    assert summary([row])[0].startswith("Replayed searches, generator variants from the reference, on 1 problems")
+    both = summary([row, dict(row, op="kb.cudal1-l2-053")])[0]
+    assert "from CUDA-L1's kernels (the reference for a task the pool lacks), on 2 problems" in both
+    assert "from CUDA-L1's kernels, on 1 problems" in summary([dict(row, op="kb.cudal1-l2-053")])[0]
