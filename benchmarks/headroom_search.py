@@ -315,6 +315,10 @@ def measure_space(args, op: str) -> dict:
         found: dict = {}
         try:
             call["anchors"] = measure_anchors(search, space, args.space_anchors)
+            if anchors_agree(call["anchors"]) is False:
+                ratios = ", ".join(f"{a['ratio']:.3f}" for a in call["anchors"] if a.get("ratio"))
+                print(f"{op}: this call's anchors came out at {ratios} of their earlier speedups, beyond "
+                      f"{ANCHOR_TOLERANCE:.0%}: its rows and the earlier ones are not one space", flush=True)
             found, reused = measure_and_store(search.root, search.pool, space, search.config.gpu_type)
         finally:
             # The space's children are written once measured: a call stopped part way (a deadline's kill) leaves
@@ -328,7 +332,7 @@ def measure_space(args, op: str) -> dict:
         search.pool.close()
     ok = [m for m in found.values() if m.status == "ok" and m.speedup]
     row = {"op": op, "children": len(space), "measured": len(found), "reused": reused, "ok": len(ok),
-           "anchors": call["anchors"],
+           "anchors": call["anchors"], "anchors_agree": anchors_agree(call["anchors"]),
            "best": max((m.speedup for m in ok), default=None), "wall_seconds": wall,
            "gpu_seconds": sum(m.gpu_seconds for m in found.values()),
            "compile_seconds": sum(m.compile_seconds for m in found.values())}
@@ -636,14 +640,17 @@ def space_census(folder: str, gpu_type: str = "auto") -> list[str]:
                      "call; the anchors are children of earlier calls measured again):", "", *merged] if merged else [])
 
 
+def anchors_agree(anchors: list[dict]) -> bool | None:
+    """Whether a call's anchors all came out within ``ANCHOR_TOLERANCE`` of their earlier speedups; None where none
+    has two speedups to compare (no earlier call, or a machine that does not time)."""
+    ratios = [a["ratio"] for a in anchors if a.get("ratio")]
+    return all(abs(r - 1.0) <= ANCHOR_TOLERANCE for r in ratios) if ratios else None
+
+
 def calls_agree(calls: list[dict]) -> bool:
     """Whether every anchor of every later call came out within ``ANCHOR_TOLERANCE`` of its earlier speedup (a later
     call with no anchor measured ok cannot be told to agree)."""
-    for call in calls[1:]:
-        ratios = [a["ratio"] for a in call.get("anchors", []) if a.get("ratio")]
-        if not ratios or any(abs(r - 1.0) > ANCHOR_TOLERANCE for r in ratios):
-            return False
-    return True
+    return all(anchors_agree(call.get("anchors", [])) for call in calls[1:])
 
 
 def calls_note(name: str, calls: list[dict]) -> str:

@@ -139,3 +139,15 @@ def test_a_summary_names_the_roots_its_problems_were_searched_from():
     both = summary([row, dict(row, op="kb.cudal1-l2-053")])[0]
     assert "from CUDA-L1's kernels (the reference for a task the pool lacks), on 2 problems" in both
     assert "from CUDA-L1's kernels, on 1 problems" in summary([dict(row, op="kb.cudal1-l2-053")])[0]
+
+
+def test_a_calls_anchors_agree_only_within_the_tolerance_and_cannot_without_a_ratio():
+    from benchmarks.headroom_search import ANCHOR_TOLERANCE, anchors_agree, calls_agree
+
+    near = [{"ratio": 1.0 + ANCHOR_TOLERANCE * 0.9}, {"ratio": 1.0 - ANCHOR_TOLERANCE * 0.9}]
+    assert anchors_agree(near) is True
+    assert anchors_agree(near + [{"ratio": 1.0 + ANCHOR_TOLERANCE * 1.1}]) is False
+    assert anchors_agree([{"ratio": None, "status": "ok"}]) is None and anchors_agree([]) is None
+    first = {"anchors": []}
+    assert calls_agree([first, {"anchors": near}]) is True
+    assert calls_agree([first, {"anchors": near}, {"anchors": []}]) is False  # a later call with nothing to compare

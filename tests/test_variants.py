@@ -739,6 +739,7 @@ def test_a_space_stopped_part_way_keeps_no_child_unmeasured_and_a_second_call_co
     assert "search failed" not in capsys.readouterr().out
     [row] = json.loads((tmp_path / "b.json").read_text())["runs"]
     assert row["reused"] >= 1 and row["children"] == 2
+    assert len(row["anchors"]) == 1 and row["anchors_agree"] is None  # the interpreter times nothing to compare
     assert set(root.read_candidates()["candidate_id"]) <= set(root.read_measurements()["candidate_id"])
     assert len(set(root.read_candidates()["candidate_id"])) == 3  # the reference and its two variants
     # Each call is logged, the stopped one too; the second measured the first call's child again as its anchor
