@@ -316,7 +316,7 @@ def measure_space(args, op: str) -> dict:
         try:
             call["anchors"] = measure_anchors(search, space, args.space_anchors)
             if anchors_agree(call["anchors"]) is False:
-                ratios = ", ".join(f"{a['ratio']:.3f}" for a in call["anchors"] if a.get("ratio"))
+                ratios = ", ".join(f"{r:.3f}" for r in anchor_ratios(call["anchors"]))
                 print(f"{op}: this call's anchors came out at {ratios} of their earlier speedups, beyond "
                       f"{ANCHOR_TOLERANCE:.0%}: its rows and the earlier ones are not one space", flush=True)
             found, reused = measure_and_store(search.root, search.pool, space, search.config.gpu_type)
@@ -640,10 +640,15 @@ def space_census(folder: str, gpu_type: str = "auto") -> list[str]:
                      "call; the anchors are children of earlier calls measured again):", "", *merged] if merged else [])
 
 
+def anchor_ratios(anchors: list[dict]) -> list[float]:
+    """Each anchor's present speedup over its earlier one, where both were measured."""
+    return [a["ratio"] for a in anchors if a.get("ratio")]
+
+
 def anchors_agree(anchors: list[dict]) -> bool | None:
     """Whether a call's anchors all came out within ``ANCHOR_TOLERANCE`` of their earlier speedups; None where none
     has two speedups to compare (no earlier call, or a machine that does not time)."""
-    ratios = [a["ratio"] for a in anchors if a.get("ratio")]
+    ratios = anchor_ratios(anchors)
     return all(abs(r - 1.0) <= ANCHOR_TOLERANCE for r in ratios) if ratios else None
 
 
@@ -659,7 +664,7 @@ def calls_note(name: str, calls: list[dict]) -> str:
     parts = []
     for i, call in enumerate(calls, 1):
         ref = statistics.median(call["reference_us"]) if call.get("reference_us") else None
-        ratios = [a["ratio"] for a in call.get("anchors", []) if a.get("ratio")]
+        ratios = anchor_ratios(call.get("anchors", []))
         part = f"call {i} {call['started'][:16]}: {call['measured']} children" + \
             (f", reference {ref:.1f} us" if ref else "")
         if ratios:
