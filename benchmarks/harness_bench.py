@@ -24,7 +24,7 @@ import torch
 import triton
 
 from kernels.harness.correctness import load_launch, poisoned_outputs
-from kernels.harness.sweep_report import lock_breakdown
+from kernels.harness.sweep_report import held_seconds, lock_breakdown
 from kernels.harness.worker import MeasureWorker, WorkerConfig
 from kernels.hardware import detect
 from kernels.ops import get_operation
@@ -83,6 +83,9 @@ def main() -> int:
                    help="which cases are timed beside the reference in one process (the worker's setting)")
     p.add_argument("--warm-checks", action="store_true",
                    help="children warm the checks' comparisons before the GPU lock (WorkerConfig.warm_checks)")
+    p.add_argument("--no-shared-checks", action="store_true",
+                   help="every child holds the GPU lock alone from its first allocation (WorkerConfig.shared_checks "
+                        "off): checks no longer run beside other children's checks")
     p.add_argument("--json", default=None, help="also write the figures here")
     p.add_argument("--timeline", default=None, help="write the worker's timeline of the throughput batch here "
                    "(JSON lines: candidate, attempt, phase, seconds, detail) to see where a child's time went")
@@ -101,8 +104,9 @@ def main() -> int:
     config = WorkerConfig(mode="gpu", concurrency=args.concurrency,
                           reserve_timing_core=False if args.no_reserve else None,
                           host_bound_windows=args.timing_windows, verify=not args.no_verify, anchor=args.anchor,
-                          warm_checks=args.warm_checks)
-    report.update(verify=not args.no_verify, anchor=args.anchor, warm_checks=args.warm_checks)
+                          warm_checks=args.warm_checks, shared_checks=not args.no_shared_checks)
+    report.update(verify=not args.no_verify, anchor=args.anchor, warm_checks=args.warm_checks,
+                  shared_checks=not args.no_shared_checks)
 
     # 2. throughput over a fresh batch (the eager reference of each op is measured too and counted)
     ops = tuple(o for o in args.ops.split(",") if o)
@@ -115,8 +119,10 @@ def main() -> int:
         t0 = time.monotonic()
         results = list(worker.measure(batch))
         wall = time.monotonic() - t0
-        busy = worker.busy_gpu_seconds
+        held = held_seconds(worker.timeline)  # overlapping shared holds counted once
+        busy = held["held"]
         breakdown = lock_breakdown(worker.timeline)
+        shared_children = worker.stats.shared_checks
         if args.timeline:
             with open(args.timeline, "w") as f:
                 for cid, attempt, phase, t, detail in worker.timeline:
@@ -124,9 +130,13 @@ def main() -> int:
                                         "detail": detail}, default=str) + "\n")
     statuses = {s: sum(m.status == s for m in results) for s in {m.status for m in results}}
     report.update(batch_candidates=len(results), batch_wall_s=wall, candidates_per_gpu_minute=len(results) / (wall / 60),
-                  gpu_busy_fraction=busy / wall, batch_statuses=statuses)
+                  gpu_busy_fraction=busy / wall, gpu_alone_fraction=held["alone"] / wall,
+                  gpu_shared_fraction=held["shared"] / wall, children_sharing_checks=shared_children,
+                  batch_statuses=statuses)
     print(f"throughput: {len(results)} candidates in {wall:.1f} s = {report['candidates_per_gpu_minute']:.0f} "
-          f"per GPU-minute; GPU busy {100 * busy / wall:.0f}% of wall time; statuses {statuses}")
+          f"per GPU-minute; GPU lock held {100 * busy / wall:.0f}% of wall time ({100 * held['alone'] / wall:.0f}% "
+          f"alone, {100 * held['shared'] / wall:.0f}% shared by checks; {shared_children} children shared); "
+          f"statuses {statuses}")
     report["lock_breakdown"] = breakdown
     not_ok = [f"{m.op} {m.status}: {m.error[:200]}" for m in results if m.status != "ok"]
     report["not_ok"] = not_ok

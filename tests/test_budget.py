@@ -211,3 +211,42 @@ def test_a_slow_reference_holds_back_its_own_candidates_only(tmp_path):
     assert [names[c] for c in order].index("quick null") < [names[c] for c in order].index("slow reference")
     assert [m.status for m in got] == ["ok"] * 4
     assert started[cands[2].candidate_id] >= ended[cands[0].candidate_id]  # its own reference first, still
+
+
+def test_checks_share_the_device_only_when_small_known_and_not_autotuning():
+    from kernels.harness.budget import SHARED_CHECKS_SHARE, shares_checks
+
+    total = 80 * GIB
+    assert shares_checks([64 << 20, 256 << 20], 15, total, "def launch(x, out): ...") is None
+    # a case of unknown size (an imported task whose inputs only its own code makes)
+    assert "not known" in shares_checks([64 << 20, None], 15, total, "")
+    # fifteen children's largest checks past the share of the device
+    big = int(SHARED_CHECKS_SHARE * total / 30) + 1
+    assert "children would pass" in shares_checks([big], 15, total, "")
+    assert shares_checks([big], 14, total, "") is None
+    # a first call that benchmarks on the device: another child's kernels would skew its choice
+    assert "autotune" in shares_checks([1 << 20], 4, total, "torch.compile(m, mode='max-autotune')")
+    assert "autotune" in shares_checks([1 << 20], 4, total, "@triton.autotune(configs=[], key=['n'])")
+
+
+def test_waiting_for_the_lock_alone_after_shared_checks_counts_against_no_limit():
+    from types import SimpleNamespace
+
+    from kernels.harness.worker import _Running
+
+    with MeasureWorker(HardwareSpec(gpu_type=INTERPRETER, device_name="cpu"),
+                       WorkerConfig(mode="interpreter")) as worker:
+        limits = budget.Limits(ahead_s=10.0, first_calls_s=5.0, device_s=5.0, call_s=(5.0,))
+        cand = null_candidate(get_operation("softmax"))
+        r = _Running(cand, SimpleNamespace(), None, "", started=0.0, limits=limits)
+        worker._phase(r, "waiting", None, 1.0)
+        worker._phase(r, "locked", {"shared": True}, 2.0)
+        worker._phase(r, "checks", None, 2.0)
+        worker._phase(r, "exclusive_wait", None, 4.0)
+        assert worker._over_limit(r, 100.0) is None  # 96 s after its checks began, but waiting
+        assert worker._gpu_held(r, 100.0) == pytest.approx(2.0)
+        worker._phase(r, "exclusive", {"cpus": [0]}, 100.0)
+        assert worker._over_limit(r, 102.0) is None  # 2 s checked + 2 s alone: within 5 s
+        assert "past its limit of 5 s" in worker._over_limit(r, 103.5)  # 2 + 3.5 held
+        assert worker._gpu_held(r, 103.5) == pytest.approx(5.5)
+        assert worker.stats.shared_checks == 1

@@ -61,17 +61,85 @@ def batch():
     return cands, results, worker
 
 
-def test_device_phases_never_overlap_while_others_compile_beside_them(batch):
+def _holds(timeline) -> list[tuple[tuple[str, int], float, float, bool]]:
+    """Each hold of the lock: (child, start, end, shared). A child that checked with the lock shared holds it twice:
+    from "locked" to "exclusive_wait", then alone from "exclusive"; "releasing" ends its last hold."""
+    marks: dict[tuple[str, int], dict[str, tuple[float, object]]] = {}
+    for cid, attempt, phase, t, detail in timeline:
+        marks.setdefault((cid, attempt), {})[phase] = (t, detail)
+    holds = []
+    for key, m in marks.items():
+        if "locked" not in m or "releasing" not in m:
+            continue
+        shared = bool((m["locked"][1] or {}).get("shared"))
+        if shared and "exclusive" in m:
+            holds += [(key, m["locked"][0], m["exclusive_wait"][0], True), (key, m["exclusive"][0], m["releasing"][0], False)]
+        else:  # alone throughout, or failed before its checks ended
+            holds.append((key, m["locked"][0], m["releasing"][0], shared))
+    return holds
+
+
+def _clashes(holds) -> list:
+    """Pairs of holds of two children that overlap where one of them held the lock alone."""
+    return [(a, b) for i, a in enumerate(holds) for b in holds[i + 1:]
+            if a[0] != b[0] and not (a[3] and b[3]) and _overlap(a[1:3], b[1:3])]
+
+
+def test_no_child_holds_the_device_beside_one_holding_it_alone_while_others_compile(batch):
     cands, results, worker = batch
     assert all(results[c.candidate_id].status == "ok" for c in cands), [m.error for m in results.values()]
-    # "releasing" is sent once the child's device memory is freed, just before it unlocks
-    locked = _intervals(worker.timeline, "locked", "releasing")
-    assert len(locked) == len(cands)
-    pairs = [(a, b) for a in locked for b in locked if a < b]
-    assert not [p for p in pairs if _overlap(locked[p[0]], locked[p[1]])]
+    holds = _holds(worker.timeline)
+    assert {h[0] for h in holds} == set(_intervals(worker.timeline, "started", "released"))
+    assert len({h[0] for h in holds}) == len(cands)
+    assert not _clashes(holds)
+    # every child timed (here: rechecked) alone, after its checks
+    alone = {h[0] for h in holds if not h[3]}
+    assert len(alone) == len(cands)
     # concurrency did happen: some child compiled ahead while another held the device
     ahead = _intervals(worker.timeline, "started", "ahead_done")
-    assert any(_overlap(ahead[a], locked[b]) for a in ahead for b in locked if a != b)
+    assert any(_overlap(ahead[a[0]], a_hold[1:3]) for a in holds for a_hold in holds if a[0] != a_hold[0])
+
+
+SLOW_SOFTMAX = '''
+import time
+
+import torch
+
+
+def launch(x, out):
+    time.sleep({seconds})  # a slow call: its checks last long enough for another child's to begin beside them
+    e = (x.float() - x.float().amax(dim=-1, keepdim=True)).exp()
+    out.copy_((e / e.sum(dim=-1, keepdim=True)).to(x.dtype))
+'''
+
+
+def _slow(seconds: float, n: int) -> list[Candidate]:
+    return [Candidate(op="softmax", backend="torch", origin="llm", source=SLOW_SOFTMAX.format(seconds=seconds)
+                      + f"# variant {i}\n") for i in range(n)]
+
+
+def test_checks_run_beside_other_childrens_checks_and_timing_never_does():
+    results, worker = _measure(_slow(0.3, 3), concurrency=3)
+    assert all(m.status == "ok" for m in results.values()), [m.error for m in results.values()]
+    holds = _holds(worker.timeline)
+    assert not _clashes(holds)
+    shared = [h for h in holds if h[3]]
+    assert len(shared) == 3 and worker.stats.shared_checks == 3
+    assert any(_overlap(a[1:3], b[1:3]) for a in shared for b in shared if a[0] != b[0]), "no two checks overlapped"
+    # each child's wait for the lock alone came between its checks and its hold alone
+    order = {}
+    for cid, attempt, phase, t, _ in worker.timeline:
+        if phase in ("checked", "exclusive_wait", "exclusive", "recheck"):
+            order.setdefault((cid, attempt), []).append(phase)
+    assert all(p[:3] == ["checked", "exclusive_wait", "exclusive"] and "recheck" in p[3:] for p in order.values())
+
+
+def test_without_shared_checks_no_two_children_ever_hold_the_device_at_once():
+    results, worker = _measure(_slow(0.2, 3), concurrency=3, shared_checks=False)
+    assert all(m.status == "ok" for m in results.values()), [m.error for m in results.values()]
+    holds = _holds(worker.timeline)
+    assert len(holds) == 3 and not [h for h in holds if h[3]] and worker.stats.shared_checks == 0
+    assert not [(a, b) for i, a in enumerate(holds) for b in holds[i + 1:] if _overlap(a[1:3], b[1:3])]
 
 
 def test_first_inputs_are_made_only_while_holding_the_lock(batch):
@@ -297,9 +365,13 @@ def test_the_lock_holder_runs_alone_on_the_reserved_core_and_compiling_children_
     plan = worker.cores
     assert plan.reserved
     cpus = {phase: [tuple(d["cpus"]) for _, _, p, _, d in worker.timeline if p == phase]
-            for phase in ("ahead_done", "locked")}
+            for phase in ("ahead_done", "locked", "exclusive")}
     assert cpus["ahead_done"] == [plan.compile] * len(cands)
-    assert cpus["locked"] == [plan.timing] * len(cands)
+    # checking with the lock shared (beside others), a child keeps its compile cores; alone, it takes the timing core
+    assert cpus["locked"] == [plan.compile] * len(cands)
+    assert cpus["exclusive"] == [plan.timing] * len(cands)
+    _, alone = _measure(cands[:2], reserve_timing_core=True, shared_checks=False)
+    assert [tuple(d["cpus"]) for _, _, p, _, d in alone.timeline if p == "locked"] == [alone.cores.timing] * 2
     # in interpreter mode nothing is timed, so by default nothing is reserved
     _, plain = _measure(cands[:1])
     assert not plain.cores.reserved

@@ -544,3 +544,38 @@ def test_parts_that_would_not_add_up_are_refused_by_name(tmp_path):
                                "interpreter", *extra], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 2 and said in done.stderr, done.stderr[-2000:]
     assert len((out / "sweep.jsonl").read_text().splitlines()) == 1  # the part measured before is still there
+
+
+def _shared_child(cid, start, check_s, wait_s, alone_s):
+    """A child that checked with the lock shared for ``check_s``, waited ``wait_s`` for it alone, then held it so."""
+    marks = [("locked", 0.0, {"shared": True}), ("checks", 0.0, None), ("check", 0.0, {"case": "a", "seed": 1}),
+             ("checked", check_s, None), ("exclusive_wait", 0.0, None), ("exclusive", wait_s, {"cpus": [0]}),
+             ("timing", 0.0, "a"), ("timed", alone_s, {"case": "a"}), ("releasing", 0.0, None),
+             ("released", 0.0, None)]
+    t, out = start, []
+    for phase, dt, detail in marks:
+        t += dt
+        out.append((cid, 1, phase, t, detail))
+    return out
+
+
+def test_the_lock_breakdown_ends_shared_checks_where_they_end_not_where_the_child_got_the_lock_alone():
+    from kernels.harness.sweep_report import lock_breakdown
+
+    got = lock_breakdown(_shared_child("x", 0.0, 0.4, 1.5, 0.2) + _shared_child("y", 0.1, 0.6, 2.0, 0.2))
+    assert got["checks"]["total_s"] == pytest.approx(1.0)  # 0.4 + 0.6: the waits are not checks
+    assert got["check, first seed"]["total_s"] == pytest.approx(1.0)
+    assert got["waiting, alone"]["total_s"] == pytest.approx(3.5)
+    assert got["timed calls"]["total_s"] == pytest.approx(0.4)
+
+
+def test_the_lock_held_counts_overlapping_shared_checks_once_and_tells_alone_from_shared():
+    from kernels.harness.sweep_report import held_seconds
+
+    # x checks over [0, 1], y over [0.5, 1.5] (shared, overlapping); x alone over [2, 3], y alone over [3, 4]
+    timeline = _shared_child("x", 0.0, 1.0, 1.0, 1.0) + _shared_child("y", 0.5, 1.0, 1.5, 1.0)
+    # a child that never shared: alone over [5, 6]
+    timeline += [("z", 1, "locked", 5.0, {"shared": False}), ("z", 1, "releasing", 6.0, None),
+                 ("z", 1, "released", 6.0, None)]
+    got = held_seconds(sorted(timeline, key=lambda e: e[3]))
+    assert got == pytest.approx({"held": 1.5 + 2.0 + 1.0, "alone": 3.0, "shared": 1.5})

@@ -13,6 +13,8 @@ Plain functions of sizes and runtimes, so the rules can be read and tested witho
                     reference and a candidate of the same op get the same limits.
   is_out_of_memory — whether a failure was the device running out of memory (the worker
                     then retries the candidate once, alone on the GPU).
+  shares_checks   — whether a candidate's checks may run beside other children's checks
+                    (the lock held shared), or hold the device alone from its first allocation.
 """
 
 from __future__ import annotations
@@ -187,6 +189,30 @@ def with_autotuning(limits: Limits, call_s: float) -> Limits:
     child's real cost, which a search charges as GPU seconds (it holds the lock), not a hang."""
     calls = tuple(max(c, call_s) for c in limits.call_s)
     return replace(limits, first_calls_s=max(limits.first_calls_s, call_s * max(1, len(calls))), call_s=calls)
+
+
+# A share of the device's memory that the checks of every child running at once may hold together (``shares_checks``).
+SHARED_CHECKS_SHARE = 0.25
+
+
+def shares_checks(case_bytes, children: int, total_bytes: int, source: str) -> str | None:
+    """Why a candidate's first calls and checks must hold the device alone, or None when they may run beside other
+    children's (the GPU lock held shared; its timing always holds it alone).
+
+    They may when nothing of them depends on the device being idle and their memory is known and small: every case's
+    bytes known (``case_bytes``: one set's inputs, outputs and parameters, None where meta tensors cannot tell), a
+    check's twice that (the candidate's and the reference's), for ``children`` children at once within
+    ``SHARED_CHECKS_SHARE`` of ``total_bytes``; and no first call that benchmarks on the device (torch.compile's
+    max-autotune modes, Triton's autotuner), whose choice another process's kernels would skew."""
+    if "autotune" in source:
+        return "its first calls autotune on the device"
+    if not case_bytes or any(b is None for b in case_bytes):
+        return "the bytes of a case are not known before it runs"
+    need = 2 * max(case_bytes) * max(1, children)
+    if need > SHARED_CHECKS_SHARE * total_bytes:
+        return (f"its largest check ({_gib(2 * max(case_bytes))}) times {children} children would pass "
+                f"{SHARED_CHECKS_SHARE:g} of the device's {_gib(total_bytes)}")
+    return None
 
 
 # ---- out of memory -----------------------------------------------------------------------------------

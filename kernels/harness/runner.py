@@ -24,6 +24,12 @@ freed before the lock is released. Outside the lock a child uses the CPU only (a
 context, no allocations, no kernels), so children compiling at once never hold case
 data on the device and never run work beside the child being timed.
 
+Where the worker allows it (``Job.shared_checks``: small cases of known size, no first call
+that autotunes; kernels.harness.budget.shares_checks), the lock is held shared for the first
+calls and checks, beside other children's checks, and exclusive from the timing on: no child
+ever runs device work beside a child being timed, and the first launches of a fresh process
+(each module loaded on its first use) are paid by several children at once.
+
 The child enters its sandbox (kernels.harness.sandbox) before loading any candidate code,
 and reports to its parent over a pipe: ("sandbox", summary) once confined, ("phase", name,
 detail, t) as it moves between phases (waiting for the lock, holding it, first calls done,
@@ -40,7 +46,7 @@ import os
 import sys
 import time
 import traceback
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -98,6 +104,7 @@ class Job:
     anchor_all: bool = False  # every case of a candidate timed again beside the reference, not only host-bound ones
     reference_host_bound: tuple[str, ...] = ()  # cases where the reference's own timing was host-bound
     warm_checks: bool = False  # the checks' comparisons and the libraries' handles warmed before the lock
+    shared_checks: bool = False  # first calls and checks with the lock held shared (DeviceLock), timing alone
 
     def policy(self) -> sandbox.SandboxPolicy:
         return sandbox.SandboxPolicy(scratch_dir=self.scratch_dir, triton_cache_dir=self.triton_cache_dir,
@@ -124,15 +131,49 @@ def enter_sandbox(job: Job) -> sandbox.SandboxReport:
     return report
 
 
-@contextmanager
-def gpu_lock(path: str):
-    # Opened read-only: flock needs no write access, and the sandbox allows none outside the scratch dir.
-    with open(path, "r") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+class DeviceLock:
+    """A child's hold on the GPU lock: exclusive, or shared until ``exclusive`` (``Job.shared_checks``).
+
+    Shared holders run beside each other and never beside an exclusive one, so a child's checks may overlap other
+    children's checks and nothing overlaps its timing. ``exclusive`` gives the shared hold up and waits for the lock
+    alone (flock converts so: two children converting at once never deadlock); waiting counts against no limit (the
+    worker hears ``exclusive_wait`` and ``exclusive``)."""
+
+    def __init__(self, path: str, shared: bool, phase, timing_cpus: tuple[int, ...] = (), gpu: bool = True):
+        self.path, self.shared, self._phase, self._timing_cpus, self._gpu = path, shared, phase, timing_cpus, gpu
+        self._file = None
+
+    def __enter__(self) -> "DeviceLock":
+        # Opened read-only: flock needs no write access, and the sandbox allows none outside the scratch dir.
+        self._file = open(self.path, "r")
+        fcntl.flock(self._file, fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX)
+        return self
+
+    def pin(self) -> list[int]:
+        """The cores this child runs on now: the reserved timing cores once it holds the device alone; while shared,
+        those it compiled on (several children check at once: one core would serialise them)."""
+        if self._timing_cpus and not self.shared:
+            return list(cores.pin(self._timing_cpus))
+        return sorted(os.sched_getaffinity(0))
+
+    def exclusive(self) -> None:
+        """Hold the device alone from here on (a no-op when already so); what the allocator cached goes back first,
+        so a child waiting here holds no more of the device than its own live tensors."""
+        if not self.shared:
+            return
+        if self._gpu:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        self._phase("exclusive_wait")
+        fcntl.flock(self._file, fcntl.LOCK_EX)
+        self.shared = False
+        self._phase("exclusive", {"cpus": self.pin()})
+
+    def __exit__(self, *exc) -> None:
         try:
-            yield
+            fcntl.flock(self._file, fcntl.LOCK_UN)
         finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            self._file.close()
 
 
 def _is_compile_failure(exc: BaseException) -> bool:
@@ -342,24 +383,30 @@ def evaluate(job: Job, notify=lambda *msg: None) -> dict:
     gc.freeze()
 
     phase("waiting")
-    with gpu_lock(job.lock_path):
-        cpus = cores.pin(job.timing_cpus) if job.timing_cpus else sorted(os.sched_getaffinity(0))
+    with DeviceLock(job.lock_path, job.shared_checks, phase, job.timing_cpus, gpu) as lock:
         first_calls = cases if load_under_lock else [c for c in cases if c.name in deferred]
-        phase("locked", {"first_calls_to_compile": len(first_calls), "cpus": list(cpus),
-                         "frozen_objects": gc.get_freeze_count()})
+        phase("locked", {"first_calls_to_compile": len(first_calls), "cpus": lock.pin(),
+                         "frozen_objects": gc.get_freeze_count(), "shared": lock.shared})
         _under_lock(job, op, cases, first_calls, device, None if load_under_lock else launch, result, phase,
-                    output_bytes)
+                    output_bytes, lock)
     phase("released")
     return result
 
 
 def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: dict, phase,
-                output_bytes: dict[str, int]) -> None:
-    """The device phase: first calls (of cases not compiled ahead), checks, timing, recheck; device memory
-    freed before returning."""
+                output_bytes: dict[str, int], lock: DeviceLock) -> None:
+    """The device phase: first calls (of cases not compiled ahead), checks, then the device held alone (``lock``)
+    for timing and the recheck; device memory freed before returning. ``gpu_seconds``: the time the lock was held,
+    not the time waited between its shared and exclusive holds."""
     gpu = job.mode == "gpu"
     cand = job.candidate
     t_gpu = time.perf_counter()
+    waited = [0.0]
+
+    def exclusive() -> None:
+        t = time.perf_counter()
+        lock.exclusive()
+        waited[0] += time.perf_counter() - t
 
     def fail(status: str, message: str) -> None:
         result.update(status=status, error=message)
@@ -394,6 +441,8 @@ def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: d
         lower = _record_precision(checker, cases, result)
         if lower and job.precision == "strict":
             return fail("incorrect", strict_error(lower))
+        phase("checked")
+        exclusive()
         if gpu:
             try:
                 _time_cases(job, op, cases, launch, checker, result, phase, output_bytes)
@@ -419,7 +468,7 @@ def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: d
             left = _release_device(launch, op, gpu)
         except Exception:  # noqa: BLE001 - a broken context (illegal address): the process exit frees it
             left = -1
-        result["gpu_seconds"] = time.perf_counter() - t_gpu
+        result["gpu_seconds"] = time.perf_counter() - t_gpu - waited[0]
         phase("releasing", {"device_bytes_left": left})
 
 

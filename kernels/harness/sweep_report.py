@@ -14,8 +14,11 @@ GOALS = {"measured_share": 0.97, "null_within_2pct_share": 0.95, "null_median_ab
 NULL_BAND = 0.02
 
 
+# (segment, its first mark, its last mark or the marks that may end it, the first found): with shared checks
+# (runner.DeviceLock) a child's checks end at "checked" and it waits for the lock alone until "exclusive".
 SEGMENTS = (("compile ahead", "started", "ahead_done"), ("first calls", "locked", "checks"),
-            ("checks", "checks", "timing"), ("recheck", "last_timed", "releasing"), ("free", "releasing", "released"))
+            ("checks", "checks", ("checked", "timing")), ("waiting, alone", "exclusive_wait", "exclusive"),
+            ("recheck", "last_timed", "releasing"), ("free", "releasing", "released"))
 # Parts of the segments above, summed per child: a check of the first seed (it also measures precision against a
 # float64 reference) and of the others, within "checks"; the verification of each timed window, within "between
 # windows": its traced call (the profiler's session), then its calls on unseen inputs with their synced windows.
@@ -78,11 +81,45 @@ def lock_breakdown(timeline) -> dict[str, dict[str, float]]:
     for name, per_child in parts.items():
         spans[name] = list(per_child.values())
     for marks in children.values():
-        for name, a, b in SEGMENTS:
-            if a in marks and b in marks:
+        for name, a, ends in SEGMENTS:
+            b = next((e for e in ((ends,) if isinstance(ends, str) else ends) if e in marks), None)
+            if a in marks and b is not None:
                 spans[name].append(marks[b] - marks[a])
     return {name: {"median_s": round(statistics.median(v), 4), "total_s": round(sum(v), 2), "children": len(v)}
             for name, v in spans.items() if v}
+
+
+def held_seconds(timeline) -> dict[str, float]:
+    """How long the GPU lock was held, from the worker's timeline: "held" (by any child, overlaps counted once),
+    "alone" (held exclusive: first calls, checks and timing of a child that did not share, and every child's timing)
+    and "shared" (held by children's shared checks only, one child or several at once)."""
+    held: dict[tuple[str, int], list[list]] = {}  # child -> its holds: [start, end, shared]
+    for cid, attempt, phase, t, detail in timeline:
+        holds = held.setdefault((cid, attempt), [])
+        if phase == "locked":
+            holds.append([t, None, bool(isinstance(detail, dict) and detail.get("shared"))])
+        elif phase == "exclusive_wait" and holds and holds[-1][1] is None:
+            holds[-1][1] = t
+        elif phase == "exclusive":
+            holds.append([t, None, False])
+        elif phase in ("releasing", "released") and holds:
+            holds[-1][1] = t  # released if it came, else releasing
+    spans = [(a, b, shared) for holds in held.values() for a, b, shared in holds if b is not None]
+    return {"held": _union([(a, b) for a, b, _ in spans]), "alone": _union([(a, b) for a, b, sh in spans if not sh]),
+            "shared": _union([(a, b) for a, b, _ in spans]) - _union([(a, b) for a, b, sh in spans if not sh])}
+
+
+def _union(intervals) -> float:
+    """The length of the union of (start, end) intervals."""
+    total, reach = 0.0, None
+    for a, b in sorted(intervals):
+        if reach is None or a > reach:
+            total += b - a
+            reach = b
+        elif b > reach:
+            total += b - reach
+            reach = b
+    return total
 
 
 def task_line(row: dict) -> str:

@@ -109,6 +109,10 @@ class WorkerConfig:
     # libraries make their handles (kernels.harness.anticheat.warm_comparisons): the first launch of each
     # kernel loads it, about 200 ms of a child's first check under the lock on an H100. Off until measured.
     warm_checks: bool = False
+    # A child's first calls and checks run with the GPU lock held shared, beside other children's checks and never
+    # beside a child being timed; its timing, verification and recheck hold the lock alone (runner.DeviceLock). Only
+    # where budget.shares_checks allows: every case's bytes known and small, no first call that autotunes.
+    shared_checks: bool = True
 
 
 @dataclass
@@ -119,6 +123,7 @@ class WorkerStats:
     crashed: int = 0  # died before reporting
     killed: int = 0  # killed by the worker: time or memory limit
     retried_alone: int = 0  # ran out of device memory beside others; measured again alone
+    shared_checks: int = 0  # children whose checks held the lock shared (WorkerConfig.shared_checks)
     sandboxes: Counter = field(default_factory=Counter)  # sandbox summary -> children that entered it
 
 
@@ -138,6 +143,7 @@ class _Running:
     doing: str = ""  # what the child said it was doing last, for a timeout's message
     calling: tuple[str, float] | None = None  # (case, since) while a case's first call runs
     released: float | None = None
+    paused_since: float | None = None  # waiting for the lock alone after shared checks: no limit runs meanwhile
     result: dict | None = None
     peak_rss_bytes: int = 0
     memcheck: threading.Thread | None = None  # the sanitizer's call, made by the worker once the child is done
@@ -276,6 +282,7 @@ class MeasureWorker:
         self.reference_host_bound: dict[str, tuple[str, ...]] = {}  # op -> the reference's host-bound cases
         self.busy_gpu_seconds = 0.0
         self._case_bytes: dict[str, list[int]] = {}
+        self._raw_case_bytes: dict[str, list[int | None]] = {}  # op -> per case, None where meta tensors cannot tell
         self._first_attempt: dict[str, Measurement] = {}  # candidate id -> its out-of-memory attempt
         self._reference_call_us: dict[str, dict[str, float]] = {}  # op -> case -> its reference's first call  # op -> per case, one set's bytes plus parameters
         # (candidate id, attempt, phase, monotonic time, detail) for every phase of every child, in order
@@ -333,6 +340,20 @@ class MeasureWorker:
                                  reference_us=runtime if any(runtime) else None,
                                  base_device_s=cfg.gpu_timeout_s, compile_s=cfg.timeout_s)
 
+    def checks_alone(self, cand: Candidate) -> str | None:
+        """Why the candidate's checks must hold the device alone (``budget.shares_checks``), or None."""
+        cfg = self.config
+        op = get_operation(cand.op)
+        if cand.op not in self._raw_case_bytes:
+            self._raw_case_bytes[cand.op] = budget.case_bytes(op, op.cases if cfg.mode == "gpu" else op.interpret_cases)
+        if cfg.device_memory_gib:
+            total = cfg.device_memory_gib * 2**30
+        elif cfg.mode == "gpu":
+            total = self.hardware.memory_gib * 2**30
+        else:  # the interpreter's device is the host
+            total = (cfg.address_space_gib or cfg.host_memory_gib) * 2**30
+        return budget.shares_checks(self._raw_case_bytes[cand.op], cfg.concurrency, int(total), cand.source)
+
     def candidate_limits(self, cand: Candidate) -> budget.Limits:
         """``limits`` of the candidate's op, with first calls of ``autotune_call_s`` where it autotunes."""
         limits = self.limits(cand.op)
@@ -363,6 +384,7 @@ class MeasureWorker:
                    reference_host_bound=self._reference_host_bound(cand),
                    verify=cfg.verify, fresh_calls=cfg.fresh_calls, precision=cfg.precision,
                    protocol=cfg.protocol, anchor_all=cfg.anchor == "all", warm_checks=cfg.warm_checks,
+                   shared_checks=cfg.shared_checks and not alone and self.checks_alone(cand) is None,
                    peak_bandwidth_gbps=self.hardware.peak_bandwidth_gbps if cfg.mode == "gpu" else None,
                    peak_tflops=peak_tflops(self.hardware.gpu_type) if cfg.mode == "gpu" else None,
                    l2_bytes=int(self.hardware.l2_mib * 2**20))
@@ -555,6 +577,14 @@ class MeasureWorker:
         elif name == "locked":
             r.gpu_started = t
             r.compiles_under_lock = bool((detail or {}).get("first_calls_to_compile"))
+            self.stats.shared_checks += bool((detail or {}).get("shared"))
+        elif name == "exclusive_wait":
+            r.paused_since = t
+        elif name == "exclusive" and r.paused_since is not None:  # the wait held nothing: the limits resume
+            waited = t - r.paused_since
+            r.gpu_started = None if r.gpu_started is None else r.gpu_started + waited
+            r.checks_started = None if r.checks_started is None else r.checks_started + waited
+            r.paused_since = None
         elif name == "checks":
             r.checks_started = t
         elif name == "call" and r.candidate.origin == "seed" and r.candidate.op not in self.reference_us:
@@ -567,6 +597,8 @@ class MeasureWorker:
 
     def _over_limit(self, r: _Running, now: float) -> str | None:
         """Which limit a running child has passed, or None. Waiting for the lock counts against none."""
+        if r.paused_since is not None:
+            return None
         lim = r.limits
         device = "the GPU" if self.config.mode == "gpu" else "the interpreter (the CPU)"
         doing = f", {r.doing}" if r.doing else ""
@@ -598,7 +630,7 @@ class MeasureWorker:
         return op.cases if self.config.mode == "gpu" else op.interpret_cases
 
     def _gpu_held(self, r: _Running, now: float) -> float:
-        return now - r.gpu_started if r.gpu_started is not None else 0.0
+        return (r.paused_since or now) - r.gpu_started if r.gpu_started is not None else 0.0
 
     def _kill(self, r: _Running, why: str, now: float) -> Measurement:
         r.process.kill()
