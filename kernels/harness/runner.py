@@ -500,6 +500,7 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
     pacer = verify.Pacer(flush) if job.verify else None
 
     def time_case(case, max_seconds: float = job.max_seconds_per_case, anchor=None, check: bool = False):
+        phase("case_inputs", case.name)  # the rotation sets are made from here until "timing"
         first = checker.inputs(case, _TIMING_SEED)
         first_outs = poisoned_outputs(op, case, "cuda")
         torch.cuda.synchronize()

@@ -26,13 +26,17 @@ SEGMENTS = (("compile ahead", "started", "ahead_done"), ("first calls", "locked"
 # against float64) on the child's first case and on the others: in a fresh process the first launches of the
 # comparison's kernels cost about 200 ms on an H100, every later case's 3-16 ms.
 PARTS = ("check, first seed", "check, other seeds", "comparison, first case", "comparison, later cases",
-         "verification: trace", "verification: unseen inputs")
+         "verification: trace", "verification: unseen inputs", "timing: inputs", "timing: freeing before inputs")
 # Marks a check makes on its way (its inputs, its call, the limits its call's time sets): the check goes on past them.
 _WITHIN_CHECK = ("first_inputs", "calling", "call", "limits")
 # (mark, the child's mark before it) -> the part the time between them is: "verified" right after "timed" is a case
 # verified without a trace (tracing unavailable)
 _VERIFICATION = {("traced", "timed"): "verification: trace", ("verified", "traced"): "verification: unseen inputs",
-                 ("verified", "timed"): "verification: unseen inputs"}
+                 ("verified", "timed"): "verification: unseen inputs",
+                 # a window's rotation sets made (from "case_inputs" to "timing"); the previous window's freed before
+                 ("timing", "case_inputs"): "timing: inputs", ("case_inputs", "verified"): "timing: freeing before inputs",
+                 ("case_inputs", "timed"): "timing: freeing before inputs",
+                 ("case_inputs", "anchored"): "timing: freeing before inputs"}
 
 
 def lock_breakdown(timeline) -> dict[str, dict[str, float]]:
