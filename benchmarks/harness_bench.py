@@ -154,11 +154,17 @@ def main() -> int:
     step = max(1, len(ok) // args.repeat_candidates)
     chosen = [by_id[m.candidate_id] for m in ok[::step] if m.candidate_id in by_id][: args.repeat_candidates]
     runs: dict[str, list[tuple[float, ...]]] = {c.candidate_id: [] for c in chosen}
+    series: dict[str, dict] = {c.candidate_id: {"op": c.op, "runtime_us": [], "checks": []} for c in chosen}
     for _ in range(args.repeats):
         with MeasureWorker(hw, config) as worker:
             for m in worker.measure(chosen):
                 if m.candidate_id in runs and m.status == "ok":
                     runs[m.candidate_id].append(m.runtime_us_median)
+                    # which cases were timed beside the reference (anchored), as the row says: a run's figure moves with
+                    # the reference's own measurement in that run
+                    series[m.candidate_id]["runtime_us"].append(list(m.runtime_us_median))
+                    series[m.candidate_id]["checks"].append(m.checks)
+    report["repeat_series"] = series
     cvs = []
     for series in runs.values():
         for per_case in zip(*series):
