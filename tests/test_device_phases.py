@@ -332,7 +332,9 @@ def test_on_a_gpu_templates_compile_ahead_and_no_child_holds_the_device_beside_o
     aheads = [d for _, _, phase, _, d in timeline if phase == "ahead_done"]
     assert aheads and all(d["deferred"] == [] for d in aheads)  # every Triton kernel compiled before the lock
     holds = _holds(timeline)
-    assert not _clashes(holds) and len({h[0] for h in holds if not h[3]}) == len(cands)
+    # every child (the candidates and the op's reference) held the device alone for its timing, beside no other
+    assert not _clashes(holds) and {h[0] for h in holds if not h[3]} == {h[0] for h in holds}
+    assert len({h[0] for h in holds}) >= len(cands)
     first = {(cid, n): t for cid, n, phase, t, _ in timeline if phase == "first_inputs"}
     assert all(any(h[0] == k and h[1] <= t <= h[2] for h in holds) for k, t in first.items())
     left = [d["device_bytes_left"] for _, _, phase, _, d in timeline if phase == "releasing"]
