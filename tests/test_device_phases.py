@@ -126,6 +126,10 @@ def test_checks_run_beside_other_childrens_checks_and_timing_never_does():
     shared = [h for h in holds if h[3]]
     assert len(shared) == 3 and worker.stats.shared_checks == 3
     assert any(_overlap(a[1:3], b[1:3]) for a in shared for b in shared if a[0] != b[0]), "no two checks overlapped"
+    # the device's busy time counts overlapping checks once; the children are charged each their own holds
+    span = max(h[2] for h in holds) - min(h[1] for h in holds)
+    assert worker.held_gpu_seconds <= span + 0.01 < sum(h[2] - h[1] for h in holds)
+    assert len(worker.holds) == len(holds)
     # each child's wait for the lock alone came between its checks and its hold alone
     order = {}
     for cid, attempt, phase, t, _ in worker.timeline:

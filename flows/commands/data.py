@@ -179,7 +179,7 @@ def cmd_measure(args) -> int:
           + ", ".join(f"{k} {v}" for k, v in statuses.most_common()))
     if mode == "gpu" and elapsed > 0:
         print(f"throughput {n / (elapsed / 60):.1f} candidates per GPU-minute; GPU busy "
-              f"{100 * worker.busy_gpu_seconds / elapsed:.0f}% of wall time")
+              f"{100 * worker.held_gpu_seconds / elapsed:.0f}% of wall time")
         for op_name, s in sorted(best.items()):
             print(f"  best speedup over eager PyTorch, {op_name}: {s:.2f}x")
     else:

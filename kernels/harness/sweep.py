@@ -343,10 +343,12 @@ def sweep(tasks: list[Task], out: Path, *, mode: str, concurrency: int, max_minu
                 timeline.close()
             wall = time.monotonic() - started
         _complete_parts(journal, write)  # the tasks whose last part this call measured
-    print(f"this call: {wall:.0f} s wall, {worker.busy_gpu_seconds:.0f} device-seconds held by children", flush=True)
+    print(f"this call: {wall:.0f} s wall, the device held {worker.held_gpu_seconds:.0f} s "
+          f"({worker.busy_gpu_seconds:.0f} device-seconds charged to the children)", flush=True)
     breakdown = lock_breakdown(worker.timeline)  # where the children's time went: compiling, checks, timing
     (out / f"breakdown-{int(time.time())}.json").write_text(json.dumps(
-        {"wall_s": round(wall, 1), "device_s": round(worker.busy_gpu_seconds, 1), "segments": breakdown}, indent=1))
+        {"wall_s": round(wall, 1), "device_s": round(worker.busy_gpu_seconds, 1),
+         "device_held_s": round(worker.held_gpu_seconds, 1), "segments": breakdown}, indent=1))
     for name, b in breakdown.items():
         print(f"  {name:<16} median {b['median_s']:7.3f} s, total {b['total_s']:8.1f} s over {b['children']} children",
               flush=True)

@@ -109,11 +109,11 @@ def held_seconds(timeline) -> dict[str, float]:
         elif phase in ("releasing", "released") and holds:
             holds[-1][1] = t  # released if it came, else releasing
     spans = [(a, b, shared) for holds in held.values() for a, b, shared in holds if b is not None]
-    return {"held": _union([(a, b) for a, b, _ in spans]), "alone": _union([(a, b) for a, b, sh in spans if not sh]),
-            "shared": _union([(a, b) for a, b, _ in spans]) - _union([(a, b) for a, b, sh in spans if not sh])}
+    return {"held": union_seconds([(a, b) for a, b, _ in spans]), "alone": union_seconds([(a, b) for a, b, sh in spans if not sh]),
+            "shared": union_seconds([(a, b) for a, b, _ in spans]) - union_seconds([(a, b) for a, b, sh in spans if not sh])}
 
 
-def _union(intervals) -> float:
+def union_seconds(intervals) -> float:
     """The length of the union of (start, end) intervals."""
     total, reach = 0.0, None
     for a, b in sorted(intervals):

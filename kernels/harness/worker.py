@@ -42,6 +42,7 @@ from typing import Iterable, Iterator
 from kernels.harness import ahead, budget, cores, memcheck, precision, sandbox
 from kernels.harness.runner import Job, child_main, probe_main
 from kernels.harness.timing import ANCHORS, PROTOCOLS
+from kernels.harness.sweep_report import union_seconds
 from kernels.formats import tasks_dir
 from kernels.formats.common import is_imported_name
 from kernels.hardware import INTERPRETER, peak_tflops
@@ -144,6 +145,7 @@ class _Running:
     calling: tuple[str, float] | None = None  # (case, since) while a case's first call runs
     released: float | None = None
     paused_since: float | None = None  # waiting for the lock alone after shared checks: no limit runs meanwhile
+    holding_since: float | None = None  # the start of the child's present hold of the lock
     result: dict | None = None
     peak_rss_bytes: int = 0
     memcheck: threading.Thread | None = None  # the sanitizer's call, made by the worker once the child is done
@@ -280,7 +282,9 @@ class MeasureWorker:
         self._probed = config.mode != "gpu"
         self.reference_us: dict[str, tuple[float, ...]] = {}  # op -> eager runtime per case
         self.reference_host_bound: dict[str, tuple[str, ...]] = {}  # op -> the reference's host-bound cases
-        self.busy_gpu_seconds = 0.0
+        self.busy_gpu_seconds = 0.0  # the device time charged to the candidates (each child's holds, its own)
+        # every hold of the GPU lock by a child, (start, end): shared holds may overlap (``held_gpu_seconds``)
+        self.holds: list[tuple[float, float]] = []
         self._case_bytes: dict[str, list[int]] = {}
         self._raw_case_bytes: dict[str, list[int | None]] = {}  # op -> per case, None where meta tensors cannot tell
         self._first_attempt: dict[str, Measurement] = {}  # candidate id -> its out-of-memory attempt
@@ -288,6 +292,11 @@ class MeasureWorker:
         # (candidate id, attempt, phase, monotonic time, detail) for every phase of every child, in order
         # (the latest 100,000): shows when each held the GPU lock and what ran beside it.
         self.timeline: deque[tuple[str, int, str, float, object]] = deque(maxlen=100_000)
+
+    @property
+    def held_gpu_seconds(self) -> float:
+        """How long some child held the GPU lock, overlapping shared holds counted once: the device's busy time."""
+        return union_seconds(self.holds)
 
     def close(self) -> None:
         shutil.rmtree(self._root, ignore_errors=True)
@@ -572,6 +581,10 @@ class MeasureWorker:
         self._note(r, name, t, detail)
         r.doing = _doing(name, detail) or r.doing
         r.calling = (detail["case"], t) if name == "calling" else None if name == "call" else r.calling
+        if name in ("locked", "exclusive"):
+            r.holding_since = t
+        elif name in ("exclusive_wait", "releasing"):
+            self._end_hold(r, t)
         if name == "waiting":
             r.waiting_since = t
         elif name == "locked":
@@ -594,6 +607,11 @@ class MeasureWorker:
             self._note(r, "limits", t, r.limits)
         elif name == "released":
             r.released = t
+
+    def _end_hold(self, r: _Running, t: float) -> None:
+        if r.holding_since is not None:
+            self.holds.append((r.holding_since, t))
+            r.holding_since = None
 
     def _over_limit(self, r: _Running, now: float) -> str | None:
         """Which limit a running child has passed, or None. Waiting for the lock counts against none."""
@@ -688,6 +706,7 @@ class MeasureWorker:
             r.conn.close()
         except OSError:
             pass
+        self._end_hold(r, time.monotonic())  # a child that died or was killed holding the lock
         self.busy_gpu_seconds += fields.get("gpu_seconds", 0.0)
         if fields.get("status") != "ok":  # a failed candidate carries no timings
             fields.update(runtime_us_median=(), runtime_us_iqr=(), repetitions=())
