@@ -24,7 +24,7 @@ import torch
 import triton
 
 from kernels.harness.correctness import load_launch, poisoned_outputs
-from kernels.harness.sweep_report import held_seconds, lock_breakdown
+from kernels.harness.sweep_report import held_seconds, lock_breakdown, repeat_spread
 from kernels.harness.worker import MeasureWorker, WorkerConfig
 from kernels.hardware import detect
 from kernels.ops import get_operation
@@ -166,16 +166,26 @@ def main() -> int:
                     series[m.candidate_id]["checks"].append(m.checks)
     report["repeat_series"] = series
     cvs = []
-    for series in runs.values():
-        for per_case in zip(*series):
+    for per_run in runs.values():
+        for per_case in zip(*per_run):
             if len(per_case) >= 2:
                 cvs.append(statistics.stdev(per_case) / statistics.mean(per_case))
     report.update(repeat_candidates=len(chosen), repeats=args.repeats,
                   median_cv=statistics.median(cvs) if cvs else None,
                   p90_cv=sorted(cvs)[int(0.9 * (len(cvs) - 1))] if cvs else None)
+    split = repeat_spread(series, {c.op: [case.name for case in get_operation(c.op).cases] for c in chosen})
+    for kind, values in split.items():  # a case timed beside the reference moves with the reference's run
+        report[f"{kind}_series"] = len(values)
+        report[f"median_cv_{kind}"] = statistics.median(values) if values else None
+        report[f"p90_cv_{kind}"] = sorted(values)[int(0.9 * (len(values) - 1))] if values else None
     if cvs:
         print(f"repeatability: {len(chosen)} candidates x {args.repeats} runs, {len(cvs)} case series: "
               f"median CV {100 * report['median_cv']:.2f}%, 90th percentile {100 * report['p90_cv']:.2f}%")
+        for kind, values in split.items():
+            if values:
+                print(f"  {kind} ({'timed in their own windows' if kind == 'own' else 'beside the reference in a run'}):"
+                      f" {len(values)} series, median CV {100 * report[f'median_cv_{kind}']:.2f}%, 90th percentile "
+                      f"{100 * report[f'p90_cv_{kind}']:.2f}%")
     else:  # --repeats 1: one run of each, no spread to give
         print(f"repeatability: not measured ({args.repeats} run of each candidate; it needs two)")
 

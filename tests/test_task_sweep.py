@@ -579,3 +579,17 @@ def test_the_lock_held_counts_overlapping_shared_checks_once_and_tells_alone_fro
                  ("z", 1, "released", 6.0, None)]
     got = held_seconds(sorted(timeline, key=lambda e: e[3]))
     assert got == pytest.approx({"held": 1.5 + 2.0 + 1.0, "alone": 3.0, "shared": 1.5})
+
+
+def test_repeat_spread_tells_cases_timed_beside_the_reference_from_those_timed_alone():
+    from kernels.harness.sweep_report import anchored_in, repeat_spread
+
+    assert anchored_in("float32; anchored: a, c; unseen-input control: x") == {"a", "c"}
+    assert anchored_in("anchored: none") == set() and anchored_in("") == set()
+    series = {"k1": {"op": "op", "runtime_us": [[10.0, 20.0, 30.0], [10.0, 22.0, 30.0], [10.0, 18.0, 30.3]],
+                     "checks": ["anchored: none", "anchored: b", "anchored: none"]},
+              "k2": {"op": "op", "runtime_us": [[5.0, 1.0, 1.0]], "checks": ["anchored: a"]}}  # one run: no spread
+    got = repeat_spread(series, {"op": ["a", "b", "c"]})
+    # b was anchored in one run of three: its spread is the anchored kind's; a and c stayed in their own windows
+    assert got["anchored"] == [pytest.approx(0.1)]
+    assert sorted(got["own"]) == [0.0, pytest.approx(0.00576, abs=1e-4)]

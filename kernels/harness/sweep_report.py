@@ -126,6 +126,32 @@ def union_seconds(intervals) -> float:
     return total
 
 
+def anchored_in(checks: str) -> set[str]:
+    """The cases a row's checks say were timed beside the reference ("anchored: a, b"; "none": no case)."""
+    for part in (checks or "").split("; "):
+        if part.startswith("anchored: "):
+            return {name for name in part[len("anchored: "):].split(", ") if name and name != "none"}
+    return set()
+
+
+def repeat_spread(series: dict[str, dict], case_names: dict[str, list[str]]) -> dict[str, list[float]]:
+    """The coefficient of variation of each (candidate, case) over its separate runs, split by how the case was timed:
+    "own" (its fastest window in every run) and "anchored" (beside the reference in at least one run, reported as the
+    reference's runtime in that run times their ratio, so it moves with the reference's own measurement a run).
+
+    ``series``: candidate -> {"op", "runtime_us": [per run, per case], "checks": [per run]}; ``case_names``: op -> its
+    cases' names in order."""
+    found: dict[str, list[float]] = {"own": [], "anchored": []}
+    for s in series.values():
+        names = case_names[s["op"]]
+        anchored = set().union(*(anchored_in(c) for c in s["checks"])) if s["checks"] else set()
+        for i, per_case in enumerate(zip(*s["runtime_us"])):
+            if len(per_case) >= 2 and statistics.mean(per_case) > 0:
+                kind = "anchored" if i < len(names) and names[i] in anchored else "own"
+                found[kind].append(statistics.stdev(per_case) / statistics.mean(per_case))
+    return found
+
+
 def task_line(row: dict) -> str:
     """One task's row as the sweep prints it when it is done."""
     if not row["imported"]:
