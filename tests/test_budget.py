@@ -227,6 +227,19 @@ def test_checks_share_the_device_only_when_small_known_and_not_autotuning():
     # a first call that benchmarks on the device: another child's kernels would skew its choice
     assert "autotune" in shares_checks([1 << 20], 4, total, "torch.compile(m, mode='max-autotune')")
     assert "autotune" in shares_checks([1 << 20], 4, total, "@triton.autotune(configs=[], key=['n'])")
+    assert "cudnn.benchmark" in shares_checks([1 << 20], 4, total, "torch.backends.cudnn.benchmark = True")
+    assert "do_bench" in shares_checks([1 << 20], 4, total, "ms = triton.testing.do_bench(lambda: k(x))")
+
+
+def test_an_execution_variant_that_autotunes_cudnn_holds_the_device_alone_for_its_checks():
+    from kernels.harness.budget import shares_checks
+    from kernels.variants import variant_source
+
+    model = ("import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
+             "        return torch.relu(x)\n")
+    assert shares_checks([1 << 20], 4, 80 * GIB, model) is None
+    assert "benchmark on the device" in shares_checks([1 << 20], 4, 80 * GIB, variant_source(model, "cudnn-benchmark"))
+    assert shares_checks([1 << 20], 4, 80 * GIB, variant_source(model, "cuda-graph")) is None
 
 
 def test_waiting_for_the_lock_alone_after_shared_checks_counts_against_no_limit():

@@ -193,6 +193,9 @@ def with_autotuning(limits: Limits, call_s: float) -> Limits:
 
 # A share of the device's memory that the checks of every child running at once may hold together (``shares_checks``).
 SHARED_CHECKS_SHARE = 0.25
+# What in a kernel's source says its first calls time alternatives on the device and keep the fastest: torch.compile's
+# max-autotune modes and Triton's autotuner ("autotune"), cuDNN's algorithm search, Triton's timer called by the kernel.
+BENCHMARKS_FIRST = ("autotune", "cudnn.benchmark", "do_bench")
 
 
 def shares_checks(case_bytes, children: int, total_bytes: int, source: str) -> str | None:
@@ -202,10 +205,12 @@ def shares_checks(case_bytes, children: int, total_bytes: int, source: str) -> s
     They may when nothing of them depends on the device being idle and their memory is known and small: every case's
     bytes known (``case_bytes``: one set's inputs, outputs and parameters, None where meta tensors cannot tell), a
     check's twice that (the candidate's and the reference's), for ``children`` children at once within
-    ``SHARED_CHECKS_SHARE`` of ``total_bytes``; and no first call that benchmarks on the device (torch.compile's
-    max-autotune modes, Triton's autotuner), whose choice another process's kernels would skew."""
-    if "autotune" in source:
-        return "its first calls autotune on the device"
+    ``SHARED_CHECKS_SHARE`` of ``total_bytes``; and no first call that benchmarks on the device (``BENCHMARKS_FIRST``:
+    torch.compile's max-autotune modes, Triton's autotuner, cuDNN's, a kernel timing its own choices), whose choice
+    another process's kernels would skew."""
+    found = [mark for mark in BENCHMARKS_FIRST if mark in source]
+    if found:
+        return f"its first calls benchmark on the device ({found[0]})"
     if not case_bytes or any(b is None for b in case_bytes):
         return "the bytes of a case are not known before it runs"
     need = 2 * max(case_bytes) * max(1, children)

@@ -112,7 +112,8 @@ class WorkerConfig:
     warm_checks: bool = False
     # A child's first calls and checks run with the GPU lock held shared, beside other children's checks and never
     # beside a child being timed; its timing, verification and recheck hold the lock alone (runner.DeviceLock). Only
-    # where budget.shares_checks allows: every case's bytes known and small, no first call that autotunes.
+    # where budget.shares_checks allows: every case's bytes known and small, no first call that autotunes (its own
+    # choice of kernel would be skewed by other children's work: budget.BENCHMARKS_FIRST).
     shared_checks: bool = True
 
 
