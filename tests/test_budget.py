@@ -240,6 +240,8 @@ def test_an_execution_variant_that_autotunes_cudnn_holds_the_device_alone_for_it
     assert shares_checks([1 << 20], 4, 80 * GIB, model) is None
     assert "benchmark on the device" in shares_checks([1 << 20], 4, 80 * GIB, variant_source(model, "cudnn-benchmark"))
     assert shares_checks([1 << 20], 4, 80 * GIB, variant_source(model, "cuda-graph")) is None
+    # torch.compile in its default mode too: Inductor times a generated kernel's configs at its first run
+    assert "torch.compile" in shares_checks([1 << 20], 4, 80 * GIB, variant_source(model, "compile-default"))
 
 
 def test_waiting_for_the_lock_alone_after_shared_checks_counts_against_no_limit():

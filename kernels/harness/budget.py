@@ -193,9 +193,10 @@ def with_autotuning(limits: Limits, call_s: float) -> Limits:
 
 # A share of the device's memory that the checks of every child running at once may hold together (``shares_checks``).
 SHARED_CHECKS_SHARE = 0.25
-# What in a kernel's source says its first calls time alternatives on the device and keep the fastest: torch.compile's
-# max-autotune modes and Triton's autotuner ("autotune"), cuDNN's algorithm search, Triton's timer called by the kernel.
-BENCHMARKS_FIRST = ("autotune", "cudnn.benchmark", "do_bench")
+# What in a kernel's source says its first calls may time alternatives on the device and keep the fastest: torch.compile's
+# max-autotune modes and Triton's autotuner ("autotune"), torch.compile in any mode (Inductor times the configs of a
+# generated kernel that has several at its first run), cuDNN's algorithm search, Triton's timer called by the kernel.
+BENCHMARKS_FIRST = ("autotune", "torch.compile", "cudnn.benchmark", "do_bench")
 
 
 def shares_checks(case_bytes, children: int, total_bytes: int, source: str) -> str | None:
