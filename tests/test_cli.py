@@ -21,6 +21,18 @@ def test_measure_writes_readable_tables_and_rerun_measures_nothing_twice(tmp_pat
     assert len(pd.read_parquet(tmp_path / "data" / "measurements")) == 4
 
 
+def test_measure_checks_beside_each_other_by_default_and_alone_when_asked(tmp_path, capsys):
+    assert main(["measure", "--op", "row_sum", "--limit", "3", "--data", str(tmp_path / "a")]) == 0
+    shared = capsys.readouterr().out
+    assert "checks beside other candidates' checks: 4 of 4 children" in shared  # 3 variants and the eager seed
+    assert main(["measure", "--op", "row_sum", "--limit", "3", "--checks-alone", "--data", str(tmp_path / "b")]) == 0
+    alone = capsys.readouterr().out
+    assert "checks beside other candidates' checks: 0 of 4 children (--checks-alone)" in alone
+    verdicts = [pd.read_parquet(tmp_path / d / "measurements").sort_values("candidate_id")["status"].tolist()
+                for d in ("a", "b")]
+    assert verdicts[0] == verdicts[1] == ["ok"] * 4
+
+
 def test_show_lists_each_operation_and_gpu_type(tmp_path, capsys):
     root = str(tmp_path / "data")
     main(["measure", "--op", "row_sum,transpose", "--limit", "2", "--data", root])

@@ -121,7 +121,7 @@ def cmd_measure(args) -> int:
     config = WorkerConfig(mode=mode, concurrency=args.concurrency or max(1, (os.cpu_count() or 2) - 1),
                           timeout_s=args.timeout, gpu_timeout_s=args.gpu_timeout,
                           seeds=args.seeds if args.seeds else (3 if mode == "gpu" else 1), protocol=args.timing,
-                          anchor=args.anchor, precision=args.precision)
+                          anchor=args.anchor, precision=args.precision, shared_checks=not args.checks_alone)
     _check_one_protocol(root, ops, hw.gpu_type, args.timing, args.data)
     plan = []
     for name in ops:
@@ -177,6 +177,8 @@ def cmd_measure(args) -> int:
     n = sum(statuses.values())
     print(f"measured {n} candidates in {elapsed:.1f} s ({written} new rows written): "
           + ", ".join(f"{k} {v}" for k, v in statuses.most_common()))
+    print(f"correctness checks beside other candidates' checks: {worker.stats.shared_checks} of "
+          f"{worker.stats.children} children" + (" (--checks-alone)" if args.checks_alone else ""))
     if mode == "gpu" and elapsed > 0:
         print(f"throughput {n / (elapsed / 60):.1f} candidates per GPU-minute; GPU busy "
               f"{100 * worker.held_gpu_seconds / elapsed:.0f}% of wall time")
@@ -328,6 +330,10 @@ def register(sub) -> None:
     sp.add_argument("--anchor", choices=["host-bound", "all", "off"], default="host-bound",
                     help="kernelcast's protocol: which cases are timed again beside the reference, so that drift of "
                          "the clocks and the host cancels: host-bound ones (default), all (about twice the timing), off")
+    sp.add_argument("--checks-alone", action="store_true",
+                    help="every candidate holds the GPU alone from its first allocation; by default a candidate's "
+                         "correctness checks may run beside other candidates' checks (never beside a candidate being "
+                         "timed), where its cases are small and its first calls do not autotune (docs/harness.md)")
     add_data_args(sp)
     sp.set_defaults(func=cmd_measure)
 
