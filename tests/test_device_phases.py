@@ -713,3 +713,39 @@ def test_a_case_whose_calls_take_seconds_is_checked_on_fewer_seeds():
     assert quick_seeds and set(quick_seeds) == {3}
     # the call that told it took seconds was not the case's first (which may have compiled): one or two seeds
     assert len(slow_seeds) == len(quick_seeds) and max(slow_seeds) <= 2
+
+
+WRONG_SOFTMAX = '''
+import torch
+
+
+def launch(x, out):
+    out.copy_(x)  # not a softmax: its checks fail while the lock is held shared
+'''
+
+DIES_IN_CHECKS = '''
+import os
+
+
+def launch(x, out):
+    if x.device.type != "meta":  # compiled ahead on meta tensors, it dies in its first real call
+        os._exit(3)  # the child dies holding the lock shared: the kernel releases its flock
+'''
+
+
+def test_a_child_that_fails_or_dies_in_shared_checks_leaves_the_others_their_verdicts():
+    cands = _slow(0.3, 2) + [Candidate(op="softmax", backend="torch", origin="llm", source=WRONG_SOFTMAX),
+                             Candidate(op="softmax", backend="torch", origin="llm", source=DIES_IN_CHECKS)]
+    results, worker = _measure(cands, concurrency=4)
+    status = {c.source: results[c.candidate_id].status for c in cands}
+    assert [status[c.source] for c in cands] == ["ok", "ok", "incorrect", "crashed"], \
+        [results[c.candidate_id].error for c in cands]
+    holds = _holds(worker.timeline)
+    assert not _clashes(holds)
+    # the wrong one and the dying one took the lock shared before their ends
+    for c in cands[2:]:
+        locked = [d for cid, _, phase, _, d in worker.timeline if cid == c.candidate_id and phase == "locked"]
+        assert locked and locked[0]["shared"], c.source
+    # the two good children still got the device alone after the others failed or died in their shared holds
+    good = {(c.candidate_id, 1) for c in cands[:2]}
+    assert good <= {h[0] for h in holds if not h[3]}
