@@ -101,6 +101,11 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--no-measured-rankers", dest="measured_rankers", action="store_false",
                    help="leave out the rankers that are other measurements of the same kernels (CUDA-L1's published "
                         "figure, the pool's other protocol, --retest), which show how well a second measurement ranks")
+    p.add_argument("--score-on", default="all", choices=("all", "spaces"),
+                   help="all: every problem's pool is scored; spaces: only the problems a --spaces folder holds, each "
+                        "over its whole pool (its CUDA-L1 kernels and its measured variants: tens of kernels with a "
+                        "wide spread, where the 10% selection picks several); the forecasters still train on every "
+                        "other problem, held out by problem as always")
     p.add_argument("--out", default=None, help="path stem of the .txt and .json results")
     p.add_argument("--save-forecasts", default=None, metavar="DIR",
                    help="write each forecaster's held-out forecasts of the first split into DIR/NAME/forecasts-0."
@@ -247,10 +252,14 @@ def run(args) -> int:
     if args.problems == "dev":
         kernels = development
     problems = sorted(kernels["op"].unique())
+    scored = spaced_problems(args.spaces, problems) if args.score_on == "spaces" else None
     say(f"CUDA-L1 pool {args.pool} ({args.protocol} protocol, {args.gpu_type}): {len(problems)} problems, "
         f"{len(kernels)} kernels ({int(kernels['failed'].sum())} failed)"
         + (f"; with the variant spaces of {', '.join(args.spaces)}" if args.spaces else "")
         + (f"; also trained on {len(also_kernels)} kernels of {', '.join(args.also_data)}" if args.also_data else ""))
+    if scored is not None:
+        say(f"scored on the {len(scored)} problems with a variant space, each over its whole pool "
+            f"({int(kernels['op'].isin(scored).sum())} kernels): {', '.join(scored)}")
     if args.problems == "sealed":  # one fold: fit on the dev problems, scored on the sealed ones
         splits = {f"dev -> sealed ({len(sealed)} problems)": [("sealed", sealed)]}
     else:
@@ -266,7 +275,7 @@ def run(args) -> int:
                                                    args.lmhead_folder if name == "lmhead" else None, options=kwargs)
             if split == next(iter(splits)):
                 first[name] = forecasts
-            rows.append({"split": split, "forecaster": name, **ranking.score(kernels, forecasts, args.draws, args.seed),
+            rows.append({"split": split, "forecaster": name, **scoped_score(kernels, forecasts, scored, args),
                          "seconds": time.perf_counter() - t})
             print(f"  {split}, {name}: {rows[-1]['seconds']:.0f} s", flush=True)
             for calibrator in ([] if registry.reads_folder(registered) else args.calibrator):
@@ -274,7 +283,7 @@ def run(args) -> int:
                 again = ranking.recalibrated(forecasts, kernels, cases, registered, folds, calibrator, also_kernels,
                                              also_cases, kwargs)
                 rows.append({"split": split, "forecaster": f"{name}+{calibrator}", "seconds": time.perf_counter() - t,
-                             **ranking.score(kernels, again, args.draws, args.seed)})
+                             **scoped_score(kernels, again, scored, args)})
                 print(f"  {split}, {name}+{calibrator}: {rows[-1]['seconds']:.0f} s", flush=True)
     for label, folder in (f.split("=", 1) for f in args.forecasts):
         files = sorted(Path(folder).glob("forecasts-*.parquet"))
@@ -290,7 +299,7 @@ def run(args) -> int:
         folds = splits[split] if args.problems == "sealed" else ranking.problem_folds(problems, args.folds, seed)
         forecasts = ranking.stored_forecasts(kernels, tables, folds)
         first[label] = forecasts
-        rows.append({"split": split, "forecaster": label, **ranking.score(kernels, forecasts, args.draws, args.seed),
+        rows.append({"split": split, "forecaster": label, **scoped_score(kernels, forecasts, scored, args),
                      "seconds": 0.0})
     if args.save_forecasts:
         for name in names:
@@ -338,6 +347,27 @@ def run(args) -> int:
              "cross_gpu": transfer.to_dict("records")}, indent=1,
             default=float))
     return 0
+
+
+def spaced_problems(folders, problems) -> list[str]:
+    """The ``problems`` that one of the ``--spaces`` folders holds a measured variant space of."""
+    if not folders:
+        raise ValueError("--score-on spaces needs --spaces: the folders of the variant spaces to score on")
+    held = {sub.name for folder in folders for sub in Path(folder).iterdir() if sub.is_dir()}
+    found = sorted(set(problems) & held)
+    if not found:
+        raise ValueError(f"--score-on spaces: none of the problems has a space in {', '.join(folders)}")
+    return found
+
+
+def scoped_score(kernels: pd.DataFrame, forecasts: pd.DataFrame, only, args) -> dict:
+    """``ranking.score`` of the held-out ``forecasts``, on the kernels of the problems ``only`` names (all: None)."""
+    from surrogate import ranking
+
+    if only is not None:
+        keep = kernels["op"].isin(only).to_numpy()
+        kernels, forecasts = kernels[keep], forecasts[keep]
+    return ranking.score(kernels, forecasts, args.draws, args.seed)
 
 
 def measured_rankers(args, kernels: pd.DataFrame, forecasts: dict, split: str) -> pd.DataFrame:

@@ -582,3 +582,28 @@ def test_saved_forecasts_read_back_score_as_the_forecaster_did(tmp_path, monkeyp
     row = first[first["split"] == again.loc["again", "split"]].loc["learned"]
     for key in ("spearman", "top1_within_10pct", "failure_auroc", "ece", "aurc"):
         assert again.loc["again", key] == pytest.approx(row[key], nan_ok=True)
+
+
+def test_scoring_on_the_spaces_judges_only_the_problems_that_have_one(tmp_path):
+    import argparse
+
+    from benchmarks.cudal1_forecast import scoped_score, spaced_problems
+
+    spaces = tmp_path / "spaces"
+    for op in ("cudal1-l2-001", "cudal1-l3-003", "kb.other-task"):
+        (spaces / op).mkdir(parents=True)
+    assert spaced_problems([str(spaces)], sorted(PROBLEMS)) == ["cudal1-l2-001", "cudal1-l3-003"]
+    with pytest.raises(ValueError, match="needs --spaces"):
+        spaced_problems([], sorted(PROBLEMS))
+    with pytest.raises(ValueError, match="none of the problems"):
+        spaced_problems([str(spaces)], ["cudal1-l1-002"])
+    kernels = _kernels()
+    truth = kernels["speedup"].fillna(0.0).to_numpy()
+    # right on the two spaced problems, reversed on every other: scored on the spaces, the ranking is perfect
+    spaced = kernels["op"].isin(["cudal1-l2-001", "cudal1-l3-003"]).to_numpy()
+    forecasts = _forecasts(kernels, np.where(spaced, truth, -truth), kernels["failed"].astype(float))
+    args = argparse.Namespace(draws=20, seed=0)
+    on_spaces = scoped_score(kernels, forecasts, ["cudal1-l2-001", "cudal1-l3-003"], args)
+    everywhere = scoped_score(kernels, forecasts, None, args)
+    assert on_spaces["problems"] == 2 and everywhere["problems"] == 9
+    assert on_spaces["spearman"] == pytest.approx(1.0) and everywhere["spearman"] < 0
