@@ -136,6 +136,9 @@ def test_checks_run_beside_other_childrens_checks_and_timing_never_does():
         if phase in ("checked", "exclusive_wait", "exclusive", "recheck"):
             order.setdefault((cid, attempt), []).append(phase)
     assert all(p[:3] == ["checked", "exclusive_wait", "exclusive"] and "recheck" in p[3:] for p in order.values())
+    # each child's threads at the lock and when it let the shared hold go (a thread started in the checks shows here)
+    waits = [d for _, _, phase, _, d in worker.timeline if phase == "exclusive_wait"]
+    assert len(waits) == 3 and all(d["threads_at_lock"] >= 1 and d["threads"] >= 1 for d in waits)
 
 
 def test_without_shared_checks_no_two_children_ever_hold_the_device_at_once():
@@ -749,3 +752,29 @@ def test_a_child_that_fails_or_dies_in_shared_checks_leaves_the_others_their_ver
     # the two good children still got the device alone after the others failed or died in their shared holds
     good = {(c.candidate_id, 1) for c in cands[:2]}
     assert good <= {h[0] for h in holds if not h[3]}
+
+
+THREAD_IN_CHECKS = '''
+import threading
+import time
+
+import torch
+
+_started = []
+
+
+def launch(x, out):
+    if x.device.type != "meta" and not _started:  # a thread started in its checks, still alive when they end
+        _started.append(threading.Thread(target=time.sleep, args=(30,), daemon=True))
+        _started[0].start()
+    e = (x.float() - x.float().amax(dim=-1, keepdim=True)).exp()
+    out.copy_((e / e.sum(dim=-1, keepdim=True)).to(x.dtype))
+'''
+
+
+def test_a_thread_the_candidate_starts_in_its_shared_checks_shows_in_the_count_when_it_lets_the_hold_go():
+    cand = Candidate(op="softmax", backend="torch", origin="llm", source=THREAD_IN_CHECKS)
+    results, worker = _measure([cand])
+    assert results[cand.candidate_id].status == "ok", results[cand.candidate_id].error
+    (wait,) = [d for cid, _, phase, _, d in worker.timeline if cid == cand.candidate_id and phase == "exclusive_wait"]
+    assert wait["threads"] == wait["threads_at_lock"] + 1

@@ -147,6 +147,7 @@ class DeviceLock:
         # Opened read-only: flock needs no write access, and the sandbox allows none outside the scratch dir.
         self._file = open(self.path, "r")
         fcntl.flock(self._file, fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX)
+        self.threads_at_lock = _threads()
         return self
 
     def pin(self) -> list[int]:
@@ -164,7 +165,9 @@ class DeviceLock:
         if self._gpu:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
-        self._phase("exclusive_wait")
+        # Between its holds the child runs nothing of its own, but a thread its candidate started in the checks could
+        # launch work then, beside another child's timing: the counts say whether honest kernels start any there.
+        self._phase("exclusive_wait", {"threads_at_lock": self.threads_at_lock, "threads": _threads()})
         fcntl.flock(self._file, fcntl.LOCK_EX)
         self.shared = False
         self._phase("exclusive", {"cpus": self.pin()})
@@ -174,6 +177,14 @@ class DeviceLock:
             fcntl.flock(self._file, fcntl.LOCK_UN)
         finally:
             self._file.close()
+
+
+def _threads() -> int:
+    """The threads of this process, native ones included (0 where /proc cannot tell)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 0
 
 
 def _is_compile_failure(exc: BaseException) -> bool:
