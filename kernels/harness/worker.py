@@ -41,8 +41,8 @@ from typing import Iterable, Iterator
 
 from kernels.harness import ahead, budget, cores, memcheck, precision, sandbox
 from kernels.harness.runner import Job, child_main, probe_main
-from kernels.harness.timing import ANCHORS, PROTOCOLS
 from kernels.harness.sweep_report import union_seconds
+from kernels.harness.timing import ANCHORS, PROTOCOLS
 from kernels.formats import tasks_dir
 from kernels.formats.common import is_imported_name
 from kernels.hardware import INTERPRETER, peak_tflops
