@@ -127,7 +127,7 @@ def shard_cpus(spec: str | None) -> tuple[int, ...] | None:
 def measure(args, prepared, roots, protocols, hardware, started: float, chunk: int) -> None:
     """One worker per protocol, sharing one GPU lock so that the two never time at once."""
     from kernels.harness.worker import MeasureWorker
-    from kernels.harness.sweep_report import union_seconds
+    from kernels.harness.sweep_report import held_seconds
     from tasks import cudal1_pool as pool
 
     deadline = started + args.max_minutes * 60 if args.max_minutes is not None else None
@@ -139,7 +139,7 @@ def measure(args, prepared, roots, protocols, hardware, started: float, chunk: i
             workers = {p: stack.enter_context(MeasureWorker(hardware, pool.worker_config(p, **settings)))
                        for p in protocols}
             made = pool.measure(prepared, roots, workers, deadline=deadline, chunk=chunk)
-    busy = union_seconds([hold for w in workers.values() for hold in w.holds])  # the workers share one lock
+    busy = held_seconds([hold for w in workers.values() for hold in w.holds])["held"]  # the workers share one lock
     print(f"{len(made)} measurements in {time.monotonic() - started:.0f} s wall, the device held {busy:.0f} s",
           flush=True)
 

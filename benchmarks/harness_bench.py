@@ -68,6 +68,10 @@ def do_bench_medians(cand) -> list[float]:
     return medians
 
 
+def _p90(values) -> float:
+    return sorted(values)[int(0.9 * (len(values) - 1))]
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--batch", type=int, default=200)
@@ -119,7 +123,7 @@ def main() -> int:
         t0 = time.monotonic()
         results = list(worker.measure(batch))
         wall = time.monotonic() - t0
-        held = held_seconds(worker.timeline)  # overlapping shared holds counted once
+        held = held_seconds(worker.holds)  # overlapping shared holds counted once
         busy = held["held"]
         breakdown = lock_breakdown(worker.timeline)
         shared_children = worker.stats.shared_checks
@@ -153,31 +157,25 @@ def main() -> int:
     by_id = {c.candidate_id: c for c in batch}
     step = max(1, len(ok) // args.repeat_candidates)
     chosen = [by_id[m.candidate_id] for m in ok[::step] if m.candidate_id in by_id][: args.repeat_candidates]
-    runs: dict[str, list[tuple[float, ...]]] = {c.candidate_id: [] for c in chosen}
     series: dict[str, dict] = {c.candidate_id: {"op": c.op, "runtime_us": [], "checks": []} for c in chosen}
     for _ in range(args.repeats):
         with MeasureWorker(hw, config) as worker:
             for m in worker.measure(chosen):
-                if m.candidate_id in runs and m.status == "ok":
-                    runs[m.candidate_id].append(m.runtime_us_median)
+                if m.candidate_id in series and m.status == "ok":
                     # which cases were timed beside the reference (anchored), as the row says: a run's figure moves with
                     # the reference's own measurement in that run
                     series[m.candidate_id]["runtime_us"].append(list(m.runtime_us_median))
                     series[m.candidate_id]["checks"].append(m.checks)
     report["repeat_series"] = series
-    cvs = []
-    for per_run in runs.values():
-        for per_case in zip(*per_run):
-            if len(per_case) >= 2:
-                cvs.append(statistics.stdev(per_case) / statistics.mean(per_case))
+    split = repeat_spread(series, {c.op: [case.name for case in get_operation(c.op).cases] for c in chosen})
+    cvs = split["own"] + split["anchored"]
     report.update(repeat_candidates=len(chosen), repeats=args.repeats,
                   median_cv=statistics.median(cvs) if cvs else None,
-                  p90_cv=sorted(cvs)[int(0.9 * (len(cvs) - 1))] if cvs else None)
-    split = repeat_spread(series, {c.op: [case.name for case in get_operation(c.op).cases] for c in chosen})
+                  p90_cv=_p90(cvs) if cvs else None)
     for kind, values in split.items():  # a case timed beside the reference moves with the reference's run
         report[f"{kind}_series"] = len(values)
         report[f"median_cv_{kind}"] = statistics.median(values) if values else None
-        report[f"p90_cv_{kind}"] = sorted(values)[int(0.9 * (len(values) - 1))] if values else None
+        report[f"p90_cv_{kind}"] = _p90(values) if values else None
     if cvs:
         print(f"repeatability: {len(chosen)} candidates x {args.repeats} runs, {len(cvs)} case series: "
               f"median CV {100 * report['median_cv']:.2f}%, 90th percentile {100 * report['p90_cv']:.2f}%")
@@ -192,9 +190,9 @@ def main() -> int:
     # 4. agreement with do_bench on the same kernels (first run's medians)
     ratios = []
     for c in chosen:
-        if not runs[c.candidate_id]:
+        if not series[c.candidate_id]["runtime_us"]:
             continue
-        ours = runs[c.candidate_id][0]
+        ours = series[c.candidate_id]["runtime_us"][0]
         theirs = do_bench_medians(c)
         ratios += [o / t for o, t in zip(ours, theirs)]
     devs = [abs(r - 1) for r in ratios]

@@ -570,14 +570,29 @@ def test_the_lock_breakdown_ends_shared_checks_where_they_end_not_where_the_chil
 
 
 def test_the_lock_held_counts_overlapping_shared_checks_once_and_tells_alone_from_shared():
+    from types import SimpleNamespace
+
     from kernels.harness.sweep_report import held_seconds
+    from kernels.harness.worker import MeasureWorker, WorkerConfig, _Running
+    from kernels.hardware import INTERPRETER
+    from kernels.null import null_candidate
+    from kernels.ops import get_operation
+    from kernels.records import HardwareSpec
 
     # x checks over [0, 1], y over [0.5, 1.5] (shared, overlapping); x alone over [2, 3], y alone over [3, 4]
     timeline = _shared_child("x", 0.0, 1.0, 1.0, 1.0) + _shared_child("y", 0.5, 1.0, 1.5, 1.0)
     # a child that never shared: alone over [5, 6]
     timeline += [("z", 1, "locked", 5.0, {"shared": False}), ("z", 1, "releasing", 6.0, None),
                  ("z", 1, "released", 6.0, None)]
-    got = held_seconds(sorted(timeline, key=lambda e: e[3]))
+    # the worker hears each child's marks (as its children send them) and keeps their holds
+    with MeasureWorker(HardwareSpec(gpu_type=INTERPRETER, device_name="cpu"), WorkerConfig(mode="interpreter")) as w:
+        cand = null_candidate(get_operation("softmax"))
+        running = {}
+        for cid, _, phase, t, detail in sorted(timeline, key=lambda e: e[3]):
+            r = running.setdefault(cid, _Running(cand, SimpleNamespace(), None, "", started=0.0, limits=None))
+            w._phase(r, phase, detail, t)
+        got = held_seconds(w.holds)
+        assert w.held_gpu_seconds == pytest.approx(got["held"])
     assert got == pytest.approx({"held": 1.5 + 2.0 + 1.0, "alone": 3.0, "shared": 1.5})
 
 

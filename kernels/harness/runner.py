@@ -142,6 +142,7 @@ class DeviceLock:
     def __init__(self, path: str, shared: bool, phase, timing_cpus: tuple[int, ...] = (), gpu: bool = True):
         self.path, self.shared, self._phase, self._timing_cpus, self._gpu = path, shared, phase, timing_cpus, gpu
         self._file = None
+        self.waited_s = 0.0  # waiting for the lock alone after the shared hold: not time the device was held
 
     def __enter__(self) -> "DeviceLock":
         # Opened read-only: flock needs no write access, and the sandbox allows none outside the scratch dir.
@@ -168,7 +169,9 @@ class DeviceLock:
         # Between its holds the child runs nothing of its own, but a thread its candidate started in the checks could
         # launch work then, beside another child's timing: the counts say whether honest kernels start any there.
         self._phase("exclusive_wait", {"threads_at_lock": self.threads_at_lock, "threads": _threads()})
+        t = time.perf_counter()
         fcntl.flock(self._file, fcntl.LOCK_EX)
+        self.waited_s = time.perf_counter() - t
         self.shared = False
         self._phase("exclusive", {"cpus": self.pin()})
 
@@ -412,12 +415,6 @@ def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: d
     gpu = job.mode == "gpu"
     cand = job.candidate
     t_gpu = time.perf_counter()
-    waited = [0.0]
-
-    def exclusive() -> None:
-        t = time.perf_counter()
-        lock.exclusive()
-        waited[0] += time.perf_counter() - t
 
     def fail(status: str, message: str) -> None:
         result.update(status=status, error=message)
@@ -453,7 +450,7 @@ def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: d
         if lower and job.precision == "strict":
             return fail("incorrect", strict_error(lower))
         phase("checked")
-        exclusive()
+        lock.exclusive()
         if gpu:
             try:
                 _time_cases(job, op, cases, launch, checker, result, phase, output_bytes)
@@ -479,7 +476,7 @@ def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: d
             left = _release_device(launch, op, gpu)
         except Exception:  # noqa: BLE001 - a broken context (illegal address): the process exit frees it
             left = -1
-        result["gpu_seconds"] = time.perf_counter() - t_gpu - waited[0]
+        result["gpu_seconds"] = time.perf_counter() - t_gpu - lock.waited_s
         phase("releasing", {"device_bytes_left": left})
 
 

@@ -93,24 +93,13 @@ def lock_breakdown(timeline) -> dict[str, dict[str, float]]:
             for name, v in spans.items() if v}
 
 
-def held_seconds(timeline) -> dict[str, float]:
-    """How long the GPU lock was held, from the worker's timeline: "held" (by any child, overlaps counted once),
-    "alone" (held exclusive: first calls, checks and timing of a child that did not share, and every child's timing)
-    and "shared" (held by children's shared checks only, one child or several at once)."""
-    held: dict[tuple[str, int], list[list]] = {}  # child -> its holds: [start, end, shared]
-    for cid, attempt, phase, t, detail in timeline:
-        holds = held.setdefault((cid, attempt), [])
-        if phase == "locked":
-            holds.append([t, None, bool(isinstance(detail, dict) and detail.get("shared"))])
-        elif phase == "exclusive_wait" and holds and holds[-1][1] is None:
-            holds[-1][1] = t
-        elif phase == "exclusive":
-            holds.append([t, None, False])
-        elif phase in ("releasing", "released") and holds:
-            holds[-1][1] = t  # released if it came, else releasing
-    spans = [(a, b, shared) for holds in held.values() for a, b, shared in holds if b is not None]
-    return {"held": union_seconds([(a, b) for a, b, _ in spans]), "alone": union_seconds([(a, b) for a, b, sh in spans if not sh]),
-            "shared": union_seconds([(a, b) for a, b, _ in spans]) - union_seconds([(a, b) for a, b, sh in spans if not sh])}
+def held_seconds(holds) -> dict[str, float]:
+    """How long the GPU lock was held, from its holds (``MeasureWorker.holds``: start, end, shared): "held" (by any
+    child, overlaps counted once), "alone" (held exclusive: a child that did not share, and every child's timing) and
+    "shared" (held by children's shared checks only, one child or several at once)."""
+    held = union_seconds([(a, b) for a, b, _ in holds])
+    alone = union_seconds([(a, b) for a, b, shared in holds if not shared])
+    return {"held": held, "alone": alone, "shared": held - alone}
 
 
 def union_seconds(intervals) -> float:

@@ -41,7 +41,7 @@ from typing import Iterable, Iterator
 
 from kernels.harness import ahead, budget, cores, memcheck, precision, sandbox
 from kernels.harness.runner import Job, child_main, probe_main
-from kernels.harness.sweep_report import union_seconds
+from kernels.harness.sweep_report import held_seconds
 from kernels.harness.timing import ANCHORS, PROTOCOLS
 from kernels.formats import tasks_dir
 from kernels.formats.common import is_imported_name
@@ -146,7 +146,7 @@ class _Running:
     calling: tuple[str, float] | None = None  # (case, since) while a case's first call runs
     released: float | None = None
     paused_since: float | None = None  # waiting for the lock alone after shared checks: no limit runs meanwhile
-    holding_since: float | None = None  # the start of the child's present hold of the lock
+    holding: tuple[float, bool] | None = None  # the child's present hold of the lock: (since, shared)
     result: dict | None = None
     peak_rss_bytes: int = 0
     memcheck: threading.Thread | None = None  # the sanitizer's call, made by the worker once the child is done
@@ -284,10 +284,9 @@ class MeasureWorker:
         self.reference_us: dict[str, tuple[float, ...]] = {}  # op -> eager runtime per case
         self.reference_host_bound: dict[str, tuple[str, ...]] = {}  # op -> the reference's host-bound cases
         self.busy_gpu_seconds = 0.0  # the device time charged to the candidates (each child's holds, its own)
-        # every hold of the GPU lock by a child, (start, end): shared holds may overlap (``held_gpu_seconds``)
-        self.holds: list[tuple[float, float]] = []
-        self._case_bytes: dict[str, list[int]] = {}
-        self._raw_case_bytes: dict[str, list[int | None]] = {}  # op -> per case, None where meta tensors cannot tell
+        # every hold of the GPU lock by a child, (start, end, shared): shared holds may overlap (``held_gpu_seconds``)
+        self.holds: list[tuple[float, float, bool]] = []
+        self._case_bytes: dict[str, list[int | None]] = {}  # op -> per case, None where meta tensors cannot tell
         self._first_attempt: dict[str, Measurement] = {}  # candidate id -> its out-of-memory attempt
         self._reference_call_us: dict[str, dict[str, float]] = {}  # op -> case -> its reference's first call  # op -> per case, one set's bytes plus parameters
         # (candidate id, attempt, phase, monotonic time, detail) for every phase of every child, in order
@@ -297,7 +296,7 @@ class MeasureWorker:
     @property
     def held_gpu_seconds(self) -> float:
         """How long some child held the GPU lock, overlapping shared holds counted once: the device's busy time."""
-        return union_seconds(self.holds)
+        return held_seconds(self.holds)["held"]
 
     def close(self) -> None:
         shutil.rmtree(self._root, ignore_errors=True)
@@ -337,15 +336,14 @@ class MeasureWorker:
         cfg = self.config
         op = get_operation(op_name)
         cases = op.cases if cfg.mode == "gpu" else op.interpret_cases
-        if op_name not in self._case_bytes:  # inputs meta tensors cannot describe: the bytes model
-            self._case_bytes[op_name] = [op.bytes_moved(case) if size is None else size
-                                         for case, size in zip(cases, budget.case_bytes(op, cases))]
+        # inputs meta tensors cannot describe: the bytes model
+        case_bytes = [op.bytes_moved(case) if size is None else size for case, size in zip(cases, self._bytes(op_name))]
         # The reference's runtime per case: its timed median, or (the larger) its first call, which its
         # own measurement reports as it goes; the same figures for every candidate of the op.
         medians = dict(zip((c.name for c in cases), self.reference_us.get(op_name, ())))
         calls = self._reference_call_us.get(op_name, {})
         runtime = [max(medians.get(c.name, 0.0), calls.get(c.name, 0.0)) for c in cases]
-        return budget.limits_for(self._case_bytes[op_name], mode=cfg.mode, seeds=cfg.seeds,
+        return budget.limits_for(case_bytes, mode=cfg.mode, seeds=cfg.seeds,
                                  max_seconds_per_case=cfg.max_seconds_per_case,
                                  reference_us=runtime if any(runtime) else None,
                                  base_device_s=cfg.gpu_timeout_s, compile_s=cfg.timeout_s)
@@ -353,16 +351,20 @@ class MeasureWorker:
     def checks_alone(self, cand: Candidate) -> str | None:
         """Why the candidate's checks must hold the device alone (``budget.shares_checks``), or None."""
         cfg = self.config
-        op = get_operation(cand.op)
-        if cand.op not in self._raw_case_bytes:
-            self._raw_case_bytes[cand.op] = budget.case_bytes(op, op.cases if cfg.mode == "gpu" else op.interpret_cases)
         if cfg.device_memory_gib:
             total = cfg.device_memory_gib * 2**30
         elif cfg.mode == "gpu":
             total = self.hardware.memory_gib * 2**30
         else:  # the interpreter's device is the host
             total = (cfg.address_space_gib or cfg.host_memory_gib) * 2**30
-        return budget.shares_checks(self._raw_case_bytes[cand.op], cfg.concurrency, int(total), cand.source)
+        return budget.shares_checks(self._bytes(cand.op), cfg.concurrency, int(total), cand.source)
+
+    def _bytes(self, op_name: str) -> list[int | None]:
+        """Per case of the op, one set's bytes plus parameters from meta tensors (None where they cannot tell), once."""
+        if op_name not in self._case_bytes:
+            op = get_operation(op_name)
+            self._case_bytes[op_name] = budget.case_bytes(op, op.cases if self.config.mode == "gpu" else op.interpret_cases)
+        return self._case_bytes[op_name]
 
     def candidate_limits(self, cand: Candidate) -> budget.Limits:
         """``limits`` of the candidate's op, with first calls of ``autotune_call_s`` where it autotunes."""
@@ -583,7 +585,7 @@ class MeasureWorker:
         r.doing = _doing(name, detail) or r.doing
         r.calling = (detail["case"], t) if name == "calling" else None if name == "call" else r.calling
         if name in ("locked", "exclusive"):
-            r.holding_since = t
+            r.holding = (t, name == "locked" and bool((detail or {}).get("shared")))
         elif name in ("exclusive_wait", "releasing"):
             self._end_hold(r, t)
         if name == "waiting":
@@ -610,9 +612,9 @@ class MeasureWorker:
             r.released = t
 
     def _end_hold(self, r: _Running, t: float) -> None:
-        if r.holding_since is not None:
-            self.holds.append((r.holding_since, t))
-            r.holding_since = None
+        if r.holding is not None:
+            self.holds.append((r.holding[0], t, r.holding[1]))
+            r.holding = None
 
     def _over_limit(self, r: _Running, now: float) -> str | None:
         """Which limit a running child has passed, or None. Waiting for the lock counts against none."""
