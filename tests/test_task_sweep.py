@@ -92,6 +92,12 @@ def test_the_sweep_imports_measures_resumes_and_reports(tmp_path):
     assert summary["fit"] == summary["measured"] == 2 and summary["measured_share"] == 1.0
     assert summary["not_imported"] == 1 and summary["out_of_memory_verdicts"] == 0
     assert "| gpumode/add_into_py | yes | ok |" in (out / "sweep.md").read_text()
+    # the KernelBench task's cases are of known size: its children's checks shared the lock; GPU MODE's inputs only
+    # its own code makes, so its children held the lock alone throughout
+    kb, gm = by_task["kernelbench/level1/row_sum.py"], by_task["gpumode/add_into_py"]
+    assert kb["reference_checks_shared"] is kb["null_checks_shared"] is True
+    assert gm["reference_checks_shared"] is gm["null_checks_shared"] is False
+    assert summary["checks_shared"] == 2 and summary["checks_alone"] == 2
     assert "IMPORTED []" in stdout  # torch and triton were enough: PyYAML, Prefect, Ray, MLflow... stayed absent
 
     stdout, again = _sweep(tasks, out)  # resumed: nothing measured twice
@@ -104,8 +110,13 @@ def test_the_sweep_stops_starting_chunks_after_its_time_and_goes_on_next_call(tm
     stdout, rows = _sweep(tasks, out, "--chunk", "1", "--max-minutes", "0")
     # every task is imported first: the one that cannot be has its row; nothing was measured
     assert "stopping after 0 minutes" in stdout and [r["task"] for r in rows] == ["kernelbench/level1/broken.py"]
-    stdout, rows = _sweep(tasks, out, "--chunk", "1")
+    stdout, rows = _sweep(tasks, out, "--chunk", "1", "--checks-alone")
     assert len(rows) == 3 and len({r["task"] for r in rows}) == 3
+    # told so, every child held the lock alone, the KernelBench task's too
+    measured = [r for r in rows if r["imported"]]
+    assert len(measured) == 2 and all(r[f"{role}_checks_shared"] is False for r in measured
+                                      for role in ("reference", "null"))
+    assert json.loads((out / "summary.json").read_text())["checks_shared"] == 0
 
 
 def test_discover_finds_the_same_tasks_from_a_relative_folder(tmp_path, monkeypatch):

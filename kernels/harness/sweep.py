@@ -290,14 +290,15 @@ class _Journal:
 
 def sweep(tasks: list[Task], out: Path, *, mode: str, concurrency: int, max_minutes: float | None,
           chunk_size: int, reserve_timing_core: bool | None = None, anchor: str = "host-bound",
-          import_workers: int = 1, case_parts: int = 1, part: int | None = None) -> None:
+          import_workers: int = 1, case_parts: int = 1, part: int | None = None, shared_checks: bool = True) -> None:
     """Import and measure the tasks not yet in ``out/sweep.jsonl``, appending a row per finished task.
 
     Every task is imported first (a task that cannot be is a row at once); the rest are measured smallest
     first, by the bytes of their largest case, so that a few slow tasks cannot hold back the verdicts of
     many quick ones, and a call cut short leaves the largest for the next. With ``case_parts`` above 1 each task is
     measured in that many parts of its cases (``kernels.harness.case_parts``; ``part``: this call's one alone),
-    a row a part, and the task's row is written once all of its parts are in."""
+    a row a part, and the task's row is written once all of its parts are in. ``shared_checks`` False: every child
+    holds the GPU lock alone from its first call (``kernelcast measure --checks-alone``)."""
     from kernels.harness.worker import MeasureWorker, WorkerConfig
     from kernels.null import null_candidate
 
@@ -311,7 +312,8 @@ def sweep(tasks: list[Task], out: Path, *, mode: str, concurrency: int, max_minu
     started = time.monotonic()
     deadline = started + max_minutes * 60 if max_minutes is not None else None
     hardware = _hardware(mode)
-    config = WorkerConfig(mode=mode, concurrency=concurrency, reserve_timing_core=reserve_timing_core, anchor=anchor)
+    config = WorkerConfig(mode=mode, concurrency=concurrency, reserve_timing_core=reserve_timing_core, anchor=anchor,
+                          shared_checks=shared_checks)
     with journal.open("a") as sink:
         def write(row: dict) -> None:
             sink.write(json.dumps(row) + "\n")
@@ -424,6 +426,13 @@ def _timed_windows(worker, candidate_id: str) -> int:
     return sum(1 for cid, _, phase, _, _ in worker.timeline if cid == candidate_id and phase == "timed")
 
 
+def checks_shared(timeline, candidate_id: str) -> bool | None:
+    """Whether the candidate's first calls and checks held the GPU lock shared (``WorkerConfig.shared_checks``), from
+    its ``locked`` mark; None where it never took the lock (refused or failed before the device)."""
+    marks = [d for cid, _, phase, _, d in timeline if cid == candidate_id and phase == "locked"]
+    return bool((marks[-1] or {}).get("shared")) if marks else None
+
+
 def _measure_chunks(worker, imported: list, names: dict, chunk_size: int, deadline: float | None,
                     max_minutes: float | None, mode: str, write, kept: _Kept | None = None) -> None:
     """Measure the imported tasks' references and nulls a chunk at a time, writing each task's row when both are in
@@ -469,6 +478,8 @@ def _measure_chunks(worker, imported: list, names: dict, chunk_size: int, deadli
                     row["reference_measured_in"] = f"an earlier call of the sweep ({earlier[key]['measured_at']})"
                 # host-bound cases the null was timed beside the reference in (kernels.harness.runner._anchored)
                 row.update(anchored_fields(worker.timeline, got["null"].candidate_id))
+                row.update({f"{r}_checks_shared": checks_shared(worker.timeline, got[r].candidate_id)
+                            for r in got if not (r == "reference" and key in earlier)})
                 write(row)
             if deadline is not None and time.monotonic() > deadline + 60:  # a chunk far past the limit: cut it
                 print("past the time limit inside a chunk; its unfinished tasks run next time", flush=True)
@@ -537,6 +548,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--part", type=int, default=None, metavar="I",
                    help="with --case-parts N: measure only part I (1 to N) of each task, e.g. one part a GPU")
     p.add_argument("--report-only", action="store_true", help="print the table and summary of what is done")
+    p.add_argument("--checks-alone", action="store_true", help="every child holds the GPU lock alone from its first "
+                                                               "call, its checks included (default: the checks of "
+                                                               "small cases of known size beside other children's)")
 
 
 def run(tasks_dir: str, args) -> int:
@@ -587,7 +601,7 @@ def run(tasks_dir: str, args) -> int:
               chunk_size=args.chunk or 2 * concurrency, reserve_timing_core=False if args.no_reserve else None,
               anchor=args.anchor,
               import_workers=args.import_workers or min(8, max(1, (os.cpu_count() or 2) // 2)),
-              case_parts=args.case_parts, part=args.part)
+              case_parts=args.case_parts, part=args.part, shared_checks=not args.checks_alone)
     else:
         _complete_parts(out / "sweep.jsonl")  # parts measured into other folders, their rows gathered into this one
     keys = {t.key for t in tasks}

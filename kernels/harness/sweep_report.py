@@ -213,6 +213,10 @@ def summarize(rows: list[dict]) -> dict:
         "reference_timeout_with_twin_ok": sum(1 for r in fits if r["reference_status"] == "timeout"
                                               and r["null_status"] == "ok"),
         "twin_status_disagreements": len(twin_disagrees),
+        # children whose checks ran beside other children's (a sweep since WorkerConfig.shared_checks)
+        "checks_shared": sum(1 for r in judged for role in ("reference", "null") if r.get(f"{role}_checks_shared")),
+        "checks_alone": sum(1 for r in judged for role in ("reference", "null")
+                            if r.get(f"{role}_checks_shared") is False),
         "import_seconds": round(sum(r["import_s"] for r in rows), 1),
         "task_wall_seconds": round(sum(r["wall_s"] for r in rows), 1),
         "device_seconds": round(sum(r.get("reference_gpu_s", 0) + r.get("null_gpu_s", 0) for r in judged), 1),
