@@ -772,9 +772,18 @@ def launch(x, out):
 '''
 
 
-def test_a_thread_the_candidate_starts_in_its_shared_checks_shows_in_the_count_when_it_lets_the_hold_go():
+def test_a_candidate_that_starts_a_thread_in_its_shared_checks_is_refused_before_it_lets_the_hold_go():
     cand = Candidate(op="softmax", backend="torch", origin="llm", source=THREAD_IN_CHECKS)
-    results, worker = _measure([cand])
-    assert results[cand.candidate_id].status == "ok", results[cand.candidate_id].error
+    honest = _slow(0.05, 1)
+    results, worker = _measure([cand] + honest)
+    got = results[cand.candidate_id]
+    assert got.status == "rejected" and "started 1 thread(s) in its correctness checks" in got.error, got.error
     (wait,) = [d for cid, _, phase, _, d in worker.timeline if cid == cand.candidate_id and phase == "exclusive_wait"]
     assert wait["threads"] == wait["threads_at_lock"] + 1
+    # it never held the device alone; the honest one beside it, which started none, did and is ok
+    phases = [phase for cid, _, phase, _, _ in worker.timeline if cid == cand.candidate_id]
+    assert "exclusive" not in phases and "releasing" in phases
+    assert results[honest[0].candidate_id].status == "ok", results[honest[0].candidate_id].error
+    (same,) = [d for cid, _, phase, _, d in worker.timeline if cid == honest[0].candidate_id
+               and phase == "exclusive_wait"]
+    assert same["threads"] == same["threads_at_lock"]

@@ -596,7 +596,8 @@ class MeasureWorker:
             self.stats.shared_checks += bool((detail or {}).get("shared"))
         elif name == "exclusive_wait":
             r.paused_since = t
-        elif name == "exclusive" and r.paused_since is not None:  # the wait held nothing: the limits resume
+        elif name in ("exclusive", "releasing") and r.paused_since is not None:
+            # the wait held nothing: the limits resume (or the child was refused before it got the lock alone)
             waited = t - r.paused_since
             r.gpu_started = None if r.gpu_started is None else r.gpu_started + waited
             r.checks_started = None if r.checks_started is None else r.checks_started + waited
