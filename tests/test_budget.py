@@ -265,3 +265,11 @@ def test_waiting_for_the_lock_alone_after_shared_checks_counts_against_no_limit(
         assert "past its limit of 5 s" in worker._over_limit(r, 103.5)  # 2 + 3.5 held
         assert worker._gpu_held(r, 103.5) == pytest.approx(5.5)
         assert worker.stats.shared_checks == 1
+        # sharing again for the recheck, after a rival took the lock alone in between: that wait counts as nothing
+        worker._phase(r, "share_wait", None, 103.0)
+        assert worker._over_limit(r, 200.0) is None and worker._gpu_held(r, 200.0) == pytest.approx(5.0)
+        worker._phase(r, "shared_again", {"cpus": [1]}, 200.0)
+        assert worker._gpu_held(r, 200.5) == pytest.approx(5.5)
+        # the lock's holds: checks shared, timing alone, recheck shared again (the wait between them is none)
+        worker._phase(r, "releasing", None, 201.0)
+        assert worker.holds == [(2.0, 4.0, True), (100.0, 103.0, False), (200.0, 201.0, True)]

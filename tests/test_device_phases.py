@@ -62,8 +62,9 @@ def batch():
 
 
 def _holds(timeline) -> list[tuple[tuple[str, int], float, float, bool]]:
-    """Each hold of the lock: (child, start, end, shared). A child that checked with the lock shared holds it twice:
-    from "locked" to "exclusive_wait", then alone from "exclusive"; "releasing" ends its last hold."""
+    """Each hold of the lock: (child, start, end, shared). A child that checked with the lock shared holds it three
+    times: from "locked" to "exclusive_wait", alone from "exclusive" to "shared_again" (or "share_wait"), and shared
+    again from "shared_again" for its recheck; "releasing" ends its last hold."""
     marks: dict[tuple[str, int], dict[str, tuple[float, object]]] = {}
     for cid, attempt, phase, t, detail in timeline:
         marks.setdefault((cid, attempt), {})[phase] = (t, detail)
@@ -72,7 +73,11 @@ def _holds(timeline) -> list[tuple[tuple[str, int], float, float, bool]]:
         if "locked" not in m or "releasing" not in m:
             continue
         shared = bool((m["locked"][1] or {}).get("shared"))
-        if shared and "exclusive" in m:
+        if shared and "exclusive" in m and "shared_again" in m:
+            end_alone = m.get("share_wait", m["shared_again"])[0]
+            holds += [(key, m["locked"][0], m["exclusive_wait"][0], True), (key, m["exclusive"][0], end_alone, False),
+                      (key, m["shared_again"][0], m["releasing"][0], True)]
+        elif shared and "exclusive" in m:  # failed while it held the device alone
             holds += [(key, m["locked"][0], m["exclusive_wait"][0], True), (key, m["exclusive"][0], m["releasing"][0], False)]
         else:  # alone throughout, or failed before its checks ended
             holds.append((key, m["locked"][0], m["releasing"][0], shared))
@@ -124,7 +129,7 @@ def test_checks_run_beside_other_childrens_checks_and_timing_never_does():
     holds = _holds(worker.timeline)
     assert not _clashes(holds)
     shared = [h for h in holds if h[3]]
-    assert len(shared) == 3 and worker.stats.shared_checks == 3
+    assert len(shared) == 6 and worker.stats.shared_checks == 3  # each child's checks, then its recheck
     assert any(_overlap(a[1:3], b[1:3]) for a in shared for b in shared if a[0] != b[0]), "no two checks overlapped"
     # the device's busy time counts overlapping checks once; the children are charged each their own holds
     span = max(h[2] for h in holds) - min(h[1] for h in holds)
@@ -136,6 +141,15 @@ def test_checks_run_beside_other_childrens_checks_and_timing_never_does():
         if phase in ("checked", "exclusive_wait", "exclusive", "recheck"):
             order.setdefault((cid, attempt), []).append(phase)
     assert all(p[:3] == ["checked", "exclusive_wait", "exclusive"] and "recheck" in p[3:] for p in order.values())
+    # nothing timed after it: each child's recheck held the device shared again, beside other children's checks,
+    # on the cores it compiled on
+    again = {}
+    for cid, attempt, phase, t, detail in worker.timeline:
+        if phase in ("exclusive", "shared_again", "share_wait", "recheck"):
+            again.setdefault((cid, attempt), []).append(phase)
+    assert all([p for p in ph if p != "share_wait"][:3] == ["exclusive", "shared_again", "recheck"]
+               for ph in again.values()), again
+    assert len([h for h in holds if h[3]]) == 6
     # each child's threads at the lock and when it let the shared hold go (a thread started in the checks shows here)
     waits = [d for _, _, phase, _, d in worker.timeline if phase == "exclusive_wait"]
     assert len(waits) == 3 and all(d["threads_at_lock"] >= 1 and d["threads"] >= 1 for d in waits)
@@ -374,11 +388,12 @@ def test_the_lock_holder_runs_alone_on_the_reserved_core_and_compiling_children_
     plan = worker.cores
     assert plan.reserved
     cpus = {phase: [tuple(d["cpus"]) for _, _, p, _, d in worker.timeline if p == phase]
-            for phase in ("ahead_done", "locked", "exclusive")}
+            for phase in ("ahead_done", "locked", "exclusive", "shared_again")}
     assert cpus["ahead_done"] == [plan.compile] * len(cands)
     # checking with the lock shared (beside others), a child keeps its compile cores; alone, it takes the timing core
     assert cpus["locked"] == [plan.compile] * len(cands)
     assert cpus["exclusive"] == [plan.timing] * len(cands)
+    assert cpus["shared_again"] == [plan.compile] * len(cands)  # its recheck, shared again: back on its own cores
     _, alone = _measure(cands[:2], reserve_timing_core=True, shared_checks=False)
     assert [tuple(d["cpus"]) for _, _, p, _, d in alone.timeline if p == "locked"] == [alone.cores.timing] * 2
     # in interpreter mode nothing is timed, so by default nothing is reserved
@@ -787,3 +802,36 @@ def test_a_candidate_that_starts_a_thread_in_its_shared_checks_is_refused_before
     (same,) = [d for cid, _, phase, _, d in worker.timeline if cid == honest[0].candidate_id
                and phase == "exclusive_wait"]
     assert same["threads"] == same["threads_at_lock"]
+
+
+def test_sharing_again_waits_out_a_child_that_took_the_lock_alone_in_between_and_counts_the_wait_as_no_hold(tmp_path):
+    import fcntl
+    import threading
+    import time
+
+    from kernels.harness.runner import DeviceLock
+
+    path = tmp_path / "gpu.lock"
+    path.write_text("")
+    marks = []
+    lock = DeviceLock(str(path), shared=True, phase=lambda name, detail=None: marks.append(name), gpu=False)
+    with lock:
+        lock.exclusive()
+        assert marks == ["exclusive_wait", "exclusive"] and not lock.shared
+        # as if a child waiting for the lock alone got it the moment this one let its exclusive hold go
+        fcntl.flock(lock._file, fcntl.LOCK_UN)
+        rival = open(path)
+        fcntl.flock(rival, fcntl.LOCK_EX)
+        threading.Timer(0.3, lambda: (fcntl.flock(rival, fcntl.LOCK_UN), rival.close())).start()
+        waited = lock.waited_s
+        lock.share_again()
+        assert marks[2:] == ["share_wait", "shared_again"] and lock.shared
+        assert lock.waited_s - waited >= 0.25  # the rival's hold: waited, not held
+        lock.share_again()  # already shared: nothing more
+        assert len(marks) == 4
+    # a child that held the lock alone from the start (not admitted to share) keeps it alone to the end
+    alone = DeviceLock(str(path), shared=False, phase=lambda name, detail=None: marks.append(name), gpu=False)
+    with alone:
+        t = time.perf_counter()
+        alone.share_again()
+        assert not alone.shared and len(marks) == 4 and time.perf_counter() - t < 0.1

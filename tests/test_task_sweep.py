@@ -557,12 +557,18 @@ def test_parts_that_would_not_add_up_are_refused_by_name(tmp_path):
     assert len((out / "sweep.jsonl").read_text().splitlines()) == 1  # the part measured before is still there
 
 
-def _shared_child(cid, start, check_s, wait_s, alone_s):
-    """A child that checked with the lock shared for ``check_s``, waited ``wait_s`` for it alone, then held it so."""
+def _shared_child(cid, start, check_s, wait_s, alone_s, again=None):
+    """A child that checked with the lock shared for ``check_s``, waited ``wait_s`` for it alone, then held it so;
+    with ``again`` (wait, recheck seconds), it then waited that long to share it again and rechecked shared."""
     marks = [("locked", 0.0, {"shared": True}), ("checks", 0.0, None), ("check", 0.0, {"case": "a", "seed": 1}),
              ("checked", check_s, None), ("exclusive_wait", 0.0, None), ("exclusive", wait_s, {"cpus": [0]}),
-             ("timing", 0.0, "a"), ("timed", alone_s, {"case": "a"}), ("releasing", 0.0, None),
-             ("released", 0.0, None)]
+             ("timing", 0.0, "a"), ("timed", alone_s, {"case": "a"})]
+    if again is not None:
+        marks += [("share_wait", 0.0, None), ("shared_again", again[0], {"cpus": [1]}),
+                  ("recheck", 0.0, {"case": "a"}), ("releasing", again[1], None)]
+    else:
+        marks.append(("releasing", 0.0, None))
+    marks.append(("released", 0.0, None))
     t, out = start, []
     for phase, dt, detail in marks:
         t += dt
@@ -605,6 +611,29 @@ def test_the_lock_held_counts_overlapping_shared_checks_once_and_tells_alone_fro
         got = held_seconds(w.holds)
         assert w.held_gpu_seconds == pytest.approx(got["held"])
     assert got == pytest.approx({"held": 1.5 + 2.0 + 1.0, "alone": 3.0, "shared": 1.5})
+
+
+def test_a_recheck_shared_again_counts_as_shared_and_its_wait_as_neither():
+    from types import SimpleNamespace
+
+    from kernels.harness.sweep_report import held_seconds, lock_breakdown
+    from kernels.harness.worker import MeasureWorker, WorkerConfig, _Running
+    from kernels.hardware import INTERPRETER
+    from kernels.null import null_candidate
+    from kernels.ops import get_operation
+    from kernels.records import HardwareSpec
+
+    # checks [0, 1], alone [1, 2], waiting to share again [2, 2.5] (another child alone), recheck shared [2.5, 3]
+    timeline = _shared_child("x", 0.0, 1.0, 0.0, 1.0, again=(0.5, 0.5))
+    with MeasureWorker(HardwareSpec(gpu_type=INTERPRETER, device_name="cpu"), WorkerConfig(mode="interpreter")) as w:
+        r = _Running(null_candidate(get_operation("softmax")), SimpleNamespace(), None, "", started=0.0, limits=None)
+        for _, _, phase, t, detail in timeline:
+            w._phase(r, phase, detail, t)
+        assert w.holds == [(0.0, 1.0, True), (1.0, 2.0, False), (2.5, 3.0, True)]
+        assert held_seconds(w.holds) == pytest.approx({"held": 2.5, "alone": 1.0, "shared": 1.5})
+    got = lock_breakdown(timeline)
+    assert got["waiting, shared again"]["total_s"] == pytest.approx(0.5)
+    assert got["recheck"]["total_s"] == pytest.approx(1.0)  # from the last timed call: the wait is within it
 
 
 def test_repeat_spread_tells_cases_timed_beside_the_reference_from_those_timed_alone():

@@ -26,9 +26,10 @@ data on the device and never run work beside the child being timed.
 
 Where the worker allows it (``Job.shared_checks``: small cases of known size, no first call
 that autotunes; kernels.harness.budget.shares_checks), the lock is held shared for the first
-calls and checks, beside other children's checks, and exclusive from the timing on: no child
-ever runs device work beside a child being timed, and the first launches of a fresh process
-(each module loaded on its first use) are paid by several children at once.
+calls and checks, beside other children's checks, exclusive for the timing and its verification,
+and shared again for the recheck and freeing: no child ever runs device work beside a child being
+timed, and the first launches of a fresh process (each module loaded on its first use) are paid by
+several children at once.
 
 The child enters its sandbox (kernels.harness.sandbox) before loading any candidate code,
 and reports to its parent over a pipe: ("sandbox", summary) once confined, ("phase", name,
@@ -141,8 +142,10 @@ class DeviceLock:
 
     def __init__(self, path: str, shared: bool, phase, timing_cpus: tuple[int, ...] = (), gpu: bool = True):
         self.path, self.shared, self._phase, self._timing_cpus, self._gpu = path, shared, phase, timing_cpus, gpu
+        self.admitted = shared  # its checks may share the device (Job.shared_checks): its recheck may too
         self._file = None
-        self.waited_s = 0.0  # waiting for the lock alone after the shared hold: not time the device was held
+        self._cpus = sorted(os.sched_getaffinity(0))  # the cores it compiled on, where its shared holds run
+        self.waited_s = 0.0  # waiting for the lock between holds (alone, or shared again): not time it was held
 
     def __enter__(self) -> "DeviceLock":
         # Opened read-only: flock needs no write access, and the sandbox allows none outside the scratch dir.
@@ -177,9 +180,30 @@ class DeviceLock:
                            f"another candidate is timed; start no threads in a kernel's call")
         t = time.perf_counter()
         fcntl.flock(self._file, fcntl.LOCK_EX)
-        self.waited_s = time.perf_counter() - t
+        self.waited_s += time.perf_counter() - t
         self.shared = False
         self._phase("exclusive", {"cpus": self.pin()})
+
+    def share_again(self) -> None:
+        """Hold the device shared again once everything timed is done (a no-op for a child not admitted to share):
+        the recheck and freeing ask nothing of an idle device, and other children's checks may run beside them.
+        flock turns the exclusive lock shared at once unless a child waiting for it alone gets it in between; then
+        this waits (``share_wait``, counted against no limit) for that child's timing to end."""
+        if not self.admitted or self.shared:
+            return
+        if self._gpu:
+            torch.cuda.synchronize()  # nothing of its own still running on the device beside the next one's timing
+        if self._timing_cpus:
+            cores.pin(self._cpus)
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._phase("share_wait")
+            t = time.perf_counter()
+            fcntl.flock(self._file, fcntl.LOCK_SH)
+            self.waited_s += time.perf_counter() - t
+        self.shared = True
+        self._phase("shared_again", {"cpus": self.pin()})
 
     def __exit__(self, *exc) -> None:
         try:
@@ -463,7 +487,10 @@ def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: d
             except _Incorrect as exc:
                 return fail("incorrect", str(exc))
         # Once more on fresh inputs and outputs, after all the calls above: a kernel that
-        # computes only on its first calls, or replays a cached answer, fails here.
+        # computes only on its first calls, or replays a cached answer, fails here. Nothing is timed from here on:
+        # a child whose checks shared the device shares it again (measured on an H200, 2026-11-29: the recheck was
+        # a fifth of the time KernelBench tasks' children held the device).
+        lock.share_again()
         for case in cases:
             phase("recheck", {"case": case.name})
             problem = checker.check(case, _RECHECK_SEED)

@@ -15,10 +15,12 @@ NULL_BAND = 0.02
 
 
 # (segment, its first mark, its last mark or the marks that may end it, the first found): with shared checks
-# (runner.DeviceLock) a child's checks end at "checked" and it waits for the lock alone until "exclusive".
+# (runner.DeviceLock) a child's checks end at "checked" and it waits for the lock alone until "exclusive"; after its
+# timing it holds the lock shared again ("shared_again"), unless another child got it alone first ("share_wait").
 SEGMENTS = (("compile ahead", "started", "ahead_done"), ("first calls", "locked", "checks"),
             ("checks", "checks", ("checked", "timing")), ("waiting, alone", "exclusive_wait", "exclusive"),
-            ("recheck", "last_timed", "releasing"), ("free", "releasing", "released"))
+            ("recheck", "last_timed", "releasing"), ("waiting, shared again", "share_wait", "shared_again"),
+            ("free", "releasing", "released"))
 # Parts of the segments above, summed per child: a check of the first seed (it also measures precision against a
 # float64 reference) and of the others, within "checks"; the verification of each timed window, within "between
 # windows": its traced call (the profiler's session), then its calls on unseen inputs with their synced windows.

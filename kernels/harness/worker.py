@@ -584,19 +584,19 @@ class MeasureWorker:
         self._note(r, name, t, detail)
         r.doing = _doing(name, detail) or r.doing
         r.calling = (detail["case"], t) if name == "calling" else None if name == "call" else r.calling
-        if name in ("locked", "exclusive"):
-            r.holding = (t, name == "locked" and bool((detail or {}).get("shared")))
-        elif name in ("exclusive_wait", "releasing"):
+        if name in ("exclusive_wait", "share_wait", "shared_again", "releasing"):
             self._end_hold(r, t)
+        if name in ("locked", "exclusive", "shared_again"):
+            r.holding = (t, name == "shared_again" or (name == "locked" and bool((detail or {}).get("shared"))))
         if name == "waiting":
             r.waiting_since = t
         elif name == "locked":
             r.gpu_started = t
             r.compiles_under_lock = bool((detail or {}).get("first_calls_to_compile"))
             self.stats.shared_checks += bool((detail or {}).get("shared"))
-        elif name == "exclusive_wait":
+        elif name in ("exclusive_wait", "share_wait"):
             r.paused_since = t
-        elif name in ("exclusive", "releasing") and r.paused_since is not None:
+        elif name in ("exclusive", "shared_again", "releasing") and r.paused_since is not None:
             # the wait held nothing: the limits resume (or the child was refused before it got the lock alone)
             waited = t - r.paused_since
             r.gpu_started = None if r.gpu_started is None else r.gpu_started + waited
