@@ -90,6 +90,10 @@ def main() -> int:
     p.add_argument("--no-shared-checks", action="store_true",
                    help="every child holds the GPU lock alone from its first allocation (WorkerConfig.shared_checks "
                         "off): checks no longer run beside other children's checks")
+    p.add_argument("--keep-reference", action="store_true",
+                   help="the repeatability runs adopt each op's reference as the throughput batch measured it "
+                        "(MeasureWorker.adopt_reference) instead of measuring it again each run: its runtime and "
+                        "its paired cases then stay the same from run to run")
     p.add_argument("--json", default=None, help="also write the figures here")
     p.add_argument("--timeline", default=None, help="write the worker's timeline of the throughput batch here "
                    "(JSON lines: candidate, attempt, phase, seconds, detail) to see where a child's time went")
@@ -158,8 +162,15 @@ def main() -> int:
     step = max(1, len(ok) // args.repeat_candidates)
     chosen = [by_id[m.candidate_id] for m in ok[::step] if m.candidate_id in by_id][: args.repeat_candidates]
     series: dict[str, dict] = {c.candidate_id: {"op": c.op, "runtime_us": [], "checks": []} for c in chosen}
+    references = {get_operation(op).seed_candidates()[0].candidate_id for op in ops}
+    kept = [m for m in results if m.candidate_id in references] if args.keep_reference else []
+    report["keep_reference"] = args.keep_reference
     for _ in range(args.repeats):
         with MeasureWorker(hw, config) as worker:
+            for m in kept:
+                refused = worker.adopt_reference(m)
+                if refused:
+                    print(refused)
             for m in worker.measure(chosen):
                 if m.candidate_id in series and m.status == "ok":
                     # which cases were timed beside the reference (anchored), as the row says: a run's figure moves with

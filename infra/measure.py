@@ -30,6 +30,11 @@ class Measurer(Protocol):
     def measure(self, candidates: Sequence[Candidate]) -> Iterator[Measurement]:
         ...
 
+    def adopt_reference(self, m: Measurement) -> str | None:
+        """Take ``m``, a stored measurement of its op's reference, as this measurer's own (its candidates are set
+        against it and paired as it was); why it cannot, or None."""
+        ...
+
     def close(self) -> None:
         ...
 
@@ -76,6 +81,9 @@ class LocalMeasurer:
 
     def measure(self, candidates: Sequence[Candidate]) -> Iterator[Measurement]:
         return self._worker.measure(candidates)
+
+    def adopt_reference(self, m: Measurement) -> str | None:
+        return self._worker.adopt_reference(m)
 
     def close(self) -> None:
         self._worker.close()
@@ -126,6 +134,9 @@ class ReplayMeasurer:
             else:
                 yield dataclasses.replace(known, mode="replay", replayed=True)
 
+    def adopt_reference(self, m: Measurement) -> str | None:
+        return "a replay answers from its pool's rows, each already set against the reference it was measured with"
+
     def close(self) -> None:
         self._by_op.clear()
 
@@ -152,6 +163,9 @@ class LocalMeasurePool:
 
     def measure(self, candidates: Sequence[Candidate], gpu_type: str) -> Iterator[Measurement]:
         return self._measurer(gpu_type).measure(list(candidates))
+
+    def adopt_reference(self, m: Measurement, gpu_type: str) -> str | None:
+        return self._measurer(gpu_type).adopt_reference(m)
 
     def close(self) -> None:
         for m in self.measurers.values():

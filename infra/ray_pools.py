@@ -81,6 +81,9 @@ class MeasureActor:
     def measure(self, candidates: Sequence[Candidate]) -> Iterator[Measurement]:
         yield from self.measurer.measure(candidates)  # a Ray generator: each result streams back when yielded
 
+    def adopt_reference(self, m: Measurement) -> str | None:
+        return self.measurer.adopt_reference(m)
+
     def close(self) -> None:
         self.measurer.close()
 
@@ -149,6 +152,7 @@ class RayMeasurePool:
 
     def __init__(self, owns_ray: bool = False, chunk_size: int = 16, restart_timeout_s: float = 300.0):
         self._slots: dict[str, list[_Slot]] = {}
+        self._adopted: dict[str, dict[str, Measurement]] = {}  # gpu type -> op -> the reference its actors adopted
         self._owns_ray = owns_ray
         self.chunk_size = chunk_size
         self.restart_timeout_s = restart_timeout_s
@@ -214,6 +218,14 @@ class RayMeasurePool:
             slot.hardware = hardware
         return slots[0].hardware
 
+    def adopt_reference(self, m: Measurement, gpu_type: str) -> str | None:
+        """Every actor of ``gpu_type`` takes ``m`` as its op's reference (``Measurer.adopt_reference``), and so does
+        an actor that restarts later; the first actor's reason where one cannot, else None."""
+        slots = self._slots_of(gpu_type)
+        self._adopted.setdefault(gpu_type, {})[m.op] = m
+        refused = [r for r in ray.get([s.handle.adopt_reference.remote(m) for s in slots]) if r]
+        return refused[0] if refused else None
+
     def measure(self, candidates: Sequence[Candidate], gpu_type: str) -> Iterator[Measurement]:
         """Measurements of ``candidates`` on ``gpu_type``, spread over its actors, yielded as they complete."""
         return self._stream(list(candidates), gpu_type, list(self._slots_of(gpu_type)))
@@ -269,6 +281,8 @@ class RayMeasurePool:
         slot, deadline = restarting.pop(ping)
         try:
             slot.info = ray.get(ping, timeout=0)
+            # a restarted actor starts bare: the references the pool adopted are its again
+            ray.get([slot.handle.adopt_reference.remote(m) for m in self._adopted.get(slot.gpu_type, {}).values()])
             return [slot]
         except ActorUnavailableError:  # still restarting: ask again
             if time.monotonic() < deadline:

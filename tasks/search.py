@@ -468,6 +468,25 @@ def _mean(values: list) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _adopt_references(pool, todo: Sequence[Candidate], gpu_type: str, frames: dict) -> None:
+    """Give the pool each op's reference as the data root stored it (its latest ok row), before it measures that op's
+    candidates: every run and every worker of one root then sets its candidates against the same reference runtime
+    and times the same cases beside it, where each measuring its own reference would decide its paired cases afresh
+    and take that moment's host speed (docs/harness.md, "Repeatability both ways"). A pool that cannot adopt it (a
+    replay, a row from other hardware or from before rows said which cases were host-sensitive) measures its own, as
+    before; the reference itself asked for is measured, not adopted."""
+    adopt = getattr(pool, "adopt_reference", None)
+    asked = {ch.candidate_id for ch in todo}
+    for op in sorted({ch.op for ch in todo}) if adopt is not None else ():
+        ref_id = get_operation(op).seed_candidates()[0].candidate_id
+        frame = frames.get(op)
+        if ref_id in asked or frame is None or frame.empty:
+            continue
+        rows = [m for m in measurements_from_frame(frame[frame["candidate_id"] == ref_id]) if m.status == "ok"]
+        if rows:
+            adopt(max(rows, key=lambda m: m.measured_at), gpu_type)
+
+
 def measure_and_store(root: DataRoot, pool, candidates: Sequence[Candidate], gpu_type: str,
                       reuse: bool = True) -> tuple[dict[str, Measurement], int]:
     """Each candidate's measurement on ``gpu_type``: stored ones reused, the rest measured and written as they come.
@@ -477,13 +496,15 @@ def measure_and_store(root: DataRoot, pool, candidates: Sequence[Candidate], gpu
     """
     wanted = {ch.candidate_id for ch in candidates}
     ops = sorted({ch.op for ch in candidates})
+    frames = {op: root.read_measurements(op=op, gpu_type=gpu_type) for op in ops}
     stored: dict[str, Measurement] = {}
     for op in ops if reuse else ():
-        frame = root.read_measurements(op=op, gpu_type=gpu_type)
+        frame = frames[op]
         if not frame.empty:
             frame = frame[frame["candidate_id"].isin(wanted)]
             stored.update((m.candidate_id, m) for m in measurements_from_frame(frame))
     todo = [ch for ch in candidates if ch.candidate_id not in stored]
+    _adopt_references(pool, todo, gpu_type, frames)
     fresh: dict[str, Measurement] = {}
     buffer: list[Measurement] = []
     try:

@@ -835,3 +835,49 @@ def test_sharing_again_waits_out_a_child_that_took_the_lock_alone_in_between_and
         t = time.perf_counter()
         alone.share_again()
         assert not alone.shared and len(marks) == 4 and time.perf_counter() - t < 0.1
+
+
+def test_a_reference_measured_before_is_adopted_so_runs_share_its_runtime_and_paired_cases():
+    from kernels.harness.worker import host_sensitive_in
+    from kernels.null import null_candidate
+    from kernels.ops import get_operation
+    from kernels.records import Measurement
+
+    # a timed row says which of its cases were host-sensitive; rows from before it did say nothing
+    fields = MeasureWorker._from_result({"status": "ok", "anchored_cases": [], "host_sensitive_cases": ["a", "b"]})
+    assert fields["checks"] == "anchored: none; host-sensitive: a, b"
+    assert host_sensitive_in(fields["checks"]) == ("a", "b")
+    assert host_sensitive_in("anchored: none; host-sensitive: none") == ()
+    assert host_sensitive_in("anchored: none") is None
+
+    op = get_operation("softmax")
+    names = tuple(c.name for c in op.cases)
+    ref = Measurement(candidate_id=op.seed_candidates()[0].candidate_id, op="softmax", gpu_type=CPU.gpu_type,
+                      status="ok", mode="gpu", case_names=names, runtime_us_median=tuple(10.0 + i for i in range(len(names))),
+                      hardware=CPU, checks=f"window_check: profiled; anchored: none; host-sensitive: {names[0]}")
+    cfg = WorkerConfig(mode="interpreter", concurrency=2, timeout_s=60, seeds=1)
+    with MeasureWorker(CPU, cfg) as worker:
+        refusals = {
+            "is not the reference": dataclasses.replace(ref, candidate_id="other"),
+            "its status is incorrect": dataclasses.replace(ref, status="incorrect"),
+            "measured on h100": dataclasses.replace(ref, gpu_type="h100"),
+            "it ran on": dataclasses.replace(ref, hardware=dataclasses.replace(CPU, torch_version="0.1")),
+            "does not say which cases": dataclasses.replace(ref, checks="anchored: none"),
+            "are not the op's": dataclasses.replace(ref, case_names=names[:1]),
+            "has no timings": dataclasses.replace(ref, runtime_us_median=()),
+        }
+        for said, m in refusals.items():
+            why = worker.adopt_reference(m)
+            assert why is not None and said in why, (said, why)
+        assert "softmax" not in worker.reference_us and "softmax" not in worker.reference_host_bound
+        before = worker.limits("softmax")
+        assert worker.adopt_reference(ref) is None
+        assert worker.reference_us["softmax"] == ref.runtime_us_median
+        assert worker.reference_host_bound["softmax"] == (names[0],)
+        # its runtimes set the op's limits as a reference this worker measured would
+        assert worker.limits("softmax").device_s > before.device_s
+        # the op's candidates start at once, measured against it
+        cand = null_candidate(op)
+        (m,) = list(worker.measure([cand]))
+        assert m.status == "ok", m.error
+        assert {cid for cid, *_ in worker.timeline} == {cand.candidate_id}

@@ -44,6 +44,22 @@ class SlowReplay(ReplayMeasurer):
             yield m
 
 
+class AdoptingReplay(SlowReplay):
+    """SlowReplay that takes the references it is given and says in each answer which it holds."""
+
+    def __init__(self, pool, gpu_type: str, delay_s: float = 0.3):
+        super().__init__(pool, gpu_type, delay_s)
+        self.adopted: tuple[str, ...] = ()
+
+    def adopt_reference(self, m):
+        self.adopted += (m.op,)
+        return None
+
+    def measure(self, candidates):
+        for m in super().measure(candidates):
+            yield dataclasses.replace(m, checks=f"adopted: {', '.join(self.adopted) or 'none'}")
+
+
 # What the tests hand to actors (SlowReplay, factories) travels by value: the actors never import
 # this module, whose imports (torch, scipy through the surrogates) would cost seconds per actor.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -143,9 +159,12 @@ def test_an_unknown_gpu_type_errors_naming_the_types_there_are(pool, candidates)
 
 def test_a_killed_actor_costs_only_its_in_flight_candidates_and_the_pool_goes_on(cluster, pool_uri, candidates):
     chunk, candidates = 4, candidates[:8]  # two chunks on the one h100 actor, measured one after the other
-    p = RayMeasurePool.connect(cluster.address, measurer_factory=functools.partial(SlowReplay, pool_uri),
+    p = RayMeasurePool.connect(cluster.address, measurer_factory=functools.partial(AdoptingReplay, pool_uri),
                                chunk_size=chunk)
     try:
+        # every h100 actor takes the stored reference as its own, and a restarted one takes it again (below)
+        (reference,) = ReplayMeasurer(pool_uri, "h100").measure([get_operation(OP).seed_candidates()[0]])
+        assert p.adopt_reference(reference, "h100") is None
         victim = next(a for a in p.actors if a.gpu_type == "h100")
         handle = p._slots["h100"][0].handle  # the pool keeps handles to itself; the test reaches in to kill
         got = []
@@ -162,6 +181,7 @@ def test_a_killed_actor_costs_only_its_in_flight_candidates_and_the_pool_goes_on
         assert restarted.pid != victim.pid and restarted.node_id == victim.node_id
         again = list(p.measure([c for c in candidates if c.candidate_id in {m.candidate_id for m in crashed}], "h100"))
         assert len(again) == len(crashed) and all(m.status == "ok" for m in again)
+        assert all(m.checks == f"adopted: {OP}" for m in again + [m for m in got if m not in crashed])
     finally:
         p.close()
 

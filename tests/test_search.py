@@ -284,3 +284,35 @@ def test_the_command_line_refuses_such_a_resume_before_the_flow_starts(tmp_path,
     out = capsys.readouterr()
     assert "was started with other settings (seed: 1 -> 5)" in out.err
     assert "Traceback" not in out.err + out.out and "Flow run" not in out.err + out.out  # refused before Prefect
+
+
+class AdoptingPool(FailingPool):
+    """The real pool, recording the stored reference it is given before each measurement of the op's candidates."""
+
+    def __init__(self, inner):
+        super().__init__(inner, allow=10**6)
+        self.adopted = []
+
+    def adopt_reference(self, m, gpu_type):
+        self.adopted.append((m, gpu_type, len(self.asked)))
+        return self.inner.adopt_reference(m, gpu_type)
+
+
+def test_every_measurement_after_the_first_adopts_the_reference_the_data_root_stored(tmp_path):
+    search = open_search(config(tmp_path), track=False)
+    search.pool = pool = AdoptingPool(search.pool)
+    try:
+        result = search.run()
+    finally:
+        search.pool.close()
+    reference = search.surrogate.reference.candidate_id
+    # the reference was measured and stored when the search opened; each generation's children are measured only
+    # after the pool was given that stored row
+    assert reference not in pool.asked and len(result.generations) == 2
+    assert len(pool.adopted) == 2 and all(gpu == "h100" for _, gpu, _ in pool.adopted)
+    assert [n for _, _, n in pool.adopted] == [0, result.generations[0].measured]
+    stored = [m for m in measurements_from_frame(DataRoot(str(tmp_path / "data")).read_measurements(
+        op="softmax", gpu_type="h100")) if m.candidate_id == reference]
+    assert all(m.candidate_id == reference and m == stored[-1] for m, _, _ in pool.adopted)
+    # a replay keeps its rows' own reference: it says so and measures as before
+    assert "replay" in pool.inner.adopt_reference(stored[-1], "h100")

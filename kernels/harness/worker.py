@@ -415,6 +415,37 @@ class MeasureWorker:
             return ()
         return tuple(self.reference_us.get(cand.op, ()))
 
+    def adopt_reference(self, m: Measurement) -> str | None:
+        """Take ``m``, a stored measurement of its op's reference, as this worker's: its runtimes set the limits and
+        the speedups of the op's candidates, and the cases it was host-sensitive on are paired, as if this worker had
+        measured it (it then measures no reference of its own for the op). Runs that adopt the same measurement
+        agree on both, where each measuring its own reference would decide its paired cases afresh and set its
+        candidates against a runtime of that moment's host. Returns why ``m`` cannot be adopted, or None."""
+        op = get_operation(m.op)
+        hw, mine = m.hardware, self.hardware
+        why = (f"{m.candidate_id} is not the reference of {m.op}" if m.candidate_id != op.seed_candidates()[0].candidate_id
+               else f"its status is {m.status}" if m.status != "ok"
+               else f"it has no timings (mode {m.mode})" if m.mode != "gpu" or not m.runtime_us_median
+               else f"it was measured on {m.gpu_type}, this worker's GPU is {mine.gpu_type}" if m.gpu_type != mine.gpu_type
+               else "it does not say what it ran on" if hw is None
+               else None)
+        if why is None:
+            theirs = (hw.device_name, hw.driver_version, hw.torch_version, hw.triton_version)
+            ours = (mine.device_name, mine.driver_version, mine.torch_version, mine.triton_version)
+            if theirs != ours:
+                why = f"it ran on {'/'.join(theirs)}, this worker on {'/'.join(ours)}"
+        names = [c.name for c in op.cases]
+        host_bound = host_sensitive_in(m.checks) if why is None else None
+        if why is None and host_bound is None:
+            why = "its row does not say which cases were host-sensitive (measured before rows did)"
+        if why is None and (tuple(m.case_names) != tuple(names) or len(m.runtime_us_median) != len(names)):
+            why = f"its cases ({', '.join(m.case_names)}) are not the op's ({', '.join(names)})"
+        if why is not None:
+            return f"not adopting {m.op}'s reference measurement: {why}"
+        self.reference_us[m.op] = tuple(m.runtime_us_median)
+        self.reference_host_bound[m.op] = host_bound
+        return None
+
     def _reference_host_bound(self, cand: Candidate) -> tuple[str, ...]:
         """The cases a candidate times beside the reference because the reference's own timing was host-bound."""
         return self.reference_host_bound.get(cand.op, ()) if self._anchor(cand) else ()
@@ -700,7 +731,7 @@ class MeasureWorker:
                 "error_rel": tuple(res.get("error_rel", ())),
                 "reference_error_rel": tuple(res.get("reference_error_rel", ())),
                 "checks": "; ".join([f"{k}: {res[k]}" for k in ("window_check", "memcheck") if res.get(k)]
-                                    + _anchoring(res) + _controlled(res))}
+                                    + _anchoring(res) + _host_sensitive(res) + _controlled(res))}
 
     def _finish(self, r: _Running, **fields) -> Measurement:
         self._note(r, "ended", time.monotonic(), fields.get("status"))
@@ -723,6 +754,26 @@ def _controlled(res: dict) -> list[str]:
     """The cases whose first calls on unseen inputs were slower than their repeats, as the reference's own were
     (``runner._verify_case``'s control): kept in the row, since the reused-work check let them pass on that ground."""
     return [f"unseen-input control: {'; '.join(res['unseen_control'])}"] if res.get("unseen_control") else []
+
+
+HOST_SENSITIVE = "host-sensitive: "
+
+
+def _host_sensitive(res: dict) -> list[str]:
+    """The cases whose own timing was host-sensitive ("none": none), as the row records them: for an op's reference,
+    the cases its candidates time beside it (``MeasureWorker.adopt_reference`` reads them back). Nothing where the
+    candidate was not timed."""
+    if "host_sensitive_cases" not in res:
+        return []
+    return [f"{HOST_SENSITIVE}{', '.join(res['host_sensitive_cases']) or 'none'}"]
+
+
+def host_sensitive_in(checks: str) -> tuple[str, ...] | None:
+    """The cases a row's checks say were host-sensitive; None where the row does not say (measured before it did)."""
+    for part in (checks or "").split("; "):
+        if part.startswith(HOST_SENSITIVE):
+            return tuple(name for name in part[len(HOST_SENSITIVE):].split(", ") if name and name != "none")
+    return None
 
 
 def _anchoring(res: dict) -> list[str]:
