@@ -39,6 +39,12 @@ class Measurer(Protocol):
         ...
 
 
+def adopt_reference(measurer, m: Measurement) -> str | None:
+    """``measurer.adopt_reference(m)``; a measurer of a user's own without the method measures its own reference."""
+    adopt = getattr(measurer, "adopt_reference", None)
+    return adopt(m) if adopt is not None else f"{type(measurer).__name__} measures its own reference"
+
+
 class LocalMeasurer:
     """The GPU (device ``index``) of this machine: compile, check and time in isolated children.
 
@@ -165,7 +171,7 @@ class LocalMeasurePool:
         return self._measurer(gpu_type).measure(list(candidates))
 
     def adopt_reference(self, m: Measurement, gpu_type: str) -> str | None:
-        return self._measurer(gpu_type).adopt_reference(m)
+        return adopt_reference(self._measurer(gpu_type), m)
 
     def close(self) -> None:
         for m in self.measurers.values():

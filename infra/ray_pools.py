@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError, RayError, RayTaskError
 
+from infra.measure import adopt_reference
 from kernels.records import Candidate, HardwareSpec, Measurement
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ class MeasureActor:
         yield from self.measurer.measure(candidates)  # a Ray generator: each result streams back when yielded
 
     def adopt_reference(self, m: Measurement) -> str | None:
-        return self.measurer.adopt_reference(m)
+        return adopt_reference(self.measurer, m)
 
     def close(self) -> None:
         self.measurer.close()

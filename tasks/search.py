@@ -469,12 +469,12 @@ def _mean(values: list) -> float | None:
 
 
 def _adopt_references(pool, todo: Sequence[Candidate], gpu_type: str, frames: dict) -> None:
-    """Give the pool each op's reference as the data root stored it (its latest ok row), before it measures that op's
-    candidates: every run and every worker of one root then sets its candidates against the same reference runtime
-    and times the same cases beside it, where each measuring its own reference would decide its paired cases afresh
-    and take that moment's host speed (docs/harness.md, "Repeatability both ways"). A pool that cannot adopt it (a
-    replay, a row from other hardware or from before rows said which cases were host-sensitive) measures its own, as
-    before; the reference itself asked for is measured, not adopted."""
+    """Give the pool each op's reference as the data root stored it (its latest ok row timed on a GPU), before it
+    measures that op's candidates: every run and every worker of one root then sets its candidates against the same
+    reference runtime and times the same cases beside it, where each measuring its own reference would decide its
+    paired cases afresh and take that moment's host speed (docs/harness.md, "Repeatability both ways"). A pool that
+    cannot adopt it (a replay, a row from other hardware or from before rows said which cases were host-sensitive)
+    measures its own, as before; the reference itself asked for is measured, not adopted."""
     adopt = getattr(pool, "adopt_reference", None)
     asked = {ch.candidate_id for ch in todo}
     for op in sorted({ch.op for ch in todo}) if adopt is not None else ():
@@ -482,7 +482,8 @@ def _adopt_references(pool, todo: Sequence[Candidate], gpu_type: str, frames: di
         frame = frames.get(op)
         if ref_id in asked or frame is None or frame.empty:
             continue
-        rows = [m for m in measurements_from_frame(frame[frame["candidate_id"] == ref_id]) if m.status == "ok"]
+        rows = [m for m in measurements_from_frame(frame[frame["candidate_id"] == ref_id])
+                if m.status == "ok" and m.mode == "gpu" and not m.replayed]
         if rows:
             adopt(max(rows, key=lambda m: m.measured_at), gpu_type)
 

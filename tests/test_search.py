@@ -298,21 +298,42 @@ class AdoptingPool(FailingPool):
         return self.inner.adopt_reference(m, gpu_type)
 
 
-def test_every_measurement_after_the_first_adopts_the_reference_the_data_root_stored(tmp_path):
+def test_every_generation_adopts_the_reference_the_data_root_stored_from_a_gpu(tmp_path):
+    import dataclasses
+
+    from infra.measure import ReplayMeasurer
+    from kernels.ops import get_operation
+
+    # the root holds the reference as a live GPU measured it earlier (a replayed row of it is never adopted)
+    root = DataRoot(str(tmp_path / "data"))
+    seed = get_operation("softmax").seed_candidates()[0]
+    (replayed,) = ReplayMeasurer(PACKAGED_POOL, "h100").measure([seed])
+    live = dataclasses.replace(replayed, mode="gpu", replayed=False, checks="anchored: none; host-sensitive: none")
+    root.write_candidates([seed])
+    root.write_measurements([live])
     search = open_search(config(tmp_path), track=False)
     search.pool = pool = AdoptingPool(search.pool)
     try:
         result = search.run()
     finally:
         search.pool.close()
-    reference = search.surrogate.reference.candidate_id
-    # the reference was measured and stored when the search opened; each generation's children are measured only
-    # after the pool was given that stored row
-    assert reference not in pool.asked and len(result.generations) == 2
+    # the search reused the stored reference; each generation's children were measured only after the pool was
+    # given that row
+    assert seed.candidate_id not in pool.asked and len(result.generations) == 2
     assert len(pool.adopted) == 2 and all(gpu == "h100" for _, gpu, _ in pool.adopted)
     assert [n for _, _, n in pool.adopted] == [0, result.generations[0].measured]
-    stored = [m for m in measurements_from_frame(DataRoot(str(tmp_path / "data")).read_measurements(
-        op="softmax", gpu_type="h100")) if m.candidate_id == reference]
-    assert all(m.candidate_id == reference and m == stored[-1] for m, _, _ in pool.adopted)
+    assert all((m.candidate_id, m.mode, m.checks, m.runtime_us_median) == (seed.candidate_id, "gpu", live.checks,
+                                                                          live.runtime_us_median)
+               for m, _, _ in pool.adopted)
     # a replay keeps its rows' own reference: it says so and measures as before
-    assert "replay" in pool.inner.adopt_reference(stored[-1], "h100")
+    assert "replay" in pool.inner.adopt_reference(live, "h100")
+
+
+def test_a_root_whose_reference_was_only_replayed_gives_the_pool_nothing_to_adopt(tmp_path):
+    search = open_search(config(tmp_path), track=False)
+    search.pool = pool = AdoptingPool(search.pool)
+    try:
+        search.run()
+    finally:
+        search.pool.close()
+    assert pool.adopted == [] and pool.asked
