@@ -117,12 +117,18 @@ def union_seconds(intervals) -> float:
     return total
 
 
+def cases_in(checks: str, clause: str) -> tuple[str, ...] | None:
+    """The cases a row's checks list after ``clause`` ("anchored: a, b"; "none": no case); None where the row has no
+    such clause."""
+    for part in (checks or "").split("; "):
+        if part.startswith(clause):
+            return tuple(name for name in part[len(clause):].split(", ") if name and name != "none")
+    return None
+
+
 def anchored_in(checks: str) -> set[str]:
     """The cases a row's checks say were timed beside the reference ("anchored: a, b"; "none": no case)."""
-    for part in (checks or "").split("; "):
-        if part.startswith("anchored: "):
-            return {name for name in part[len("anchored: "):].split(", ") if name and name != "none"}
-    return set()
+    return set(cases_in(checks, "anchored: ") or ())
 
 
 def repeat_spread(series: dict[str, dict], case_names: dict[str, list[str]]) -> dict[str, list[float]]:

@@ -41,7 +41,7 @@ from typing import Iterable, Iterator
 
 from kernels.harness import ahead, budget, cores, memcheck, precision, sandbox
 from kernels.harness.runner import Job, child_main, probe_main
-from kernels.harness.sweep_report import held_seconds
+from kernels.harness.sweep_report import cases_in, held_seconds
 from kernels.harness.timing import ANCHORS, PROTOCOLS
 from kernels.formats import tasks_dir
 from kernels.formats.common import is_imported_name
@@ -770,10 +770,7 @@ def _host_sensitive(res: dict) -> list[str]:
 
 def host_sensitive_in(checks: str) -> tuple[str, ...] | None:
     """The cases a row's checks say were host-sensitive; None where the row does not say (measured before it did)."""
-    for part in (checks or "").split("; "):
-        if part.startswith(HOST_SENSITIVE):
-            return tuple(name for name in part[len(HOST_SENSITIVE):].split(", ") if name and name != "none")
-    return None
+    return cases_in(checks, HOST_SENSITIVE)
 
 
 def _anchoring(res: dict) -> list[str]:
