@@ -557,3 +557,20 @@ def test_a_short_gpu_bound_case_gets_windows_until_two_agree_and_a_long_one_a_si
     assert not timing.time_again([t(9.2e6)], host_bound=True, most=5)
     assert not timing.time_again([t(2.1e5)], host_bound=False, most=5)
     assert timing.time_again([t(1.9e5)], host_bound=True, most=5)
+
+
+def test_a_long_gpu_bound_window_above_its_fastest_verification_call_is_timed_again():
+    t = lambda us: timing.Timing(us, 0.1, 20)  # noqa: E731 - a window of this median
+    # level1/4's reference on an H200: one window at 2,718 us, its fastest verification call 2,404 us
+    assert timing.disturbed([t(2718.0)], 2404.0) and timing.time_again([t(2718.0)], False, 5, fastest_call_us=2404.0)
+    # the second window came out near the calls: it stands (the fastest counts)
+    assert not timing.time_again([t(2718.0), t(2410.0)], False, 5, fastest_call_us=2404.0)
+    # still above them: a third, and no more
+    assert timing.time_again([t(2718.0), t(2700.0)], False, 5, fastest_call_us=2404.0)
+    assert not timing.time_again([t(2718.0), t(2700.0), t(2690.0)], False, 5, fastest_call_us=2404.0)
+    # within 5% of the calls, or no calls known (no verification), or a call of seconds: one window
+    assert not timing.time_again([t(2500.0)], False, 5, fastest_call_us=2404.0)
+    assert not timing.time_again([t(2718.0)], False, 5)
+    assert not timing.time_again([t(2.5e5)], False, 5, fastest_call_us=1.0e5)
+    # a window below its calls (the usual: a median 0.978 of the fastest call) stands
+    assert not timing.disturbed([t(2300.0)], 2404.0) and not timing.disturbed([], 2404.0)
