@@ -320,8 +320,9 @@ def import_problem(folder: Path):
     return op
 
 
-def run(names: list[str] | None = None, **worker_options) -> list[dict]:
-    """Measure the suite (the honest fused kernel's runtime is the true one) and return a row per kernel."""
+def run(names: list[str] | None = None, timeline: Path | None = None, **worker_options) -> list[dict]:
+    """Measure the suite (the honest fused kernel's runtime is the true one) and return a row per kernel; with
+    ``timeline``, the worker's timeline is written there (JSON lines) to see how each verdict came about."""
     from kernels.hardware import detect
     from kernels.harness.worker import MeasureWorker, WorkerConfig
 
@@ -341,6 +342,12 @@ def run(names: list[str] | None = None, **worker_options) -> list[dict]:
                          "status": m.status, "error": m.error[:400], "speedup": m.speedup,
                          "runtime_us": list(m.runtime_us_median), "precision": m.precision, "checks": m.checks,
                          "wall_seconds": m.wall_seconds})
+        if timeline is not None:
+            names_by_id = {cid: a.name for cid, a in candidates.items()}
+            timeline.write_text("".join(json.dumps({"kernel": names_by_id.get(cid, "reference"), "attempt": attempt,
+                                                    "phase": phase, "t": round(t, 4), "detail": detail},
+                                                   default=str) + "\n"
+                                        for cid, attempt, phase, t, detail in worker.timeline))
     folder = Path(tempfile.mkdtemp(prefix="kernelcast-adversarial-truth-"))
     by_name = {a.name: a for a in chosen}
     for r in rows:
@@ -421,10 +428,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--only", default="", help="comma-separated kernel names (default: all)")
     p.add_argument("--protocol", default="kernelcast")
+    p.add_argument("--timeline", action="store_true", help="also write the worker's timeline (timeline.jsonl)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    rows = run([n for n in args.only.split(",") if n] or None, protocol=args.protocol)
+    rows = run([n for n in args.only.split(",") if n] or None,
+               timeline=args.out / "timeline.jsonl" if args.timeline else None, protocol=args.protocol)
     (args.out / "adversarial.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     text = table(rows)
     wrong = [r["name"] for r in rows if not r.get("verdict_right")]

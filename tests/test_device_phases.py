@@ -881,3 +881,48 @@ def test_a_reference_measured_before_is_adopted_so_runs_share_its_runtime_and_pa
         (m,) = list(worker.measure([cand]))
         assert m.status == "ok", m.error
         assert {cid for cid, *_ in worker.timeline} == {cand.candidate_id}
+
+
+def test_a_gpu_bound_candidate_timed_beside_a_host_bound_reference_keeps_its_own_series(tmp_path):
+    """The anchored figure (the reference's runtime times the pair's ratio) follows the reference's host: a
+    candidate whose own host time in the pair stays well under the flush reports its own series there instead,
+    in the first windows and in a later pair; one near the flush (the reference's twin) and every case under a
+    format's protocol stay anchored."""
+    import dataclasses
+
+    from kernels.harness import runner
+    from kernels.harness.timing import Timing
+    from kernels.ops import get_operation
+
+    op = get_operation("softmax")
+    cand = get_space("softmax").spread_subset(1)[0]
+    runner._TORCH_AT_START = runner.torch_fingerprint()
+    cases = op.cases[:2]
+    reference = {c.name: 100.0 for c in cases}
+    job = dataclasses.replace(_anchor_job(tmp_path, cand, tuple(reference.values())),
+                              reference_host_bound=tuple(reference))
+    flush = 60.0
+    gpu_bound, host_bound = Timing(40.0, 1.0, 20, 12.0), Timing(90.0, 1.0, 20, 55.0)  # host 0.2 and 0.92 of the flush
+    beside = Timing(80.0, 1.0, 20, 50.0)  # the reference in the pair, slowed by its host: 80 us where it stored 100
+    assert not runner.keeps_anchor(job, gpu_bound, flush) and runner.keeps_anchor(job, host_bound, flush)
+    assert runner.keeps_anchor(dataclasses.replace(job, protocol="kernelbench"), gpu_bound, flush)
+    assert runner.keeps_anchor(dataclasses.replace(job, anchor_all=True), gpu_bound, flush)
+    anchor = runner._anchor_launch(job, op, lambda *p: None)
+    phases = []
+    timings = {cases[0].name: gpu_bound, cases[1].name: host_bound}
+
+    def time_case(case, anchor=None):
+        return (timings[case.name], beside), 3
+
+    windows, _, anchored = runner._first_windows(cases, set(reference), anchor, time_case, reference,
+                                                 lambda *p: phases.append(p),
+                                                 lambda t: runner.keeps_anchor(job, t, flush))
+    assert list(anchored) == [cases[1].name]  # the host-bound one: 100 us x (90 / 80)
+    assert anchored[cases[1].name].runtime_us_median == pytest.approx(100.0 * 90.0 / 80.0)
+    assert windows[cases[0].name][0].runtime_us_median == 40.0  # its own series, not 100 x 40 / 80 = 50
+    assert [p[0] for p in phases] == ["own_figure", "anchored"] and phases[0][1]["host_us"] == 12.0
+    # a later pair: the same rule, the own series joining the case's windows
+    later = {cases[0].name: [Timing(41.0, 1.0, 20, 12.0)]}
+    got = runner._anchored(job, op, cases[:1], lambda case, a: (gpu_bound, beside), {}, lambda *p: None, anchor,
+                           lambda t: runner.keeps_anchor(job, t, flush), later)
+    assert got == {} and [w.runtime_us_median for w in later[cases[0].name]] == [41.0, 40.0]

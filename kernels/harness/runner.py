@@ -625,14 +625,15 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
     # of its 13 cases before the 520 s of their pairs, and ran out of its call's time.)
     ahead = {c.name for c in cases_to_pair(job, cases, ())} & set(reference)
     anchor = _anchor_launch(job, op, phase) if ahead else None
+    keep = lambda timing: keeps_anchor(job, timing, head_start_us)  # noqa: E731 - one rule for both pairings
     windows, rotation, anchored = _first_windows(cases, ahead, anchor, lambda case, anchor=None: time_case(
-        case, anchor=anchor, check=job.verify), reference, phase)
+        case, anchor=anchor, check=job.verify), reference, phase, keep)
     host_bound = [c for c in cases if windows[c.name][0].host_bound(head_start_us)]
     sensitive = [c for c in cases if windows[c.name][0].host_sensitive(head_start_us)]  # host_bound among them
     result["host_sensitive_cases"] = [c.name for c in sensitive]  # a reference's: its candidates pair them too
-    paired = cases_to_pair(job, cases, sensitive)
-    anchored.update(_anchored(job, op, [c for c in paired if c.name in reference and c.name not in anchored],
-                              time_pair_case, result, phase, anchor))
+    paired = cases_to_pair(job, cases, sensitive)  # those paired ahead were paired once: their figure stands
+    anchored.update(_anchored(job, op, [c for c in paired if c.name in reference and c.name not in ahead],
+                              time_pair_case, result, phase, anchor, keep, windows))
     result["anchored_cases"] = sorted(anchored)  # those of the first windows and those paired after them
     # Other host-bound cases, and short GPU-bound ones, again in passes over the cases until their two fastest
     # windows agree (kernelcast's protocol only: KernelBench's takes one window as it comes).
@@ -842,6 +843,19 @@ def _control_launch(job: Job, op, phase, loaded: dict):
     return loaded["launch"]
 
 
+def keeps_anchor(job: Job, timing: Timing, head_start_us: float) -> bool:
+    """Whether a case timed beside the reference reports the anchored figure (the reference's runtime times their
+    ratio) rather than its own series in the pair: under a format's protocol and with ``job.anchor_all``, always;
+    under kernelcast's, where the candidate's own host time there came near the flush (``Timing.host_sensitive``).
+
+    A GPU-bound candidate's own time does not follow the host, so anchored to a host-bound reference it would take
+    that reference's drift. Measured on an H200 (2026-11-29, template pools, the reference kept from run to run):
+    its 18 paired case series varied by a median CV of 5.9% against 0.19% for the 30 timed in their own windows;
+    and the suite's pending_copy, whose work is device work, was reported at 0.77 of its true runtime. The reference's
+    twin, the same code, has the reference's host time and stays anchored."""
+    return job.protocol in FORMAT_PROTOCOLS or job.anchor_all or timing.host_sensitive(head_start_us)
+
+
 def _anchored_timing(case_name: str, timing: Timing, ref: Timing, reference_us: float, phase) -> Timing:
     """The candidate's timing from a pair with the reference: its cost relative to the reference's there (the
     median of per-round ratios, ``timing.paired_ratio``; the ratio of medians where a format's timer gave none)
@@ -855,13 +869,15 @@ def _anchored_timing(case_name: str, timing: Timing, ref: Timing, reference_us: 
                   timing.repetitions, timing.host_us_median, 1)
 
 
-def _first_windows(cases, ahead: set[str], anchor, time_case, reference: dict[str, float], phase):
+def _first_windows(cases, ahead: set[str], anchor, time_case, reference: dict[str, float], phase,
+                   keep=lambda timing: True):
     """Each case's first window, {case: [Timing]}, its rotation sets, and the cases anchored in it.
 
     ``time_case(case, anchor=None)`` times (and verifies) one case: alone, or beside the reference where ``anchor``
     is given, then giving (candidate's, reference's) timings. The ``ahead`` cases are timed beside it from the start
     while there is an ``anchor``; one that fails there (the reference beside this candidate, say) is timed alone, and
-    once torch's functions are found replaced (``_torch_replaced``) no later case is paired."""
+    once torch's functions are found replaced (``_torch_replaced``) no later case is paired. A pair whose candidate
+    side ``keep`` refuses (``keeps_anchor``) leaves the candidate's own series in it as the case's window."""
     windows, rotation, anchored = {}, {}, {}
     for case in cases:
         timing = None
@@ -875,15 +891,24 @@ def _first_windows(cases, ahead: set[str], anchor, time_case, reference: dict[st
             else:
                 if _torch_replaced(phase):  # replaced while timed beside the reference: the pair is only a window
                     anchor = None
-                else:
+                elif keep(timing):
                     anchored[case.name] = _anchored_timing(case.name, timing, ref, reference[case.name], phase)
+                else:
+                    _own_figure(case.name, timing, ref, phase)
         if timing is None:
             timing, rotation[case.name] = time_case(case)
         windows[case.name] = [timing]
     return windows, rotation, anchored
 
 
-def _anchored(job: Job, op, cases, time_pair_case, result: dict, phase, anchor=None) -> dict[str, Timing]:
+def _own_figure(case_name: str, timing: Timing, ref: Timing, phase) -> None:
+    """Timeline mark of a pair whose candidate keeps its own series (``keeps_anchor``): what it was, for the record."""
+    phase("own_figure", {"case": case_name, "us": timing.runtime_us_median, "host_us": timing.host_us_median,
+                         "ratio": timing.paired_ratio, "reference_us_here": ref.runtime_us_median})
+
+
+def _anchored(job: Job, op, cases, time_pair_case, result: dict, phase, anchor=None, keep=lambda timing: True,
+              windows: dict | None = None) -> dict[str, Timing]:
     """Host-bound cases timed beside the op's reference in one window, as the reference's runtime times their ratio.
 
     A host-bound call's time follows the host's speed, which moves between the reference's
@@ -893,7 +918,8 @@ def _anchored(job: Job, op, cases, time_pair_case, result: dict, phase, anchor=N
     carries over to the reference's runtime as the worker measured it (``_anchored_timing``).
     Nothing is anchored where ``_anchor_launch`` finds nothing to anchor to: those cases keep
     their fastest window. ``anchor``: the reference already loaded for the first windows (one
-    model of it in this child, not two), still refused once torch's functions are replaced."""
+    model of it in this child, not two), still refused once torch's functions are replaced. A pair whose
+    candidate side ``keep`` refuses adds its own series to ``windows`` instead."""
     if not cases:
         return {}
     if anchor is None:
@@ -910,7 +936,12 @@ def _anchored(job: Job, op, cases, time_pair_case, result: dict, phase, anchor=N
         except Exception as exc:  # noqa: BLE001 - the reference failed beside the candidate: its fastest window
             phase("not_anchored", {"case": case.name, "error": _describe(exc)})
             continue
-        anchored[case.name] = _anchored_timing(case.name, timing, ref, reference[case.name], phase)
+        if keep(timing):
+            anchored[case.name] = _anchored_timing(case.name, timing, ref, reference[case.name], phase)
+        else:
+            _own_figure(case.name, timing, ref, phase)
+            if windows is not None:
+                windows.setdefault(case.name, []).append(timing)
     result["anchored_cases"] = sorted(anchored)
     return anchored
 
