@@ -274,6 +274,34 @@ def test_work_starting_after_the_closing_marker_is_outside_the_window():
     assert "after the timed window closed" in verify.outside_window(acts)
 
 
+def _closing_copy(stream: int, start: int) -> Activity:
+    return Activity("Memcpy HtoD (Pinned -> Device)", stream, start, start + 700)
+
+
+def test_the_closing_copy_closes_the_window_where_the_closing_fill_waited_for_a_free_sm():
+    # the suite's pending copy: the fill on the timed stream started only as the hidden stream's copy let the SMs
+    # go (0.1-6.3 us before it ended where it was caught, just after where it was not); the copy engine's marker
+    # started as the fused kernel ended
+    pending = [_mark(7, 0), Activity("fused", 7, 1000, 75_000), _closing_copy(7, 75_500),
+               Activity("_copy_kernel", 13, 75_400, 150_000), _mark(7, 150_100)]
+    assert "'_copy_kernel' on stream 13 ended 74.5 us after the timed window closed" in verify.outside_window(pending)
+    assert verify.window_closed_ns(pending) == (75_500, pending[2])
+    # the same trace without the copy (an older profile): the fill closes, and the copy lies inside
+    assert verify.outside_window([a for a in pending if a is not pending[2]]) is None
+    # a joined side stream: the timed stream waited for it, so its end comes before the closing copy, within the
+    # clocks' slack; the copy is no work of the call's
+    joined = [_mark(7, 0), Activity("a", 7, 1000, 50_000), Activity("side", 13, 2000, 80_000),
+              _closing_copy(7, 79_000), _mark(7, 80_500)]
+    assert verify.outside_window(joined) is None
+    assert verify.traced_busy_us(joined) == pytest.approx(79.0)
+    assert "'side' on stream 13 ended" in verify.outside_window(
+        [*joined[:3], _closing_copy(7, 70_000), joined[-1]])
+    # the candidate's own copies earlier on the timed stream do not close the window: the last copy does
+    own = [_mark(7, 0), _closing_copy(7, 500), Activity("a", 7, 2000, 50_000), _closing_copy(7, 50_100),
+           _mark(7, 51_000)]
+    assert verify.window_closed_ns(own) == (50_100, own[3]) and verify.outside_window(own) is None
+
+
 def test_a_runtime_shorter_than_a_traced_call_whose_work_used_another_stream_misses_that_work():
     # a slow host closed the window after the side stream's kernel ended: inside the window, so only the
     # device time the call's work took shows the timer missed it
