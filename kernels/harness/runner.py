@@ -795,7 +795,9 @@ def cases_to_pair(job: Job, cases, sensitive) -> list:
     candidate's speedup over it; measured on an H100, KernelBench level2/98's reference at 50, 76 and 189 us in
     three runs gave one CUDA-L1 kernel 1.13x, 1.62x and 6.72x), or every case with ``job.anchor_all``. A format's
     protocol pairs every case: its harness times the reference and the candidate one after the other in
-    one process, while the reference's runtime stored by the worker was taken at another moment."""
+    one process, while the reference's runtime stored by the worker was taken at another moment. Which figure a
+    pair reports is ``keeps_anchor``'s: a GPU-bound candidate keeps its own series there, so its speedup stands on
+    the reference's stored runtime, which one data root keeps for all its workers (``MeasureWorker.adopt_reference``)."""
     if job.protocol in FORMAT_PROTOCOLS or job.anchor_all:
         return list(cases)
     mine = {c.name for c in sensitive}
