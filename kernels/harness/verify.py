@@ -475,7 +475,10 @@ def profile_window(call: Callable[[], object], pacer: "Pacer | None" = None, set
     from torch.profiler import ProfilerActivity, profile
 
     mark = torch.zeros(2, dtype=_MARK, device="cuda")
-    closing = torch.full((1,), 2, dtype=_MARK).pin_memory()  # the closing copy's source (``window_closed_ns``)
+    try:  # the closing copy's source (``window_closed_ns``); without pinned memory, the fill alone closes
+        closing = torch.full((1,), 2, dtype=_MARK).pin_memory()
+    except RuntimeError:
+        closing = None
     for attempt in range(4 if pacer else 1):
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -485,7 +488,8 @@ def profile_window(call: Callable[[], object], pacer: "Pacer | None" = None, set
             t0 = time.perf_counter()
             call()
             host_us = (time.perf_counter() - t0) * 1e6
-            mark[1:].copy_(closing, non_blocking=True)  # a copy engine's: no SM needed to start
+            if closing is not None:
+                mark[1:].copy_(closing, non_blocking=True)  # a copy engine's: no SM needed to start
             mark[1:].fill_(2)
             torch.cuda.synchronize()
             time.sleep(settle_s)  # a host thread's launch after return, or pending work, lands in the trace
