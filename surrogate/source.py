@@ -12,6 +12,10 @@ source into named floats without a GPU, in about a millisecond, whether it parse
 - what dies before timing: a name read but never bound (``kernels.screen.undefined_name``), a
   ``tl.`` attribute the installed Triton lacks, a ``f[grid](...)`` launch of a function without
   ``@triton.jit``, a ``@triton.jit`` function called from host code, no ``launch``;
+- what computes other numbers than the reference: tensors made with the legacy ``torch.Tensor(...)``
+  constructors, which ignore the default device (a model built on the GPU from a seeded generator gets
+  such parameters from the CPU's generator, so its weights are not the reference's), and parameters
+  initialised by hand (``nn.init.*_``) in place of the reference's modules;
 - what changed against the anchor: the token edit ratio, whether it is the anchor again up to
   formatting (normalised syntax trees), numeric constants and calls added or removed, the
   change in block size and warps;
@@ -77,12 +81,20 @@ _TL_ATTRIBUTE = re.compile(r"\b(?:tl|triton\.language)\.(\w+)(?:\.(\w+))?")
 _SETTINGS = {"block": re.compile(r"\bBLOCK\w*\s*(?::\s*tl\.constexpr\s*)?=\s*(\d+)"),
              "warps": re.compile(r"\bnum_warps\s*=\s*(\d+)"), "stages": re.compile(r"\bnum_stages\s*=\s*(\d+)")}
 _JIT = {"jit", "autotune", "heuristics"}
+# torch.Tensor(2, 3) is made on the CPU even under `with torch.device("cuda")`, unlike torch.empty: on the
+# re-measured CUDA-L1 pool's development problems (2026-11-29) 16 of the 17 kernels that call it failed, 15 of them
+# with other weights than the reference's, one mixing CPU and GPU tensors
+_LEGACY_TENSOR = re.compile(r"\btorch\.(?:Float|Double|Half|BFloat16|Long|Int|Short|Byte|Bool)?Tensor\(")
+# nn.init.kaiming_uniform_(w, ...): a module's initialisation written out again (16 of those 45 kernels failed, 0
+# of the 28 others that initialise by hand)
+_HAND_INIT = re.compile(r"\binit\.\w+_\(")
 
 CODE_FEATURES = (
     "parses", "log_chars", "n_lines", "n_tokens", "n_ast_nodes", "n_functions", "n_jit", "n_loop_nodes",
     *_TL_CALLS, "n_masks", "n_casts", "n_torch_calls",
     "log2_block_written", "log2_warps_written", "log2_stages_written",
     "undefined_name", "missing_tl_attributes", "unjitted_launches", "jit_called_from_host", "has_launch",
+    "legacy_tensor_constructors", "hand_initialised",
 )
 CHANGE_FEATURES = (
     "token_edit_ratio", "same_as_anchor", "log_length_ratio", "constants_changed",
@@ -167,6 +179,7 @@ def _structure(tree: ast.Module) -> tuple[float, ...]:
 @lru_cache(maxsize=8192)
 def code_features(source: str) -> tuple[float, ...]:
     """CODE_FEATURES of one source; a source that does not parse gets NaN for what needs its tree."""
+    code = _COMMENT.sub("", source)
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):  # ValueError: null bytes
@@ -184,6 +197,7 @@ def code_features(source: str) -> tuple[float, ...]:
         _written(source, "block"), _written(source, "warps"), _written(source, "stages"),
         1.0 if tree is not None and _undefined(source) else 0.0, _missing_tl_attributes(source),
         unjitted, from_host, launch,
+        float(len(_LEGACY_TENSOR.findall(code))), float(len(_HAND_INIT.findall(code))),
     )
 
 

@@ -81,6 +81,39 @@ def test_a_tl_attribute_the_installed_triton_lacks_is_counted():
     assert f["missing_tl_attributes"] == 2
 
 
+HAND_BUILT = """
+import math
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, in_features, out_features):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))  # not torch.Tensor(out, in)
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert isinstance(x, torch.Tensor)
+        return x @ self.weight.t()
+"""
+
+
+def test_parameters_made_by_the_legacy_tensor_constructor_are_counted_and_torch_empty_is_not():
+    f = code(HAND_BUILT)
+    assert f["legacy_tensor_constructors"] == 0  # annotations, isinstance and comments are no construction
+    assert f["hand_initialised"] == 1
+    legacy = code(HAND_BUILT.replace("torch.empty(out_features", "torch.Tensor(out_features")
+                  .replace("x @ self", "torch.FloatTensor(2) + x @ self"))
+    assert legacy["legacy_tensor_constructors"] == 2 and legacy["hand_initialised"] == 1
+
+
+def test_a_kernel_built_from_the_references_modules_is_not_hand_initialised():
+    f = code(HAND_BUILT.replace("nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))", "self.linear = nn.Linear(2, 2)"))
+    assert f["hand_initialised"] == 0 and f["legacy_tensor_constructors"] == 0
+    assert code(PARENT)["hand_initialised"] == code(PARENT)["legacy_tensor_constructors"] == 0
+
+
 def test_a_change_of_constants_against_the_parent_is_seen_and_a_reformatting_is_not():
     bigger = change(PARENT.replace("BLOCK = 128", "BLOCK = 256").replace("num_warps=4", "num_warps=8"))
     assert bigger["constants_changed"] == 4  # 128 and 4 gone, 256 and 8 come
