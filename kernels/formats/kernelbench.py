@@ -11,8 +11,11 @@ and smaller settings (``--interpret-case batch_size=2,dim=64``) can be given for
 CPU interpreter; without them the interpreter case is the file's own sizes halved until
 its inputs take a few MB (``scaled_interpret_sizes``, stated in the manifest). Models are built once per case and device, on that device, each right
 after seeding torch with ``INIT_SEED``, so ``Model`` and ``ModelNew`` get the same weights
-whenever they create the same parameters in the same order (as KernelBench's own eval
-assumes). Inputs are made on the device too (``get_inputs`` with the device as torch's
+whenever they create the same parameters in the same order, on the device (as KernelBench's own eval
+assumes). Not where a candidate makes a parameter with the legacy ``torch.Tensor(out, in)`` constructor and
+initialises it by hand: that constructor ignores the default device, so its values come from the CPU's generator
+while the reference's ``nn.Linear`` drew from the device's. KernelBench builds both on the CPU and then moves
+them, where the two match (docs/harness.md, "Models built on the device"). Inputs are made on the device too (``get_inputs`` with the device as torch's
 default and its generator seeded): a gigabyte-sized case costs no host memory and no
 host time. At import, shapes and bytes come from the meta device: nothing is allocated.
 Correctness is KernelBench's: every output within rtol = atol = 1e-2.
