@@ -104,7 +104,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--score-on", default="all", choices=("all", "spaces"),
                    help="all: every problem's pool is scored; spaces: only the problems a --spaces folder holds, each "
                         "over its whole pool (its CUDA-L1 kernels and its measured variants: tens of kernels with a "
-                        "wide spread, where the 10% selection picks several); the forecasters still train on every "
+                        "wide spread, where the 10%% selection picks several); the forecasters still train on every "
                         "other problem, held out by problem as always")
     p.add_argument("--out", default=None, help="path stem of the .txt and .json results")
     p.add_argument("--save-forecasts", default=None, metavar="DIR",
