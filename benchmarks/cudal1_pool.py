@@ -2,7 +2,7 @@
 
     PYTHONPATH=$PWD python benchmarks/cudal1_pool.py --root POOL --out REPORT [--protocols kernelcast,kernelbench]
         [--variants custom,cuda-graph,cudnn,null] [--levels 1,2] [--problems l2-017,...] [--sample N]
-        [--shard I/N] [--max-minutes 8] [--report-only]
+        [--shard I/N] [--max-minutes 8] [--model-build auto|host|device] [--report-only]
 
 Resumable: what a protocol's root holds for this GPU is not measured again, and each measurement is written
 as it arrives (tasks.cudal1_pool). At the end, and with ``--report-only`` alone, REPORT gets report.md (the
@@ -50,6 +50,10 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=15)
     p.add_argument("--anchor", default="host-bound", choices=("host-bound", "all", "off"),
                    help="kernelcast's protocol: the cases timed again beside the reference (default: %(default)s)")
+    p.add_argument("--model-build", default="auto", choices=("auto", "host", "device"),
+                   help="where each problem's Model and ModelNew are built: auto (on the CPU and then moved, as "
+                        "KernelBench's eval does, but a huge model under kernelcast's protocol), host or device "
+                        "(default: %(default)s)")
     p.add_argument("--memcheck", default="off", choices=("off", "auto", "all"),
                    help="compute-sanitizer per candidate (8-23 s each on an H100; default: %(default)s)")
     p.add_argument("--mode", default="gpu", choices=("gpu", "interpreter"))
@@ -134,7 +138,7 @@ def measure(args, prepared, roots, protocols, hardware, started: float, chunk: i
     with tempfile.TemporaryDirectory(prefix="cudal1-lock-") as folder:
         lock = str(Path(folder) / "gpu.lock")
         settings = dict(mode=args.mode, concurrency=args.concurrency, memcheck=args.memcheck, gpu_lock=lock,
-                        cpus=shard_cpus(args.shard), anchor=args.anchor)
+                        cpus=shard_cpus(args.shard), anchor=args.anchor, model_build=args.model_build)
         with contextlib.ExitStack() as stack:
             workers = {p: stack.enter_context(MeasureWorker(hardware, pool.worker_config(p, **settings)))
                        for p in protocols}

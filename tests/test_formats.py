@@ -84,6 +84,100 @@ def test_kernelbench_candidates_are_measured_by_the_real_harness(kb):
     assert found[good.candidate_id].case_names == ("3x300-fp32", "5x64-fp32")
     assert found[wrong.candidate_id].status == "incorrect"
     assert "out of tolerance" in found[wrong.candidate_id].error
+    assert "models_built: host" in found[good.candidate_id].checks  # the row says where its models were built
+
+
+# A model that notes where it was built, with a parameter from the legacy constructor (which ignores the default
+# device) initialised by hand, and a plain tensor attribute (neither parameter nor buffer).
+_WHERE_BUILT = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.built_on = str(torch.empty(0).device)
+        self.weight = nn.Parameter(torch.Tensor(dim, dim))
+        nn.init.uniform_(self.weight)
+        self.table = torch.arange(dim, dtype=torch.float32)
+
+    def forward(self, x):
+        return x @ self.weight + self.table.to(x.device)
+
+
+batch_size = 4
+dim = 8
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return [dim]
+'''
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    from kernels.formats import kernelbench
+
+    path = tmp_path_factory.mktemp("where_built") / "7_WhereBuilt.py"
+    path.write_text(_WHERE_BUILT)
+    op, _ = import_task("kernelbench", str(path))
+    yield op
+    op.configure_models("auto", "kernelcast")
+
+
+@pytest.mark.parametrize("build, protocol, limit, on, table", [
+    ("auto", "kernelcast", None, "cpu", "meta"),  # on the CPU as KernelBench does; plain tensors moved too
+    ("auto", "kernelbench", None, "cpu", "cpu"),  # KernelBench's eval: only parameters and buffers move
+    ("auto", "kernelcast", 0, "meta", "meta"),  # parameters past the limit: built on the device
+    ("auto", "kernelbench", 0, "cpu", "cpu"),  # under KernelBench's protocol, always on the CPU
+    ("device", "kernelcast", None, "meta", "meta"),
+    ("host", "kernelcast", 0, "cpu", "meta"),
+])
+def test_kernelbench_models_are_built_where_the_setting_says_and_moved(built, monkeypatch, build, protocol, limit,
+                                                                       on, table):
+    from kernels.formats import kernelbench
+
+    if limit is not None:
+        monkeypatch.setattr(kernelbench, "HOST_BUILD_BYTES", limit)
+    built.configure_models(build, protocol)
+    model = built.build(built.module.Model, built.cases[0], "meta")  # meta stands in for the GPU: no memory
+    assert (model.built_on, model.weight.device.type, model.table.device.type) == (on, "meta", table)
+    assert not model.training
+
+
+def test_an_unknown_model_build_is_refused_by_name(built):
+    with pytest.raises(ValueError, match="unknown model build 'gpu'; known: auto, host, device"):
+        built.configure_models("gpu", "kernelcast")
+    with pytest.raises(ValueError, match="unknown model build 'cpu'"):
+        MeasureWorker(HardwareSpec(gpu_type=INTERPRETER, device_name="Triton CPU interpreter"),
+                      WorkerConfig(mode="interpreter", model_build="cpu"))
+
+
+def test_a_loaded_candidate_finds_its_models_built_as_the_references_are(built):
+    """``prepare`` builds each case's model of a loaded candidate as the reference's is built and puts it where
+    the format's launch looks first: the same weights from the same seed, and no second build at its first call."""
+    from kernels.harness.correctness import load_launch
+
+    built.configure_models("auto", "kernelcast")
+    candidate = built.candidate(built.null_submission())
+    launch = load_launch(candidate.source)
+    assert built.prepare(launch, candidate.source, "cpu") == "host"
+    models = launch.__globals__["_KC_MODELS"]
+    assert len(models) == len(built.interpret_cases)
+    held = dict(models)
+    for case in built.interpret_cases:
+        (x,) = built.make_inputs(case, torch.Generator().manual_seed(1), "cpu")
+        (got,) = launch(x)
+        (want,) = built.reference(x)
+        assert torch.equal(got, want)
+    assert {k: id(v) for k, v in models.items()} == {k: id(v) for k, v in held.items()}
+    # a launch that is not the format's (no table of models) is left to build as its own code says
+    plain = load_launch("def launch(x):\n    return (x,)\n")
+    assert built.prepare(plain, "def launch(x):\n    return (x,)\n", "cpu") == ""
 
 
 # ---------------------------------------------------------------- GPU MODE

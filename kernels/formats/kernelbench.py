@@ -9,13 +9,19 @@ candidate file defines ``class ModelNew`` with the same constructor and forward.
 Here a case is one setting of those integers: the file's own values are the GPU case,
 and smaller settings (``--interpret-case batch_size=2,dim=64``) can be given for Triton's
 CPU interpreter; without them the interpreter case is the file's own sizes halved until
-its inputs take a few MB (``scaled_interpret_sizes``, stated in the manifest). Models are built once per case and device, on that device, each right
-after seeding torch with ``INIT_SEED``, so ``Model`` and ``ModelNew`` get the same weights
-whenever they create the same parameters in the same order, on the device (as KernelBench's own eval
-assumes). Not where a candidate makes a parameter with the legacy ``torch.Tensor(out, in)`` constructor and
-initialises it by hand: that constructor ignores the default device, so its values come from the CPU's generator
-while the reference's ``nn.Linear`` drew from the device's. KernelBench builds both on the CPU and then moves
-them, where the two match (docs/harness.md, "Models built on the device"). Inputs are made on the device too (``get_inputs`` with the device as torch's
+its inputs take a few MB (``scaled_interpret_sizes``, stated in the manifest). Models are built once per case and
+device, each right after seeding torch with ``INIT_SEED``, so ``Model`` and ``ModelNew`` get the same weights
+whenever they create the same parameters in the same order. They are built as KernelBench's own eval builds them:
+on the CPU, then moved to the device. There a parameter made with the legacy ``torch.Tensor(out, in)``
+constructor and initialised by hand draws from the same generator as the reference's ``nn.Linear``; built on the
+GPU, the two draw from different generators (that constructor ignores the default device) and such a kernel was
+judged incorrect where KernelBench accepts it (docs/harness.md, "Models built on the host"). Under kernelcast's
+protocol a model whose parameters pass ``HOST_BUILD_BYTES`` is still built on the device (no host memory or time
+for a gigabyte-sized model), and a plain tensor attribute made in ``__init__`` is moved along with the parameters;
+under KernelBench's protocol every model is built on the CPU and only its parameters and buffers move, as there.
+``configure_models`` sets this per measuring process, ``prepare`` builds a loaded candidate's models the same way
+before its first call: the choice lives outside the candidate's source, whose wrapper text is part of its id.
+Inputs are made on the device (``get_inputs`` with the device as torch's
 default and its generator seeded): a gigabyte-sized case costs no host memory and no
 host time. At import, shapes and bytes come from the meta device: nothing is allocated.
 Correctness is KernelBench's: every output within rtol = atol = 1e-2.
@@ -27,17 +33,22 @@ import ast
 import copy
 import json
 from contextlib import contextmanager
+import re
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from kernels.formats.common import (MANIFEST, TaskFormatError, default_task_name, device_requirement, load_module,
-                                    op_name, read_required)
+from kernels.formats.common import (MANIFEST, WRAPPER_MARK, TaskFormatError, default_task_name, device_requirement,
+                                    load_module, op_name, read_required)
 from kernels.formats.operation import (ImportedOperation, first_float_dtype, is_literal, on_device, rng_fork, seed_from,
                                        tensor_bytes)
+from kernels.ops.base import MODEL_BUILDS
 
 INIT_SEED = 42
+# Under kernelcast's protocol, models whose parameters and buffers take more bytes than this are built on the device
+HOST_BUILD_BYTES = 2 << 30
+_WRAPPED_ENTRY = re.compile(r"model = (\w+)\(\*_KC_INIT\[key\]\)")  # the class the format's launch builds
 TOLERANCE = {"rtol": 1e-2, "atol": 1e-2}  # KernelBench's eval compares with atol = rtol = 1e-2
 REFERENCE_NEEDS = {"Model": "class", "get_inputs": "function", "get_init_inputs": "function"}
 CANDIDATE_NEEDS = {"ModelNew": "class"}
@@ -111,18 +122,58 @@ def launch(*inputs):
             tensors, _ = split_inputs(list(m.get_inputs()), self.name)  # numbers: the case's constants, as imported
         return self.remember(case, (v.to(device) for v in tensors))
 
+    def configure_models(self, build: str, protocol: str) -> None:
+        if build not in MODEL_BUILDS:
+            raise ValueError(f"unknown model build {build!r}; known: {', '.join(MODEL_BUILDS)}")
+        self._build, self._protocol = build, protocol
+
+    def builds_on_host(self, case) -> bool:
+        """Whether ``case``'s models are built on the CPU and then moved (``configure_models``; module docstring)."""
+        build = getattr(self, "_build", "auto")
+        if build != "auto":
+            return build == "host"
+        return getattr(self, "_protocol", "kernelcast") == "kernelbench" or self.parameter_bytes(case) <= HOST_BUILD_BYTES
+
+    def build(self, cls, case, device) -> torch.nn.Module:
+        """A fresh ``cls`` with the case's init inputs, built after seeding ``INIT_SEED`` where ``builds_on_host``
+        says, on ``device`` in eval mode."""
+        host = self.builds_on_host(case)
+        with self.sized(case) as m, rng_fork(device), torch.device("cpu" if host else device):
+            init = list(m.get_init_inputs())
+            torch.manual_seed(INIT_SEED)
+            built = cls(*init)
+        built = built.to(device)
+        if host and getattr(self, "_protocol", "kernelcast") != "kernelbench":
+            move_plain_tensors(built, device)
+        return built.eval()
+
     def model(self, cls, case, device) -> torch.nn.Module:
-        """``cls`` built on ``device`` with the case's init inputs after seeding ``INIT_SEED``, cached."""
+        """``cls`` as ``build`` makes it, cached per case and device."""
         key = (cls, case, str(device))
-        built = self._models.get(key)
-        if built is None:
-            with self.sized(case) as m, rng_fork(device), torch.device(device):
-                init = list(m.get_init_inputs())
-                torch.manual_seed(INIT_SEED)
-                built = cls(*init)
-            built = built.to(device).eval()
-            self._models[key] = built
-        return built
+        if key not in self._models:
+            self._models[key] = self.build(cls, case, device)
+        return self._models[key]
+
+    def prepare(self, launch, source: str, device) -> str:
+        """Each case's model of a loaded candidate built as the reference's is (``build``) and put where the
+        format's launch keeps it, so that its first call finds it; says where they were built."""
+        namespace = getattr(launch, "__globals__", None)
+        entry = _WRAPPED_ENTRY.findall(source.rsplit(WRAPPER_MARK, 1)[-1])
+        if not isinstance(namespace, dict) or not isinstance(namespace.get("_KC_MODELS"), dict) or not entry:
+            return ""  # not the format's launch: it builds its models as its own code says
+        cls = namespace.get(entry[-1])
+        if not isinstance(cls, type):
+            return ""
+        device = torch.empty(0, device=device).device  # the index the launch's inputs will carry
+        places = set()
+        for case in (self.cases if device.type == "cuda" else self.interpret_cases):
+            signature = self.info(case).get("signature")
+            if signature is None:
+                continue
+            key = tuple((tuple(shape), dtype) for shape, dtype in signature)
+            namespace["_KC_MODELS"][(key, device)] = self.build(cls, case, device)
+            places.add("host" if self.builds_on_host(case) or device.type == "cpu" else "device")
+        return "+".join(sorted(places))
 
     def clear_caches(self) -> None:
         self._models.clear()
@@ -146,6 +197,15 @@ def launch(*inputs):
         doubled = [t.double() if t.dtype.is_floating_point else t for t in inputs]
         with torch.no_grad():
             return as_outputs(model(*with_constants(doubled, self.constants(case))))
+
+
+def move_plain_tensors(model: torch.nn.Module, device) -> None:
+    """Move the tensors ``model``'s modules hold as plain attributes (neither parameters nor buffers, which
+    ``.to`` moves) to ``device``: made in ``__init__`` on the CPU, they would stay there."""
+    for module in model.modules():
+        for name, value in list(vars(module).items()):
+            if isinstance(value, torch.Tensor) and value.device != torch.device(device):
+                setattr(module, name, value.to(device))
 
 
 def split_inputs(values, where: str) -> tuple[list[torch.Tensor], list[list]]:

@@ -102,6 +102,7 @@ class Job:
     l2_bytes: int = 0  # outputs up to this size may still sit in the L2 when the timed call ends
     precision: str = "tolerance"  # "strict": a result of a lower precision class than the reference fails
     protocol: str = "kernelcast"  # how cases are timed (kernels.harness.timing.PROTOCOLS)
+    model_build: str = "auto"  # where an imported task's models are built (kernels.ops.base.MODEL_BUILDS)
     anchor_all: bool = False  # every case of a candidate timed again beside the reference, not only host-bound ones
     reference_host_bound: tuple[str, ...] = ()  # cases where the reference's own timing was host-bound
     warm_checks: bool = False  # the checks' comparisons and the libraries' handles warmed before the lock
@@ -372,6 +373,7 @@ def evaluate(job: Job, notify=lambda *msg: None) -> dict:
     refused = scan_source(cand, op)
     if refused:
         return fail("rejected", refused)
+    op.configure_models(job.model_build, job.protocol)  # the reference's models and every loaded launch's alike
     global _TORCH_AT_START, _HARNESS_AT_START
     _TORCH_AT_START = torch_fingerprint()  # before any candidate code runs (see _anchored)
     _HARNESS_AT_START = verify.harness_fingerprint() if job.verify else {}
@@ -453,6 +455,9 @@ def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: d
     try:
         if launch is None:
             launch = load_launch(cand.source, job.scratch_dir)
+        built = op.prepare(launch, cand.source, device)
+        if built:
+            result["models_built"] = built
         # the worker scales a reference's limit by how long its calls take: told before the checks' own calls
         checker = Checker(op, cand, launch, device, on_inputs=lambda: phase("first_inputs"), measure_precision=True,
                           on_first_call=lambda name, seconds: phase("call", {"case": name, "seconds": seconds}),
@@ -822,7 +827,9 @@ def _anchor_launch(job: Job, op, phase):
         return None
     seed = op.seed_candidates()[0]
     try:
-        return load_launch(seed.source, job.scratch_dir, module_name="anchor_reference"), seed.params
+        launch = load_launch(seed.source, job.scratch_dir, module_name="anchor_reference")
+        op.prepare(launch, seed.source, "cuda" if job.mode == "gpu" else "cpu")
+        return launch, seed.params
     except Exception as exc:  # noqa: BLE001 - the reference cannot be loaded here: windows as before
         phase("not_anchored", {"error": _describe(exc)})
         return None
@@ -838,8 +845,9 @@ def _control_launch(job: Job, op, phase, loaded: dict):
         if _TORCH_AT_START and not _torch_replaced(phase):
             seed = op.seed_candidates()[0]
             try:
-                loaded["launch"] = (load_launch(seed.source, job.scratch_dir, module_name="control_reference"),
-                                    seed.params)
+                launch = load_launch(seed.source, job.scratch_dir, module_name="control_reference")
+                op.prepare(launch, seed.source, "cuda" if job.mode == "gpu" else "cpu")
+                loaded["launch"] = (launch, seed.params)
             except Exception as exc:  # noqa: BLE001 - no control: the verdict stands as the two rounds gave it
                 phase("no_control", {"error": _describe(exc)})
     return loaded["launch"]

@@ -48,6 +48,7 @@ from kernels.formats.common import is_imported_name
 from kernels.hardware import INTERPRETER, peak_tflops
 from kernels.null import NULL_MARK
 from kernels.ops import get_operation
+from kernels.ops.base import MODEL_BUILDS
 from kernels.records import Candidate, HardwareSpec, Measurement
 
 
@@ -92,6 +93,10 @@ class WorkerConfig:
     # host-bound cases anchored to the reference) or "kernelbench" (its harness's: same inputs, 100 trials,
     # the mean), to compare with figures published under it (kernels.harness.timing).
     protocol: str = "kernelcast"
+    # Where an imported task's models are built (kernels.ops.base.MODEL_BUILDS): "auto" as its format decides
+    # (KernelBench: on the CPU and then moved, as its own eval does, but for a huge model under kernelcast's
+    # protocol), "host" or "device" everywhere.
+    model_build: str = "auto"
     memcheck_timeout_s: float = 180.0
     # A first call per case of a kernel that autotunes on the device (torch.compile's max-autotune modes:
     # budget.autotunes) may take this long, its real cost rather than a hang.
@@ -254,6 +259,8 @@ class MeasureWorker:
             raise ValueError(f"unknown measurement mode {config.mode!r}; known: gpu, interpreter")
         if config.protocol not in PROTOCOLS:
             raise ValueError(f"unknown timing protocol {config.protocol!r}; known: {', '.join(PROTOCOLS)}")
+        if config.model_build not in MODEL_BUILDS:
+            raise ValueError(f"unknown model build {config.model_build!r}; known: {', '.join(MODEL_BUILDS)}")
         if config.anchor not in ANCHORS:
             raise ValueError(f"unknown anchor setting {config.anchor!r}; known: {', '.join(ANCHORS)}")
         if config.memcheck not in memcheck.MODES:
@@ -395,7 +402,8 @@ class MeasureWorker:
                    host_bound_windows=cfg.host_bound_windows, reference_us=self._anchor(cand),
                    reference_host_bound=self._reference_host_bound(cand),
                    verify=cfg.verify, fresh_calls=cfg.fresh_calls, precision=cfg.precision,
-                   protocol=cfg.protocol, anchor_all=cfg.anchor == "all", warm_checks=cfg.warm_checks,
+                   protocol=cfg.protocol, model_build=cfg.model_build, anchor_all=cfg.anchor == "all",
+                   warm_checks=cfg.warm_checks,
                    shared_checks=cfg.shared_checks and not alone and self.checks_alone(cand) is None,
                    peak_bandwidth_gbps=self.hardware.peak_bandwidth_gbps if cfg.mode == "gpu" else None,
                    peak_tflops=peak_tflops(self.hardware.gpu_type) if cfg.mode == "gpu" else None,
@@ -730,7 +738,7 @@ class MeasureWorker:
                 "precision": str(res.get("precision", "")),
                 "error_rel": tuple(res.get("error_rel", ())),
                 "reference_error_rel": tuple(res.get("reference_error_rel", ())),
-                "checks": "; ".join([f"{k}: {res[k]}" for k in ("window_check", "memcheck") if res.get(k)]
+                "checks": "; ".join([f"{k}: {res[k]}" for k in ("window_check", "memcheck", "models_built") if res.get(k)]
                                     + _anchoring(res) + _host_sensitive(res) + _controlled(res))}
 
     def _finish(self, r: _Running, **fields) -> Measurement:

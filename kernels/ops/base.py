@@ -25,6 +25,10 @@ import torch
 
 from kernels.records import Candidate
 
+# Where models are built (Operation.configure_models): "auto" as the operation's format decides, "host" (built on
+# the CPU and then moved, as KernelBench's own eval does) or "device" (built on the measuring device).
+MODEL_BUILDS = ("auto", "host", "device")
+
 DTYPES = {
     "float32": torch.float32,
     "float16": torch.float16,
@@ -131,6 +135,15 @@ class Operation:
     def parameter_bytes(self, case: Case) -> int:
         """Device bytes a call needs besides its inputs and outputs (a model's weights); the memory budget counts them."""
         return 0
+
+    def configure_models(self, build: str, protocol: str) -> None:
+        """Where this process builds the models its calls use (``MODEL_BUILDS``), under a timing ``protocol``:
+        said once per measuring process, before any call. Operations without models ignore it."""
+
+    def prepare(self, launch, source: str, device) -> str:
+        """Make ready what a loaded ``launch`` (of ``source``) builds on its first call per case, the way this
+        operation builds its reference's (``configure_models``); what was done, in words ("" for nothing)."""
+        return ""
 
     def clear_caches(self) -> None:
         """Drop what this process keeps between calls (built models): the harness frees device memory before it
