@@ -157,6 +157,24 @@ def test_an_unknown_model_build_is_refused_by_name(built):
                       WorkerConfig(mode="interpreter", model_build="cpu"))
 
 
+def test_models_built_on_the_host_start_no_thread_after_the_operation_is_configured(built):
+    """A measuring child counts the threads started while its checks share the device: torch's own CPU pool, which
+    a host build starts, must be running before (``configure_models``), or a reference is refused for it."""
+    code = ("import os, torch\n"
+            "from kernels.ops import get_operation\n"
+            "op = get_operation(%r)\n"
+            "threads = lambda: len(os.listdir('/proc/self/task'))\n"
+            "op.configure_models('auto', 'kernelcast')\n"
+            "before = threads()\n"
+            "torch.tril(torch.ones(2048, 2048))\n"  # a mask made in __init__ (MinGPT's): a parallel loop on the host
+            "print(before, threads())\n") % built.name
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "2"})
+    assert out.returncode == 0, out.stderr
+    before, after = out.stdout.split()
+    assert after == before
+
+
 def test_a_loaded_candidate_finds_its_models_built_as_the_references_are(built):
     """``prepare`` builds each case's model of a loaded candidate as the reference's is built and puts it where
     the format's launch looks first: the same weights from the same seed, and no second build at its first call."""

@@ -126,6 +126,8 @@ def launch(*inputs):
         if build not in MODEL_BUILDS:
             raise ValueError(f"unknown model build {build!r}; known: {', '.join(MODEL_BUILDS)}")
         self._build, self._protocol = build, protocol
+        if any(self.builds_on_host(c) for c in self.cases):
+            start_cpu_threads()
 
     def builds_on_host(self, case) -> bool:
         """Whether ``case``'s models are built on the CPU and then moved (``configure_models``; module docstring)."""
@@ -197,6 +199,14 @@ def launch(*inputs):
         doubled = [t.double() if t.dtype.is_floating_point else t for t in inputs]
         with torch.no_grad():
             return as_outputs(model(*with_constants(doubled, self.constants(case))))
+
+
+def start_cpu_threads() -> None:
+    """Start torch's pool of CPU threads now. A model built on the host starts it at its first parallel
+    initialisation, and a measuring child counts the threads it starts while its checks share the device (runner's
+    ``DeviceLock``): built there, a reference would be refused for threads that are torch's own (measured on an H200,
+    2026-11-29: KernelBench's 43_MinGPTCausalAttention, 15 threads, the reference and its twin rejected)."""
+    torch.ones(1 << 20).mul_(2)  # past the grain of a parallel loop: the pool starts
 
 
 def move_plain_tensors(model: torch.nn.Module, device) -> None:
