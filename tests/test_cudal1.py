@@ -285,3 +285,33 @@ def test_headroom_lists_level_2_and_3_problems_whose_fastest_kernel_ran_1_3x_eag
     assert list(room["op"]) == ["a", "b"] and list(room["variant"]) == ["custom", "cuda-graph"]
     assert list(room["ours"]) == [1.8, 1.31]
     assert list(headroom(rows, protocol="kernelbench")["op"]) == ["f"]
+
+
+def test_runs_of_one_pool_are_compared_verdict_by_verdict_and_speedup_by_speedup(tmp_path, capsys):
+    """benchmarks/pool_runs_compare.py: a verdict that flipped, the spread of speedups ok in both runs and of the
+    references' runtimes; a candidate one run never measured is not counted as changed."""
+    from benchmarks import pool_runs_compare as compare
+    from kernels.records import Measurement
+    from storage.dataset import DataRoot
+
+    def run(name, rows):
+        root = DataRoot(str(tmp_path / name / "kernelcast"))
+        root.write_measurements([Measurement(candidate_id=c, op=op, gpu_type="h200", status=status, mode="gpu",
+                                             case_names=("a",), runtime_us_median=(t,) if status == "ok" else (),
+                                             reference_us_median=(ref,) if status == "ok" else (),
+                                             speedup=ref / t if status == "ok" else None)
+                                 for c, op, status, t, ref in rows])
+        return f"{name}={tmp_path / name}"
+
+    first = run("one", [("r", "kb.x", "ok", 100.0, 100.0), ("c1", "kb.x", "incorrect", 0, 0),
+                        ("c2", "kb.x", "ok", 50.0, 100.0), ("c3", "kb.x", "ok", 25.0, 100.0)])
+    second = run("two", [("r", "kb.x", "ok", 110.0, 110.0), ("c1", "kb.x", "ok", 55.0, 110.0),
+                         ("c2", "kb.x", "ok", 55.0, 110.0)])
+    assert compare.main([first, second, "--markdown", str(tmp_path / "out.md")]) == 0
+    wide, (pair,) = compare.compare({n: compare.read_run(str(tmp_path / n), "kernelcast") for n in ("one", "two")},
+                                    {"kb.x"})
+    assert (pair["in_both"], pair["verdicts_changed"], pair["failed_then_ok"], pair["ok_then_failed"]) == (2, 1, 1, 0)
+    assert pair["speedup"]["n"] == 1 and pair["speedup"]["median_abs_dev"] == pytest.approx(0.0)
+    assert pair["reference_runtime"]["median_abs_dev"] == pytest.approx(0.1)
+    assert "| one -> two | 2 | 1 | 1 | 0 |" in (tmp_path / "out.md").read_text()
+    assert compare.main([first]) == 2 and "two or more runs" in capsys.readouterr().err

@@ -1,0 +1,131 @@
+"""Compare measurements of the same CUDA-L1 pool candidates across runs: verdicts that changed, and how far the
+speedups of candidates ok in both runs (and the references' own runtimes) moved.
+
+    PYTHONPATH=$PWD python benchmarks/pool_runs_compare.py NAME=ROOT NAME=ROOT [...] [--protocol kernelcast]
+        [--mark ops.txt] [--markdown OUT.md]
+
+Each ROOT is a pool root (``cudal1_pool.py --root``); its ``<protocol>/measurements`` are read. The first run is
+the baseline of every pair of consecutive runs and of each later one. ``--mark`` names problems (comma-separated op
+names) shown apart in the table (the ones a change was aimed at). Reads Parquet only: no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", metavar="NAME=ROOT", help="two or more pool roots, each with a name")
+    p.add_argument("--protocol", default="kernelcast", help="the data root under each pool root (default: %(default)s)")
+    p.add_argument("--mark", default="", help="a file of comma-separated op names shown apart")
+    p.add_argument("--markdown", default=None, help="write the tables here as well")
+    return p.parse_args(argv)
+
+
+def read_run(root: str, protocol: str) -> pd.DataFrame:
+    path = Path(root) / protocol / "measurements"
+    if not path.is_dir():
+        raise SystemExit(f"error: no measurements at {path} (a pool root holds <protocol>/measurements)")
+    table = pd.read_parquet(path)
+    return table.sort_values("measured_at").drop_duplicates("candidate_id", keep="last")
+
+
+def geomean(values) -> float:
+    values = [float(v) for v in values]
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def is_reference(table: pd.DataFrame) -> pd.Series:
+    """The op's reference rows: their speedup is their own runtime over itself, exactly 1."""
+    return table["speedup"].eq(1.0) & table["reference_us_median"].map(lambda r: r is not None and len(r) > 0)
+
+
+def spread(a: pd.Series, b: pd.Series) -> dict:
+    ratio = (b / a).dropna()
+    dev = (ratio - 1).abs()
+    return {"n": len(ratio), "median_abs_dev": float(dev.median()) if len(dev) else None,
+            "within_2pct": int((dev <= 0.02).sum()), "within_5pct": int((dev <= 0.05).sum()),
+            "within_10pct": int((dev <= 0.10).sum()), "largest": float(ratio.max()) if len(ratio) else None,
+            "smallest": float(ratio.min()) if len(ratio) else None}
+
+
+def compare(runs: dict[str, pd.DataFrame], marked: set[str]) -> tuple[pd.DataFrame, list[dict]]:
+    names = list(runs)
+    rows = {}
+    for name, table in runs.items():
+        own = table[~is_reference(table)]
+        for r in own.itertuples(index=False):
+            row = rows.setdefault(r.candidate_id, {"candidate_id": r.candidate_id, "op": r.op,
+                                                   "marked": r.op in marked})
+            row[f"{name}_status"] = r.status
+            row[f"{name}_speedup"] = r.speedup if r.status == "ok" else None
+    wide = pd.DataFrame(list(rows.values())).sort_values(["marked", "op"])
+    pairs = []
+    base = names[0]
+    for a, b in [(base, n) for n in names[1:]] + [(x, y) for x, y in zip(names[1:], names[2:])]:
+        refs = {n: runs[n][is_reference(runs[n])].set_index("op")["runtime_us_median"].map(geomean) for n in (a, b)}
+        seen = wide[wide[f"{a}_status"].notna() & wide[f"{b}_status"].notna()]  # measured in both runs
+        both = seen[seen[f"{a}_status"].eq("ok") & seen[f"{b}_status"].eq("ok")].set_index("candidate_id")
+        pairs.append({"runs": f"{a} -> {b}", "in_both": len(seen),
+                      "verdicts_changed": int((seen[f"{a}_status"] != seen[f"{b}_status"]).sum()),
+                      "failed_then_ok": int((seen[f"{a}_status"].ne("ok") & seen[f"{b}_status"].eq("ok")).sum()),
+                      "ok_then_failed": int((seen[f"{a}_status"].eq("ok") & seen[f"{b}_status"].ne("ok")).sum()),
+                      "speedup": spread(both[f"{a}_speedup"].astype(float), both[f"{b}_speedup"].astype(float)),
+                      "reference_runtime": spread(refs[a], refs[b])})
+    return wide, pairs
+
+
+def markdown(wide: pd.DataFrame, pairs: list[dict], names: list[str]) -> str:
+    lines = ["| runs | candidates in both | verdicts changed | failed -> ok | ok -> failed | speedups both ok | median abs change | "
+             "within 2% / 5% / 10% | ratio range | references | their median abs change | within 2% / 5% |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for p in pairs:
+        s, r = p["speedup"], p["reference_runtime"]
+        fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+        lines.append(f"| {p['runs']} | {p['in_both']} | {p['verdicts_changed']} | {p['failed_then_ok']} | {p['ok_then_failed']} | "
+                     f"{s['n']} | {fmt(s['median_abs_dev'])} | {s['within_2pct']} / {s['within_5pct']} / "
+                     f"{s['within_10pct']} | {fmt(s['smallest'])}-{fmt(s['largest'])} | {r['n']} | "
+                     f"{fmt(r['median_abs_dev'])} | {r['within_2pct']} / {r['within_5pct']} |")
+    lines += ["", "| op | candidate | marked | " + " | ".join(names) + " |",
+              "|---|---|---|" + "---|" * len(names)]
+    for r in wide.itertuples(index=False):
+        cells = []
+        for n in names:
+            status, speed = getattr(r, f"{n}_status", None), getattr(r, f"{n}_speedup", None)
+            cells.append("-" if not isinstance(status, str) else
+                         f"{speed:.3f}" if status == "ok" and speed == speed else status)
+        lines.append(f"| {r.op} | {r.candidate_id} | {'yes' if r.marked else ''} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    runs = {}
+    for item in args.runs:
+        name, sep, root = item.partition("=")
+        if not sep or not name or not root:
+            print(f"error: give each run as NAME=ROOT, got {item!r}", file=sys.stderr)
+            return 2
+        runs[name] = read_run(root, args.protocol)
+    if len(runs) < 2:
+        print("error: give two or more runs", file=sys.stderr)
+        return 2
+    marked = set(filter(None, Path(args.mark).read_text().replace("\n", ",").split(","))) if args.mark else set()
+    wide, pairs = compare(runs, marked)
+    text = markdown(wide, pairs, list(runs))
+    print(text)
+    if args.markdown:
+        Path(args.markdown).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
