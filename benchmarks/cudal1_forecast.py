@@ -95,6 +95,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--versus", default="learned",
                    help="pair every other forecaster against this one (the first split's held-out forecasts, and any "
                         "--forecasts): the difference of each figure with a bootstrap interval over the same problems")
+    p.add_argument("--drop-verdicts", default=None, metavar="FILE",
+                   help="a file of candidate ids (one a line, # comments) whose stored verdicts are known to be the "
+                        "harness's faults, not the kernels': left out of training and scoring")
     p.add_argument("--retest", default=None, metavar="POOL",
                    help="another pool root holding the same kernels measured again under --protocol "
                         "(benchmarks/cudal1_pool.py --root POOL): a test-retest ranker beside the others")
@@ -163,6 +166,12 @@ def _measured(args):
     kernels = source_pairs(*roots, gpu_type=args.gpu_type, anchor="reference", ops=loadable).reset_index(drop=True)
     if kernels.empty:
         raise ValueError(f"no kernel with a measured reference under {root.uri} on {args.gpu_type}")
+    dropped = dropped_verdicts(getattr(args, "drop_verdicts", None))
+    if dropped:
+        found = kernels["candidate_id"].isin(dropped)
+        print(f"left out: {int(found.sum())} of the {len(dropped)} kernels whose verdicts {args.drop_verdicts} names "
+              f"({', '.join(sorted(kernels.loc[found, 'status'].value_counts().index))})", flush=True)
+        kernels = kernels[~found].reset_index(drop=True)
     cases = [c for c in (case_pairs(r, gpu_type=args.gpu_type) for r in roots) if not c.empty]
     cases = pd.concat(cases, ignore_index=True) if cases else pd.DataFrame()
     if not cases.empty:  # a kernel measured in the pool and again in a space counts once, from the pool (the first
@@ -170,6 +179,21 @@ def _measured(args):
         cases = cases[cases["op"].isin(loadable) & cases["candidate_id"].isin(kernels["candidate_id"])]
         cases = cases.drop_duplicates(["op", "candidate_id", "case_name"]).reset_index(drop=True)
     return kernels, cases
+
+
+def dropped_verdicts(path: str | None) -> set[str]:
+    """The candidate ids ``path`` lists (one a line; blank lines and # comments ignored); a clear error where it
+    cannot be read or names no id."""
+    if not path:
+        return set()
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise ValueError(f"--drop-verdicts {path}: cannot read it ({exc.strerror})") from None
+    ids = {line.split("#", 1)[0].strip() for line in lines} - {""}
+    if not ids:
+        raise ValueError(f"--drop-verdicts {path}: names no candidate id (one a line)")
+    return ids
 
 
 def space_roots(folder: str | None, ops) -> list:

@@ -607,3 +607,23 @@ def test_scoring_on_the_spaces_judges_only_the_problems_that_have_one(tmp_path):
     everywhere = scoped_score(kernels, forecasts, None, args)
     assert on_spaces["problems"] == 2 and everywhere["problems"] == 9
     assert on_spaces["spearman"] == pytest.approx(1.0) and everywhere["spearman"] < 0
+
+
+def test_kernels_whose_verdicts_were_the_harnesss_fault_are_left_out_by_id(tmp_path, monkeypatch, capsys):
+    """--drop-verdicts: the kernels a file names (a stored verdict known to be the harness's, not the kernel's) are
+    neither trained on nor scored; a file that cannot be read or names nothing is refused by name."""
+    from benchmarks import cudal1_forecast
+
+    pool = _pool(tmp_path, monkeypatch)
+    kernels = cudal1_forecast._measured(cudal1_forecast.parse(["--pool", str(pool)]))[0]
+    failed = kernels.loc[kernels["status"] != "ok", "candidate_id"].tolist()
+    listed = tmp_path / "faults.txt"
+    listed.write_text("# verdicts of the harness's making\n\n" + "\n".join(f"{c}  # incorrect" for c in failed[:2]))
+    args = cudal1_forecast.parse(["--pool", str(pool), "--drop-verdicts", str(listed)])
+    kept = cudal1_forecast._measured(args)[0]
+    assert len(kept) == len(kernels) - 2 and not set(failed[:2]) & set(kept["candidate_id"])
+    assert "left out: 2 of the 2 kernels whose verdicts" in capsys.readouterr().out
+    (tmp_path / "empty.txt").write_text("# nothing\n")
+    for path, words in ((tmp_path / "empty.txt", "names no candidate id"), (tmp_path / "absent.txt", "cannot read")):
+        with pytest.raises(ValueError, match=words):
+            cudal1_forecast._measured(cudal1_forecast.parse(["--pool", str(pool), "--drop-verdicts", str(path)]))
