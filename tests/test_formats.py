@@ -149,6 +149,27 @@ def test_kernelbench_models_are_built_where_the_setting_says_and_moved(built, mo
     assert not model.training
 
 
+def test_a_model_that_cannot_be_built_on_the_host_is_built_on_the_device_under_kernelcasts_protocol(built):
+    """A class whose ``__init__`` needs the device (a GPU kernel run on its parameters, say) is built there, as
+    before, and the setting says why; under KernelBench's protocol it fails as KernelBench's eval would fail it."""
+    class NeedsDevice(built.module.Model):
+        def __init__(self, dim):
+            if torch.empty(0).device.type == "cpu":
+                raise RuntimeError("Pointer argument cannot be accessed from Triton (cpu tensor?)")
+            super().__init__(dim)
+
+    case = built.cases[0]
+    built.configure_models("auto", "kernelcast")
+    model = built.build(NeedsDevice, case, "meta")
+    assert model.built_on == "meta" and model.weight.device.type == "meta"
+    assert built.built_where[(NeedsDevice, case)].startswith("device (not on the host: RuntimeError: Pointer")
+    built.build(built.module.Model, case, "meta")
+    assert built.built_where[(built.module.Model, case)] == "host"
+    built.configure_models("auto", "kernelbench")
+    with pytest.raises(RuntimeError, match="Pointer argument"):
+        built.build(NeedsDevice, case, "meta")
+
+
 def test_an_unknown_model_build_is_refused_by_name(built):
     with pytest.raises(ValueError, match="unknown model build 'gpu'; known: auto, host, device"):
         built.configure_models("gpu", "kernelcast")

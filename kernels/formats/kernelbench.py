@@ -109,6 +109,7 @@ def launch(*inputs):
         super().__init__(folder, manifest)
         self.module = load_module(self.folder / manifest["reference"], f"kernelcast_task_{self.name.replace('.', '_')}")
         self._models: dict = {}
+        self.built_where: dict = {}  # (class, case) -> where ``build`` last built it: host, device, or why not the host
 
     def sized(self, case):
         """The task module with its size integers set to ``case``'s values (restored after)."""
@@ -138,16 +139,31 @@ def launch(*inputs):
 
     def build(self, cls, case, device) -> torch.nn.Module:
         """A fresh ``cls`` with the case's init inputs, built after seeding ``INIT_SEED`` where ``builds_on_host``
-        says, on ``device`` in eval mode."""
+        says, on ``device`` in eval mode. Under kernelcast's protocol a class that cannot be built on the CPU (its
+        ``__init__`` runs a GPU kernel on its parameters, say) is built on the device, as before; ``built_where``
+        says which, and why."""
         host = self.builds_on_host(case)
-        with self.sized(case) as m, rng_fork(device), torch.device("cpu" if host else device):
-            init = list(m.get_init_inputs())
-            torch.manual_seed(INIT_SEED)
-            built = cls(*init)
+        kernelbench = getattr(self, "_protocol", "kernelcast") == "kernelbench"
+        try:
+            built = self._construct(cls, case, device, "cpu" if host else device)
+            where = "host" if host or torch.device(device).type == "cpu" else "device"
+        except Exception as exc:
+            if not host or kernelbench or torch.device(device).type == "cpu":
+                raise  # KernelBench's eval fails it the same way; nowhere else to build it
+            built = self._construct(cls, case, device, device)
+            why = f"{type(exc).__name__}: {str(exc)[:120]}".replace(";", ",")  # a row's checks are ;-separated
+            host, where = False, f"device (not on the host: {why})"
+        self.built_where[(cls, case)] = where
         built = built.to(device)
-        if host and getattr(self, "_protocol", "kernelcast") != "kernelbench":
+        if host and not kernelbench:
             move_plain_tensors(built, device)
         return built.eval()
+
+    def _construct(self, cls, case, device, where) -> torch.nn.Module:
+        with self.sized(case) as m, rng_fork(device), torch.device(where):
+            init = list(m.get_init_inputs())
+            torch.manual_seed(INIT_SEED)
+            return cls(*init)
 
     def model(self, cls, case, device) -> torch.nn.Module:
         """``cls`` as ``build`` makes it, cached per case and device."""
@@ -174,8 +190,8 @@ def launch(*inputs):
                 continue
             key = tuple((tuple(shape), dtype) for shape, dtype in signature)
             namespace["_KC_MODELS"][(key, device)] = self.build(cls, case, device)
-            places.add("host" if self.builds_on_host(case) or device.type == "cpu" else "device")
-        return "+".join(sorted(places))
+            places.add(self.built_where[(cls, case)])
+        return " + ".join(sorted(places))
 
     def clear_caches(self) -> None:
         self._models.clear()
