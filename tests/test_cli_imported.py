@@ -3,6 +3,7 @@
 import json
 
 import pandas as pd
+import pytest
 
 from flows.cli import main
 from tests.formats_for_tests import KB_ROW_SUM, KB_ROW_SUM_NEW, write_kernelbench
@@ -42,10 +43,15 @@ def test_measure_takes_the_candidates_stored_for_an_imported_operation(tmp_path,
     assert main(["import", "--format", "kernelbench", "--reference", str(ref), "--candidate", str(new),
                  "--data", str(root)]) == 0
     capsys.readouterr()
-    assert main(["measure", "--op", "kb.row_sum", "--data", str(root), "--concurrency", "1"]) == 0
+    with pytest.raises(SystemExit):  # argparse names the choices
+        main(["measure", "--op", "kb.row_sum", "--data", str(root), "--model-build", "gpu"])
+    assert "invalid choice: 'gpu'" in capsys.readouterr().err
+    assert main(["measure", "--op", "kb.row_sum", "--data", str(root), "--concurrency", "1",
+                 "--model-build", "host"]) == 0
     assert "measuring 2 candidates of kb.row_sum" in capsys.readouterr().err
     measured = pd.read_parquet(root / "measurements")
     assert len(measured) == 2 and set(measured["status"]) == {"ok"}
+    assert measured["checks"].str.contains("models_built: host").all()
     origins = pd.read_parquet(root / "candidates").set_index("candidate_id")["origin"]
     assert set(origins[measured["candidate_id"]]) == {"seed", "import"}
     assert main(["measure", "--op", "kb.row_sum", "--data", str(root)]) == 0

@@ -121,7 +121,8 @@ def cmd_measure(args) -> int:
     config = WorkerConfig(mode=mode, concurrency=args.concurrency or max(1, (os.cpu_count() or 2) - 1),
                           timeout_s=args.timeout, gpu_timeout_s=args.gpu_timeout,
                           seeds=args.seeds if args.seeds else (3 if mode == "gpu" else 1), protocol=args.timing,
-                          anchor=args.anchor, precision=args.precision, shared_checks=not args.checks_alone)
+                          anchor=args.anchor, precision=args.precision, shared_checks=not args.checks_alone,
+                          model_build=args.model_build)
     _check_one_protocol(root, ops, hw.gpu_type, args.timing, args.data)
     plan = []
     for name in ops:
@@ -334,6 +335,10 @@ def register(sub) -> None:
                     help="every candidate holds the GPU alone from its first allocation; by default a candidate's "
                          "correctness checks may run beside other candidates' checks (never beside a candidate being "
                          "timed), where its cases are small and its first calls do not autotune (docs/harness.md)")
+    sp.add_argument("--model-build", choices=["auto", "host", "device"], default="auto",
+                    help="where a KernelBench task's Model and ModelNew are built: auto (on the CPU and then moved, as "
+                         "KernelBench's eval does; a model over 2 GiB of parameters on the GPU under kernelcast's "
+                         "timing), host, or device (docs/harness.md, \"Models built on the host\")")
     add_data_args(sp)
     sp.set_defaults(func=cmd_measure)
 
