@@ -214,6 +214,12 @@ def test_a_loaded_candidate_finds_its_models_built_as_the_references_are(built):
         (want,) = built.reference(x)
         assert torch.equal(got, want)
     assert {k: id(v) for k, v in models.items()} == {k: id(v) for k, v in held.items()}
+    # an entry that is a factory rather than a class is built the same way
+    factory = built.candidate(built.reference_source + "\n\ndef ModelNew(dim):\n    return Model(dim)\n")
+    launch = load_launch(factory.source)
+    assert built.prepare(launch, factory.source, "cpu") == "host"
+    (x,) = built.make_inputs(built.interpret_cases[0], torch.Generator().manual_seed(1), "cpu")
+    assert torch.equal(launch(x)[0], built.reference(x)[0])
     # a launch that is not the format's (no table of models) is left to build as its own code says
     plain = load_launch("def launch(x):\n    return (x,)\n")
     assert built.prepare(plain, "def launch(x):\n    return (x,)\n", "cpu") == ""

@@ -180,7 +180,7 @@ def launch(*inputs):
         if not isinstance(namespace, dict) or not isinstance(namespace.get("_KC_MODELS"), dict) or not entry:
             return ""  # not the format's launch: it builds its models as its own code says
         cls = namespace.get(entry[-1])
-        if not isinstance(cls, type):
+        if not callable(cls):
             return ""
         device = torch.empty(0, device=device).device  # the index the launch's inputs will carry
         places = set()
