@@ -914,18 +914,15 @@ def test_a_gpu_bound_candidate_timed_beside_a_host_bound_reference_keeps_its_own
     def time_case(case, anchor=None):
         return (timings[case.name], beside), 3
 
-    ratios = {}
     windows, _, anchored = runner._first_windows(cases, set(reference), anchor, time_case, reference,
                                                  lambda *p: phases.append(p),
-                                                 lambda t: runner.keeps_anchor(job, t, flush), ratios)
+                                                 lambda t: runner.keeps_anchor(job, t, flush))
     assert list(anchored) == [cases[1].name]  # the host-bound one: 100 us x (90 / 80)
     assert anchored[cases[1].name].runtime_us_median == pytest.approx(100.0 * 90.0 / 80.0)
     assert windows[cases[0].name][0].runtime_us_median == 40.0  # its own series, not 100 x 40 / 80 = 50
     assert [p[0] for p in phases] == ["own_figure", "anchored"] and phases[0][1]["host_us"] == 12.0
-    assert ratios == {cases[0].name: 0.5}  # its speedup: the pair's 80 / 40, not the stored 100 / 40
     # a later pair: the same rule, the own series joining the case's windows
     later = {cases[0].name: [Timing(41.0, 1.0, 20, 12.0)]}
     got = runner._anchored(job, op, cases[:1], lambda case, a: (gpu_bound, beside), {}, lambda *p: None, anchor,
-                           lambda t: runner.keeps_anchor(job, t, flush), later, ratios)
+                           lambda t: runner.keeps_anchor(job, t, flush), later)
     assert got == {} and [w.runtime_us_median for w in later[cases[0].name]] == [41.0, 40.0]
-    assert ratios == {cases[0].name: 0.5}

@@ -249,22 +249,3 @@ def test_an_imported_task_declaring_no_outputs_is_warmed_by_its_inputs_dtypes(tm
     with Largest():
         assert warm_comparisons(op, op.cases, "cpu") == 1
     assert 0 < Largest.bytes <= 4 * 8
-
-
-def test_a_case_reported_by_its_own_series_takes_its_speedup_from_its_pair_with_the_reference():
-    """A GPU-bound case timed beside a host-bound reference keeps its own runtime, but its speedup is the pair's
-    ratio (the reference's runtime there), not its runtime over the stored reference's of another moment."""
-    from kernels.records import Measurement
-
-    worker = MeasureWorker(HardwareSpec(gpu_type=INTERPRETER, device_name="Triton CPU interpreter"),
-                           WorkerConfig(mode="interpreter"))
-    worker.reference_us["softmax"] = (100.0, 50.0)  # the stored reference: case b slowed by its host then
-    worker._pair_ratios["c1"] = {"b": 0.5}  # beside the reference, b took half its time
-    m = Measurement(candidate_id="c1", op="softmax", gpu_type="h200", status="ok", mode="gpu", case_names=("a", "b"),
-                    runtime_us_median=(50.0, 10.0))
-    got = worker._with_speedup(m)
-    assert got.reference_us_median == (100.0, 20.0) and got.speedup == pytest.approx(2.0)
-    assert worker._pair_ratios == {}  # used once
-    plain = worker._with_speedup(Measurement(candidate_id="c2", op="softmax", gpu_type="h200", status="ok",
-                                             mode="gpu", case_names=("a", "b"), runtime_us_median=(50.0, 10.0)))
-    assert plain.reference_us_median == (100.0, 50.0) and plain.speedup == pytest.approx(10.0 ** 0.5)

@@ -631,17 +631,14 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
     ahead = {c.name for c in cases_to_pair(job, cases, ())} & set(reference)
     anchor = _anchor_launch(job, op, phase) if ahead else None
     keep = lambda timing: keeps_anchor(job, timing, head_start_us)  # noqa: E731 - one rule for both pairings
-    # A case paired but reported by its own series keeps the pair's ratio: its speedup is the ratio met at one moment
-    # with the reference there, not its runtime over the reference's of another moment (worker, pair_ratios).
-    ratios = result.setdefault("pair_ratios", {})
     windows, rotation, anchored = _first_windows(cases, ahead, anchor, lambda case, anchor=None: time_case(
-        case, anchor=anchor, check=job.verify), reference, phase, keep, ratios)
+        case, anchor=anchor, check=job.verify), reference, phase, keep)
     host_bound = [c for c in cases if windows[c.name][0].host_bound(head_start_us)]
     sensitive = [c for c in cases if windows[c.name][0].host_sensitive(head_start_us)]  # host_bound among them
     result["host_sensitive_cases"] = [c.name for c in sensitive]  # a reference's: its candidates pair them too
     paired = cases_to_pair(job, cases, sensitive)  # those paired ahead were paired once: their figure stands
     anchored.update(_anchored(job, op, [c for c in paired if c.name in reference and c.name not in ahead],
-                              time_pair_case, result, phase, anchor, keep, windows, ratios))
+                              time_pair_case, result, phase, anchor, keep, windows))
     result["anchored_cases"] = sorted(anchored)  # those of the first windows and those paired after them
     # Other host-bound cases, and short GPU-bound ones, again in passes over the cases until their two fastest
     # windows agree (kernelcast's protocol only: KernelBench's takes one window as it comes).
@@ -883,15 +880,14 @@ def _anchored_timing(case_name: str, timing: Timing, ref: Timing, reference_us: 
 
 
 def _first_windows(cases, ahead: set[str], anchor, time_case, reference: dict[str, float], phase,
-                   keep=lambda timing: True, ratios: dict | None = None):
+                   keep=lambda timing: True):
     """Each case's first window, {case: [Timing]}, its rotation sets, and the cases anchored in it.
 
     ``time_case(case, anchor=None)`` times (and verifies) one case: alone, or beside the reference where ``anchor``
     is given, then giving (candidate's, reference's) timings. The ``ahead`` cases are timed beside it from the start
     while there is an ``anchor``; one that fails there (the reference beside this candidate, say) is timed alone, and
     once torch's functions are found replaced (``_torch_replaced``) no later case is paired. A pair whose candidate
-    side ``keep`` refuses (``keeps_anchor``) leaves the candidate's own series in it as the case's window, and its
-    ratio in ``ratios``."""
+    side ``keep`` refuses (``keeps_anchor``) leaves the candidate's own series in it as the case's window."""
     windows, rotation, anchored = {}, {}, {}
     for case in cases:
         timing = None
@@ -908,24 +904,21 @@ def _first_windows(cases, ahead: set[str], anchor, time_case, reference: dict[st
                 elif keep(timing):
                     anchored[case.name] = _anchored_timing(case.name, timing, ref, reference[case.name], phase)
                 else:
-                    _own_figure(case.name, timing, ref, phase, {} if ratios is None else ratios)
+                    _own_figure(case.name, timing, ref, phase)
         if timing is None:
             timing, rotation[case.name] = time_case(case)
         windows[case.name] = [timing]
     return windows, rotation, anchored
 
 
-def _own_figure(case_name: str, timing: Timing, ref: Timing, phase, ratios: dict[str, float]) -> None:
-    """A pair whose candidate keeps its own series (``keeps_anchor``): its ratio to the reference there goes into
-    ``ratios`` (the case's speedup is taken from it: ``pair_ratios``), and the timeline says what it was."""
-    ratio = timing.paired_ratio or timing.runtime_us_median / ref.runtime_us_median
-    ratios[case_name] = ratio
+def _own_figure(case_name: str, timing: Timing, ref: Timing, phase) -> None:
+    """Timeline mark of a pair whose candidate keeps its own series (``keeps_anchor``): what it was, for the record."""
     phase("own_figure", {"case": case_name, "us": timing.runtime_us_median, "host_us": timing.host_us_median,
-                         "ratio": ratio, "reference_us_here": ref.runtime_us_median})
+                         "ratio": timing.paired_ratio, "reference_us_here": ref.runtime_us_median})
 
 
 def _anchored(job: Job, op, cases, time_pair_case, result: dict, phase, anchor=None, keep=lambda timing: True,
-              windows: dict | None = None, ratios: dict | None = None) -> dict[str, Timing]:
+              windows: dict | None = None) -> dict[str, Timing]:
     """Host-bound cases timed beside the op's reference in one window, as the reference's runtime times their ratio.
 
     A host-bound call's time follows the host's speed, which moves between the reference's
@@ -936,7 +929,7 @@ def _anchored(job: Job, op, cases, time_pair_case, result: dict, phase, anchor=N
     Nothing is anchored where ``_anchor_launch`` finds nothing to anchor to: those cases keep
     their fastest window. ``anchor``: the reference already loaded for the first windows (one
     model of it in this child, not two), still refused once torch's functions are replaced. A pair whose
-    candidate side ``keep`` refuses adds its own series to ``windows`` instead, and its ratio to ``ratios``."""
+    candidate side ``keep`` refuses adds its own series to ``windows`` instead."""
     if not cases:
         return {}
     if anchor is None:
@@ -956,7 +949,7 @@ def _anchored(job: Job, op, cases, time_pair_case, result: dict, phase, anchor=N
         if keep(timing):
             anchored[case.name] = _anchored_timing(case.name, timing, ref, reference[case.name], phase)
         else:
-            _own_figure(case.name, timing, ref, phase, {} if ratios is None else ratios)
+            _own_figure(case.name, timing, ref, phase)
             if windows is not None:
                 windows.setdefault(case.name, []).append(timing)
     result["anchored_cases"] = sorted(anchored)

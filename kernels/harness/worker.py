@@ -289,7 +289,6 @@ class MeasureWorker:
         self._protection = (config.network, config.filesystem)  # in GPU mode, settled by a probe
         self._probed = config.mode != "gpu"
         self.reference_us: dict[str, tuple[float, ...]] = {}  # op -> eager runtime per case
-        self._pair_ratios: dict[str, dict[str, float]] = {}  # candidate -> case -> its ratio beside the reference
         self.reference_host_bound: dict[str, tuple[str, ...]] = {}  # op -> the reference's host-bound cases
         self.busy_gpu_seconds = 0.0  # the device time charged to the candidates (each child's holds, its own)
         # every hold of the GPU lock by a child, (start, end, shared): shared holds may overlap (``held_gpu_seconds``)
@@ -380,18 +379,11 @@ class MeasureWorker:
         return budget.with_autotuning(limits, self.config.autotune_call_s) if budget.autotunes(cand.source) else limits
 
     def _with_speedup(self, m: Measurement) -> Measurement:
-        """``m`` with its speedup over the op's reference. A case timed beside the reference but reported by its own
-        series (runner ``pair_ratios``) takes the reference's runtime there, its own over the pair's ratio: a
-        host-bound reference's stored runtime follows the host of its own moment (measured on an H200, 2026-11-29:
-        the same references 0.26x to 1.85x of themselves three minutes apart), the pair's does not."""
-        ratios = self._pair_ratios.pop(m.candidate_id, {})
         ref = self.reference_us.get(m.op)
         if m.status != "ok" or not ref or not m.runtime_us_median:
             return m
-        ref = tuple(t / ratios[name] if ratios.get(name, 0) > 0 else r
-                    for name, r, t in zip(m.case_names, ref, m.runtime_us_median))
         speedup = geometric_mean(r / t for r, t in zip(ref, m.runtime_us_median))
-        return replace(m, reference_us_median=ref, speedup=speedup)
+        return replace(m, reference_us_median=tuple(ref), speedup=speedup)
 
     def _job(self, cand: Candidate, scratch: str, network: str, filesystem: str, limits: budget.Limits | None = None,
              alone: bool = False) -> Job:
@@ -747,7 +739,7 @@ class MeasureWorker:
                 "error_rel": tuple(res.get("error_rel", ())),
                 "reference_error_rel": tuple(res.get("reference_error_rel", ())),
                 "checks": "; ".join([f"{k}: {res[k]}" for k in ("window_check", "memcheck", "models_built") if res.get(k)]
-                                    + _anchoring(res) + _paired(res) + _host_sensitive(res) + _controlled(res))}
+                                    + _anchoring(res) + _host_sensitive(res) + _controlled(res))}
 
     def _finish(self, r: _Running, **fields) -> Measurement:
         self._note(r, "ended", time.monotonic(), fields.get("status"))
@@ -761,16 +753,9 @@ class MeasureWorker:
         self.busy_gpu_seconds += fields.get("gpu_seconds", 0.0)
         if fields.get("status") != "ok":  # a failed candidate carries no timings
             fields.update(runtime_us_median=(), runtime_us_iqr=(), repetitions=())
-        elif (r.result or {}).get("pair_ratios"):
-            self._pair_ratios[r.candidate.candidate_id] = dict(r.result["pair_ratios"])
         return Measurement(candidate_id=r.candidate.candidate_id, op=r.candidate.op,
                            gpu_type=self.hardware.gpu_type, mode=self.config.mode, protocol=self.config.protocol,
                            wall_seconds=time.monotonic() - r.started, hardware=self.hardware, **fields)
-
-
-def _paired(res: dict) -> list[str]:
-    """The cases reported by their own series whose speedup is their ratio beside the reference (``pair_ratios``)."""
-    return [f"speedup from the pair: {', '.join(sorted(res['pair_ratios']))}"] if res.get("pair_ratios") else []
 
 
 def _controlled(res: dict) -> list[str]:
