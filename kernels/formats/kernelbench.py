@@ -32,8 +32,8 @@ from __future__ import annotations
 import ast
 import copy
 import json
-from contextlib import contextmanager
 import re
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Sequence
 
