@@ -34,8 +34,12 @@ def read_run(root: str, protocol: str) -> pd.DataFrame:
     path = Path(root) / protocol / "measurements"
     if not path.is_dir():
         raise SystemExit(f"error: no measurements at {path} (a pool root holds <protocol>/measurements)")
-    table = pd.read_parquet(path)
-    return table.sort_values("measured_at").drop_duplicates("candidate_id", keep="last")
+    table = pd.read_parquet(path).sort_values("measured_at").drop_duplicates("candidate_id", keep="last")
+    candidates = Path(root) / protocol / "candidates"
+    if not candidates.is_dir():
+        raise SystemExit(f"error: no candidates at {candidates} (which of the measurements are references)")
+    origin = pd.read_parquet(candidates, columns=["candidate_id", "origin"]).drop_duplicates("candidate_id")
+    return table.merge(origin, on="candidate_id", how="left")
 
 
 def geomean(values) -> float:
@@ -44,8 +48,8 @@ def geomean(values) -> float:
 
 
 def is_reference(table: pd.DataFrame) -> pd.Series:
-    """The op's reference rows: their speedup is their own runtime over itself, exactly 1."""
-    return table["speedup"].eq(1.0) & table["reference_us_median"].map(lambda r: r is not None and len(r) > 0)
+    """The op's reference rows: the candidates of origin ``seed`` (an imported task's reference)."""
+    return table["origin"].eq("seed")
 
 
 def spread(a: pd.Series, b: pd.Series) -> dict:

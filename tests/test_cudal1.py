@@ -291,13 +291,18 @@ def test_runs_of_one_pool_are_compared_verdict_by_verdict_and_speedup_by_speedup
     """benchmarks/pool_runs_compare.py: a verdict that flipped, the spread of speedups ok in both runs and of the
     references' runtimes; a candidate one run never measured is not counted as changed."""
     from benchmarks import pool_runs_compare as compare
-    from kernels.records import Measurement
+    from kernels.records import Candidate, Measurement
     from storage.dataset import DataRoot
+
+    made = {name: Candidate(op="kb.x", backend="torch", source=f"# {name}\n", origin="seed" if name == "r" else "import")
+            for name in ("r", "c1", "c2", "c3")}
 
     def run(name, rows):
         root = DataRoot(str(tmp_path / name / "kernelcast"))
-        root.write_measurements([Measurement(candidate_id=c, op=op, gpu_type="h200", status=status, mode="gpu",
-                                             case_names=("a",), runtime_us_median=(t,) if status == "ok" else (),
+        root.write_candidates([made[c] for c, *_ in rows])
+        root.write_measurements([Measurement(candidate_id=made[c].candidate_id, op=op, gpu_type="h200", status=status,
+                                             mode="gpu", case_names=("a",),
+                                             runtime_us_median=(t,) if status == "ok" else (),
                                              reference_us_median=(ref,) if status == "ok" else (),
                                              speedup=ref / t if status == "ok" else None)
                                  for c, op, status, t, ref in rows])

@@ -110,6 +110,7 @@ def launch(*inputs):
         self.module = load_module(self.folder / manifest["reference"], f"kernelcast_task_{self.name.replace('.', '_')}")
         self._models: dict = {}
         self.built_where: dict = {}  # (class, case) -> where ``build`` last built it: host, device, or why not the host
+        self._build, self._protocol = "auto", "kernelcast"  # until configure_models says otherwise
 
     def sized(self, case):
         """The task module with its size integers set to ``case``'s values (restored after)."""
@@ -132,10 +133,9 @@ def launch(*inputs):
 
     def builds_on_host(self, case) -> bool:
         """Whether ``case``'s models are built on the CPU and then moved (``configure_models``; module docstring)."""
-        build = getattr(self, "_build", "auto")
-        if build != "auto":
-            return build == "host"
-        return getattr(self, "_protocol", "kernelcast") == "kernelbench" or self.parameter_bytes(case) <= HOST_BUILD_BYTES
+        if self._build != "auto":
+            return self._build == "host"
+        return self._protocol == "kernelbench" or self.parameter_bytes(case) <= HOST_BUILD_BYTES
 
     def build(self, cls, case, device) -> torch.nn.Module:
         """A fresh ``cls`` with the case's init inputs, built after seeding ``INIT_SEED`` where ``builds_on_host``
@@ -143,7 +143,7 @@ def launch(*inputs):
         ``__init__`` runs a GPU kernel on its parameters, say) is built on the device, as before; ``built_where``
         says which, and why."""
         host = self.builds_on_host(case)
-        kernelbench = getattr(self, "_protocol", "kernelcast") == "kernelbench"
+        kernelbench = self._protocol == "kernelbench"
         try:
             built = self._construct(cls, case, device, "cpu" if host else device)
             where = "host" if host or torch.device(device).type == "cpu" else "device"

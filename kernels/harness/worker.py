@@ -738,7 +738,8 @@ class MeasureWorker:
                 "precision": str(res.get("precision", "")),
                 "error_rel": tuple(res.get("error_rel", ())),
                 "reference_error_rel": tuple(res.get("reference_error_rel", ())),
-                "checks": "; ".join([f"{k}: {res[k]}" for k in ("window_check", "memcheck", "models_built") if res.get(k)]
+                "checks": "; ".join([f"{k}: {res[k]}" for k in ("window_check", "memcheck", "models_built")
+                                     if res.get(k)]
                                     + _anchoring(res) + _host_sensitive(res) + _controlled(res))}
 
     def _finish(self, r: _Running, **fields) -> Measurement:
