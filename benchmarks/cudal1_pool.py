@@ -61,6 +61,9 @@ def parse(argv=None) -> argparse.Namespace:
                    help="measure nothing: read the published figures again from --corpus and write the report of what "
                         "is stored")
     p.add_argument("--gpu-type", default=None, help="report on this GPU type (default: this machine's)")
+    p.add_argument("--timeline", default=None,
+                   help="write each worker's timeline here (JSON Lines: protocol, candidate, phase, seconds, detail): "
+                        "what every child was doing while another was timed")
     return p.parse_args(argv)
 
 
@@ -142,10 +145,24 @@ def measure(args, prepared, roots, protocols, hardware, started: float, chunk: i
         with contextlib.ExitStack() as stack:
             workers = {p: stack.enter_context(MeasureWorker(hardware, pool.worker_config(p, **settings)))
                        for p in protocols}
-            made = pool.measure(prepared, roots, workers, deadline=deadline, chunk=chunk)
+            try:
+                made = pool.measure(prepared, roots, workers, deadline=deadline, chunk=chunk)
+            finally:
+                if args.timeline:
+                    write_timeline(Path(args.timeline), workers)
     busy = held_seconds([hold for w in workers.values() for hold in w.holds])["held"]  # the workers share one lock
     print(f"{len(made)} measurements in {time.monotonic() - started:.0f} s wall, the device held {busy:.0f} s",
           flush=True)
+
+
+def write_timeline(path: Path, workers: dict) -> None:
+    """Every event of each worker's timeline, a line each (``MeasureWorker.timeline``), the protocol beside it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as sink:
+        for protocol, worker in workers.items():
+            for cid, slots, phase, t, detail in list(worker.timeline):
+                sink.write(json.dumps({"protocol": protocol, "candidate": cid, "slots": slots, "phase": phase,
+                                       "t": round(t, 4), "detail": detail}, default=str) + "\n")
 
 
 if __name__ == "__main__":

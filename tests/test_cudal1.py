@@ -173,8 +173,11 @@ def test_a_pool_run_imports_builds_measures_resumably_and_reports(tmp_path, caps
     args = ["--corpus", str(corpus), "--kernelbench", str(tmp_path / "kb"), "--root", str(tmp_path / "pool"),
             "--out", str(tmp_path / "out"), "--protocols", "kernelcast", "--variants", "custom,cuda-graph,cudnn,null",
             "--mode", "interpreter", "--concurrency", "2"]
-    assert bench.main(args) == 0
+    assert bench.main([*args, "--timeline", str(tmp_path / "timeline.jsonl")]) == 0
     first = capsys.readouterr().out
+    events = [json.loads(line) for line in (tmp_path / "timeline.jsonl").read_text().splitlines()]
+    assert {e["protocol"] for e in events} == {"kernelcast"}
+    assert {"started", "checks", "ended"} <= {e["phase"] for e in events}
     assert "kb.cudal1-l1-020: not imported" in first and "2 problems, 4 candidates built" in first
     root = pool.protocol_root(tmp_path / "pool", "kernelcast")
     stored = root.read_measurements().set_index("candidate_id")
