@@ -16,7 +16,10 @@ condition in a fresh process pinned to the last core, and prints each window's m
 - neighbours, one process per other core: ``cpu`` (each spinning, as compiling children do), ``contexts`` (each
   holding a CUDA context and sleeping), ``gpu`` (each issuing a tiny kernel every few milliseconds, as children
   warming their libraries outside the lock do), ``churn`` (each starting processes that import torch, create a
-  context, run one kernel and exit, as a pool's children come and go).
+  context, run one kernel and exit, as a pool's children come and go);
+- ``pairs``: ``addmm`` and ``graph`` each timed beside ``chain`` as the harness pairs a candidate with a host-bound
+  reference (``timing.time_pair``), with and without the untimed call that opens each round (``lead``), against
+  their windows alone: what a pair does to each side's figure and to their ratio.
 
 The calls: ``addmm`` (level2/18's kernel), ``graph`` (a CUDA-graph replay of a 3-to-16-channel 3x3 convolution of
 128x3x32x32, as level2/73's kernel), ``chain`` (level2/18's reference: a 10-to-5 linear layer, then sum, max, mean
@@ -38,7 +41,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONDITIONS = ("quiet", "after-profiler", "after-trace", "teardown", "cpu", "contexts", "gpu", "churn", "quiet",
-              "quiet")
+              "quiet", "pairs")
 NEIGHBOURS = {
     "cpu": "while True:\n    pass\n",
     "contexts": "import time, torch\ntorch.ones(1, device='cuda')\ntorch.cuda.synchronize()\ntime.sleep(3600)\n",
@@ -117,6 +120,10 @@ def measure(condition: str, windows: int) -> dict:
         verify.profile_window(lambda: calls["addmm"](0))
     torch.cuda.synchronize()
     row = {"condition": condition, "flush_us": flush_us(flush), "python_us": [], "calls": {}}
+    if condition == "pairs":
+        row["python_us"].append(python_us())
+        row["pairs"] = pairs(calls, flush, windows)
+        return row
     for _ in range(windows):
         row["python_us"].append(python_us())
         for name, call in calls.items():
@@ -125,6 +132,25 @@ def measure(condition: str, windows: int) -> dict:
                 {"median_us": t.runtime_us_median, "iqr_us": t.runtime_us_iqr, "reps": t.repetitions,
                  "host_us": t.host_us_median})
     return row
+
+
+def pairs(calls: dict, flush, windows: int) -> dict:
+    """Each GPU-bound call alone and beside ``chain`` (the reference), rounds opened by an untimed call or not."""
+    from kernels.harness.timing import time_call, time_pair
+
+    out = {}
+    for name in ("addmm", "graph"):
+        alone = {n: [time_call(calls[n], flush).runtime_us_median for _ in range(windows)] for n in (name, "chain")}
+        row = {"alone_us": alone[name], "reference_alone_us": alone["chain"]}
+        for lead in (False, True):
+            for _ in range(windows):
+                mine, theirs = time_pair(calls[name], calls["chain"], flush, lead=lead)
+                row.setdefault(f"lead={lead}", []).append(
+                    {"us": mine.runtime_us_median, "iqr_us": mine.runtime_us_iqr, "reps": mine.repetitions,
+                     "reference_us": theirs.runtime_us_median, "reference_iqr_us": theirs.runtime_us_iqr,
+                     "ratio": mine.paired_ratio})
+        out[name] = row
+    return out
 
 
 def start_neighbours(kind: str, cores: list[int]) -> list[subprocess.Popen]:
@@ -168,6 +194,16 @@ def run_condition(condition: str, args, timer_core: int, others: list[int]) -> d
 def line(row: dict) -> str:
     if "error" in row:
         return f"{row['condition']:>15}: failed: {row['error'][-300:]}"
+    if "pairs" in row:
+        parts = []
+        for name, r in row["pairs"].items():
+            parts.append(f"{name} alone {[round(v, 1) for v in r['alone_us']]}, chain alone "
+                         f"{[round(v, 1) for v in r['reference_alone_us']]}")
+            for lead in (False, True):
+                parts.append(f"  paired lead={lead}: " + "; ".join(
+                    f"{p['us']:.1f} (iqr {p['iqr_us']:.1f}) / chain {p['reference_us']:.1f} (iqr "
+                    f"{p['reference_iqr_us']:.1f}), ratio {p['ratio']:.3f}" for p in r[f"lead={lead}"]))
+        return f"{row['condition']:>15}:\n" + "\n".join(parts)
     parts = [f"{row['condition']:>15} ({row['neighbours']:2d} nb, python {statistics.median(row['python_us']):6.0f} us,"
              f" flush {row['flush_us']:5.1f} us)"]
     for name, windows in row["calls"].items():
