@@ -18,7 +18,7 @@ condition in a fresh process pinned to the last core, and prints each window's m
   warming their libraries outside the lock do), ``churn`` (each starting processes that import torch, create a
   context, run one kernel and exit, as a pool's children come and go);
 - ``pairs``: ``addmm`` and ``graph`` each timed beside ``chain`` as the harness pairs a candidate with a host-bound
-  reference (``timing.time_pair``), with and without the untimed call that opens each round (``lead``), against
+  reference (``timing.time_pair``), in rounds of two repetitions (20 a side) and of ten (``PAIR_MIN_REPS``), against
   their windows alone: what a pair does to each side's figure and to their ratio.
 
 The calls: ``addmm`` (level2/18's kernel), ``graph`` (a CUDA-graph replay of a 3-to-16-channel 3x3 convolution of
@@ -136,16 +136,16 @@ def measure(condition: str, windows: int) -> dict:
 
 def pairs(calls: dict, flush, windows: int) -> dict:
     """Each GPU-bound call alone and beside ``chain`` (the reference), rounds opened by an untimed call or not."""
-    from kernels.harness.timing import time_call, time_pair
+    from kernels.harness.timing import PAIR_MIN_REPS, time_call, time_pair
 
     out = {}
     for name in ("addmm", "graph"):
         alone = {n: [time_call(calls[n], flush).runtime_us_median for _ in range(windows)] for n in (name, "chain")}
         row = {"alone_us": alone[name], "reference_alone_us": alone["chain"]}
-        for lead in (False, True):
+        for reps in (20, PAIR_MIN_REPS):
             for _ in range(windows):
-                mine, theirs = time_pair(calls[name], calls["chain"], flush, lead=lead)
-                row.setdefault(f"lead={lead}", []).append(
+                mine, theirs = time_pair(calls[name], calls["chain"], flush, min_reps=reps)
+                row.setdefault(f"min_reps={reps}", []).append(
                     {"us": mine.runtime_us_median, "iqr_us": mine.runtime_us_iqr, "reps": mine.repetitions,
                      "reference_us": theirs.runtime_us_median, "reference_iqr_us": theirs.runtime_us_iqr,
                      "ratio": mine.paired_ratio})
@@ -199,10 +199,10 @@ def line(row: dict) -> str:
         for name, r in row["pairs"].items():
             parts.append(f"{name} alone {[round(v, 1) for v in r['alone_us']]}, chain alone "
                          f"{[round(v, 1) for v in r['reference_alone_us']]}")
-            for lead in (False, True):
-                parts.append(f"  paired lead={lead}: " + "; ".join(
+            for key in sorted((k for k in r if k.startswith("min_reps=")), key=lambda k: int(k.split("=")[1])):
+                parts.append(f"  paired {key}: " + "; ".join(
                     f"{p['us']:.1f} (iqr {p['iqr_us']:.1f}) / chain {p['reference_us']:.1f} (iqr "
-                    f"{p['reference_iqr_us']:.1f}), ratio {p['ratio']:.3f}" for p in r[f"lead={lead}"]))
+                    f"{p['reference_iqr_us']:.1f}), ratio {p['ratio']:.3f}" for p in r[key]))
         return f"{row['condition']:>15}:\n" + "\n".join(parts)
     parts = [f"{row['condition']:>15} ({row['neighbours']:2d} nb, python {statistics.median(row['python_us']):6.0f} us,"
              f" flush {row['flush_us']:5.1f} us)"]

@@ -153,14 +153,9 @@ class _Series:
         self.round_sizes: list[int] = []  # repetitions of each round, in order
         self.rep = 0
 
-    def round(self, flush: torch.Tensor, size: int, lead: bool = False) -> list:
-        """Issue ``size`` timed repetitions (flush, start event, call, end event); returns the event pairs. With
-        ``lead``, an untimed call first (on the previous repetition's inputs): the timed ones then follow a busy
-        device, as every repetition but a round's first does in a window of long rounds (``time_pair``)."""
+    def round(self, flush: torch.Tensor, size: int) -> list:
+        """Issue ``size`` timed repetitions (flush, start event, call, end event); returns the event pairs."""
         events = []
-        if lead:
-            flush.zero_()
-            self.call(max(self.rep - 1, 0))
         for _ in range(size):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             flush.zero_()
@@ -190,8 +185,7 @@ class _Series:
 
 
 def _time_series(calls: list[Callable[[int], object]], flush: torch.Tensor, warmup: int, min_reps: int,
-                 max_reps: int, target_notch: float, max_seconds: float, round_size: int,
-                 lead: bool = False) -> list[_Series]:
+                 max_reps: int, target_notch: float, max_seconds: float, round_size: int) -> list[_Series]:
     """Rounds of each call in turn until every median is pinned down (or the repetitions or time run out).
 
     Each round starts on an idle device, for every call alike: issued behind another call's round, a
@@ -219,7 +213,7 @@ def _time_series(calls: list[Callable[[int], object]], flush: torch.Tensor, warm
     while True:
         # A B, then B A: whatever the second place in a round does to a call, both get it as often
         for s in (series if turn % 2 == 0 else series[::-1]):
-            events = s.round(flush, round_size, lead)
+            events = s.round(flush, round_size)
             torch.cuda.synchronize()
             s.times_ms.extend(start.elapsed_time(end) for start, end in events)
             s.round_sizes.append(len(events))
@@ -233,6 +227,12 @@ def _time_series(calls: list[Callable[[int], object]], flush: torch.Tensor, warm
 SLOW_CALL_REPS = 5  # the fewest repetitions a call gets, however slow, up to a second
 SECONDS_CALL_REPS = 3  # the repetitions of a call of a second or more: the median of three
 PAIR_ROUNDS = 8  # the fewest rounds each call of a pair gets before its median may stand
+# A pair's fewest repetitions a side: enough for PAIR_ROUNDS rounds as long as a call's rounds alone (``round_size``,
+# ten). Each round starts on an idle device, and a round's first repetition meets the host's time where later ones
+# find the device busy; in rounds of two (20 repetitions) half of a call's repetitions were first ones. Measured on
+# an H200 (2026-11-29, benchmarks/small_call_spread.py): a host-bound reference (a linear layer and five small
+# reductions, 158-173 us alone) came out at 181-265 us beside a GPU-bound call in rounds of two, IQR 20-70% of it.
+PAIR_MIN_REPS = 80
 
 
 def warmed_up(took: list[float], warmup: int, max_seconds: float) -> bool:
@@ -276,20 +276,15 @@ def time_call(call: Callable[[int], object], flush: torch.Tensor, *, warmup: int
 
 
 def time_pair(call: Callable[[int], object], anchor: Callable[[int], object], flush: torch.Tensor, *,
-              warmup: int = 3, min_reps: int = 20, max_reps: int = 400, target_notch: float = 0.005,
-              max_seconds: float = 1.0, round_size: int = 10, lead: bool = True) -> tuple[Timing, Timing]:
+              warmup: int = 3, min_reps: int = PAIR_MIN_REPS, max_reps: int = 400, target_notch: float = 0.005,
+              max_seconds: float = 1.0, round_size: int = 10) -> tuple[Timing, Timing]:
     """Time ``call`` and ``anchor`` in alternating rounds of one window: both meet the same host.
 
     ``call``'s cost relative to the anchor's is the median of their per-round ratios (``paired_ratio``), carried
-    in the call's timing, free of the host's drifts that separate windows would each see differently.
-
-    Each round opens with an untimed call (``lead``). A pair's rounds are short (two repetitions where the call
-    alone gets ten) and each starts on an idle device, so without it half of a call's repetitions are a round's
-    first, whose host time the device waits through where later ones find it busy: on an H200 (2026-11-29) a
-    CUDA-L1 kernel of 7.3 us alone (IQR 0.7 us) came out at 16-34 us in pairs (IQR 15-27 us), and another's pair
-    ratio put it at a fifth of the reference where its own windows put it at 0.8."""
+    in the call's timing, free of the host's drifts that separate windows would each see differently. Rounds are
+    as long as a window's alone (``PAIR_MIN_REPS``)."""
     mine, theirs = _time_series([call, anchor], flush, warmup, min_reps, max_reps, target_notch, max_seconds,
-                                round_size, lead)
+                                round_size)
     ratio, per_round = paired_ratio(_rounds(mine), _rounds(theirs))
     return replace(mine.timing(), paired_ratio=ratio, round_ratios=tuple(per_round)), theirs.timing()
 
