@@ -2,11 +2,13 @@
 speedups of candidates ok in both runs (and the references' own runtimes) moved.
 
     PYTHONPATH=$PWD python benchmarks/pool_runs_compare.py NAME=ROOT NAME=ROOT [...] [--protocol kernelcast]
-        [--mark ops.txt] [--markdown OUT.md]
+        [--mark ops.txt] [--markdown OUT.md] [--runtimes]
 
 Each ROOT is a pool root (``cudal1_pool.py --root``); its ``<protocol>/measurements`` are read. The first run is
 the baseline of every pair of consecutive runs and of each later one. ``--mark`` names problems (comma-separated op
-names) shown apart in the table (the ones a change was aimed at). Reads Parquet only: no GPU.
+names) shown apart in the table (the ones a change was aimed at). ``--runtimes`` adds a table of what each speedup
+stands on: the candidate's runtime, the reference's stored runtime it was divided into, and whether the candidate's
+figure was anchored (timed beside the reference, its ratio carried to the stored runtime). Reads Parquet only: no GPU.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--protocol", default="kernelcast", help="the data root under each pool root (default: %(default)s)")
     p.add_argument("--mark", default="", help="a file of comma-separated op names shown apart")
     p.add_argument("--markdown", default=None, help="write the tables here as well")
+    p.add_argument("--runtimes", action="store_true",
+                   help="a table of each speedup's runtimes (candidate / stored reference, us) and its anchoring")
     return p.parse_args(argv)
 
 
@@ -52,6 +56,15 @@ def is_reference(table: pd.DataFrame) -> pd.Series:
     return table["origin"].eq("seed")
 
 
+def anchored(checks: str) -> bool:
+    """Whether a row's checks say a case's figure was anchored to the reference (``anchored: <cases>``, not none)."""
+    for part in checks.split(";"):
+        key, _, value = part.strip().partition(":")
+        if key == "anchored":
+            return value.strip() not in ("", "none")
+    return False
+
+
 def spread(a: pd.Series, b: pd.Series) -> dict:
     ratio = (b / a).dropna()
     dev = (ratio - 1).abs()
@@ -71,6 +84,10 @@ def compare(runs: dict[str, pd.DataFrame], marked: set[str]) -> tuple[pd.DataFra
                                                    "marked": r.op in marked})
             row[f"{name}_status"] = r.status
             row[f"{name}_speedup"] = r.speedup if r.status == "ok" else None
+            if r.status == "ok":
+                row[f"{name}_us"] = geomean(r.runtime_us_median)
+                row[f"{name}_reference_us"] = geomean(r.reference_us_median)
+                row[f"{name}_anchored"] = anchored(getattr(r, "checks", "") or "")
     wide = pd.DataFrame(list(rows.values())).sort_values(["marked", "op"])
     pairs = []
     base = names[0]
@@ -87,7 +104,21 @@ def compare(runs: dict[str, pd.DataFrame], marked: set[str]) -> tuple[pd.DataFra
     return wide, pairs
 
 
-def markdown(wide: pd.DataFrame, pairs: list[dict], names: list[str]) -> str:
+def runtimes_table(wide: pd.DataFrame, names: list[str]) -> list[str]:
+    """Each candidate's runtime over the stored reference's in each run (us), ``a`` where it was anchored."""
+    lines = ["", "Runtimes (us): candidate / the reference's stored runtime; a: the candidate's figure was anchored",
+             "", "| op | candidate | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    for r in wide.itertuples(index=False):
+        cells = []
+        for n in names:
+            us = getattr(r, f"{n}_us", None)
+            cells.append("-" if us is None or us != us else
+                         f"{us:.1f} / {getattr(r, f'{n}_reference_us'):.1f}{' a' if getattr(r, f'{n}_anchored') else ''}")
+        lines.append(f"| {r.op} | {r.candidate_id} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def markdown(wide: pd.DataFrame, pairs: list[dict], names: list[str], runtimes: bool = False) -> str:
     lines = ["| runs | candidates in both | verdicts changed | failed -> ok | ok -> failed | speedups both ok | median abs change | "
              "within 2% / 5% / 10% | ratio range | references | their median abs change | within 2% / 5% |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -107,6 +138,8 @@ def markdown(wide: pd.DataFrame, pairs: list[dict], names: list[str]) -> str:
             cells.append("-" if not isinstance(status, str) else
                          f"{speed:.3f}" if status == "ok" and speed == speed else status)
         lines.append(f"| {r.op} | {r.candidate_id} | {'yes' if r.marked else ''} | " + " | ".join(cells) + " |")
+    if runtimes:
+        lines += runtimes_table(wide, names)
     return "\n".join(lines) + "\n"
 
 
@@ -124,7 +157,7 @@ def main(argv=None) -> int:
         return 2
     marked = set(filter(None, Path(args.mark).read_text().replace("\n", ",").split(","))) if args.mark else set()
     wide, pairs = compare(runs, marked)
-    text = markdown(wide, pairs, list(runs))
+    text = markdown(wide, pairs, list(runs), args.runtimes)
     print(text)
     if args.markdown:
         Path(args.markdown).write_text(text)

@@ -307,7 +307,8 @@ def test_runs_of_one_pool_are_compared_verdict_by_verdict_and_speedup_by_speedup
                                              mode="gpu", case_names=("a",),
                                              runtime_us_median=(t,) if status == "ok" else (),
                                              reference_us_median=(ref,) if status == "ok" else (),
-                                             speedup=ref / t if status == "ok" else None)
+                                             speedup=ref / t if status == "ok" else None,
+                                             checks="anchored: a" if c == "c3" else "anchored: none")
                                  for c, op, status, t, ref in rows])
         return f"{name}={tmp_path / name}"
 
@@ -322,4 +323,8 @@ def test_runs_of_one_pool_are_compared_verdict_by_verdict_and_speedup_by_speedup
     assert pair["speedup"]["n"] == 1 and pair["speedup"]["median_abs_dev"] == pytest.approx(0.0)
     assert pair["reference_runtime"]["median_abs_dev"] == pytest.approx(0.1)
     assert "| one -> two | 2 | 1 | 1 | 0 |" in (tmp_path / "out.md").read_text()
+    assert compare.main([first, second, "--runtimes", "--markdown", str(tmp_path / "out.md")]) == 0
+    table = (tmp_path / "out.md").read_text()
+    assert f"| kb.x | {made['c2'].candidate_id} | 50.0 / 100.0 | 55.0 / 110.0 |" in table
+    assert f"| kb.x | {made['c3'].candidate_id} | 25.0 / 100.0 a | - |" in table
     assert compare.main([first]) == 2 and "two or more runs" in capsys.readouterr().err
