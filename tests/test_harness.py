@@ -137,6 +137,21 @@ def test_a_pair_alternates_at_least_eight_times_before_its_median_stands():
     assert round_size_for(2, 400, 10) == 10  # never larger than asked
 
 
+def test_a_pair_of_quick_calls_times_in_rounds_as_long_as_a_window_alone():
+    """A pair's rounds each start on an idle device; in rounds of two half of a call's repetitions were a round's
+    first (measured: a host-bound reference 1.1-1.6x its windows alone), so a pair asks for enough repetitions that
+    its eight rounds are as long as a window's rounds alone, while a slow call still fits its time."""
+    import inspect
+
+    from kernels.harness.timing import PAIR_MIN_REPS, PAIR_ROUNDS, repetitions_for, round_size_for, time_pair
+
+    assert inspect.signature(time_pair).parameters["min_reps"].default == PAIR_MIN_REPS
+    alone = inspect.signature(time_pair).parameters["round_size"].default
+    assert round_size_for(2, PAIR_MIN_REPS, alone) == alone and PAIR_MIN_REPS // alone >= PAIR_ROUNDS
+    reps = repetitions_for(0.1, PAIR_MIN_REPS, 1.0)  # a call of 100 ms: as many as fit twice the window
+    assert reps == 20 and round_size_for(2, reps, alone) == 2
+
+
 def test_a_pair_is_judged_round_by_round_so_a_host_that_flips_between_stretches_cancels():
     """Identical code on a host that runs fast (1.0 ms) or slow (1.7 ms) for stretches of rounds: a change that
     falls between the two sides of one turn gives one side an extra slow round, which moves the median over all
