@@ -230,8 +230,9 @@ PAIR_ROUNDS = 8  # the fewest rounds each call of a pair gets before its median 
 # A pair's fewest repetitions a side: enough for PAIR_ROUNDS rounds as long as a call's rounds alone (``round_size``,
 # ten). Each round starts on an idle device, and a round's first repetition meets the host's time where later ones
 # find the device busy; in rounds of two (20 repetitions) half of a call's repetitions were first ones. Measured on
-# an H200 (2026-11-29, benchmarks/small_call_spread.py): a host-bound reference (a linear layer and five small
-# reductions, 158-173 us alone) came out at 181-265 us beside a GPU-bound call in rounds of two, IQR 20-70% of it.
+# H200s (2026-11-29, benchmarks/small_call_spread.py): a host-bound reference (a linear layer and five small
+# reductions, 151-173 us alone) came out at 165-265 us beside a GPU-bound call in rounds of two, and the pair's ratio at
+# 0.62-0.98 of the two calls' ratio alone; in rounds of ten, 151-164 us and 0.95-1.10.
 PAIR_MIN_REPS = 80
 
 
