@@ -62,8 +62,9 @@ def parse(argv=None) -> argparse.Namespace:
                         "is stored")
     p.add_argument("--gpu-type", default=None, help="report on this GPU type (default: this machine's)")
     p.add_argument("--timeline", default=None,
-                   help="write each worker's timeline here (JSON Lines: protocol, candidate, phase, seconds, detail): "
-                        "what every child was doing while another was timed")
+                   help="write the worker's timeline here as it grows (JSON Lines, as task_sweep's: op, role, "
+                        "candidate, phase, seconds, detail; one file a protocol, STEM-PROTOCOL.jsonl, for several): "
+                        "what every child was doing while another was timed, kept when the run is cut short")
     return p.parse_args(argv)
 
 
@@ -133,8 +134,9 @@ def shard_cpus(spec: str | None) -> tuple[int, ...] | None:
 
 def measure(args, prepared, roots, protocols, hardware, started: float, chunk: int) -> None:
     """One worker per protocol, sharing one GPU lock so that the two never time at once."""
-    from kernels.harness.worker import MeasureWorker
+    from kernels.harness.sweep import Journal
     from kernels.harness.sweep_report import held_seconds
+    from kernels.harness.worker import MeasureWorker
     from tasks import cudal1_pool as pool
 
     deadline = started + args.max_minutes * 60 if args.max_minutes is not None else None
@@ -145,24 +147,33 @@ def measure(args, prepared, roots, protocols, hardware, started: float, chunk: i
         with contextlib.ExitStack() as stack:
             workers = {p: stack.enter_context(MeasureWorker(hardware, pool.worker_config(p, **settings)))
                        for p in protocols}
-            try:
-                made = pool.measure(prepared, roots, workers, deadline=deadline, chunk=chunk)
-            finally:
-                if args.timeline:
-                    write_timeline(Path(args.timeline), workers)
+            for protocol, worker in workers.items() if args.timeline else ():
+                stack.callback(Journal(worker, timeline_path(args.timeline, protocol, len(workers)),
+                                       timeline_names(prepared)).close)
+            made = pool.measure(prepared, roots, workers, deadline=deadline, chunk=chunk)
     busy = held_seconds([hold for w in workers.values() for hold in w.holds])["held"]  # the workers share one lock
     print(f"{len(made)} measurements in {time.monotonic() - started:.0f} s wall, the device held {busy:.0f} s",
           flush=True)
 
 
-def write_timeline(path: Path, workers: dict) -> None:
-    """Every event of each worker's timeline, a line each (``MeasureWorker.timeline``), the protocol beside it."""
+def timeline_path(path: str, protocol: str, protocols: int) -> Path:
+    """The timeline file of one protocol's worker: ``path`` itself, or ``STEM-PROTOCOL.jsonl`` beside it for several."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as sink:
-        for protocol, worker in workers.items():
-            for cid, slots, phase, t, detail in list(worker.timeline):
-                sink.write(json.dumps({"protocol": protocol, "candidate": cid, "slots": slots, "phase": phase,
-                                       "t": round(t, 4), "detail": detail}, default=str) + "\n")
+    return path if protocols == 1 else path.with_name(f"{path.stem}-{protocol}{path.suffix or '.jsonl'}")
+
+
+def timeline_names(prepared) -> dict:
+    """{candidate id: (op, role)} for the timeline's lines: each built variant's name, the reference's."""
+    names = {}
+    for p in prepared:
+        if p.op is None:
+            continue
+        names[p.op.seed_candidates()[0].candidate_id] = (p.problem.op_name, "reference")
+        for b in p.built:
+            if b.candidate is not None:
+                names.setdefault(b.candidate.candidate_id, (p.problem.op_name, b.variant))
+    return names
 
 
 if __name__ == "__main__":

@@ -176,8 +176,10 @@ def test_a_pool_run_imports_builds_measures_resumably_and_reports(tmp_path, caps
     assert bench.main([*args, "--timeline", str(tmp_path / "timeline.jsonl")]) == 0
     first = capsys.readouterr().out
     events = [json.loads(line) for line in (tmp_path / "timeline.jsonl").read_text().splitlines()]
-    assert {e["protocol"] for e in events} == {"kernelcast"}
+    assert {(e["task"], e["role"]) for e in events} == {("kb.cudal1-l1-019", r)
+                                                       for r in ("reference", "custom", "cuda-graph", "cudnn", "null")}
     assert {"started", "checks", "ended"} <= {e["phase"] for e in events}
+    assert bench.timeline_path("t/x.jsonl", "kernelbench", 2).name == "x-kernelbench.jsonl"
     assert "kb.cudal1-l1-020: not imported" in first and "2 problems, 4 candidates built" in first
     root = pool.protocol_root(tmp_path / "pool", "kernelcast")
     stored = root.read_measurements().set_index("candidate_id")

@@ -250,7 +250,7 @@ def chunks(imported: list, chunk_size: int) -> list[tuple[int, list]]:
     return out
 
 
-class _Journal:
+class Journal:
     """The worker's timeline written to ``timeline.jsonl`` as it grows (every ``every`` seconds, from a thread),
     each event named by task and role: a sweep cut short by its caller still says what each child was doing."""
 
@@ -338,7 +338,7 @@ def sweep(tasks: list[Task], out: Path, *, mode: str, concurrency: int, max_minu
         with MeasureWorker(hardware, config) as worker:
             print(f"cores: the lock holder on {list(worker.cores.timing)}, children compiling on "
                   f"{len(worker.cores.compile)} others" if worker.cores.reserved else "cores: none reserved", flush=True)
-            timeline = _Journal(worker, out / "timeline.jsonl", names)
+            timeline = Journal(worker, out / "timeline.jsonl", names)
             try:
                 _measure_chunks(worker, imported, names, chunk_size, deadline, max_minutes, mode, write, kept)
             finally:
