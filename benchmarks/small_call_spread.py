@@ -18,7 +18,7 @@ condition in a fresh process pinned to the last core, and prints each window's m
   warming their libraries outside the lock do), ``churn`` (each starting processes that import torch, create a
   context, run one kernel and exit, as a pool's children come and go);
 - ``pairs``: ``addmm`` and ``graph`` each timed beside ``chain`` as the harness pairs a candidate with a host-bound
-  reference (``timing.time_pair``), in rounds of two repetitions (20 a side) and of ten (``PAIR_MIN_REPS``), against
+  reference (``timing.time_pair``), in rounds of two repetitions (20 a side) and of ten (``pair_repetitions``), against
   their windows alone: what a pair does to each side's figure and to their ratio.
 
 The calls: ``addmm`` (level2/18's kernel), ``graph`` (a CUDA-graph replay of a 3-to-16-channel 3x3 convolution of
@@ -136,16 +136,16 @@ def measure(condition: str, windows: int) -> dict:
 
 def pairs(calls: dict, flush, windows: int) -> dict:
     """Each GPU-bound call alone and beside ``chain`` (the reference), rounds opened by an untimed call or not."""
-    from kernels.harness.timing import PAIR_MIN_REPS, time_call, time_pair
+    from kernels.harness.timing import time_call, time_pair
 
     out = {}
     for name in ("addmm", "graph"):
         alone = {n: [time_call(calls[n], flush).runtime_us_median for _ in range(windows)] for n in (name, "chain")}
         row = {"alone_us": alone[name], "reference_alone_us": alone["chain"]}
-        for reps in (20, PAIR_MIN_REPS):
+        for long_rounds, key in ((False, "min_reps=20"), (True, "min_reps=80")):  # rounds of two, of ten
             for _ in range(windows):
-                mine, theirs = time_pair(calls[name], calls["chain"], flush, min_reps=reps)
-                row.setdefault(f"min_reps={reps}", []).append(
+                mine, theirs = time_pair(calls[name], calls["chain"], flush, long_rounds=long_rounds)
+                row.setdefault(key, []).append(
                     {"us": mine.runtime_us_median, "iqr_us": mine.runtime_us_iqr, "reps": mine.repetitions,
                      "reference_us": theirs.runtime_us_median, "reference_iqr_us": theirs.runtime_us_iqr,
                      "ratio": mine.paired_ratio})

@@ -139,17 +139,17 @@ def test_a_pair_alternates_at_least_eight_times_before_its_median_stands():
 
 def test_a_pair_of_quick_calls_times_in_rounds_as_long_as_a_window_alone():
     """A pair's rounds each start on an idle device; in rounds of two half of a call's repetitions were a round's
-    first (measured: a host-bound reference 1.1-1.6x its windows alone), so a pair asks for enough repetitions that
-    its eight rounds are as long as a window's rounds alone, while a slow call still fits its time."""
-    import inspect
+    first (measured: a host-bound reference 1.1-1.6x its windows alone), so a pair of quick calls asks for enough
+    repetitions that its rounds are as long as a window's alone, while a pair of slow calls keeps what fits."""
+    from kernels.harness.timing import (PAIR_QUICK_CALL_S, PAIR_ROUNDS, pair_repetitions, repetitions_for,
+                                        round_size_for)
 
-    from kernels.harness.timing import PAIR_MIN_REPS, PAIR_ROUNDS, repetitions_for, round_size_for, time_pair
-
-    assert inspect.signature(time_pair).parameters["min_reps"].default == PAIR_MIN_REPS
-    alone = inspect.signature(time_pair).parameters["round_size"].default
-    assert round_size_for(2, PAIR_MIN_REPS, alone) == alone and PAIR_MIN_REPS // alone >= PAIR_ROUNDS
-    reps = repetitions_for(0.1, PAIR_MIN_REPS, 1.0)  # a call of 100 ms: as many as fit twice the window
-    assert reps == 20 and round_size_for(2, reps, alone) == 2
+    quick = pair_repetitions(repetitions_for(50e-6, 20, 1.0), 50e-6, 10)  # a pair of 50 us calls
+    assert quick == PAIR_ROUNDS * 10 and round_size_for(2, quick, 10) == 10
+    slow = pair_repetitions(repetitions_for(0.04, 20, 1.0), 0.04, 10)  # of 40 ms calls: as before, rounds of two
+    assert slow == 20 and round_size_for(2, slow, 10) == 2
+    assert pair_repetitions(20, PAIR_QUICK_CALL_S, 10) == 20 and pair_repetitions(20, float("nan"), 10) == 20
+    assert pair_repetitions(400, 50e-6, 10) == 400  # never fewer than asked
 
 
 def test_a_pair_is_judged_round_by_round_so_a_host_that_flips_between_stretches_cancels():

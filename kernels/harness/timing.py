@@ -185,7 +185,8 @@ class _Series:
 
 
 def _time_series(calls: list[Callable[[int], object]], flush: torch.Tensor, warmup: int, min_reps: int,
-                 max_reps: int, target_notch: float, max_seconds: float, round_size: int) -> list[_Series]:
+                 max_reps: int, target_notch: float, max_seconds: float, round_size: int,
+                 long_rounds: bool = True) -> list[_Series]:
     """Rounds of each call in turn until every median is pinned down (or the repetitions or time run out).
 
     Each round starts on an idle device, for every call alike: issued behind another call's round, a
@@ -207,6 +208,8 @@ def _time_series(calls: list[Callable[[int], object]], flush: torch.Tensor, warm
         last.append(took[-1])
     if last:
         min_reps = repetitions_for(max(last), min_reps, max_seconds)
+        if long_rounds and len(series) > 1:
+            min_reps = pair_repetitions(min_reps, max(last), round_size)
     round_size = round_size_for(len(series), min_reps, round_size)
     started = time.perf_counter()
     turn = 0
@@ -227,13 +230,24 @@ def _time_series(calls: list[Callable[[int], object]], flush: torch.Tensor, warm
 SLOW_CALL_REPS = 5  # the fewest repetitions a call gets, however slow, up to a second
 SECONDS_CALL_REPS = 3  # the repetitions of a call of a second or more: the median of three
 PAIR_ROUNDS = 8  # the fewest rounds each call of a pair gets before its median may stand
-# A pair's fewest repetitions a side: enough for PAIR_ROUNDS rounds as long as a call's rounds alone (``round_size``,
-# ten). Each round starts on an idle device, and a round's first repetition meets the host's time where later ones
-# find the device busy; in rounds of two (20 repetitions) half of a call's repetitions were first ones. Measured on
-# H200s (2026-11-29, benchmarks/small_call_spread.py): a host-bound reference (a linear layer and five small
-# reductions, 151-173 us alone) came out at 165-265 us beside a GPU-bound call in rounds of two, and the pair's ratio at
-# 0.62-0.98 of the two calls' ratio alone; in rounds of ten, 151-164 us and 0.95-1.10.
-PAIR_MIN_REPS = 80
+# A pair of calls quicker than this gets PAIR_ROUNDS rounds as long as a call's rounds alone (``pair_repetitions``).
+PAIR_QUICK_CALL_S = 0.005
+
+
+def pair_repetitions(min_reps: int, call_seconds: float, round_size: int) -> int:
+    """A pair's fewest repetitions a side: for calls quicker than ``PAIR_QUICK_CALL_S``, enough for ``PAIR_ROUNDS``
+    rounds of ``round_size`` (a window's rounds alone, ten); slower ones keep ``min_reps`` (their time is what limits).
+
+    Each round of a pair starts on an idle device, and a round's first repetition meets the host's issuing time where
+    later ones find the device busy; in rounds of two (20 repetitions a side) half of a call's repetitions were first
+    ones. Measured on H200s (2026-11-29, benchmarks/small_call_spread.py): a host-bound reference (a linear layer and
+    five small reductions, 151-173 us alone) came out at 165-265 us beside a GPU-bound call in rounds of two, and the
+    pair's ratio at 0.62-0.98 of the two calls' ratio alone; in rounds of ten, 151-164 us and 0.95-1.10. The share a
+    first repetition can add is the flush's head start (about 0.1 ms), small beside calls of milliseconds, and eighty
+    repetitions of those would hold the device for seconds a pair."""
+    if call_seconds <= 0 or not math.isfinite(call_seconds) or call_seconds >= PAIR_QUICK_CALL_S:
+        return min_reps
+    return max(min_reps, PAIR_ROUNDS * round_size)
 
 
 def warmed_up(took: list[float], warmup: int, max_seconds: float) -> bool:
@@ -277,15 +291,16 @@ def time_call(call: Callable[[int], object], flush: torch.Tensor, *, warmup: int
 
 
 def time_pair(call: Callable[[int], object], anchor: Callable[[int], object], flush: torch.Tensor, *,
-              warmup: int = 3, min_reps: int = PAIR_MIN_REPS, max_reps: int = 400, target_notch: float = 0.005,
-              max_seconds: float = 1.0, round_size: int = 10) -> tuple[Timing, Timing]:
+              warmup: int = 3, min_reps: int = 20, max_reps: int = 400, target_notch: float = 0.005,
+              max_seconds: float = 1.0, round_size: int = 10, long_rounds: bool = True) -> tuple[Timing, Timing]:
     """Time ``call`` and ``anchor`` in alternating rounds of one window: both meet the same host.
 
     ``call``'s cost relative to the anchor's is the median of their per-round ratios (``paired_ratio``), carried
     in the call's timing, free of the host's drifts that separate windows would each see differently. Rounds are
-    as long as a window's alone (``PAIR_MIN_REPS``)."""
+    as long as a window's alone where the calls are quick (``pair_repetitions``; ``long_rounds`` False: rounds as
+    ``round_size_for`` gives them for ``min_reps``, as before 2026-11-29)."""
     mine, theirs = _time_series([call, anchor], flush, warmup, min_reps, max_reps, target_notch, max_seconds,
-                                round_size)
+                                round_size, long_rounds)
     ratio, per_round = paired_ratio(_rounds(mine), _rounds(theirs))
     return replace(mine.timing(), paired_ratio=ratio, round_ratios=tuple(per_round)), theirs.timing()
 
