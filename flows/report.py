@@ -39,13 +39,34 @@ def _precision_word(precision: str) -> str:
     return "not measured" if not precision or precision.startswith("not measured") else "same"
 
 
+def reference_host_bound(rows: pd.DataFrame) -> str:
+    """What the op's latest reference measurement here says of its cases' host time: the cases whose host side came
+    near the flush's head start ("host-sensitive: ..." in its checks), "no" where none did, "" where the row predates
+    the mark. A speedup over a host-bound reference is the host's as much as the GPU's: the same kernel measured
+    1.2x-4.2x over the same reference in runs on one kind of GPU (docs/harness.md, "Why the small problems' figures
+    move")."""
+    if "origin" not in rows or "checks" not in rows:
+        return ""
+    refs = rows[(rows["origin"] == "seed") & (rows["status"] == "ok")]
+    if refs.empty:
+        return ""
+    checks = str(refs.sort_values("measured_at").iloc[-1]["checks"] or "")
+    for part in checks.split(";"):
+        key, _, value = part.strip().partition(":")
+        if key == "host-sensitive":
+            value = value.strip()
+            return "no" if value in ("", "none") else f"yes: {value}"
+    return ""
+
+
 def best_table(root, op: str | None = None) -> pd.DataFrame:
-    """One row per (op, gpu_type): counts by status and the fastest correct variant."""
+    """One row per (op, gpu_type): counts by status, the fastest correct variant, and whether the reference its
+    speedups stand on was host-bound there (``reference_host_bound``)."""
     m = root.read_measurements(op=op)
     if m.empty:
         return pd.DataFrame()
-    cands = root.read_candidates(op=op)[["candidate_id", "template", "params"]]
-    m = m.merge(cands, on="candidate_id", how="left")
+    cands = root.read_candidates(op=op)[["candidate_id", "template", "params", "origin"]]
+    m = m.merge(cands.drop_duplicates("candidate_id"), on="candidate_id", how="left")
     rows = []
     for (op_name, gpu_type), g in m.groupby(["op", "gpu_type"], sort=True):
         counts = g["status"].value_counts()
@@ -55,6 +76,7 @@ def best_table(root, op: str | None = None) -> pd.DataFrame:
         # correct kernels whose arithmetic is below the reference's class, timed or not (the interpreter times none)
         row["lower_precision"] = int(sum(map(is_lower, correct["precision"].fillna("").astype(str)))
                                      if "precision" in correct else 0)
+        row["reference_host_bound"] = reference_host_bound(g)
         timed = correct[correct["speedup"].notna()]
         if len(timed):
             b = timed.loc[timed["speedup"].idxmax()]

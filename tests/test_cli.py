@@ -151,6 +151,14 @@ def test_show_and_the_search_summary_flag_a_kernel_computed_below_the_references
     data.write_measurements([Measurement(slow, "row_sum", "h200", "ok", "gpu", case_names=cases,
                                          runtime_us_median=(8.0,) * len(cases), speedup=1.5, precision="float32")])
     assert best_table(data, op="row_sum").set_index("gpu_type").loc["h200", "best_precision"] == "same"
+    eager = measured[measured["template"].str.endswith("eager")]["candidate_id"].iloc[0]
+    assert best_table(data, op="row_sum").set_index("gpu_type").loc["h200", "reference_host_bound"] == ""
+    for gpu, checks, said in (("h200", "window_check: profiled; host-sensitive: none", "no"),
+                              ("a100", f"window_check: profiled; anchored: none; host-sensitive: {cases[0]}",
+                               f"yes: {cases[0]}")):  # what the reference's row on that GPU type says
+        data.write_measurements([Measurement(eager, "row_sum", gpu, "ok", "gpu", case_names=cases,
+                                             runtime_us_median=(9.0,) * len(cases), speedup=1.0, checks=checks)])
+        assert best_table(data, op="row_sum").set_index("gpu_type").loc[gpu, "reference_host_bound"] == said
 
     flagged = SearchResult("r1", "row_sum", "h100", fast, 2.0, "", {}, 8, 1.0, (), False, "budget", lower)
     assert any("below the reference's precision" in line for line in summary_lines(flagged, "d", "t", None))
