@@ -147,9 +147,9 @@ def measure(args, prepared, roots, protocols, hardware, started: float, chunk: i
         with contextlib.ExitStack() as stack:
             workers = {p: stack.enter_context(MeasureWorker(hardware, pool.worker_config(p, **settings)))
                        for p in protocols}
+            names = {cid: (op, "/".join(roles)) for cid, (op, roles) in pool.candidate_roles(prepared).items()}
             for protocol, worker in workers.items() if args.timeline else ():
-                stack.callback(Journal(worker, timeline_path(args.timeline, protocol, len(workers)),
-                                       timeline_names(prepared)).close)
+                stack.callback(Journal(worker, timeline_path(args.timeline, protocol, len(workers)), names).close)
             made = pool.measure(prepared, roots, workers, deadline=deadline, chunk=chunk)
     busy = held_seconds([hold for w in workers.values() for hold in w.holds])["held"]  # the workers share one lock
     print(f"{len(made)} measurements in {time.monotonic() - started:.0f} s wall, the device held {busy:.0f} s",
@@ -161,19 +161,6 @@ def timeline_path(path: str, protocol: str, protocols: int) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     return path if protocols == 1 else path.with_name(f"{path.stem}-{protocol}{path.suffix or '.jsonl'}")
-
-
-def timeline_names(prepared) -> dict:
-    """{candidate id: (op, role)} for the timeline's lines: each built variant's name, the reference's."""
-    names = {}
-    for p in prepared:
-        if p.op is None:
-            continue
-        names[p.op.seed_candidates()[0].candidate_id] = (p.problem.op_name, "reference")
-        for b in p.built:
-            if b.candidate is not None:
-                names.setdefault(b.candidate.candidate_id, (p.problem.op_name, b.variant))
-    return names
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kernels.harness.sweep_report import anchored_in  # noqa: E402 - after the path is set
+
 
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -56,15 +58,6 @@ def is_reference(table: pd.DataFrame) -> pd.Series:
     return table["origin"].eq("seed")
 
 
-def anchored(checks: str) -> bool:
-    """Whether a row's checks say a case's figure was anchored to the reference (``anchored: <cases>``, not none)."""
-    for part in checks.split(";"):
-        key, _, value = part.strip().partition(":")
-        if key == "anchored":
-            return value.strip() not in ("", "none")
-    return False
-
-
 def spread(a: pd.Series, b: pd.Series) -> dict:
     ratio = (b / a).dropna()
     dev = (ratio - 1).abs()
@@ -87,7 +80,7 @@ def compare(runs: dict[str, pd.DataFrame], marked: set[str]) -> tuple[pd.DataFra
             if r.status == "ok":
                 row[f"{name}_us"] = geomean(r.runtime_us_median)
                 row[f"{name}_reference_us"] = geomean(r.reference_us_median)
-                row[f"{name}_anchored"] = anchored(getattr(r, "checks", "") or "")
+                row[f"{name}_anchored"] = bool(anchored_in(getattr(r, "checks", "") or ""))
     wide = pd.DataFrame(list(rows.values())).sort_values(["marked", "op"])
     pairs = []
     base = names[0]

@@ -50,13 +50,10 @@ def reference_host_bound(rows: pd.DataFrame) -> str:
     refs = rows[(rows["origin"] == "seed") & (rows["status"] == "ok")]
     if refs.empty:
         return ""
-    checks = str(refs.sort_values("measured_at").iloc[-1]["checks"] or "")
-    for part in checks.split(";"):
-        key, _, value = part.strip().partition(":")
-        if key == "host-sensitive":
-            value = value.strip()
-            return "no" if value in ("", "none") else f"yes: {value}"
-    return ""
+    from kernels.harness.sweep_report import cases_in
+
+    cases = cases_in(str(refs.sort_values("measured_at").iloc[-1]["checks"] or ""), "host-sensitive: ")
+    return "" if cases is None else f"yes: {', '.join(cases)}" if cases else "no"
 
 
 def best_table(root, op: str | None = None) -> pd.DataFrame:

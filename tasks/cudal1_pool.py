@@ -261,6 +261,20 @@ def _variant_order(column: pd.Series) -> pd.Series:
 
 # ---- measuring ---------------------------------------------------------------------------------------------
 
+def candidate_roles(prepared: Sequence[Prepared]) -> dict[str, tuple[str, list[str]]]:
+    """{candidate id: (op, its roles)} of the imported problems: "reference" for each op's reference, else the
+    variants built with that code (two variants with the same code are one candidate)."""
+    roles: dict[str, tuple[str, list[str]]] = {}
+    for p in prepared:
+        if p.op is None:
+            continue
+        roles[p.op.seed_candidates()[0].candidate_id] = (p.problem.op_name, ["reference"])
+        for b in p.built:
+            if b.candidate:
+                roles.setdefault(b.candidate.candidate_id, (p.problem.op_name, []))[1].append(b.variant)
+    return roles
+
+
 def measure(prepared: Sequence[Prepared], roots: Mapping[str, DataRoot], workers: Mapping[str, object], *,
             chunk: int, deadline: float | None = None, grace_s: float = 60.0,
             log: Callable[[str], None] = print) -> list:
@@ -272,12 +286,7 @@ def measure(prepared: Sequence[Prepared], roots: Mapping[str, DataRoot], workers
     candidates are measured next time). Returns the measurements made.
     """
     ready = [p for p in prepared if p.op is not None]
-    names = {}
-    for p in ready:
-        names[p.op.seed_candidates()[0].candidate_id] = ["reference"]
-        for b in p.built:
-            if b.candidate:
-                names.setdefault(b.candidate.candidate_id, []).append(b.variant)
+    names = {cid: roles for cid, (_, roles) in candidate_roles(prepared).items()}
     published = {b.candidate.candidate_id: VARIANTS[b.variant].published_speedup(p.problem, SOURCE_GPU)
                  for p in ready for b in p.built if b.candidate}
     made = []
