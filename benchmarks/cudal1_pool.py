@@ -54,6 +54,9 @@ def parse(argv=None) -> argparse.Namespace:
                    help="where each problem's Model and ModelNew are built: auto (on the CPU and then moved, as "
                         "KernelBench's eval does, but a huge model under kernelcast's protocol), host or device "
                         "(default: %(default)s)")
+    p.add_argument("--reference-processes", type=int, default=3, metavar="N",
+                   help="processes a problem's reference is measured in where its first finds a case host-sensitive; "
+                        "its stored runtime is the median process's (default: %(default)s)")
     p.add_argument("--memcheck", default="off", choices=("off", "auto", "all"),
                    help="compute-sanitizer per candidate (8-23 s each on an H100; default: %(default)s)")
     p.add_argument("--mode", default="gpu", choices=("gpu", "interpreter"))
@@ -143,7 +146,8 @@ def measure(args, prepared, roots, protocols, hardware, started: float, chunk: i
     with tempfile.TemporaryDirectory(prefix="cudal1-lock-") as folder:
         lock = str(Path(folder) / "gpu.lock")
         settings = dict(mode=args.mode, concurrency=args.concurrency, memcheck=args.memcheck, gpu_lock=lock,
-                        cpus=shard_cpus(args.shard), anchor=args.anchor, model_build=args.model_build)
+                        cpus=shard_cpus(args.shard), anchor=args.anchor, model_build=args.model_build,
+                        reference_processes=args.reference_processes)
         with contextlib.ExitStack() as stack:
             workers = {p: stack.enter_context(MeasureWorker(hardware, pool.worker_config(p, **settings)))
                        for p in protocols}

@@ -69,6 +69,8 @@ CASES = [
     (["measure", "--op", "sofmax"], "unknown operation 'sofmax'; known: softmax, layernorm", OPS + DATA),
     (["measure", "--op", ","], "--op names no operation", DATA),
     (["measure", "--op", "softmax", "--limit", "-1"], "--limit must be zero or more, got -1", ()),
+    (["measure", "--op", "softmax", "--reference-processes", "0"], "--reference-processes must be 1 or more, got 0",
+     ()),
     (["measure", "--op", "softmax", "--storage-option", "novalue"], "--storage-option takes KEY=VALUE, got 'novalue'",
      ()),
     (["measure", "--op", "softmax", "--data", "s4://bucket/x"], "Protocol not known: s4", DATA),

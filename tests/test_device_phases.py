@@ -926,3 +926,89 @@ def test_a_gpu_bound_candidate_timed_beside_a_host_bound_reference_keeps_its_own
     got = runner._anchored(job, op, cases[:1], lambda case, a: (gpu_bound, beside), {}, lambda *p: None, anchor,
                            lambda t: runner.keeps_anchor(job, t, flush), later)
     assert got == {} and [w.runtime_us_median for w in later[cases[0].name]] == [41.0, 40.0]
+
+
+# ---- a host-bound reference measured in several processes ------------------------------------------------------
+
+
+def _take(runtimes, host_sensitive, status="ok", seconds=1.0):
+    from kernels.records import Measurement
+
+    names = ("small", "large")
+    res = {"status": status, "anchored_cases": [], "host_sensitive_cases": list(host_sensitive),
+           "host_us": [r * 0.9 for r in runtimes] if status == "ok" else []}
+    m = Measurement(candidate_id="ref", op="softmax", gpu_type="h200", status=status, mode="gpu",
+                    case_names=names if status == "ok" else (), hardware=CPU,
+                    runtime_us_median=tuple(runtimes) if status == "ok" else (),
+                    runtime_us_iqr=tuple(r / 100 for r in runtimes) if status == "ok" else (),
+                    repetitions=(100, 20) if status == "ok" else (), gpu_seconds=seconds, wall_seconds=2 * seconds,
+                    compile_seconds=0.5 * seconds)
+    return res, m
+
+
+def test_a_reference_measured_in_several_processes_keeps_the_median_process_figure_per_case():
+    from kernels.harness.sweep_report import cases_in
+    from kernels.harness.worker import REFERENCE_PROCESSES_MARK, combine_reference_takes, host_sensitive_in
+
+    takes = [_take((150.0, 900.0), ["small"]), _take((310.0, 905.0), ["small", "large"]),
+             _take((180.0, 890.0), []), _take((), [], status="timeout", seconds=3.0)]
+    m, res = combine_reference_takes(takes)
+    # each case's figures are those of the process whose figure is the median of the ok ones (the lower middle one
+    # of three ok: 180 for the small case, 900 for the large), its IQR and repetitions with it
+    assert m.runtime_us_median == (180.0, 900.0)
+    assert m.runtime_us_iqr == (1.8, 9.0) and m.repetitions == (100, 20)
+    assert m.status == "ok" and m.candidate_id == "ref"
+    # host-sensitive where more than half of the ok processes found it so: the small case (2 of 3), not the large (1)
+    assert res["host_sensitive_cases"] == ["small"] and host_sensitive_in(m.checks) == ("small",)
+    assert cases_in(m.checks, "anchored: ") == ()
+    # charged every process, the failed one too, and the row says what each process measured
+    assert m.gpu_seconds == pytest.approx(6.0) and m.wall_seconds == pytest.approx(12.0)
+    assert m.compile_seconds == pytest.approx(3.0)
+    (said,) = [p for p in m.checks.split("; ") if p.startswith(REFERENCE_PROCESSES_MARK)]
+    assert said == (f"{REFERENCE_PROCESSES_MARK}3 of 4 ok (timeout) | small 150.0/310.0/180.0 us "
+                    "(host 135.0/279.0/162.0 us) | large 900.0/905.0/890.0 us (host 810.0/814.5/801.0 us)")
+    # two ok processes: the lower of the two, a figure one of them measured
+    m2, _ = combine_reference_takes([_take((150.0, 900.0), ["small"]), _take((310.0, 880.0), ["small"])])
+    assert m2.runtime_us_median == (150.0, 880.0)
+
+
+def test_the_worker_measures_a_host_bound_reference_again_in_more_processes_before_its_candidates():
+    """``MeasureWorker._reference_take``: a reference whose first process found a case host-sensitive is measured in
+    ``reference_processes`` processes in all, the others queued first in line; its row comes once all are in. One
+    that found none, failed, or a worker asked for one process: its first row as it is."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    from kernels.harness.worker import attempt_of
+
+    op = get_space("softmax")
+    ref = dataclasses.replace(op.spread_subset(1)[0], origin="seed")
+
+    def child(res):
+        return SimpleNamespace(result=res, candidate=ref, take=1)
+
+    with MeasureWorker(CPU, WorkerConfig(mode="interpreter", reference_processes=3)) as worker:
+        takes = deque()
+        res, m = _take((150.0, 900.0), ["small"])
+        assert worker._reference_take(child(res), m, takes) is None
+        assert list(takes) == [(ref, 2), (ref, 3)]
+        res, m = _take((310.0, 905.0), ["small"])
+        assert worker._reference_take(child(res), m, takes) is None
+        res, m = _take((180.0, 890.0), [])
+        got, res = worker._reference_take(child(res), m, takes)
+        assert got.runtime_us_median == (180.0, 900.0) and res["host_sensitive_cases"] == ["small"]
+        assert "reference processes: 3 of 3 ok" in got.checks
+        # the next op's reference starts afresh; one with nothing host-sensitive is its first row
+        takes.clear()
+        res, m = _take((150.0, 900.0), [])
+        assert worker._reference_take(child(res), m, takes) == (m, res) and not takes
+        res, m = _take((), ["small"], status="incorrect")
+        assert worker._reference_take(child(res), m, takes) == (m, res) and not takes
+    with MeasureWorker(CPU, WorkerConfig(mode="interpreter", reference_processes=1)) as worker:
+        res, m = _take((150.0, 900.0), ["small"])
+        assert worker._reference_take(child(res), m, takes) == (m, res) and not takes
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="reference_processes"):
+            MeasureWorker(CPU, WorkerConfig(mode="interpreter", reference_processes=bad))
+    # the timeline's attempt numbers: 1 first, 2 a retry alone, 3 and on the further processes of a reference
+    assert [attempt_of(False, 1), attempt_of(True, 1), attempt_of(False, 2), attempt_of(False, 3)] == [1, 2, 3, 4]

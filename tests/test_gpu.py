@@ -144,3 +144,54 @@ def test_with_warm_checks_each_child_warms_its_comparisons_before_the_lock_and_t
         marks = [phase for cid, _, phase, _, _ in timeline if cid == c.candidate_id]
         assert "warmed_checks" in marks and marks.index("warmed_checks") < marks.index("waiting")
     assert lock_breakdown(timeline)["comparison, first case"]["children"] >= len(good)
+
+
+KB_CHAIN = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """A chain of tiny elementwise launches: the host's issuing sets its pace."""
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        for _ in range(60):
+            x = x * 1.0001 + 0.0001
+        return x
+
+
+def get_inputs():
+    return [torch.randn(64, 64)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_host_bound_reference_is_measured_in_three_processes_and_keeps_the_median_ones_figure(tmp_path):
+    from kernels.formats import import_task
+    from kernels.harness.worker import REFERENCE_PROCESSES_MARK
+    from kernels.null import null_candidate
+
+    (tmp_path / "chain.py").write_text(KB_CHAIN)
+    op, _ = import_task("kernelbench", str(tmp_path / "chain.py"), [], name="chain_processes")
+    seed, null = op.seed_candidates()[0], null_candidate(op)
+    with MeasureWorker(detect(), WorkerConfig(mode="gpu", concurrency=3, reference_processes=3)) as w:
+        out = {m.candidate_id: m for m in w.measure([seed, null])}
+        lives = {}
+        for cid, attempt, phase, t, _ in w.timeline:
+            lives.setdefault((cid, attempt), {})[phase] = t
+    ref, m = out[seed.candidate_id], out[null.candidate_id]
+    assert ref.status == "ok" and m.status == "ok", (ref.error, m.error)
+    (said,) = [p for p in ref.checks.split("; ") if p.startswith(REFERENCE_PROCESSES_MARK)]
+    assert said.startswith(f"{REFERENCE_PROCESSES_MARK}3 of 3 ok | "), said
+    figures = [float(x) for x in said.split(" | ")[1].split()[1].split("/")]
+    assert len(figures) == 3 and ref.runtime_us_median[0] == pytest.approx(sorted(figures)[1], abs=0.05)
+    assert {a for cid, a in lives if cid == seed.candidate_id} == {1, 3, 4}
+    # the null starts once every process of its reference is done, and is timed beside it: about 1
+    last_ref = max(v["ended"] for (cid, _), v in lives.items() if cid == seed.candidate_id)
+    assert lives[null.candidate_id, 1]["started"] >= last_ref
+    assert 0.9 < m.speedup < 1.1, m.speedup

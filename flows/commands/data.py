@@ -111,6 +111,8 @@ def _check_one_protocol(root, ops: list[str], gpu_type: str, protocol: str, wher
 def cmd_measure(args) -> int:
     if args.limit is not None and args.limit < 0:
         raise UsageError(f"--limit must be zero or more, got {args.limit}")
+    if args.reference_processes < 1:
+        raise UsageError(f"--reference-processes must be 1 or more, got {args.reference_processes}")
     root = data_root(args)
     ops = _resolve_ops(args.op, root)
     mode, hw = _resolve_mode(args.mode)
@@ -122,7 +124,7 @@ def cmd_measure(args) -> int:
                           timeout_s=args.timeout, gpu_timeout_s=args.gpu_timeout,
                           seeds=args.seeds if args.seeds else (3 if mode == "gpu" else 1), protocol=args.timing,
                           anchor=args.anchor, precision=args.precision, shared_checks=not args.checks_alone,
-                          model_build=args.model_build)
+                          model_build=args.model_build, reference_processes=args.reference_processes)
     _check_one_protocol(root, ops, hw.gpu_type, args.timing, args.data)
     plan = []
     for name in ops:
@@ -335,6 +337,10 @@ def register(sub) -> None:
                     help="every candidate holds the GPU alone from its first allocation; by default a candidate's "
                          "correctness checks may run beside other candidates' checks (never beside a candidate being "
                          "timed), where its cases are small and its first calls do not autotune (docs/harness.md)")
+    sp.add_argument("--reference-processes", type=int, default=3, metavar="N",
+                    help="processes an operation's reference is measured in where its first finds a case host-bound "
+                         "(a host-bound call's figure moves with the speed its process gets); its stored runtime is "
+                         "the median process's and its row names every process's (default: %(default)s)")
     sp.add_argument("--model-build", choices=["auto", "host", "device"], default="auto",
                     help="where a KernelBench task's Model and ModelNew are built: auto (on the CPU and then moved, as "
                          "KernelBench's eval does; a model over 2 GiB of parameters on the GPU under kernelcast's "

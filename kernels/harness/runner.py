@@ -659,6 +659,7 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
         result["runtime_us_median"].append(timing.runtime_us_median)
         result["runtime_us_iqr"].append(timing.runtime_us_iqr)
         result["repetitions"].append(timing.repetitions)
+        result.setdefault("host_us", []).append(timing.host_us_median)  # how long the host took to issue a call
         result.setdefault("rotation_sets", []).append(rotation[case.name])
     del flush
     torch.cuda.empty_cache()

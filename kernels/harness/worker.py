@@ -31,6 +31,7 @@ import multiprocessing.forkserver as forkserver
 import os
 import shutil
 import signal
+import statistics
 import tempfile
 import threading
 import time
@@ -120,6 +121,11 @@ class WorkerConfig:
     # where budget.shares_checks allows: every case's bytes known and small, no first call that autotunes (its own
     # choice of kernel would be skewed by other children's work: budget.BENCHMARKS_FIRST).
     shared_checks: bool = True
+    # Processes a reference is measured in where its first one found a case host-sensitive (only a timed one can):
+    # a host-bound call's figure moves with the speed its process happens to get (a pure-Python loop took
+    # 614-1,070 us in fresh processes on one idle H200 host), so such a reference's stored runtime per case is that
+    # of the process whose figure is the median (``combine_reference_takes``); its row keeps every process's figure.
+    reference_processes: int = 3
 
 
 @dataclass
@@ -143,6 +149,7 @@ class _Running:
     started: float
     limits: budget.Limits
     alone: bool = False
+    take: int = 1  # a reference's process: 1 its first, 2 and on its further ones (WorkerConfig.reference_processes)
     waiting_since: float | None = None
     gpu_started: float | None = None
     compiles_under_lock: bool = False
@@ -242,6 +249,51 @@ def _doing(phase: str, detail) -> str:
     return ""
 
 
+def attempt_of(alone: bool, take: int) -> int:
+    """A child's attempt number in the worker's timeline: 1 a candidate's first process, 2 its retry alone (after
+    running out of device memory beside others), 3 and on a host-bound reference's further processes (take 2 is 3)."""
+    return 2 if alone else (1 if take == 1 else take + 1)
+
+
+REFERENCE_PROCESSES_MARK = "reference processes: "
+
+
+def combine_reference_takes(takes: list[tuple[dict, Measurement]]) -> tuple[Measurement, dict]:
+    """One row for a reference measured in several processes (``WorkerConfig.reference_processes``), and its result.
+
+    Per case, the figures (median, IQR, repetitions) of the process whose median is the median of the ok processes'
+    (the lower of the two middle ones for an even count), so every stored figure is one a process measured. A case is
+    host-sensitive where more than half of the ok processes found it so. The row is charged every process's time, and
+    its checks name each process's figure and host time of every case some process found host-sensitive."""
+    ok = [(res, m) for res, m in takes if m.status == "ok" and m.runtime_us_median]
+    first_res, first = ok[0]
+    names = list(first.case_names)
+    res = dict(first_res)
+    medians, iqrs, reps = [], [], []
+    for i in range(len(names)):
+        figures = [m.runtime_us_median[i] for _, m in ok]
+        pick = figures.index(statistics.median_low(figures))
+        medians.append(figures[pick])
+        iqrs.append(ok[pick][1].runtime_us_iqr[i] if i < len(ok[pick][1].runtime_us_iqr) else 0.0)
+        reps.append(ok[pick][1].repetitions[i] if i < len(ok[pick][1].repetitions) else 0)
+    found = Counter(c for r, _ in ok for c in r.get("host_sensitive_cases", ()))
+    res["host_sensitive_cases"] = [c for c in names if 2 * found[c] > len(ok)]
+    detail = []
+    for i, name in enumerate(names):
+        if found[name]:
+            us = "/".join(f"{m.runtime_us_median[i]:.1f}" for _, m in ok)
+            host = "/".join(f"{r['host_us'][i]:.1f}" if i < len(r.get("host_us", ())) else "-" for r, _ in ok)
+            detail.append(f"{name} {us} us (host {host} us)")
+    failed = [f"{m.status}" for _, m in takes if not (m.status == "ok" and m.runtime_us_median)]
+    res["reference_processes"] = (f"{len(ok)} of {len(takes)} ok" + (f" ({', '.join(failed)})" if failed else "")
+                                  + "".join(f" | {d}" for d in detail))  # no "; ": it parts the row's checks
+    fields = MeasureWorker._from_result(res)
+    fields.update(runtime_us_median=tuple(medians), runtime_us_iqr=tuple(iqrs), repetitions=tuple(reps),
+                  compile_seconds=sum(m.compile_seconds for _, m in takes),
+                  gpu_seconds=sum(m.gpu_seconds for _, m in takes))
+    return replace(first, wall_seconds=sum(m.wall_seconds for _, m in takes), **fields), res
+
+
 def geometric_mean(values: Iterable[float]) -> float | None:
     values = list(values)
     if not values or any(v <= 0 or not math.isfinite(v) for v in values):
@@ -261,6 +313,10 @@ class MeasureWorker:
             raise ValueError(f"unknown timing protocol {config.protocol!r}; known: {', '.join(PROTOCOLS)}")
         if config.model_build not in MODEL_BUILDS:
             raise ValueError(f"unknown model build {config.model_build!r}; known: {', '.join(MODEL_BUILDS)}")
+        if isinstance(config.reference_processes, bool) or not isinstance(config.reference_processes, int) \
+                or config.reference_processes < 1:
+            raise ValueError(f"reference_processes must be a whole number of processes, 1 or more; got "
+                             f"{config.reference_processes!r}")
         if config.anchor not in ANCHORS:
             raise ValueError(f"unknown anchor setting {config.anchor!r}; known: {', '.join(ANCHORS)}")
         if config.memcheck not in memcheck.MODES:
@@ -294,7 +350,9 @@ class MeasureWorker:
         # every hold of the GPU lock by a child, (start, end, shared): shared holds may overlap (``held_gpu_seconds``)
         self.holds: list[tuple[float, float, bool]] = []
         self._case_bytes: dict[str, list[int | None]] = {}  # op -> per case, None where meta tensors cannot tell
-        self._first_attempt: dict[str, Measurement] = {}  # candidate id -> its out-of-memory attempt
+        self._first_attempt: dict[tuple[str, int], Measurement] = {}  # (candidate id, take) -> its out-of-memory attempt
+        self._takes: dict[str, list[tuple[dict, Measurement]]] = {}  # op -> its reference's processes so far
+        self._takes_wanted: dict[str, int] = {}  # op -> the processes its reference is measured in
         self._reference_call_us: dict[str, dict[str, float]] = {}  # op -> case -> its reference's first call  # op -> per case, one set's bytes plus parameters
         # (candidate id, attempt, phase, monotonic time, detail) for every phase of every child, in order
         # (the latest 100,000): shows when each held the GPU lock and what ran beside it.
@@ -492,7 +550,7 @@ class MeasureWorker:
         self._probed = True
         return self.probe_log[-1]
 
-    def _start(self, cand: Candidate, alone: bool = False) -> _Running:
+    def _start(self, cand: Candidate, alone: bool = False, take: int = 1) -> _Running:
         scratch = tempfile.mkdtemp(prefix="cand-", dir=self._root)
         limits = self.candidate_limits(cand)
         job = self._job(cand, scratch, *self._protection, limits=limits, alone=alone)
@@ -502,12 +560,12 @@ class MeasureWorker:
         proc.start()
         child_conn.close()
         self.stats.children += 1
-        r = _Running(cand, proc, parent_conn, scratch, time.monotonic(), limits=limits, alone=alone)
+        r = _Running(cand, proc, parent_conn, scratch, time.monotonic(), limits=limits, alone=alone, take=take)
         self._note(r, "started", r.started, limits)
         return r
 
     def _note(self, r: _Running, phase: str, t: float, detail=None) -> None:
-        self.timeline.append((r.candidate.candidate_id, 2 if r.alone else 1, phase, t, detail))
+        self.timeline.append((r.candidate.candidate_id, attempt_of(r.alone, r.take), phase, t, detail))
 
     def _run(self, candidates: list[Candidate],
              waiting: dict[str, list[Candidate]] | None = None) -> Iterator[Measurement]:
@@ -515,17 +573,18 @@ class MeasureWorker:
         op's reference id -> candidates started once that reference is measured (its runtime kept when ok)."""
         waiting = dict(waiting or {})
         pending = deque(candidates)
-        solo: deque[tuple[Candidate, Measurement]] = deque()  # ran out of device memory: again, alone
+        solo: deque[tuple[Candidate, Measurement, int]] = deque()  # ran out of device memory: again, alone
+        takes: deque[tuple[Candidate, int]] = deque()  # a host-bound reference's further processes, first in line
         running: list[_Running] = []
         try:
-            while pending or running or solo:
+            while pending or running or solo or takes:
                 if solo and not running:
-                    cand, first = solo.popleft()
-                    running.append(self._start(cand, alone=True))
-                    self._first_attempt[cand.candidate_id] = first
+                    cand, first, take = solo.popleft()
+                    running.append(self._start(cand, alone=True, take=take))
+                    self._first_attempt[cand.candidate_id, take] = first
                 alone = solo or any(r.alone for r in running)  # a retry runs with no other child beside it
-                while not alone and pending and len(running) < self.config.concurrency:
-                    running.append(self._start(pending.popleft()))
+                while not alone and (takes or pending) and len(running) < self.config.concurrency:
+                    running.append(self._start(*takes.popleft()) if takes else self._start(pending.popleft()))
                 wait([r.conn for r in running] + [r.process.sentinel for r in running], timeout=0.5)
                 still = []
                 for r in running:
@@ -534,15 +593,19 @@ class MeasureWorker:
                         still.append(r)
                     elif not r.alone and self._out_of_memory(r, done):
                         self.stats.retried_alone += 1
-                        solo.append((r.candidate, done))  # no verdict yet: others held the device beside it
+                        solo.append((r.candidate, done, r.take))  # no verdict yet: others held the device beside it
                     else:
                         m = self._after_retry(r, done)
                         if m.candidate_id in waiting:  # a reference: what its candidates are measured against
+                            taken = self._reference_take(r, m, takes)
+                            if taken is None:
+                                continue  # more of its processes to come
+                            m, res = taken
                             if m.status == "ok":
                                 self.reference_us[m.op] = m.runtime_us_median
                                 # its candidates time these cases beside it too: a host-bound reference's own
                                 # runtime moves with the host, and a GPU-bound candidate's speedup with it
-                                self.reference_host_bound[m.op] = tuple((r.result or {}).get("host_sensitive_cases", ()))
+                                self.reference_host_bound[m.op] = tuple(res.get("host_sensitive_cases", ()))
                             pending.extend(waiting.pop(m.candidate_id))
                         yield m
                 running = still
@@ -553,6 +616,26 @@ class MeasureWorker:
                 _kill_group(r.process.pid)
                 shutil.rmtree(r.scratch, ignore_errors=True)
 
+    def _reference_take(self, r: _Running, m: Measurement,
+                        takes: deque[tuple[Candidate, int]]) -> tuple[Measurement, dict] | None:
+        """A reference's measurement and result once all its processes are in, or None while some are to come.
+
+        One process where its first fails, finds no case host-sensitive, or the config asks for one: its own row.
+        Otherwise its further processes go first in line (loading beside one another, timed one at a time under the
+        lock) and the row is ``combine_reference_takes`` of them all."""
+        res = r.result or {}
+        op = m.op
+        if op not in self._takes:
+            wanted = self.config.reference_processes  # only a timed process finds a case host-sensitive
+            if m.status != "ok" or not m.runtime_us_median or wanted <= 1 or not res.get("host_sensitive_cases"):
+                return m, res
+            self._takes[op], self._takes_wanted[op] = [], wanted
+            takes.extend((r.candidate, k) for k in range(2, wanted + 1))
+        self._takes[op].append((res, m))
+        if len(self._takes[op]) < self._takes_wanted[op]:
+            return None
+        return combine_reference_takes(self._takes.pop(op))
+
     @staticmethod
     def _out_of_memory(r: _Running, m: Measurement) -> bool:
         if m.status not in ("runtime_error", "crashed"):
@@ -561,7 +644,7 @@ class MeasureWorker:
 
     def _after_retry(self, r: _Running, m: Measurement) -> Measurement:
         """A retried candidate's verdict, charged for both attempts; others unchanged."""
-        first = self._first_attempt.pop(r.candidate.candidate_id, None)
+        first = self._first_attempt.pop((r.candidate.candidate_id, r.take), None)
         if first is None:
             return m
         fields = {"gpu_seconds": m.gpu_seconds + first.gpu_seconds, "wall_seconds": m.wall_seconds + first.wall_seconds}
@@ -740,6 +823,8 @@ class MeasureWorker:
                 "reference_error_rel": tuple(res.get("reference_error_rel", ())),
                 "checks": "; ".join([f"{k}: {res[k]}" for k in ("window_check", "memcheck", "models_built")
                                      if res.get(k)]
+                                    + ([f"{REFERENCE_PROCESSES_MARK}{res['reference_processes']}"]
+                                       if res.get("reference_processes") else [])
                                     + _anchoring(res) + _host_sensitive(res) + _controlled(res))}
 
     def _finish(self, r: _Running, **fields) -> Measurement:
