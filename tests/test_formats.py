@@ -595,3 +595,36 @@ def test_processes_installing_the_same_task_at_once_all_succeed_and_leave_it_who
     assert done == [60] * 6
     assert sorted(p.name for p in (tmp_path / "kb.same").iterdir()) == ["manifest.json", "reference.py"]
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != ".install.lock") == ["kb.same"]
+
+
+KB_NO_SIZES = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.relu(x) * 2.0
+
+
+def get_inputs():
+    return [torch.randn(4, 8)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_kernelbench_problem_without_size_integers_is_measured(tmp_path):
+    """Its case is named by its input count ({"inputs": 1}); loading the case sets no such size on the module (it
+    failed with "module ... has no attribute 'inputs'" before)."""
+    from kernels.null import null_candidate
+
+    (tmp_path / "nosizes.py").write_text(KB_NO_SIZES)
+    op, _ = import_task("kernelbench", str(tmp_path / "nosizes.py"), [], name="no_sizes")
+    assert [dict(c.dims) for c in op.cases] == [{"inputs": 1}]
+    results = _measure([op.seed_candidates()[0], null_candidate(op)])
+    assert [m.status for m in results.values()] == ["ok", "ok"], [m.error for m in results.values()]

@@ -287,8 +287,12 @@ def _parse_sizes(text: str, known: dict[str, int], where: str) -> dict[str, int]
 
 @contextmanager
 def sized_module(module, sizes):
-    """``module`` with its size integers set to ``sizes`` (a mapping or (name, value) pairs), restored after."""
-    sizes = dict(sizes)
+    """``module`` with its size integers set to ``sizes`` (a mapping or (name, value) pairs), restored after.
+
+    A problem with no size integers has its case named by its input count ({"inputs": N}, ``_profile``): a name the
+    module does not have is no size of it and is left alone (sizes given at import are checked against the module's
+    own integers there, ``_parse_sizes``)."""
+    sizes = {k: v for k, v in dict(sizes).items() if hasattr(module, k)}
     saved = {k: getattr(module, k) for k in sizes}
     for k, v in sizes.items():
         setattr(module, k, v)
@@ -335,7 +339,8 @@ def _profile(module, sizes: dict[str, int], where: str) -> dict:
     if not is_literal(repr(constants), constants):
         raise TaskFormatError(f"{where}: get_inputs() returned numbers {constants!r} that cannot be written as "
                               "literals") from None
-    return {**({"constants": constants} if constants else {}),"dims": sizes or {"inputs": len(inputs)}, "dtype": first_float_dtype(inputs),
+    return {**({"constants": constants} if constants else {}), "dims": sizes or {"inputs": len(inputs)},
+            "dtype": first_float_dtype(inputs),
             "bytes": in_bytes + (out_bytes if out_bytes is not None else in_bytes),
             "parameter_bytes": param_bytes or 0,
             "signature": [[list(t.shape), str(t.dtype)] for t in inputs], "init": init_repr}
