@@ -584,7 +584,11 @@ class MeasureWorker:
                     self._first_attempt[cand.candidate_id, take] = first
                 alone = solo or any(r.alone for r in running)  # a retry runs with no other child beside it
                 while not alone and (takes or pending) and len(running) < self.config.concurrency:
-                    running.append(self._start(*takes.popleft()) if takes else self._start(pending.popleft()))
+                    if takes:
+                        cand, take = takes.popleft()
+                        running.append(self._start(cand, take=take))
+                    else:
+                        running.append(self._start(pending.popleft()))
                 wait([r.conn for r in running] + [r.process.sentinel for r in running], timeout=0.5)
                 still = []
                 for r in running:
