@@ -8,7 +8,11 @@ Each ROOT is a pool root (``cudal1_pool.py --root``); its ``<protocol>/measureme
 the baseline of every pair of consecutive runs and of each later one. ``--mark`` names problems (comma-separated op
 names) shown apart in the table (the ones a change was aimed at). ``--runtimes`` adds a table of what each speedup
 stands on: the candidate's runtime, the reference's stored runtime it was divided into, and whether the candidate's
-figure was anchored (timed beside the reference, its ratio carried to the stored runtime). Reads Parquet only: no GPU.
+figure was anchored (timed beside the reference, its ratio carried to the stored runtime). ``--processes`` adds,
+for references measured in several processes (``WorkerConfig.reference_processes``; their rows name each process's
+figure), how far each rule's figure moves across the runs that measured so: the first process alone (what one process
+stores), the median process and the fastest (what is stored), beside the stored runtime's range over the runs that
+measured in one process. Reads Parquet only: no GPU.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels.harness.sweep_report import anchored_in  # noqa: E402 - after the path is set
+from kernels.harness.worker import reference_process_figures  # noqa: E402
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -33,6 +38,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--markdown", default=None, help="write the tables here as well")
     p.add_argument("--runtimes", action="store_true",
                    help="a table of each speedup's runtimes (candidate / stored reference, us) and its anchoring")
+    p.add_argument("--processes", action="store_true",
+                   help="for references measured in several processes: each rule's figure across the runs")
     return p.parse_args(argv)
 
 
@@ -111,7 +118,54 @@ def runtimes_table(wide: pd.DataFrame, names: list[str]) -> list[str]:
     return lines
 
 
-def markdown(wide: pd.DataFrame, pairs: list[dict], names: list[str], runtimes: bool = False) -> str:
+PROCESS_RULES = {"first process": lambda f: f[0], "median process": lambda f: sorted(f)[(len(f) - 1) // 2],
+                 "fastest process": min}
+
+
+def reference_processes(runs: dict[str, pd.DataFrame]) -> dict:
+    """Per (op, case) of a reference measured in several processes in some run: each rule's figure in each such run
+    (``PROCESS_RULES``), and the stored runtime in each run that measured it in one process ("one process")."""
+    found: dict[tuple[str, str], dict[str, dict[str, float]]] = {}
+    for name, table in runs.items():
+        for r in table[is_reference(table) & table["status"].eq("ok")].itertuples(index=False):
+            figures = reference_process_figures(getattr(r, "checks", "") or "")
+            for i, case in enumerate(r.case_names):
+                rules = found.setdefault((r.op, case), {rule: {} for rule in (*PROCESS_RULES, "one process")})
+                if case in figures:
+                    for rule, pick in PROCESS_RULES.items():
+                        rules[rule][name] = pick(figures[case])
+                elif not figures:
+                    rules["one process"][name] = float(r.runtime_us_median[i])
+    return {key: rules for key, rules in found.items() if rules["fastest process"]}
+
+
+def processes_table(found: dict) -> list[str]:
+    """Each rule's range over the runs (largest over smallest figure), per reference case and summed up."""
+    rules = [*PROCESS_RULES, "one process"]
+    ranges = {rule: [] for rule in rules}
+    lines = ["", "References measured in several processes: each rule's figure (us) over the runs, and its range "
+             "(largest / smallest); \"one process\": the stored runtime in the runs that measured in one", "",
+             "| op | case | " + " | ".join(rules) + " |", "|---|---|" + "---|" * len(rules)]
+    for (op, case), by_rule in sorted(found.items()):
+        cells = []
+        for rule in rules:
+            values = list(by_rule[rule].values())
+            if len(values) >= 2:
+                ranges[rule].append(max(values) / min(values))
+            cells.append(" / ".join(f"{v:.1f}" for v in values) + (f" ({max(values) / min(values):.2f}x)"
+                                                                      if len(values) >= 2 else "") if values else "-")
+        lines.append(f"| {op} | {case} | " + " | ".join(cells) + " |")
+    lines += ["", "| rule | reference cases | median range | within 5% | within 10% | widest |", "|---|---|---|---|---|---|"]
+    for rule in rules:
+        v = sorted(ranges[rule])
+        if v:
+            lines.append(f"| {rule} | {len(v)} | {v[(len(v) - 1) // 2]:.3f}x | {sum(x <= 1.05 for x in v)} | "
+                         f"{sum(x <= 1.10 for x in v)} | {v[-1]:.2f}x |")
+    return lines
+
+
+def markdown(wide: pd.DataFrame, pairs: list[dict], names: list[str], runtimes: bool = False,
+             processes: dict | None = None) -> str:
     lines = ["| runs | candidates in both | verdicts changed | failed -> ok | ok -> failed | speedups both ok | median abs change | "
              "within 2% / 5% / 10% | ratio range | references | their median abs change | within 2% / 5% |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -133,6 +187,8 @@ def markdown(wide: pd.DataFrame, pairs: list[dict], names: list[str], runtimes: 
         lines.append(f"| {r.op} | {r.candidate_id} | {'yes' if r.marked else ''} | " + " | ".join(cells) + " |")
     if runtimes:
         lines += runtimes_table(wide, names)
+    if processes is not None:
+        lines += processes_table(processes)
     return "\n".join(lines) + "\n"
 
 
@@ -150,7 +206,7 @@ def main(argv=None) -> int:
         return 2
     marked = set(filter(None, Path(args.mark).read_text().replace("\n", ",").split(","))) if args.mark else set()
     wide, pairs = compare(runs, marked)
-    text = markdown(wide, pairs, list(runs), args.runtimes)
+    text = markdown(wide, pairs, list(runs), args.runtimes, reference_processes(runs) if args.processes else None)
     print(text)
     if args.markdown:
         Path(args.markdown).write_text(text)

@@ -330,3 +330,39 @@ def test_runs_of_one_pool_are_compared_verdict_by_verdict_and_speedup_by_speedup
     assert f"| kb.x | {made['c2'].candidate_id} | 50.0 / 100.0 | 55.0 / 110.0 |" in table
     assert f"| kb.x | {made['c3'].candidate_id} | 25.0 / 100.0 a | - |" in table
     assert compare.main([first]) == 2 and "two or more runs" in capsys.readouterr().err
+
+
+def test_pool_runs_compare_sets_the_rules_for_a_reference_measured_in_several_processes_side_by_side(tmp_path):
+    """``--processes``: per reference case, the figure each rule would store in each run that measured it in several
+    processes (from the row's per-process figures), and the stored runtime's range where runs measured in one."""
+    from benchmarks import pool_runs_compare as compare
+    from kernels.records import Candidate, Measurement
+    from storage.dataset import DataRoot
+
+    ref = Candidate(op="kb.x", backend="torch", source="# r\n", origin="seed")
+
+    def run(name, us, processes=None):
+        root = DataRoot(str(tmp_path / name / "kernelcast"))
+        root.write_candidates([ref])
+        checks = "anchored: none; host-sensitive: a" + (
+            f"; reference processes: {len(processes)} of {len(processes)} ok | a "
+            + "/".join(f"{x:.1f}" for x in processes) + " us (host " + "/".join("1.0" for _ in processes) + " us)"
+            if processes else "")
+        root.write_measurements([Measurement(candidate_id=ref.candidate_id, op="kb.x", gpu_type="h200", status="ok",
+                                             mode="gpu", case_names=("a",), runtime_us_median=(us,),
+                                             reference_us_median=(us,), speedup=1.0, checks=checks)])
+        return name, compare.read_run(str(tmp_path / name), "kernelcast")
+
+    runs = dict([run("one", 40.0), run("two", 110.0), run("three", 40.0, [40.0, 90.0, 120.0]),
+                 run("four", 100.0, [100.0, 42.0, 80.0])])
+    found = compare.reference_processes(runs)
+    rules = found["kb.x", "a"]
+    assert rules["first process"] == {"three": 40.0, "four": 100.0}
+    assert rules["median process"] == {"three": 90.0, "four": 80.0}
+    assert rules["fastest process"] == {"three": 40.0, "four": 42.0}
+    assert rules["one process"] == {"one": 40.0, "two": 110.0}
+    lines = "\n".join(compare.processes_table(found))
+    assert "| fastest process | 1 | 1.050x | 1 | 1 | 1.05x |" in lines
+    assert "| one process | 1 | 2.750x | 0 | 0 | 2.75x |" in lines
+    # no reference measured in several processes: nothing to set side by side
+    assert compare.reference_processes({k: runs[k] for k in ("one", "two")}) == {}

@@ -946,17 +946,22 @@ def _take(runtimes, host_sensitive, status="ok", seconds=1.0):
     return res, m
 
 
-def test_a_reference_measured_in_several_processes_keeps_the_median_process_figure_per_case():
+def test_a_reference_measured_in_several_processes_keeps_each_cases_fastest_process():
     from kernels.harness.sweep_report import cases_in
-    from kernels.harness.worker import REFERENCE_PROCESSES_MARK, combine_reference_takes, host_sensitive_in
+    from kernels.harness.worker import (REFERENCE_PROCESSES_MARK, combine_reference_takes, host_sensitive_in,
+                                        reference_process_figures)
 
-    takes = [_take((150.0, 900.0), ["small"]), _take((310.0, 905.0), ["small", "large"]),
-             _take((180.0, 890.0), []), _take((), [], status="timeout", seconds=3.0)]
+    takes = [_take((180.0, 900.0), ["small"]), _take((310.0, 905.0), ["small", "large"]),
+             _take((150.0, 890.0), []), _take((), [], status="timeout", seconds=3.0)]
+    takes[2] = (takes[2][0], dataclasses.replace(takes[2][1], repetitions=(300, 40)))
     m, res = combine_reference_takes(takes)
-    # each case's figures are those of the process whose figure is the median of the ok ones (the lower middle one
-    # of three ok: 180 for the small case, 900 for the large), its IQR and repetitions with it
-    assert m.runtime_us_median == (180.0, 900.0)
-    assert m.runtime_us_iqr == (1.8, 9.0) and m.repetitions == (100, 20)
+    # each case's figures are those of its fastest ok process (150 us for the small case, 890 for the large: the
+    # third process for both here), its IQR and repetitions with it
+    assert m.runtime_us_median == (150.0, 890.0)
+    assert m.runtime_us_iqr == (1.5, 8.9) and m.repetitions == (300, 40)
+    # per case: the small case's fastest in the first process, the large case's in the second
+    mixed, _ = combine_reference_takes([_take((150.0, 905.0), ["small"]), _take((310.0, 880.0), ["small"])])
+    assert mixed.runtime_us_median == (150.0, 880.0)
     assert m.status == "ok" and m.candidate_id == "ref"
     # host-sensitive where more than half of the ok processes found it so: the small case (2 of 3), not the large (1)
     assert res["host_sensitive_cases"] == ["small"] and host_sensitive_in(m.checks) == ("small",)
@@ -965,11 +970,10 @@ def test_a_reference_measured_in_several_processes_keeps_the_median_process_figu
     assert m.gpu_seconds == pytest.approx(6.0) and m.wall_seconds == pytest.approx(12.0)
     assert m.compile_seconds == pytest.approx(3.0)
     (said,) = [p for p in m.checks.split("; ") if p.startswith(REFERENCE_PROCESSES_MARK)]
-    assert said == (f"{REFERENCE_PROCESSES_MARK}3 of 4 ok (timeout) | small 150.0/310.0/180.0 us "
-                    "(host 135.0/279.0/162.0 us) | large 900.0/905.0/890.0 us (host 810.0/814.5/801.0 us)")
-    # two ok processes: the lower of the two, a figure one of them measured
-    m2, _ = combine_reference_takes([_take((150.0, 900.0), ["small"]), _take((310.0, 880.0), ["small"])])
-    assert m2.runtime_us_median == (150.0, 880.0)
+    assert said == (f"{REFERENCE_PROCESSES_MARK}3 of 4 ok (timeout) | small 180.0/310.0/150.0 us "
+                    "(host 162.0/279.0/135.0 us) | large 900.0/905.0/890.0 us (host 810.0/814.5/801.0 us)")
+    assert reference_process_figures(m.checks) == {"small": [180.0, 310.0, 150.0], "large": [900.0, 905.0, 890.0]}
+    assert reference_process_figures("anchored: none; host-sensitive: small") == {}
 
 
 def test_the_worker_measures_a_host_bound_reference_again_in_more_processes_before_its_candidates():
@@ -996,7 +1000,7 @@ def test_the_worker_measures_a_host_bound_reference_again_in_more_processes_befo
         assert worker._reference_take(child(res), m, takes) is None
         res, m = _take((180.0, 890.0), [])
         got, res = worker._reference_take(child(res), m, takes)
-        assert got.runtime_us_median == (180.0, 900.0) and res["host_sensitive_cases"] == ["small"]
+        assert got.runtime_us_median == (150.0, 890.0) and res["host_sensitive_cases"] == ["small"]
         assert "reference processes: 3 of 3 ok" in got.checks
         # the next op's reference starts afresh; one with nothing host-sensitive is its first row
         takes.clear()

@@ -171,7 +171,7 @@ def get_init_inputs():
 '''
 
 
-def test_a_host_bound_reference_is_measured_in_three_processes_and_keeps_the_median_ones_figure(tmp_path):
+def test_a_host_bound_reference_is_measured_in_three_processes_and_keeps_the_fastest_ones_figure(tmp_path):
     from kernels.formats import import_task
     from kernels.harness.worker import REFERENCE_PROCESSES_MARK
     from kernels.null import null_candidate
@@ -189,7 +189,7 @@ def test_a_host_bound_reference_is_measured_in_three_processes_and_keeps_the_med
     (said,) = [p for p in ref.checks.split("; ") if p.startswith(REFERENCE_PROCESSES_MARK)]
     assert said.startswith(f"{REFERENCE_PROCESSES_MARK}3 of 3 ok | "), said
     figures = [float(x) for x in said.split(" | ")[1].split()[1].split("/")]
-    assert len(figures) == 3 and ref.runtime_us_median[0] == pytest.approx(sorted(figures)[1], abs=0.05)
+    assert len(figures) == 3 and ref.runtime_us_median[0] == pytest.approx(min(figures), abs=0.05)
     assert {a for cid, a in lives if cid == seed.candidate_id} == {1, 3, 4}
     # the null starts once every process of its reference is done, and is timed beside it: about 1
     last_ref = max(v["ended"] for (cid, _), v in lives.items() if cid == seed.candidate_id)
