@@ -44,16 +44,24 @@ def reference_host_bound(rows: pd.DataFrame) -> str:
     near the flush's head start ("host-sensitive: ..." in its checks), "no" where none did, "" where the row predates
     the mark. A speedup over a host-bound reference is the host's as much as the GPU's: the same kernel measured
     1.2x-4.2x over the same reference in runs on one kind of GPU (docs/harness.md, "Why the small problems' figures
-    move")."""
+    move"). Where the reference was measured in several processes (its fastest stored), it says how many and how far
+    their figures spread (the largest over the fastest, of its widest case)."""
     if "origin" not in rows or "checks" not in rows:
         return ""
     refs = rows[(rows["origin"] == "seed") & (rows["status"] == "ok")]
     if refs.empty:
         return ""
     from kernels.harness.sweep_report import cases_in
+    from kernels.harness.worker import reference_process_figures
 
-    cases = cases_in(str(refs.sort_values("measured_at").iloc[-1]["checks"] or ""), "host-sensitive: ")
-    return "" if cases is None else f"yes: {', '.join(cases)}" if cases else "no"
+    checks = str(refs.sort_values("measured_at").iloc[-1]["checks"] or "")
+    cases = cases_in(checks, "host-sensitive: ")
+    said = "" if cases is None else f"yes: {', '.join(cases)}" if cases else "no"
+    figures = [f for f in reference_process_figures(checks).values() if f and min(f) > 0]
+    if said and figures:
+        said += (f"; fastest of {max(len(f) for f in figures)} processes, "
+                 f"which spread {max(max(f) / min(f) for f in figures):.2f}x")
+    return said
 
 
 def best_table(root, op: str | None = None) -> pd.DataFrame:

@@ -159,6 +159,13 @@ def test_show_and_the_search_summary_flag_a_kernel_computed_below_the_references
         data.write_measurements([Measurement(eager, "row_sum", gpu, "ok", "gpu", case_names=cases,
                                              runtime_us_median=(9.0,) * len(cases), speedup=1.0, checks=checks)])
         assert best_table(data, op="row_sum").set_index("gpu_type").loc[gpu, "reference_host_bound"] == said
+    # measured in three processes, its fastest stored: how many, and how far they spread
+    data.write_measurements([Measurement(eager, "row_sum", "l40", "ok", "gpu", case_names=cases,
+                                         runtime_us_median=(9.0,) * len(cases), speedup=1.0,
+                                         checks=f"anchored: none; host-sensitive: {cases[0]}; reference processes: "
+                                                f"3 of 3 ok | {cases[0]} 9.0/27.0/12.0 us (host 8.0/26.0/11.0 us)")])
+    assert best_table(data, op="row_sum").set_index("gpu_type").loc["l40", "reference_host_bound"] == (
+        f"yes: {cases[0]}; fastest of 3 processes, which spread 3.00x")
 
     flagged = SearchResult("r1", "row_sum", "h100", fast, 2.0, "", {}, 8, 1.0, (), False, "budget", lower)
     assert any("below the reference's precision" in line for line in summary_lines(flagged, "d", "t", None))

@@ -931,12 +931,12 @@ def test_a_gpu_bound_candidate_timed_beside_a_host_bound_reference_keeps_its_own
 # ---- a host-bound reference measured in several processes ------------------------------------------------------
 
 
-def _take(runtimes, host_sensitive, status="ok", seconds=1.0):
+def _take(runtimes, host_sensitive, status="ok", seconds=1.0, host_share=1.1):
     from kernels.records import Measurement
 
     names = ("small", "large")
     res = {"status": status, "anchored_cases": [], "host_sensitive_cases": list(host_sensitive),
-           "host_us": [r * 0.9 for r in runtimes] if status == "ok" else []}
+           "host_us": [r * host_share for r in runtimes] if status == "ok" else []}
     m = Measurement(candidate_id="ref", op="softmax", gpu_type="h200", status=status, mode="gpu",
                     case_names=names if status == "ok" else (), hardware=CPU,
                     runtime_us_median=tuple(runtimes) if status == "ok" else (),
@@ -971,7 +971,7 @@ def test_a_reference_measured_in_several_processes_keeps_each_cases_fastest_proc
     assert m.compile_seconds == pytest.approx(3.0)
     (said,) = [p for p in m.checks.split("; ") if p.startswith(REFERENCE_PROCESSES_MARK)]
     assert said == (f"{REFERENCE_PROCESSES_MARK}3 of 4 ok (timeout) | small 180.0/310.0/150.0 us "
-                    "(host 162.0/279.0/135.0 us) | large 900.0/905.0/890.0 us (host 810.0/814.5/801.0 us)")
+                    "(host 198.0/341.0/165.0 us) | large 900.0/905.0/890.0 us (host 990.0/995.5/979.0 us)")
     assert reference_process_figures(m.checks) == {"small": [180.0, 310.0, 150.0], "large": [900.0, 905.0, 890.0]}
     assert reference_process_figures("anchored: none; host-sensitive: small") == {}
 
@@ -1008,6 +1008,17 @@ def test_the_worker_measures_a_host_bound_reference_again_in_more_processes_befo
         assert worker._reference_take(child(res), m, takes) == (m, res) and not takes
         res, m = _take((), ["small"], status="incorrect")
         assert worker._reference_take(child(res), m, takes) == (m, res) and not takes
+        # host-sensitive (against the flush) but not host-paced: the device sets its pace, one process is enough
+        res, m = _take((150.0, 900.0), ["small"], host_share=0.9)
+        assert worker._reference_take(child(res), m, takes) == (m, res) and not takes
+        # host-paced in a case that is not host-sensitive counts for nothing either
+        res, m = _take((150.0, 900.0), ["large"], host_share=0.9)
+        res["host_us"] = [165.0, 810.0]
+        assert worker._reference_take(child(res), m, takes) == (m, res) and not takes
+        res["host_us"] = [165.0, 990.0]  # the host-sensitive case host-paced: three processes
+        assert worker._reference_take(child(res), m, takes) is None and len(takes) == 2
+        takes.clear()
+        worker._takes.clear()
     with MeasureWorker(CPU, WorkerConfig(mode="interpreter", reference_processes=1)) as worker:
         res, m = _take((150.0, 900.0), ["small"])
         assert worker._reference_take(child(res), m, takes) == (m, res) and not takes

@@ -120,10 +120,10 @@ class WorkerConfig:
     # where budget.shares_checks allows: every case's bytes known and small, no first call that autotunes (its own
     # choice of kernel would be skewed by other children's work: budget.BENCHMARKS_FIRST).
     shared_checks: bool = True
-    # Processes a reference is measured in where its first one found a case host-sensitive (only a timed one can):
-    # a host-bound call's figure moves with the speed its process happens to get (one H200 host, one run: a
-    # reference of 19.9, 59.1 and 135.1 us in three processes), so such a reference's stored runtime per case is its
-    # fastest process's (``combine_reference_takes``); its row keeps every process's figure.
+    # Processes a reference is measured in where its first one found a case host-sensitive and host-paced (only a
+    # timed one can; ``host_paced``): a host-bound call's figure moves with the speed its process happens to get (one
+    # H200 host, one run: a reference of 19.9, 59.1 and 135.1 us in three processes), so such a reference's stored
+    # runtime per case is its fastest process's (``combine_reference_takes``); its row keeps every process's figure.
     reference_processes: int = 3
 
 
@@ -255,6 +255,23 @@ def attempt_of(alone: bool, take: int) -> int:
 
 
 REFERENCE_PROCESSES_MARK = "reference processes: "
+# A case is host-paced where the host's time to issue a call reaches this share of the call's runtime: the device
+# waits on the host, so the figure is the process's. Measured on one H200 host (2026-11-29, 19 references in three
+# processes, five runs): every reference whose processes spread past 1% had host time at least its runtime (1.00-4.2x)
+# in every process; every one whose processes agreed within 1% had at most 0.91 of it.
+HOST_PACED_SHARE = 0.95
+
+
+def host_paced(res: dict, m: Measurement) -> bool:
+    """Whether a reference's first process found a case both host-sensitive (the pairing rule's test, against the
+    flush) and host-paced (``HOST_PACED_SHARE``): the cases a further process can change. A result without host
+    times (an older child) counts host-sensitive alone."""
+    sensitive = set(res.get("host_sensitive_cases", ()))
+    host = res.get("host_us")
+    if not sensitive or host is None:
+        return bool(sensitive)
+    return any(name in sensitive and h >= HOST_PACED_SHARE * t
+               for name, h, t in zip(m.case_names, host, m.runtime_us_median))
 
 
 def combine_reference_takes(takes: list[tuple[dict, Measurement]]) -> tuple[Measurement, dict]:
@@ -638,14 +655,15 @@ class MeasureWorker:
                         takes: deque[tuple[Candidate, int]]) -> tuple[Measurement, dict] | None:
         """A reference's measurement and result once all its processes are in, or None while some are to come.
 
-        One process where its first fails, finds no case host-sensitive, or the config asks for one: its own row.
+        One process where its first fails, finds no case host-sensitive and host-paced (``host_paced``), or the config
+        asks for one: its own row.
         Otherwise its further processes go first in line (loading beside one another, timed one at a time under the
         lock) and the row is ``combine_reference_takes`` of them all."""
         res = r.result or {}
         op = m.op
         if op not in self._takes:
             wanted = self.config.reference_processes  # only a timed process finds a case host-sensitive
-            if m.status != "ok" or not m.runtime_us_median or wanted <= 1 or not res.get("host_sensitive_cases"):
+            if m.status != "ok" or not m.runtime_us_median or wanted <= 1 or not host_paced(res, m):
                 return m, res
             self._takes[op], self._takes_wanted[op] = [], wanted
             takes.extend((r.candidate, k) for k in range(2, wanted + 1))
