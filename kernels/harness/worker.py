@@ -6,7 +6,8 @@ load and compile ahead at once on the CPU cores (no device memory, no kernels: s
 kernels.harness.runner) while one of them holds the GPU lock, from its first device
 allocation to the end of its timing. Each op's reference is measured first (all ops'
 references at once), so every candidate's limits can follow from the reference's
-runtime. The worker watches every child from outside: a crash (segfault, illegal
+runtime; a reference whose figure its host sets is measured in further processes and
+its fastest kept (``WorkerConfig.reference_processes``). The worker watches every child from outside: a crash (segfault, illegal
 address that kills the process) becomes ``crashed``, a child past its time limit is
 killed and becomes ``timeout``. Limits come per phase from kernels.harness.budget
 (compiling outside the lock; holding it), scale with the op's case sizes and the
