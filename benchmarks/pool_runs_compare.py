@@ -164,6 +164,53 @@ def processes_table(found: dict) -> list[str]:
     return lines
 
 
+def alone_speedups(wide: pd.DataFrame, found: dict, names: list[str]) -> list[str]:
+    """The speedups of kernels timed alone (not anchored) in every run, as stored in the runs whose reference took one
+    process and over the fastest process in the runs whose reference took several: what the fastest rule does to a
+    GPU-bound kernel's speedup over a host-bound reference."""
+    cases = {}
+    for (op, case), rules in found.items():
+        cases.setdefault(op, []).append(rules)
+    lines = ["", "Speedups of kernels timed alone, as stored (runs whose reference took one process) and over the "
+             "fastest process (runs whose reference took several); range: largest / smallest", "",
+             "| op | candidate | " + " | ".join(names) + " | range, one process | range, fastest process |",
+             "|---|---|" + "---|" * (len(names) + 2)]
+    ranges = {"one": [], "fastest": []}
+    for r in wide.itertuples(index=False):
+        if r.op not in cases:
+            continue
+        one, fastest, cells = [], [], []
+        for n in names:
+            us = getattr(r, f"{n}_us", None)
+            if us is None or us != us or getattr(r, f"{n}_anchored"):
+                cells.append("-")
+                continue
+            by_case = [rules["fastest process"].get(n) for rules in cases[r.op]]
+            if all(v is not None for v in by_case):
+                value = geomean(by_case) / us
+                fastest.append(value)
+            elif all(n in rules["one process"] for rules in cases[r.op]):
+                value = float(getattr(r, f"{n}_speedup"))
+                one.append(value)
+            else:
+                cells.append("-")
+                continue
+            cells.append(f"{value:.3f}")
+        if not one and not fastest:
+            continue
+        spans = [f"{max(v) / min(v):.2f}x" if len(v) >= 2 else "-" for v in (one, fastest)]
+        if len(one) >= 2 and len(fastest) >= 2:
+            ranges["one"].append(max(one) / min(one))
+            ranges["fastest"].append(max(fastest) / min(fastest))
+        lines.append(f"| {r.op} | {r.candidate_id} | " + " | ".join(cells + spans) + " |")
+    if ranges["one"]:
+        mid = lambda v: sorted(v)[(len(v) - 1) // 2]  # noqa: E731
+        lines += ["", f"Kernels timed alone in two or more runs of each kind: {len(ranges['one'])}; median range "
+                      f"{mid(ranges['one']):.3f}x as stored in one process, {mid(ranges['fastest']):.3f}x over the "
+                      "fastest process"]
+    return lines
+
+
 def markdown(wide: pd.DataFrame, pairs: list[dict], names: list[str], runtimes: bool = False,
              processes: dict | None = None) -> str:
     lines = ["| runs | candidates in both | verdicts changed | failed -> ok | ok -> failed | speedups both ok | median abs change | "
@@ -188,7 +235,7 @@ def markdown(wide: pd.DataFrame, pairs: list[dict], names: list[str], runtimes: 
     if runtimes:
         lines += runtimes_table(wide, names)
     if processes is not None:
-        lines += processes_table(processes)
+        lines += processes_table(processes) + alone_speedups(wide, processes, names)
     return "\n".join(lines) + "\n"
 
 

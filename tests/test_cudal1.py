@@ -364,5 +364,19 @@ def test_pool_runs_compare_sets_the_rules_for_a_reference_measured_in_several_pr
     lines = "\n".join(compare.processes_table(found))
     assert "| fastest process | 1 | 1.050x | 1 | 1 | 1.05x |" in lines
     assert "| one process | 1 | 2.750x | 0 | 0 | 2.75x |" in lines
+    # a kernel timed alone: its speedup as stored where the reference took one process, over the fastest where several
+    kernel = Candidate(op="kb.x", backend="torch", source="# k\n", origin="import")
+    for name, ref_us in (("one", 40.0), ("two", 110.0), ("three", 40.0), ("four", 42.0)):
+        root = DataRoot(str(tmp_path / name / "kernelcast"))
+        root.write_candidates([kernel])
+        root.write_measurements([Measurement(candidate_id=kernel.candidate_id, op="kb.x", gpu_type="h200",
+                                             status="ok", mode="gpu", case_names=("a",), runtime_us_median=(20.0,),
+                                             reference_us_median=(ref_us,), speedup=ref_us / 20.0,
+                                             checks="anchored: none")])
+        runs[name] = compare.read_run(str(tmp_path / name), "kernelcast")
+    wide, _ = compare.compare(runs, set())
+    lines = "\n".join(compare.alone_speedups(wide, compare.reference_processes(runs), list(runs)))
+    assert f"| kb.x | {kernel.candidate_id} | 2.000 | 5.500 | 2.000 | 2.100 | 2.75x | 1.05x |" in lines
+    assert "median range 2.750x as stored in one process, 1.050x over the fastest process" in lines
     # no reference measured in several processes: nothing to set side by side
     assert compare.reference_processes({k: runs[k] for k in ("one", "two")}) == {}
