@@ -7,8 +7,9 @@ kernels.harness.runner) while one of them holds the GPU lock, from its first dev
 allocation to the end of its timing. Each op's reference is measured first (all ops'
 references at once), so every candidate's limits can follow from the reference's
 runtime; a reference whose figure its host sets is measured in further processes and
-its fastest kept (``WorkerConfig.reference_processes``). The worker watches every child from outside: a crash (segfault, illegal
-address that kills the process) becomes ``crashed``, a child past its time limit is
+its fastest kept (``WorkerConfig.reference_processes``). The worker watches every
+child from outside: a crash (segfault, illegal address that kills the process)
+becomes ``crashed``, a child past its time limit is
 killed and becomes ``timeout``. Limits come per phase from kernels.harness.budget
 (compiling outside the lock; holding it), scale with the op's case sizes and the
 reference's runtime, and are the same for every candidate of one op; time spent
@@ -382,7 +383,8 @@ class MeasureWorker:
         # every hold of the GPU lock by a child, (start, end, shared): shared holds may overlap (``held_gpu_seconds``)
         self.holds: list[tuple[float, float, bool]] = []
         self._case_bytes: dict[str, list[int | None]] = {}  # op -> per case, None where meta tensors cannot tell
-        self._first_attempt: dict[tuple[str, int], Measurement] = {}  # (candidate id, take) -> its out-of-memory attempt
+        # (candidate id, take) -> its out-of-memory attempt
+        self._first_attempt: dict[tuple[str, int], Measurement] = {}
         self._takes: dict[str, list[tuple[dict, Measurement]]] = {}  # op -> its reference's processes so far
         self._takes_wanted: dict[str, int] = {}  # op -> the processes its reference is measured in
         self._reference_call_us: dict[str, dict[str, float]] = {}  # op -> case -> its reference's first call  # op -> per case, one set's bytes plus parameters
