@@ -155,7 +155,8 @@ def processes_table(found: dict) -> list[str]:
             cells.append(" / ".join(f"{v:.1f}" for v in values) + (f" ({max(values) / min(values):.2f}x)"
                                                                       if len(values) >= 2 else "") if values else "-")
         lines.append(f"| {op} | {case} | " + " | ".join(cells) + " |")
-    lines += ["", "| rule | reference cases | median range | within 5% | within 10% | widest |", "|---|---|---|---|---|---|"]
+    lines += ["", "| rule | reference cases | median range | within 5% | within 10% | widest |",
+              "|---|---|---|---|---|---|"]
     for rule in rules:
         v = sorted(ranges[rule])
         if v:
