@@ -386,7 +386,6 @@ class MeasureWorker:
         # (candidate id, take) -> its out-of-memory attempt
         self._first_attempt: dict[tuple[str, int], Measurement] = {}
         self._takes: dict[str, list[tuple[dict, Measurement]]] = {}  # op -> its reference's processes so far
-        self._takes_wanted: dict[str, int] = {}  # op -> the processes its reference is measured in
         self._reference_call_us: dict[str, dict[str, float]] = {}  # op -> case -> its reference's first call  # op -> per case, one set's bytes plus parameters
         # (candidate id, attempt, phase, monotonic time, detail) for every phase of every child, in order
         # (the latest 100,000): shows when each held the GPU lock and what ran beside it.
@@ -668,10 +667,10 @@ class MeasureWorker:
             wanted = self.config.reference_processes  # only a timed process finds a case host-sensitive
             if m.status != "ok" or not m.runtime_us_median or wanted <= 1 or not host_paced(res, m):
                 return m, res
-            self._takes[op], self._takes_wanted[op] = [], wanted
+            self._takes[op] = []
             takes.extend((r.candidate, k) for k in range(2, wanted + 1))
         self._takes[op].append((res, m))
-        if len(self._takes[op]) < self._takes_wanted[op]:
+        if len(self._takes[op]) < self.config.reference_processes:
             return None
         return combine_reference_takes(self._takes.pop(op))
 
