@@ -56,7 +56,10 @@ def read_run(root: str, protocol: str) -> pd.DataFrame:
 
 
 def geomean(values) -> float:
+    """NaN for no values: an ok candidate whose op's reference was not measured ok has no reference figure."""
     values = [float(v) for v in values]
+    if not values:
+        return math.nan
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 

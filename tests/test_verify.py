@@ -242,6 +242,27 @@ def test_a_cache_is_rejected_beside_the_references_control(monkeypatch):
             _verify(monkeypatch, cache)
 
 
+def test_honest_code_on_a_host_busy_only_for_the_first_rounds_passes_in_the_deciding_round(monkeypatch):
+    # the host slows first calls for a while, through both rounds (18 calls: three unseen sets a round, each an
+    # untimed call and two timed), then goes quiet; the deciding round's calls, the candidate's and the
+    # reference's on the same inputs, are made after that (a host-bound KernelBench reference on an H200, against
+    # itself: 1.35-1.5x in both rounds, 1.04x in a control round made later)
+    calls = []
+
+    def busy_for_a_while(who, key, n):
+        calls.append(key)
+        return 130.0 * (1.4 if len(calls) <= 18 and n == 0 and key != "timing-set" else 1.0)
+
+    problem, host, result = _verify(monkeypatch, busy_for_a_while, keep=True)
+    assert problem is None and any(who == "reference" for who, _ in host.seen)
+    assert result["unseen_control"] == ["case-1 (first calls 130.0 us against 130.0 us; the reference's 130.0 "
+                                        "against 130.0 us)"]
+    # each deciding call of the candidate's is followed by the reference's on the same inputs
+    decided = [key for key in calls[18:] if key != "timing-set"]
+    seeds = [verify.FRESH_SEED + 6 + j for j in range(3)]
+    assert decided == [f"unseen-{seed}" for seed in seeds for _ in range(4)]
+
+
 def test_the_control_is_not_made_for_honest_code_on_a_quiet_host(monkeypatch):
     problem, host = _verify(monkeypatch, lambda who, key, n: 500.0)
     assert problem is None and not any(who == "reference" for who, _ in host.seen)

@@ -685,8 +685,9 @@ def _verify_case(job: Job, case, checker: Checker, call, pacer: verify.Pacer, re
     on unseen inputs comes back as the problem.
 
     ``control(unseen, slow)``: the reference's (first, again) windows on ``unseen`` inputs, or None where the
-    reference cannot be run here. Where both rounds say the candidate reuses work, a third set of calls, the
-    reference's, tells how much slower this host made first calls (``verify.reuses_work``)."""
+    reference cannot be run here. Where both rounds say the candidate reuses work, a third round decides: each
+    of its candidate's calls on unseen inputs is followed by the reference's on the same inputs, which tell how
+    much slower this host made first calls at that moment (``verify.reuses_work``)."""
     where = f"case {case.name}"
     verify.check_integrity(_HARNESS_AT_START, where)
     if result.get("window_check", "profiled") == "profiled":
@@ -710,26 +711,37 @@ def _verify_case(job: Job, case, checker: Checker, call, pacer: verify.Pacer, re
         phase("traced", {"case": case.name})
     found, hidden, seen = None, None, {}
     traced = result.get("window_check") == "profiled"
+    fresh_calls = verify.fresh_calls_for(runtime_us, job.fresh_calls)
+    slow = verify.slow_call(runtime_us)
+
+    def unseen_calls(seed: int, first: list, again: list, after=None) -> str | None:
+        """The candidate's first and repeated call on the unseen inputs of ``seed`` (into ``first``, ``again``),
+        after an untimed call on inputs it has seen; ``after(unseen)`` runs next, on the same inputs. A wrong
+        output comes back as the problem."""
+        unseen = checker.prepare(case, seed)
+        # an untimed call first: making the inputs took the allocator's cached blocks that the call's own
+        # temporaries would have reused, and the fresh call would pay for new ones where the second did not
+        if not slow:
+            verify.synced_call(lambda: call(0), pacer.flush)
+        for timed in (first, again):
+            def run(fn, timed=timed, touch=(*unseen.inputs, *unseen.outputs)):
+                window, got = verify.synced_call(fn, pacer.flush, touch)
+                timed.append(window)
+                return got
+
+            problem = checker.fresh(unseen, run)
+            if problem:
+                return f"after timing, on inputs it had not seen: {problem}"
+        if after is not None:
+            after(unseen)
+        return None
+
     for attempt in range(2):  # a round that finds something runs again on other inputs: a verdict needs both
         first, again, paced, idle = [], [], [], []
-        fresh_calls = verify.fresh_calls_for(runtime_us, job.fresh_calls)
-        slow = verify.slow_call(runtime_us)
         for j in range(fresh_calls):
-            unseen = checker.prepare(case, verify.FRESH_SEED + attempt * job.fresh_calls + j)
-            # an untimed call first: making the inputs took the allocator's cached blocks that the call's own
-            # temporaries would have reused, and the fresh call would pay for new ones where the second did not
-            if not slow:
-                verify.synced_call(lambda: call(0), pacer.flush)
-            for timed in (first, again):
-                def run(fn, timed=timed, touch=(*unseen.inputs, *unseen.outputs)):
-                    window, got = verify.synced_call(fn, pacer.flush, touch)
-                    timed.append(window)
-                    return got
-
-                problem = checker.fresh(unseen, run)
-                if problem:
-                    return f"after timing, on inputs it had not seen: {problem}"
-            del unseen
+            problem = unseen_calls(verify.FRESH_SEED + attempt * job.fresh_calls + j, first, again)
+            if problem:
+                return problem
             if not slow:
                 paced += [pacer.window(first[-1].timed_us), pacer.window(again[-1].timed_us)]
                 idle.append(pacer.idle_window(first[-1].timed_us))
@@ -745,18 +757,31 @@ def _verify_case(job: Job, case, checker: Checker, call, pacer: verify.Pacer, re
         if found is None:
             break
     if found and not hidden and control is not None:
-        controls = ([], [])
-        for j in range(fresh_calls):
-            unseen = checker.prepare(case, verify.FRESH_SEED + 2 * job.fresh_calls + j)
+        # The deciding round: the candidate's calls and the reference's on the same unseen inputs, one after
+        # the other, so that a host slower for a while slows both. (Measured on an H200 with a pool's children
+        # compiling beside it: a host-bound reference found itself 1.35-1.5x slower on unseen inputs in both
+        # rounds, and 1.00-1.04x in a control round made after them.)
+        first, again, controls = [], [], ([], [])
+
+        def reference_calls(unseen) -> None:
             got = control(unseen, slow)
-            del unseen
             if got is None:
-                break
+                raise _NoControl
             controls[0].append(got[0])
             controls[1].append(got[1])
+
+        try:
+            for j in range(fresh_calls):
+                problem = unseen_calls(verify.FRESH_SEED + 2 * job.fresh_calls + j, first, again, reference_calls)
+                if problem:
+                    return problem
+        except _NoControl:
+            pass
         else:
             found = verify.reuses_work(first, again, controls)
-            seen |= {"control_first_us": [w.timed_us for w in controls[0]],
+            seen |= {"decided_first_us": [w.timed_us for w in first],
+                     "decided_again_us": [w.timed_us for w in again],
+                     "control_first_us": [w.timed_us for w in controls[0]],
                      "control_again_us": [w.timed_us for w in controls[1]]}
             if found is None:  # said in the verdict's checks: the reference's own first calls excused this case's
                 result.setdefault("unseen_control", []).append(
@@ -768,6 +793,10 @@ def _verify_case(job: Job, case, checker: Checker, call, pacer: verify.Pacer, re
         result.setdefault("fastest_call_us", {})[case.name] = min(w.timed_us for w in first + again)
     phase("verified", {"case": case.name, **seen})
     return None
+
+
+class _NoControl(Exception):
+    """The reference cannot run in this child as the unseen-input check's control."""
 
 
 _HARNESS_AT_START: dict[str, tuple[int, int]] = {}
