@@ -27,7 +27,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels.harness.sweep_report import anchored_in  # noqa: E402 - after the path is set
-from kernels.harness.worker import reference_process_figures  # noqa: E402
+from kernels.harness.worker import anchored_slowed_in, reference_process_figures  # noqa: E402
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -63,6 +63,11 @@ def geomean(values) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
+def _anchor_mark(anchored) -> str:
+    """" a" for an anchored figure, " a s" for one anchored beside a slowed reference, "" for one timed alone."""
+    return " a s" if anchored == "s" else " a" if anchored else ""
+
+
 def is_reference(table: pd.DataFrame) -> pd.Series:
     """The op's reference rows: the candidates of origin ``seed`` (an imported task's reference)."""
     return table["origin"].eq("seed")
@@ -90,7 +95,8 @@ def compare(runs: dict[str, pd.DataFrame], marked: set[str]) -> tuple[pd.DataFra
             if r.status == "ok":
                 row[f"{name}_us"] = geomean(r.runtime_us_median)
                 row[f"{name}_reference_us"] = geomean(r.reference_us_median)
-                row[f"{name}_anchored"] = bool(anchored_in(getattr(r, "checks", "") or ""))
+                checks = getattr(r, "checks", "") or ""
+                row[f"{name}_anchored"] = "s" if anchored_slowed_in(checks) else bool(anchored_in(checks))
     wide = pd.DataFrame(list(rows.values())).sort_values(["marked", "op"])
     pairs = []
     base = names[0]
@@ -108,15 +114,17 @@ def compare(runs: dict[str, pd.DataFrame], marked: set[str]) -> tuple[pd.DataFra
 
 
 def runtimes_table(wide: pd.DataFrame, names: list[str]) -> list[str]:
-    """Each candidate's runtime over the stored reference's in each run (us), ``a`` where it was anchored."""
-    lines = ["", "Runtimes (us): candidate / the reference's stored runtime; a: the candidate's figure was anchored",
+    """Each candidate's runtime over the stored reference's in each run (us), ``a`` where it was anchored (``a s``
+    beside a slowed reference)."""
+    lines = ["", "Runtimes (us): candidate / the reference's stored runtime; a: the candidate's figure was anchored; "
+             "a s: anchored beside a reference that ran 1.25x its stored runtime or more",
              "", "| op | candidate | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
     for r in wide.itertuples(index=False):
         cells = []
         for n in names:
             us = getattr(r, f"{n}_us", None)
             cells.append("-" if us is None or us != us else
-                         f"{us:.1f} / {getattr(r, f'{n}_reference_us'):.1f}{' a' if getattr(r, f'{n}_anchored') else ''}")
+                         f"{us:.1f} / {getattr(r, f'{n}_reference_us'):.1f}{_anchor_mark(getattr(r, f'{n}_anchored'))}")
         lines.append(f"| {r.op} | {r.candidate_id} | " + " | ".join(cells) + " |")
     return lines
 

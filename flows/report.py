@@ -64,9 +64,30 @@ def reference_host_bound(rows: pd.DataFrame) -> str:
     return said
 
 
+def timed_how(checks: str) -> str:
+    """How a measurement's cases were timed, from its checks: "alone" (in its own windows), "paired: CASES" (beside the
+    reference, reported as the reference's stored runtime times their ratio), and for pairs whose reference ran well
+    past its stored runtime, by how much ("beside a slowed reference 2.98x: CASE"): the ratio of such a pair carries to
+    the stored figure only where both calls follow the host alike (docs/harness.md, "Fresh problems"). "" where the
+    row predates the mark."""
+    from kernels.harness.sweep_report import cases_in
+    from kernels.harness.worker import anchored_slowed_in
+
+    paired = cases_in(checks, "anchored: ")
+    if paired is None:
+        return ""
+    if not paired:
+        return "alone"
+    said = f"paired: {', '.join(paired)}"
+    slowed = anchored_slowed_in(checks)
+    if slowed:
+        said += f"; beside a slowed reference {max(slowed.values()):.2f}x: {', '.join(slowed)}"
+    return said
+
+
 def best_table(root, op: str | None = None) -> pd.DataFrame:
-    """One row per (op, gpu_type): counts by status, the fastest correct variant, and whether the reference its
-    speedups stand on was host-bound there (``reference_host_bound``)."""
+    """One row per (op, gpu_type): counts by status, the fastest correct variant and how its cases were timed
+    (``timed_how``), and whether the reference its speedups stand on was host-bound there (``reference_host_bound``)."""
     m = root.read_measurements(op=op)
     if m.empty:
         return pd.DataFrame()
@@ -95,6 +116,7 @@ def best_table(root, op: str | None = None) -> pd.DataFrame:
                 "median_speedup": round(float(timed["speedup"].median()), 3),
                 "pct_of_limit": None if frac is None else round(100 * frac, 1),
                 "best_precision": _precision_word(str(b.get("precision") or "")),
+                "best_timed": timed_how(str(b.get("checks") or "")) if "checks" in b else "",
             })
         rows.append(row)
     return pd.DataFrame(rows)

@@ -166,6 +166,16 @@ def test_show_and_the_search_summary_flag_a_kernel_computed_below_the_references
                                                 f"3 of 3 ok | {cases[0]} 9.0/27.0/12.0 us (host 8.0/26.0/11.0 us)")])
     assert best_table(data, op="row_sum").set_index("gpu_type").loc["l40", "reference_host_bound"] == (
         f"yes: {cases[0]}; fastest of 3 processes, which spread 3.00x")
+    # how the best kernel's cases were timed, a pair beside a slowed reference named with how slowed
+    assert best_table(data, op="row_sum").set_index("gpu_type").loc["h100", "best_timed"] == ""  # predates the mark
+    for gpu, checks, said in (("a10", "anchored: none", "alone"),
+                              ("a30", f"anchored: {cases[0]}", f"paired: {cases[0]}"),
+                              ("a40", f"anchored: {cases[0]}; anchored beside a slowed reference: {cases[0]} "
+                                      f"64.3/21.6 us",
+                               f"paired: {cases[0]}; beside a slowed reference 2.98x: {cases[0]}")):
+        data.write_measurements([Measurement(fast, "row_sum", gpu, "ok", "gpu", case_names=cases,
+                                             runtime_us_median=(5.0,) * len(cases), speedup=2.0, checks=checks)])
+        assert best_table(data, op="row_sum").set_index("gpu_type").loc[gpu, "best_timed"] == said
 
     flagged = SearchResult("r1", "row_sum", "h100", fast, 2.0, "", {}, 8, 1.0, (), False, "budget", lower)
     assert any("below the reference's precision" in line for line in summary_lines(flagged, "d", "t", None))

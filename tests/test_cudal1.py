@@ -300,35 +300,40 @@ def test_runs_of_one_pool_are_compared_verdict_by_verdict_and_speedup_by_speedup
     from storage.dataset import DataRoot
 
     made = {name: Candidate(op="kb.x", backend="torch", source=f"# {name}\n", origin="seed" if name == "r" else "import")
-            for name in ("r", "c1", "c2", "c3")}
+            for name in ("r", "c1", "c2", "c3", "c4")}
+    slowed = "anchored: a; anchored beside a slowed reference: a 150.0/110.0 us"
 
-    def run(name, rows):
+    def run(name, rows, checks=None):
         root = DataRoot(str(tmp_path / name / "kernelcast"))
         root.write_candidates([made[c] for c, *_ in rows])
+        # c4: ok with no reference figure (its op's reference failed in that run): no speedup, and no crash
         root.write_measurements([Measurement(candidate_id=made[c].candidate_id, op=op, gpu_type="h200", status=status,
                                              mode="gpu", case_names=("a",),
                                              runtime_us_median=(t,) if status == "ok" else (),
-                                             reference_us_median=(ref,) if status == "ok" else (),
-                                             speedup=ref / t if status == "ok" else None,
-                                             checks="anchored: a" if c == "c3" else "anchored: none")
+                                             reference_us_median=(ref,) if status == "ok" and ref else (),
+                                             speedup=ref / t if status == "ok" and ref else None,
+                                             checks=(checks or {}).get(
+                                                 c, "anchored: a" if c == "c3" else "anchored: none"))
                                  for c, op, status, t, ref in rows])
         return f"{name}={tmp_path / name}"
 
     first = run("one", [("r", "kb.x", "ok", 100.0, 100.0), ("c1", "kb.x", "incorrect", 0, 0),
-                        ("c2", "kb.x", "ok", 50.0, 100.0), ("c3", "kb.x", "ok", 25.0, 100.0)])
+                        ("c2", "kb.x", "ok", 50.0, 100.0), ("c3", "kb.x", "ok", 25.0, 100.0),
+                        ("c4", "kb.x", "ok", 40.0, None)])
     second = run("two", [("r", "kb.x", "ok", 110.0, 110.0), ("c1", "kb.x", "ok", 55.0, 110.0),
-                         ("c2", "kb.x", "ok", 55.0, 110.0)])
+                         ("c2", "kb.x", "ok", 55.0, 110.0), ("c3", "kb.x", "ok", 30.0, 110.0)], {"c3": slowed})
     assert compare.main([first, second, "--markdown", str(tmp_path / "out.md")]) == 0
     wide, (pair,) = compare.compare({n: compare.read_run(str(tmp_path / n), "kernelcast") for n in ("one", "two")},
                                     {"kb.x"})
-    assert (pair["in_both"], pair["verdicts_changed"], pair["failed_then_ok"], pair["ok_then_failed"]) == (2, 1, 1, 0)
-    assert pair["speedup"]["n"] == 1 and pair["speedup"]["median_abs_dev"] == pytest.approx(0.0)
+    assert (pair["in_both"], pair["verdicts_changed"], pair["failed_then_ok"], pair["ok_then_failed"]) == (3, 1, 1, 0)
+    assert pair["speedup"]["n"] == 2 and pair["speedup"]["median_abs_dev"] == pytest.approx((1 - 110 / 120) / 2)
     assert pair["reference_runtime"]["median_abs_dev"] == pytest.approx(0.1)
-    assert "| one -> two | 2 | 1 | 1 | 0 |" in (tmp_path / "out.md").read_text()
+    assert "| one -> two | 3 | 1 | 1 | 0 |" in (tmp_path / "out.md").read_text()
     assert compare.main([first, second, "--runtimes", "--markdown", str(tmp_path / "out.md")]) == 0
     table = (tmp_path / "out.md").read_text()
     assert f"| kb.x | {made['c2'].candidate_id} | 50.0 / 100.0 | 55.0 / 110.0 |" in table
-    assert f"| kb.x | {made['c3'].candidate_id} | 25.0 / 100.0 a | - |" in table
+    assert f"| kb.x | {made['c3'].candidate_id} | 25.0 / 100.0 a | 30.0 / 110.0 a s |" in table
+    assert f"| kb.x | {made['c4'].candidate_id} | 40.0 / nan | - |" in table
     assert compare.main([first]) == 2 and "two or more runs" in capsys.readouterr().err
 
 

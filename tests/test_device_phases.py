@@ -598,9 +598,12 @@ def test_cases_paired_ahead_are_timed_beside_the_reference_from_their_first_wind
             return (Timing(240.0, 1.0, 20, 300.0), Timing(200.0, 1.0, 20, 300.0)), 3
         return Timing(50.0, 1.0, 20, 10.0), 2
 
+    slowed = {}
     windows, rotation, anchored = runner._first_windows(cases, ahead, anchor, time_case, reference,
-                                                        lambda *p: phases.append(p))
+                                                        lambda *p: phases.append(p), slowed=slowed)
     assert calls == [(cases[0].name, True), (cases[1].name, False), (cases[2].name, True)]  # one window each
+    # the reference ran at 200 us beside it: twice the 100 us stored for the first case, under the 300 of the third
+    assert slowed == {cases[0].name: (200.0, 100.0)}
     assert sorted(anchored) == sorted(ahead) and rotation == {cases[0].name: 3, cases[1].name: 2, cases[2].name: 3}
     assert anchored[cases[2].name].runtime_us_median == pytest.approx(300.0 * 1.2)
     assert [w[0].runtime_us_median for w in windows.values()] == [240.0, 50.0, 240.0]  # the pair is the window

@@ -126,6 +126,7 @@ def test_one_host_bound_call_timed_against_itself_in_a_pair_comes_out_alike():
         ratios.append(first.runtime_us_median / second.runtime_us_median)
         paired.append(first.paired_ratio)  # what the harness uses: the median of the per-round ratios
         assert len(first.round_ratios) >= 8 and second.paired_ratio == 0.0
+        assert len(first.round_anchor_us) == len(first.round_ratios) and min(first.round_anchor_us) > 0
     assert sorted(ratios)[1] == pytest.approx(1.0, abs=0.03), ratios
     assert sorted(paired)[1] == pytest.approx(1.0, abs=0.03), paired
 

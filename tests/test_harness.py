@@ -181,15 +181,34 @@ def test_a_paired_case_takes_the_median_of_round_ratios_and_records_both_estimat
     from kernels.harness.timing import Timing
 
     phases = []
-    paired = Timing(1700.0, 5.0, 18, 1600.0, paired_ratio=1.01, round_ratios=(1.0, 1.01, 1.7))
+    paired = Timing(1700.0, 5.0, 18, 1600.0, paired_ratio=1.01, round_ratios=(1.0, 1.01, 1.7),
+                    round_anchor_us=(1000.0, 990.0, 1001.0))
     got = _anchored_timing("c", paired, Timing(1000.0, 5.0, 18, 900.0), 500.0, lambda *p: phases.append(p))
     assert got.runtime_us_median == pytest.approx(505.0)  # the reference's 500 us times 1.01, not times 1.7
     (name, detail), = phases
     assert name == "anchored" and detail["ratio"] == 1.01 and detail["ratio_of_medians"] == pytest.approx(1.7)
-    assert detail["round_ratios"] == [1.0, 1.01, 1.7]
+    assert detail["round_ratios"] == [1.0, 1.01, 1.7] and detail["round_reference_us"] == [1000.0, 990.0, 1001.0]
     # a format's timers give no per-round ratio: the ratio of their figures
     got = _anchored_timing("c", Timing(1500.0, 5.0, 100, 0.0), Timing(1000.0, 5.0, 100, 0.0), 500.0, lambda *p: None)
     assert got.runtime_us_median == pytest.approx(750.0)
+
+
+def test_a_pair_whose_reference_ran_well_past_its_stored_runtime_is_recorded_and_named_in_the_row():
+    from kernels.harness.runner import ANCHOR_SLOWED, _anchored_timing
+    from kernels.harness.timing import Timing
+    from kernels.harness.worker import _anchoring, anchored_slowed_in
+
+    slowed = {}
+    beside = Timing(28.6, 1.0, 80, 62.8, paired_ratio=0.53)
+    _anchored_timing("a", beside, Timing(64.3, 1.0, 80, 0.0), 21.6, lambda *p: None, slowed)
+    _anchored_timing("b", beside, Timing(1.2 * 21.6, 1.0, 80, 0.0), 21.6, lambda *p: None, slowed)  # under 1.25x
+    _anchored_timing("c", beside, Timing(64.3, 1.0, 80, 0.0), 21.6, lambda *p: None)  # no record asked
+    assert ANCHOR_SLOWED == 1.25 and slowed == {"a": (64.3, 21.6)}
+    checks = "; ".join(_anchoring({"anchored_cases": ["a", "b"], "anchored_slowed": slowed}))
+    assert checks == "anchored: a, b; anchored beside a slowed reference: a 64.3/21.6 us"
+    assert anchored_slowed_in(checks) == {"a": pytest.approx(64.3 / 21.6, rel=1e-3)}
+    assert anchored_slowed_in("anchored: a, b") == {} and anchored_slowed_in("") == {}
+    assert _anchoring({"anchored_cases": []}) == ["anchored: none"]
 
 
 def test_warming_the_checks_runs_their_comparisons_on_four_elements_per_output_dtype_and_makes_no_case_data():

@@ -38,6 +38,7 @@ class Timing:
     # (``paired_ratio``), and those ratios in the order the rounds ran; 0 and () for a call timed alone.
     paired_ratio: float = 0.0
     round_ratios: tuple[float, ...] = ()
+    round_anchor_us: tuple[float, ...] = ()  # the other call's median in each of those rounds (us)
 
     def host_bound(self, flush_us: float) -> bool:
         """Whether the host's side of a call outlasts the flush: the GPU may then wait inside the window."""
@@ -302,7 +303,9 @@ def time_pair(call: Callable[[int], object], anchor: Callable[[int], object], fl
     mine, theirs = _time_series([call, anchor], flush, warmup, min_reps, max_reps, target_notch, max_seconds,
                                 round_size, long_rounds)
     ratio, per_round = paired_ratio(_rounds(mine), _rounds(theirs))
-    return replace(mine.timing(), paired_ratio=ratio, round_ratios=tuple(per_round)), theirs.timing()
+    anchor_us = tuple(_quantile(sorted(b), 0.5) * 1e3 for a, b in zip(_rounds(mine), _rounds(theirs)) if a and b)
+    return (replace(mine.timing(), paired_ratio=ratio, round_ratios=tuple(per_round), round_anchor_us=anchor_us),
+            theirs.timing())
 
 
 def _rounds(series: _Series) -> list[list[float]]:

@@ -908,7 +908,26 @@ def host_sensitive_in(checks: str) -> tuple[str, ...] | None:
 def _anchoring(res: dict) -> list[str]:
     """The cases timed beside the reference, as the row records them: whether a speedup is a paired ratio or a
     runtime over the reference's stored one ("none": so for the reference itself) is otherwise only in the
-    timeline. Nothing where the candidate was not timed."""
+    timeline. Nothing where the candidate was not timed. The cases whose reference ran well past its stored runtime
+    beside the candidate are named apart with both figures (``ANCHORED_SLOWED``)."""
     if "anchored_cases" not in res:
         return []
-    return [f"anchored: {', '.join(res['anchored_cases']) or 'none'}"]
+    slowed = [f"{case} {here:.1f}/{stored:.1f} us" for case, (here, stored) in res.get("anchored_slowed", {}).items()]
+    return [f"anchored: {', '.join(res['anchored_cases']) or 'none'}"] + (
+        [f"{ANCHORED_SLOWED}{', '.join(slowed)}"] if slowed else [])
+
+
+# The anchored cases whose reference, beside the candidate, ran well past its stored runtime (runner.ANCHOR_SLOWED):
+# "CASE here/stored us" each.
+ANCHORED_SLOWED = "anchored beside a slowed reference: "
+
+
+def anchored_slowed_in(checks: str) -> dict[str, float]:
+    """{case: how many times its stored runtime the reference ran beside the candidate} for the anchored cases a
+    row's checks name as paired beside a slowed reference; {} where none (or the row predates the mark)."""
+    out = {}
+    for item in cases_in(checks, ANCHORED_SLOWED) or ():
+        case, figures, _ = item.rsplit(" ", 2)  # "CASE here/stored us"
+        here, _, stored = figures.partition("/")
+        out[case] = float(here) / float(stored)
+    return out
