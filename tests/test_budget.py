@@ -273,3 +273,87 @@ def test_waiting_for_the_lock_alone_after_shared_checks_counts_against_no_limit(
         # the lock's holds: checks shared, timing alone, recheck shared again (the wait between them is none)
         worker._phase(r, "releasing", None, 201.0)
         assert worker.holds == [(2.0, 4.0, True), (100.0, 103.0, False), (200.0, 201.0, True)]
+
+
+def _state(pid: int) -> str:
+    """A process's state letter from /proc (T: stopped)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def _wait_state(pid: int, want: str, seconds: float = 5.0) -> str:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while _state(pid) != want and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return _state(pid)
+
+
+def test_quiet_timing_stops_the_other_children_while_one_times_alone_and_moves_their_limits_on():
+    """``WorkerConfig.quiet_timing``: real processes in groups of their own, stopped while another child times with
+    the lock held alone, continued when it leaves the lock or a stretch outlasts ``quiet_timing_s``."""
+    import os
+    import signal
+    import subprocess
+    from types import SimpleNamespace
+
+    from kernels.harness.worker import _Running
+
+    limits = budget.Limits(ahead_s=10.0, first_calls_s=5.0, device_s=5.0, call_s=(5.0,))
+    cand = null_candidate(get_operation("softmax"))
+    # the second is a shell that forks a sleep: the signals go to its group, so the sleep stops with it
+    sleepers = [subprocess.Popen(command, start_new_session=True, stdout=subprocess.PIPE, text=True)
+                for command in (["sleep", "60"], ["sh", "-c", "sleep 60 & echo $!; wait"], ["sleep", "60"])]
+    grandchild = SimpleNamespace(pid=int(sleepers[1].stdout.readline()))
+    try:
+        with pytest.raises(ValueError, match="quiet_timing_s must be a positive"):
+            MeasureWorker(HardwareSpec(gpu_type=INTERPRETER, device_name="cpu"),
+                          WorkerConfig(mode="interpreter", quiet_timing=True, quiet_timing_s=0.0))
+        with MeasureWorker(HardwareSpec(gpu_type=INTERPRETER, device_name="cpu"),
+                           WorkerConfig(mode="interpreter", quiet_timing=True, quiet_timing_s=20.0)) as worker:
+            timer, compiling, done = (_Running(cand, SimpleNamespace(pid=p.pid), None, "", started=0.0, limits=limits)
+                                      for p in sleepers)
+            done.result = {"status": "ok"}  # finished: its process is the worker's to end, not to stop
+            running = [timer, compiling, done]
+            worker._phase(timer, "timing", "case-1", 1.0)  # not holding the lock: nothing to keep quiet for
+            assert not timer.quiet
+            worker._phase(timer, "locked", {"shared": False}, 1.0)
+            worker._phase(timer, "timing", "case-1", 1.1)
+            assert timer.quiet
+            worker._keep_quiet(running, 2.0)
+            assert _wait_state(sleepers[1].pid, "T") == "T" and _wait_state(grandchild.pid, "T") == "T"
+            assert _state(sleepers[0].pid) != "T" and _state(sleepers[2].pid) != "T"
+            assert compiling.stopped_since == 2.0 and worker.stats.quieted == 1
+            assert worker._over_limit(compiling, 1000.0) is None  # stopped: no limit runs
+            worker._keep_quiet(running, 3.0)  # still timing: stopped once, not again
+            assert worker.stats.quieted == 1
+            worker._phase(timer, "releasing", None, 5.0)
+            worker._keep_quiet(running, 5.0)
+            assert _wait_state(sleepers[1].pid, "S") == "S" and _wait_state(grandchild.pid, "S") == "S"
+            assert compiling.stopped_since is None and compiling.started == pytest.approx(3.0)  # moved on by 3 s
+            assert "loading and compiling" in worker._over_limit(compiling, 13.5)  # 10 s of its own, after the stop
+            # a stretch past quiet_timing_s: the others go on, and the timer stays unquiet until its next case
+            worker._phase(timer, "exclusive", {"cpus": [0]}, 30.0)
+            worker._phase(timer, "timing", "case-2", 30.0)
+            worker._keep_quiet(running, 30.0)
+            assert _wait_state(sleepers[1].pid, "T") == "T"
+            worker._keep_quiet(running, 51.0)
+            assert _wait_state(sleepers[1].pid, "S") == "S" and not timer.quiet
+            worker._phase(timer, "timing", "case-3", 52.0)
+            worker._keep_quiet(running, 52.0)
+            assert _wait_state(sleepers[1].pid, "T") == "T" and worker.stats.quieted == 3
+            worker._keep_quiet(running, 53.0, stop=False)  # the run ends: every stopped child continues
+            assert _wait_state(sleepers[1].pid, "S") == "S"
+        with MeasureWorker(HardwareSpec(gpu_type=INTERPRETER, device_name="cpu"),
+                           WorkerConfig(mode="interpreter")) as worker:  # off by default
+            timer = _Running(cand, SimpleNamespace(pid=sleepers[0].pid), None, "", started=0.0, limits=limits)
+            worker._phase(timer, "locked", {"shared": False}, 1.0)
+            worker._phase(timer, "timing", "case-1", 1.1)
+            compiling = _Running(cand, SimpleNamespace(pid=sleepers[1].pid), None, "", started=0.0, limits=limits)
+            worker._keep_quiet([timer, compiling], 2.0)
+            assert not timer.quiet and compiling.stopped_since is None and _state(sleepers[1].pid) != "T"
+    finally:
+        for p in sleepers:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
