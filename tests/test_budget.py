@@ -357,3 +357,77 @@ def test_quiet_timing_stops_the_other_children_while_one_times_alone_and_moves_t
         for p in sleepers:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+
+
+def test_a_stopped_child_is_continued_once_its_result_is_in_and_a_lock_wait_is_not_taken_off_twice():
+    import os
+    import signal
+    import subprocess
+    import time
+    from types import SimpleNamespace
+
+    from kernels.harness.worker import _continue, _Running
+
+    class Process:  # what the worker asks of a child's process, over a real one
+        def __init__(self, popen):
+            self.popen, self.pid = popen, popen.pid
+
+        def join(self, timeout=None):
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+
+        def is_alive(self):
+            return self.popen.poll() is None
+
+        def kill(self):
+            self.popen.kill()
+
+        @property
+        def exitcode(self):
+            return self.popen.poll()
+
+    class Conn:  # one result waiting, sent before the child was stopped
+        def __init__(self):
+            self.sent = [("result", {"status": "runtime_error", "error": "boom"})]
+
+        def poll(self):
+            return bool(self.sent)
+
+        def recv(self):
+            return self.sent.pop(0)
+
+        def close(self):
+            pass
+
+    limits = budget.Limits(ahead_s=10.0, first_calls_s=5.0, device_s=5.0, call_s=(5.0,))
+    cand = null_candidate(get_operation("softmax"))
+    child = subprocess.Popen(["sleep", "0.3"], start_new_session=True)
+    try:
+        with MeasureWorker(HardwareSpec(gpu_type=INTERPRETER, device_name="cpu"),
+                           WorkerConfig(mode="interpreter", quiet_timing=True)) as worker:
+            r = _Running(cand, Process(child), Conn(), "", started=time.monotonic(), limits=limits)
+            os.killpg(child.pid, signal.SIGSTOP)
+            r.stopped_since = time.monotonic()
+            began = time.monotonic()
+            m = worker._poll(r)
+            # continued and let exit, not waited on for the 10 s a stopped process would take to be killed
+            assert m is not None and m.status == "runtime_error" and time.monotonic() - began < 5.0
+            assert r.stopped_since is None and child.poll() == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    # a child stopped while it waited for the lock alone: that wait comes off its device clocks when it gets the lock,
+    # so the stop moves only the clocks that wait does not
+    waiting = SimpleNamespace(process=SimpleNamespace(pid=None), stopped_since=3.0, started=0.0, paused_since=2.0,
+                              gpu_started=1.0, checks_started=1.5, released=None, waiting_since=0.5, calling=None)
+    _continue(waiting, 5.0)
+    assert (waiting.started, waiting.gpu_started, waiting.checks_started, waiting.waiting_since) == (2.0, 1.0, 1.5, 2.5)
+    running = SimpleNamespace(**{**vars(waiting), "stopped_since": 3.0, "paused_since": None, "started": 0.0,
+                                 "gpu_started": 1.0, "checks_started": 1.5, "calling": ("c", 1.0)})
+    _continue(running, 5.0)
+    assert (running.started, running.gpu_started, running.checks_started, running.calling) == (2.0, 3.0, 3.5, ("c", 3.0))
+    _continue(running, 9.0)  # not stopped: nothing moves
+    assert running.started == 2.0

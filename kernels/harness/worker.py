@@ -246,10 +246,17 @@ def _signal_group(pid: int | None, sig: int) -> bool:
     return True
 
 
-def _move_clocks(r: _Running, seconds: float) -> None:
-    """Move a child's limit clocks on by ``seconds`` it spent stopped: the stop counts against none of its limits."""
+def _continue(r: _Running, now: float) -> None:
+    """Continue a child stopped while another timed (``MeasureWorker._keep_quiet``; nothing where it is not stopped),
+    its limit clocks moved on by the time it spent stopped: the stop counts against none of its limits. A child
+    stopped while it waited for the lock alone has that wait taken off when it gets the lock (``paused_since``)."""
+    if r.stopped_since is None:
+        return
+    _signal_group(r.process.pid, signal.SIGCONT)
+    seconds, r.stopped_since = now - r.stopped_since, None
     r.started += seconds
-    for name in ("gpu_started", "checks_started", "released", "waiting_since"):
+    moved = ("released", "waiting_since") + (("gpu_started", "checks_started") if r.paused_since is None else ())
+    for name in moved:
         if getattr(r, name) is not None:
             setattr(r, name, getattr(r, name) + seconds)
     if r.calling is not None:
@@ -700,10 +707,7 @@ class MeasureWorker:
             timer.quiet, timer = False, None
         if timer is None:
             for r in running:
-                if r.stopped_since is not None:
-                    _signal_group(r.process.pid, signal.SIGCONT)
-                    _move_clocks(r, now - r.stopped_since)
-                    r.stopped_since = None
+                _continue(r, now)
             self._quiet_since = None
             return
         self._quiet_since = self._quiet_since if self._quiet_since is not None else now
@@ -766,6 +770,7 @@ class MeasureWorker:
             pass
         now = time.monotonic()
         if r.result is not None:
+            _continue(r, now)  # stopped after it sent its result (``_keep_quiet``): it has only to exit
             if r.memcheck is None:
                 r.process.join(10)
                 if r.process.is_alive():
