@@ -385,3 +385,37 @@ def test_pool_runs_compare_sets_the_rules_for_a_reference_measured_in_several_pr
     assert "median range 2.750x as stored in one process, 1.050x over the fastest process" in lines
     # no reference measured in several processes: nothing to set side by side
     assert compare.reference_processes({k: runs[k] for k in ("one", "two")}) == {}
+
+
+def test_anchored_pairs_counts_the_pairs_beside_a_slowed_reference_and_the_ranges_with_and_without_them(tmp_path,
+                                                                                                       capsys):
+    import gzip
+    import json
+
+    from benchmarks import anchored_pairs
+
+    def run(name, pairs, gz=False):
+        lines = []
+        for task, here, stored, ratio, host in pairs:
+            lines.append({"task": task, "role": "custom", "candidate": "c", "phase": "timed",
+                          "detail": {"case": "a", "us": 10.0, "host_us": host, "flush_us": 90.0, "reference_us": here}})
+            lines.append({"task": task, "role": "custom", "candidate": "c", "phase": "anchored",
+                          "detail": {"case": "a", "ratio": ratio, "reference_us_here": here, "reference_us": stored}})
+        lines.append({"task": "kb.x", "role": "reference", "candidate": "r", "phase": "timed", "detail": {"case": "a"}})
+        path = tmp_path / (name + (".jsonl.gz" if gz else ".jsonl"))
+        text = "\n".join(json.dumps(x) for x in lines) + "\n"
+        path.write_bytes(gzip.compress(text.encode())) if gz else path.write_text(text)
+        return str(path)
+
+    # kb.x beside its reference at its stored runtime twice (speedups 2.0 and 2.2), then slowed 3x (speedup 4.0)
+    runs = [run("one", [("kb.x", 20.0, 20.0, 0.5, 40.0)]), run("two", [("kb.x", 21.0, 20.0, 1 / 2.2, 41.0)], gz=True),
+            run("three", [("kb.x", 60.0, 20.0, 0.25, 80.0)])]
+    s = anchored_pairs.summary([anchored_pairs.anchored_figures(p) for p in runs], 1.25)
+    assert (s["figures"], s["slowed"], s["cases_in_two_runs"]) == (3, 1, 1)
+    assert s["median_range_all"] == pytest.approx(2.0) and s["median_range_unslowed"] == pytest.approx(1.1)
+    assert s["host_us"] == {"kb.x": {"within_1.5x": [40, 41], "past_1.5x": [80]}}
+    assert anchored_pairs.main(runs) == 0
+    assert "3 anchored figures in 3 runs; beside a reference past 1.25x its stored runtime: 1" in capsys.readouterr().out
+    assert anchored_pairs.main([runs[0], str(tmp_path / "none.jsonl")]) == 2
+    assert "no timeline at" in capsys.readouterr().err
+    assert anchored_pairs.main(runs + ["--slowed", "0.9"]) == 2
