@@ -302,8 +302,9 @@ def time_pair(call: Callable[[int], object], anchor: Callable[[int], object], fl
     ``round_size_for`` gives them for ``min_reps``, as before 2026-11-29)."""
     mine, theirs = _time_series([call, anchor], flush, warmup, min_reps, max_reps, target_notch, max_seconds,
                                 round_size, long_rounds)
-    ratio, per_round = paired_ratio(_rounds(mine), _rounds(theirs))
-    anchor_us = tuple(_quantile(sorted(b), 0.5) * 1e3 for a, b in zip(_rounds(mine), _rounds(theirs)) if a and b)
+    rounds = _rounds(mine), _rounds(theirs)
+    ratio, per_round = paired_ratio(*rounds)
+    anchor_us = tuple(_quantile(sorted(b), 0.5) * 1e3 for a, b in zip(*rounds) if a and b)
     return (replace(mine.timing(), paired_ratio=ratio, round_ratios=tuple(per_round), round_anchor_us=anchor_us),
             theirs.timing())
 

@@ -265,11 +265,7 @@ def _continue(r: _Running, now: float) -> None:
 
 def _kill_group(pid: int | None) -> None:
     """Kill the child's process group: whatever the candidate forked goes with it."""
-    if pid:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    _signal_group(pid, signal.SIGKILL)
 
 
 def _doing(phase: str, detail) -> str:
@@ -691,7 +687,7 @@ class MeasureWorker:
                 running = still
                 self._keep_quiet(running, time.monotonic())
         finally:
-            self._keep_quiet([r for r in running if r.stopped_since is not None], time.monotonic(), stop=False)
+            self._keep_quiet(running, time.monotonic(), stop=False)
             for r in running:  # the caller stopped early: leave no child behind
                 r.process.kill()
                 r.process.join(5)
