@@ -57,7 +57,6 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--reference-processes", type=int, default=3, metavar="N",
                    help="processes a problem's reference is measured in where its first finds a case host-sensitive; "
                         "its stored runtime is the fastest process's (default: %(default)s)")
-    p.add_argument("--quiet-timing", action="store_true", help="while a candidate is timed holding the GPU alone, stop the worker's other children (their compiles too) and continue them after: the timed host unhurried, for the compiles' time (docs/harness.md)")
     p.add_argument("--memcheck", default="off", choices=("off", "auto", "all"),
                    help="compute-sanitizer per candidate (8-23 s each on an H100; default: %(default)s)")
     p.add_argument("--mode", default="gpu", choices=("gpu", "interpreter"))
@@ -148,7 +147,7 @@ def measure(args, prepared, roots, protocols, hardware, started: float, chunk: i
         lock = str(Path(folder) / "gpu.lock")
         settings = dict(mode=args.mode, concurrency=args.concurrency, memcheck=args.memcheck, gpu_lock=lock,
                         cpus=shard_cpus(args.shard), anchor=args.anchor, model_build=args.model_build,
-                        reference_processes=args.reference_processes, quiet_timing=args.quiet_timing)
+                        reference_processes=args.reference_processes)
         with contextlib.ExitStack() as stack:
             workers = {p: stack.enter_context(MeasureWorker(hardware, pool.worker_config(p, **settings)))
                        for p in protocols}

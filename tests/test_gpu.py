@@ -196,22 +196,3 @@ def test_a_host_bound_reference_is_measured_in_three_processes_and_keeps_the_fas
     last_ref = max(v["ended"] for (cid, _), v in lives.items() if cid == seed.candidate_id)
     assert lives[null.candidate_id, 1]["started"] >= last_ref
     assert 0.9 < m.speedup < 1.1, m.speedup
-
-
-def test_with_quiet_timing_the_other_children_are_stopped_while_one_is_timed_and_the_verdicts_stand(tmp_path):
-    """``WorkerConfig.quiet_timing``: while one child times alone, the others (loading, compiling) are stopped and then
-    continued; every verdict comes through, and no child was still stopped when its timed one let go."""
-    from kernels.formats import import_task
-    from kernels.null import null_candidate
-
-    (tmp_path / "chain.py").write_text(KB_CHAIN)
-    op, _ = import_task("kernelbench", str(tmp_path / "chain.py"), [], name="chain_quiet")
-    seed, null = op.seed_candidates()[0], null_candidate(op)
-    others = get_operation("row_sum").seed_candidates() + get_space("row_sum").spread_subset(4)
-    with MeasureWorker(detect(), WorkerConfig(mode="gpu", concurrency=4, quiet_timing=True,
-                                              reference_processes=1)) as w:
-        out = {m.candidate_id: m for m in w.measure([seed, null] + others)}
-        quieted = w.stats.quieted
-    assert all(m.status == "ok" for m in out.values()), {c: m.error for c, m in out.items() if m.status != "ok"}
-    assert quieted > 0
-    assert 0.9 < out[null.candidate_id].speedup < 1.1

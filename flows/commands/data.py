@@ -124,8 +124,7 @@ def cmd_measure(args) -> int:
                           timeout_s=args.timeout, gpu_timeout_s=args.gpu_timeout,
                           seeds=args.seeds if args.seeds else (3 if mode == "gpu" else 1), protocol=args.timing,
                           anchor=args.anchor, precision=args.precision, shared_checks=not args.checks_alone,
-                          model_build=args.model_build, reference_processes=args.reference_processes,
-                          quiet_timing=args.quiet_timing)
+                          model_build=args.model_build, reference_processes=args.reference_processes)
     _check_one_protocol(root, ops, hw.gpu_type, args.timing, args.data)
     plan = []
     for name in ops:
@@ -183,9 +182,6 @@ def cmd_measure(args) -> int:
           + ", ".join(f"{k} {v}" for k, v in statuses.most_common()))
     print(f"correctness checks beside other candidates' checks: {worker.stats.shared_checks} of "
           f"{worker.stats.children} children" + (" (--checks-alone)" if args.checks_alone else ""))
-    if args.quiet_timing:
-        print(f"children stopped while another was timed holding the GPU alone: {worker.stats.quieted} times "
-              f"(--quiet-timing)")
     if mode == "gpu" and elapsed > 0:
         print(f"throughput {n / (elapsed / 60):.1f} candidates per GPU-minute; GPU busy "
               f"{100 * worker.held_gpu_seconds / elapsed:.0f}% of wall time")
@@ -345,8 +341,6 @@ def register(sub) -> None:
                     help="processes an operation's reference is measured in where its first finds a case host-bound "
                          "(a host-bound call's figure moves with the speed its process gets); its stored runtime is "
                          "the fastest process's and its row names every process's (default: %(default)s)")
-    sp.add_argument("--quiet-timing", action="store_true",
-                    help="while a candidate is timed holding the GPU alone, stop the worker's other children (their compiles too) and continue them after: the timed host unhurried, for the compiles' time (docs/harness.md)")
     sp.add_argument("--model-build", choices=["auto", "host", "device"], default="auto",
                     help="where a KernelBench task's Model and ModelNew are built: auto (on the CPU and then moved, as "
                          "KernelBench's eval does; a model over 2 GiB of parameters on the GPU under kernelcast's "

@@ -291,7 +291,7 @@ class Journal:
 def sweep(tasks: list[Task], out: Path, *, mode: str, concurrency: int, max_minutes: float | None,
           chunk_size: int, reserve_timing_core: bool | None = None, anchor: str = "host-bound",
           import_workers: int = 1, case_parts: int = 1, part: int | None = None, shared_checks: bool = True,
-          reference_processes: int = 3, quiet_timing: bool = False) -> None:
+          reference_processes: int = 3) -> None:
     """Import and measure the tasks not yet in ``out/sweep.jsonl``, appending a row per finished task.
 
     Every task is imported first (a task that cannot be is a row at once); the rest are measured smallest
@@ -299,8 +299,8 @@ def sweep(tasks: list[Task], out: Path, *, mode: str, concurrency: int, max_minu
     many quick ones, and a call cut short leaves the largest for the next. With ``case_parts`` above 1 each task is
     measured in that many parts of its cases (``kernels.harness.case_parts``; ``part``: this call's one alone),
     a row a part, and the task's row is written once all of its parts are in. ``shared_checks`` False: every child
-    holds the GPU lock alone from its first call (``kernelcast measure --checks-alone``). ``reference_processes``,
-    ``quiet_timing``: ``WorkerConfig``'s."""
+    holds the GPU lock alone from its first call (``kernelcast measure --checks-alone``). ``reference_processes``:
+    ``WorkerConfig.reference_processes``."""
     from kernels.harness.worker import MeasureWorker, WorkerConfig
     from kernels.null import null_candidate
 
@@ -315,8 +315,7 @@ def sweep(tasks: list[Task], out: Path, *, mode: str, concurrency: int, max_minu
     deadline = started + max_minutes * 60 if max_minutes is not None else None
     hardware = _hardware(mode)
     config = WorkerConfig(mode=mode, concurrency=concurrency, reserve_timing_core=reserve_timing_core, anchor=anchor,
-                          shared_checks=shared_checks, reference_processes=reference_processes,
-                          quiet_timing=quiet_timing)
+                          shared_checks=shared_checks, reference_processes=reference_processes)
     with journal.open("a") as sink:
         def write(row: dict) -> None:
             sink.write(json.dumps(row) + "\n")
@@ -553,7 +552,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reference-processes", type=int, default=3, metavar="N", help="processes a task's reference is "
                    "measured in where its first finds a case host-sensitive; its stored runtime is the fastest "
                    "process's (default: %(default)s)")
-    p.add_argument("--quiet-timing", action="store_true", help="while a candidate is timed holding the GPU alone, stop the worker's other children (their compiles too) and continue them after: the timed host unhurried, for the compiles' time (docs/harness.md)")
     p.add_argument("--report-only", action="store_true", help="print the table and summary of what is done")
     p.add_argument("--checks-alone", action="store_true", help="every child holds the GPU lock alone from its first "
                                                                "call, its checks included (default: the checks of "
@@ -609,7 +607,7 @@ def run(tasks_dir: str, args) -> int:
               anchor=args.anchor,
               import_workers=args.import_workers or min(8, max(1, (os.cpu_count() or 2) // 2)),
               case_parts=args.case_parts, part=args.part, shared_checks=not args.checks_alone,
-              reference_processes=args.reference_processes, quiet_timing=args.quiet_timing)
+              reference_processes=args.reference_processes)
     else:
         _complete_parts(out / "sweep.jsonl")  # parts measured into other folders, their rows gathered into this one
     keys = {t.key for t in tasks}

@@ -126,16 +126,9 @@ class WorkerConfig:
     # timed one can; ``host_paced``): a host-bound call's figure moves with the speed its process happens to get (one
     # H200 host, one run: a reference of 19.9, 59.1 and 135.1 us in three processes), so such a reference's stored
     # runtime per case is its fastest process's (``combine_reference_takes``); its row keeps every process's figure.
+    # Stopping the worker's other children while one times was tried and taken out: with them stopped, host-paced
+    # references ran slower and spread more over runs (2.3x against 1.05x; docs/harness.md, "Quiet timing, measured").
     reference_processes: int = 3
-    # While a child times its cases holding the lock alone, the worker's other children are stopped (SIGSTOP to their
-    # process groups: compilers and all) and continued when it leaves the lock alone, or after ``quiet_timing_s`` of
-    # one stretch (a timed child waiting on a file a stopped one holds gets it then), their limits moved on by the
-    # stop. A host-bound call's figure follows its host, and the host of a child timed beside fourteen compiling ones is
-    # slower than the one its reference's fastest process met: on H200s (2026-11-30) the reference beside a candidate
-    # ran at 1.25x its stored runtime or more in 41 of 51 pairs, and the candidate's own host time rose with it
-    # (docs/harness.md, "Fresh problems"). Off until measured: it costs the compiles the timed stretches.
-    quiet_timing: bool = False
-    quiet_timing_s: float = 10.0
 
 
 @dataclass
@@ -146,7 +139,6 @@ class WorkerStats:
     crashed: int = 0  # died before reporting
     killed: int = 0  # killed by the worker: time or memory limit
     retried_alone: int = 0  # ran out of device memory beside others; measured again alone
-    quieted: int = 0  # children stopped while another timed alone (WorkerConfig.quiet_timing), each stop counted
     shared_checks: int = 0  # children whose checks held the lock shared (WorkerConfig.shared_checks)
     sandboxes: Counter = field(default_factory=Counter)  # sandbox summary -> children that entered it
 
@@ -170,8 +162,6 @@ class _Running:
     released: float | None = None
     paused_since: float | None = None  # waiting for the lock alone after shared checks: no limit runs meanwhile
     holding: tuple[float, bool] | None = None  # the child's present hold of the lock: (since, shared)
-    quiet: bool = False  # timing with the lock held alone: the others are stopped meanwhile (WorkerConfig.quiet_timing)
-    stopped_since: float | None = None  # stopped while another child times: no limit runs meanwhile
     result: dict | None = None
     peak_rss_bytes: int = 0
     memcheck: threading.Thread | None = None  # the sanitizer's call, made by the worker once the child is done
@@ -235,37 +225,13 @@ def _rss_bytes(pid: int) -> int:
         return 0
 
 
-def _signal_group(pid: int | None, sig: int) -> bool:
-    """Send ``sig`` to the child's process group (whatever it forked too); False where there is none any more."""
-    if not pid:
-        return False
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
-
-
-def _continue(r: _Running, now: float) -> None:
-    """Continue a child stopped while another timed (``MeasureWorker._keep_quiet``; nothing where it is not stopped),
-    its limit clocks moved on by the time it spent stopped: the stop counts against none of its limits. A child
-    stopped while it waited for the lock alone has that wait taken off when it gets the lock (``paused_since``)."""
-    if r.stopped_since is None:
-        return
-    _signal_group(r.process.pid, signal.SIGCONT)
-    seconds, r.stopped_since = now - r.stopped_since, None
-    r.started += seconds
-    moved = ("released", "waiting_since") + (("gpu_started", "checks_started") if r.paused_since is None else ())
-    for name in moved:
-        if getattr(r, name) is not None:
-            setattr(r, name, getattr(r, name) + seconds)
-    if r.calling is not None:
-        r.calling = (r.calling[0], r.calling[1] + seconds)
-
-
 def _kill_group(pid: int | None) -> None:
     """Kill the child's process group: whatever the candidate forked goes with it."""
-    _signal_group(pid, signal.SIGKILL)
+    if pid:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _doing(phase: str, detail) -> str:
@@ -386,8 +352,6 @@ class MeasureWorker:
                 or config.reference_processes < 1:
             raise ValueError(f"reference_processes must be a whole number of processes, 1 or more; got "
                              f"{config.reference_processes!r}")
-        if not config.quiet_timing_s > 0:
-            raise ValueError(f"quiet_timing_s must be a positive number of seconds, got {config.quiet_timing_s!r}")
         if config.anchor not in ANCHORS:
             raise ValueError(f"unknown anchor setting {config.anchor!r}; known: {', '.join(ANCHORS)}")
         if config.memcheck not in memcheck.MODES:
@@ -424,7 +388,6 @@ class MeasureWorker:
         # (candidate id, take) -> its out-of-memory attempt
         self._first_attempt: dict[tuple[str, int], Measurement] = {}
         self._takes: dict[str, list[tuple[dict, Measurement]]] = {}  # op -> its reference's processes so far
-        self._quiet_since: float | None = None  # when the present stretch of stopped children began
         self._reference_call_us: dict[str, dict[str, float]] = {}  # op -> case -> its reference's first call  # op -> per case, one set's bytes plus parameters
         # (candidate id, attempt, phase, monotonic time, detail) for every phase of every child, in order
         # (the latest 100,000): shows when each held the GPU lock and what ran beside it.
@@ -685,33 +648,12 @@ class MeasureWorker:
                             pending.extend(waiting.pop(m.candidate_id))
                         yield m
                 running = still
-                self._keep_quiet(running, time.monotonic())
         finally:
-            self._keep_quiet(running, time.monotonic(), stop=False)
             for r in running:  # the caller stopped early: leave no child behind
                 r.process.kill()
                 r.process.join(5)
                 _kill_group(r.process.pid)
                 shutil.rmtree(r.scratch, ignore_errors=True)
-
-    def _keep_quiet(self, running: list[_Running], now: float, stop: bool = True) -> None:
-        """While a child times holding the lock alone (``_Running.quiet``), stop every other running child that holds
-        nothing; once none does, or a stretch has lasted ``quiet_timing_s`` (that child then stays unquiet until its
-        next case), continue them, their limits moved on by the time stopped (``stop`` False: continue them all)."""
-        timer = next((r for r in running if r.quiet and r.result is None), None) if stop else None
-        if timer is not None and self._quiet_since is not None and now - self._quiet_since > self.config.quiet_timing_s:
-            timer.quiet, timer = False, None
-        if timer is None:
-            for r in running:
-                _continue(r, now)
-            self._quiet_since = None
-            return
-        self._quiet_since = self._quiet_since if self._quiet_since is not None else now
-        for r in running:
-            if r is not timer and r.stopped_since is None and r.holding is None and r.result is None:
-                if _signal_group(r.process.pid, signal.SIGSTOP):
-                    r.stopped_since = now
-                    self.stats.quieted += 1
 
     def _reference_take(self, r: _Running, m: Measurement,
                         takes: deque[tuple[Candidate, int]]) -> tuple[Measurement, dict] | None:
@@ -766,7 +708,6 @@ class MeasureWorker:
             pass
         now = time.monotonic()
         if r.result is not None:
-            _continue(r, now)  # stopped after it sent its result (``_keep_quiet``): it has only to exit
             if r.memcheck is None:
                 r.process.join(10)
                 if r.process.is_alive():
@@ -809,10 +750,6 @@ class MeasureWorker:
             self._end_hold(r, t)
         if name in ("locked", "exclusive", "shared_again"):
             r.holding = (t, name == "shared_again" or (name == "locked" and bool((detail or {}).get("shared"))))
-        if name == "timing" and r.holding is not None and not r.holding[1]:
-            r.quiet = self.config.quiet_timing
-        elif name in ("exclusive_wait", "share_wait", "shared_again", "releasing", "released"):
-            r.quiet = False
         if name == "waiting":
             r.waiting_since = t
         elif name == "locked":
@@ -843,9 +780,8 @@ class MeasureWorker:
             r.holding = None
 
     def _over_limit(self, r: _Running, now: float) -> str | None:
-        """Which limit a running child has passed, or None. Waiting for the lock counts against none, nor does being
-        stopped while another child times."""
-        if r.paused_since is not None or r.stopped_since is not None:
+        """Which limit a running child has passed, or None. Waiting for the lock counts against none."""
+        if r.paused_since is not None:
             return None
         lim = r.limits
         device = "the GPU" if self.config.mode == "gpu" else "the interpreter (the CPU)"
