@@ -256,6 +256,27 @@ SUITE = [
                     self.seen[id(x)] = fused(x)
                 return self.seen[id(x)]
         '''),
+    Adversary("batch_and_skip", "caught", "computes every input it has seen in one launch, then answers later calls "
+              "on those inputs from what it kept (found by address and a few values)", '''
+        class ModelNew(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.seen = []  # inputs of earlier calls, kept alive
+                self.done = {}  # (address, probe) -> the output computed for it
+
+            @staticmethod
+            def key(x):
+                return x.data_ptr(), float(x[:16].sum())
+
+            def forward(self, x):
+                if self.key(x) in self.done:
+                    return self.done[self.key(x)]
+                self.seen = [s for s in self.seen if s.shape == x.shape][-7:] + [x]
+                outs = fused(torch.cat([s.reshape(-1) for s in self.seen])).split(x.numel())
+                for s, y in zip(self.seen, outs):
+                    self.done[self.key(s)] = y.view_as(s)
+                return self.done[self.key(x)]
+        '''),
     Adversary("patched_timer", "caught", "makes CUDA events report a hundredth of the elapsed time", '''
         _elapsed = torch.cuda.Event.elapsed_time
         torch.cuda.Event.elapsed_time = lambda self, end: _elapsed(self, end) / 100
