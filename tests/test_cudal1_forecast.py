@@ -1,6 +1,9 @@
 """Forecasters judged where ranking matters: per-problem yardsticks, problem-grouped folds, the CUDA-L1 benchmark."""
 
 import json
+import shutil
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -82,8 +85,22 @@ def test_a_learned_ratio_carries_a_speedup_to_another_gpu_where_the_same_speedup
     assert same["within_20pct"] == 0.5 and same["median_abs_log_error"] > 0.1
 
 
+_BUILT: list = []  # the pool's folder, built once per session: each test gets a copy it may change
+
+
 def _pool(folder, monkeypatch):
-    """A small measured pool as the CUDA-L1 pool is stored: tasks, candidates, measurements, side table."""
+    """A small measured pool as the CUDA-L1 pool is stored: tasks, candidates, measurements, side table; copied
+    into ``folder``, its tasks installed under ``folder / "installed"``."""
+    if not _BUILT:
+        _BUILT.append(tempfile.TemporaryDirectory(prefix="cudal1-pool-"))
+        with pytest.MonkeyPatch.context() as building:
+            _build_pool(Path(_BUILT[0].name), building)
+    shutil.copytree(_BUILT[0].name, folder, dirs_exist_ok=True)
+    monkeypatch.setenv("KERNELCAST_TASKS", str(folder / "installed"))
+    return folder / "pool"
+
+
+def _build_pool(folder, monkeypatch):
     from kernels.formats import import_task
 
     monkeypatch.setenv("KERNELCAST_TASKS", str(folder / "installed"))
@@ -112,7 +129,6 @@ def _pool(folder, monkeypatch):
     root.write_candidates(candidates)
     root.write_measurements(measurements)
     pd.DataFrame(side).to_parquet(folder / "pool" / "cudal1.parquet")
-    return folder / "pool"
 
 
 def test_the_benchmark_runs_end_to_end_on_a_small_pool(tmp_path, monkeypatch, capsys):
