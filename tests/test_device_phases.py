@@ -415,12 +415,22 @@ def test_a_shared_gpu_lock_held_by_another_process_keeps_every_child_off_the_dev
     found = {}
 
     def measure():
-        results, worker = _measure(cands, gpu_lock=str(lock))
-        found.update(results=results, timeline=list(worker.timeline))
+        cfg = WorkerConfig(mode="interpreter", concurrency=3, timeout_s=60, seeds=1, gpu_lock=str(lock))
+        with MeasureWorker(CPU, cfg) as worker:
+            found["worker"] = worker
+            found["results"] = {m.candidate_id: m for m in worker.measure(cands)}
+        found["timeline"] = list(worker.timeline)
+
+    def queued() -> int:
+        worker = found.get("worker")
+        return 0 if worker is None else sum(phase == "waiting" for _, _, phase, _, _ in list(worker.timeline))
 
     thread = threading.Thread(target=measure)
     thread.start()
-    time.sleep(10.0)  # both compile ahead and queue for the lock meanwhile
+    deadline = time.monotonic() + 60.0
+    while queued() < len(cands) and time.monotonic() < deadline:  # both compile ahead and queue for the lock
+        time.sleep(0.2)
+    time.sleep(1.0)  # and stay off the device a while longer
     released_at = time.monotonic()
     fcntl.flock(holder, fcntl.LOCK_UN)
     holder.close()
