@@ -28,7 +28,35 @@ if not _has_gpu():
     os.environ["TRITON_INTERPRET"] = "1"
 
 
+# ---- running on two workers (pytest-xdist, `-n auto --dist loadgroup` in pyproject.toml) ----------------------
+
+def pytest_xdist_auto_num_workers(config):
+    """Two workers without a GPU: much of the suite waits on subprocesses, servers and sleeps. None (one process)
+    with a GPU, where a second worker beside the GPU tests would disturb the kernels they time."""
+    return 0 if _has_gpu() or (os.cpu_count() or 1) < 2 else 2
+
+
+# The session-scoped servers: the modules that use one run on one worker, so that it starts once there (and the
+# Prefect server's early stop, below, comes after the last test that needs it).
+_SERVER_GROUPS = {"prefect_server": "prefect-server", "server": "llama-server", "tiny_model": "llama-server",
+                  "misbehaving": "llama-server"}
+
+
+def _group_by_module(items) -> None:
+    """Each module's tests on one worker (loadgroup's group), as its module-scoped fixtures expect, beside the
+    other modules that share its session server."""
+    groups: dict[str, str] = {}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        server = next((g for name, g in _SERVER_GROUPS.items() if name in item.fixturenames), None)
+        groups[module] = server or groups.get(module, module)
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid.split("::")[0]]))
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
+    _group_by_module(items)
     if _has_gpu():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
