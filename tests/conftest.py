@@ -30,9 +30,10 @@ if not _has_gpu():
 
 # ---- running on two workers (pytest-xdist, `-n auto --dist loadgroup` in pyproject.toml) ----------------------
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: without it (`-p no:xdist`) one process, as before
 def pytest_xdist_auto_num_workers(config):
-    """Two workers without a GPU: much of the suite waits on subprocesses, servers and sleeps. None (one process)
-    with a GPU, where a second worker beside the GPU tests would disturb the kernels they time."""
+    """Two workers without a GPU: much of the suite keeps one core busy, or waits on subprocesses, servers and
+    sleeps. None (one process) with a GPU, where a second worker beside the GPU tests would disturb what they time."""
     return 0 if _has_gpu() or (os.cpu_count() or 1) < 2 else 2
 
 
