@@ -28,7 +28,7 @@ if not _has_gpu():
     os.environ["TRITON_INTERPRET"] = "1"
 
 
-# ---- running on two workers (pytest-xdist, `-n auto --dist loadgroup` in pyproject.toml) ----------------------
+# ---- two workers (pytest-xdist, the README's `-n auto --dist loadgroup`); plain `pytest`: one process ----
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: without it (`-p no:xdist`) one process, as before
 def pytest_xdist_auto_num_workers(config):
