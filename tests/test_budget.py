@@ -214,6 +214,23 @@ def test_a_slow_reference_holds_back_its_own_candidates_only(tmp_path):
     assert started[cands[2].candidate_id] >= ended[cands[0].candidate_id]  # its own reference first, still
 
 
+def test_a_task_imported_into_another_tasks_folder_is_found_by_the_children(tmp_path, monkeypatch):
+    """The harness's children come from a fork server that keeps the environment it started with; one started before
+    the tasks folder moved is started again, so the children find a task the caller installed in the new folder."""
+    from kernels.formats import TASKS_ENV, import_task
+
+    with MeasureWorker(CPU, WorkerConfig(mode="interpreter", concurrency=1, seeds=1)) as worker:
+        [first] = worker.measure(get_operation("row_sum").seed_candidates()[:1])  # the fork server is up
+    assert first.status == "ok", first.error
+    monkeypatch.setenv(TASKS_ENV, str(tmp_path / "elsewhere"))
+    (tmp_path / "relu.py").write_text(KB_RELU)
+    op, _ = import_task("kernelbench", str(tmp_path / "relu.py"), name="budget-moved-tasks")
+    assert (tmp_path / "elsewhere" / op.name).is_dir()
+    with MeasureWorker(CPU, WorkerConfig(mode="interpreter", concurrency=1, seeds=1)) as worker:
+        got = list(worker.measure([op.seed_candidates()[0], null_candidate(op)]))
+    assert [m.status for m in got] == ["ok", "ok"], [m.error for m in got]
+
+
 def test_checks_share_the_device_only_when_small_known_and_not_autotuning():
     from kernels.harness.budget import SHARED_CHECKS_SHARE, shares_checks
 

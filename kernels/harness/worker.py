@@ -45,7 +45,7 @@ from kernels.harness import ahead, budget, cores, memcheck, precision, sandbox
 from kernels.harness.runner import Job, child_main, probe_main
 from kernels.harness.sweep_report import cases_in, held_seconds
 from kernels.harness.timing import ANCHORS, PROTOCOLS
-from kernels.formats import tasks_dir
+from kernels.formats import TASKS_ENV, tasks_dir
 from kernels.formats.common import is_imported_name
 from kernels.hardware import INTERPRETER, peak_tflops
 from kernels.null import NULL_MARK
@@ -179,17 +179,21 @@ def _start_scrubbed_forkserver() -> None:
 
     Deleting variables in a child leaves them in /proc/self/environ, which shows the
     environment the process was exec'd with, i.e. the fork server's; so the fork server
-    itself must start without them. One started earlier with secrets is restarted.
+    itself must start without them. One started earlier with secrets is restarted, and so is
+    one whose tasks folder (``KERNELCAST_TASKS``) is not this process's: its children would look
+    for imported tasks where the caller did not install them.
     """
     server = forkserver._forkserver
     pid = getattr(server, "_forkserver_pid", None)
     if pid:
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
-                names = [item.split(b"=", 1)[0].decode(errors="replace") for item in f.read().split(b"\0") if item]
+                items = [item.decode(errors="replace").split("=", 1) for item in f.read().split(b"\0") if item]
         except OSError:
-            names = []
-        if any(sandbox.is_secret_name(n) for n in names):
+            items = []
+        env = {kv[0]: kv[1] if len(kv) > 1 else "" for kv in items}
+        moved = bool(env) and env.get(TASKS_ENV, "") != os.environ.get(TASKS_ENV, "")
+        if moved or any(sandbox.is_secret_name(n) for n in env):
             server._stop()
     saved = dict(os.environ)
     try:
