@@ -82,6 +82,10 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--forecasts", action="append", default=[], metavar="NAME=DIR",
                    help="held-out forecasts made elsewhere, scored beside the others: DIR's forecasts-*.parquet, one "
                         "a fold (benchmarks/cudal1_lmhead.py writes them); repeatable")
+    p.add_argument("--blend", action="append", default=[], metavar="A+B[:W]",
+                   help="also score two forecasters' held-out forecasts of the first split mixed into one "
+                        "(surrogate.ranking.blended; W on B's, default 0.5), each a forecaster of this run or a "
+                        "--forecasts NAME dealt by the same folds; repeatable")
     p.add_argument("--also-data", action="append", default=[], help="another pool's root to train on (repeatable)")
     p.add_argument("--embeddings", default=None,
                    help="a table of the pool's pair vectors (benchmarks/cudal1_embed.py): adds learned+emb and "
@@ -119,10 +123,30 @@ def parse(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.dealings < 1:
         p.error(f"--dealings must be at least 1, got {args.dealings}")
+    for value in args.blend:
+        try:
+            blend_of(value)
+        except ValueError as exc:
+            p.error(str(exc))
     for value in args.forecasts:
         if "=" not in value or not value.split("=", 1)[0] or not value.split("=", 1)[1]:
             p.error(f"--forecasts wants NAME=DIR, got {value!r}")
     return args
+
+
+def blend_of(value: str) -> tuple[str, str, float]:
+    """(A, B, weight on B) of a ``--blend A+B[:W]``."""
+    names, _, weight = value.partition(":")
+    first, plus, second = names.partition("+")
+    if not (first and plus and second):
+        raise ValueError(f"--blend wants A+B or A+B:W (two forecasters, W the second's weight), got {value!r}")
+    try:
+        w = float(weight) if weight else 0.5
+    except ValueError:
+        raise ValueError(f"--blend {value!r}: the weight {weight!r} is not a number") from None
+    if not 0.0 <= w <= 1.0:
+        raise ValueError(f"--blend {value!r}: the weight lies in [0, 1], got {w}")
+    return first, second, w
 
 
 def main(argv=None) -> int:
@@ -291,6 +315,7 @@ def run(args) -> int:
                   for seed in range(args.seed, args.seed + args.dealings)}
         splits["leave one level out"] = ranking.level_folds(problems)
     rows, first = [], {}  # first: each forecaster's held-out forecasts under the first split
+    dealt = {name: args.seed for name in names}  # the seed that dealt each one's folds
     for split, folds in splits.items():
         for name in names:
             t = time.perf_counter()
@@ -322,9 +347,22 @@ def run(args) -> int:
         split = next(iter(splits)) if args.problems == "sealed" else grouped(args, problems, seed)
         folds = splits[split] if args.problems == "sealed" else ranking.problem_folds(problems, args.folds, seed)
         forecasts = ranking.stored_forecasts(kernels, tables, folds)
-        first[label] = forecasts
+        first[label], dealt[label] = forecasts, seed
         rows.append({"split": split, "forecaster": label, **scoped_score(kernels, forecasts, scored, args),
                      "seconds": 0.0})
+    for value in args.blend:
+        a, b, w = blend_of(value)
+        missing = [n for n in (a, b) if n not in first]
+        if missing:
+            raise ValueError(f"--blend {value}: no held-out forecasts of {', '.join(missing)} in this run "
+                             f"(its forecasters: {', '.join(first)})")
+        if args.problems != "sealed" and dealt[a] != dealt[b]:
+            raise ValueError(f"--blend {value}: {a}'s folds were dealt by seed {dealt[a]}, {b}'s by seed {dealt[b]}: "
+                             "a kernel must be held out of the same training problems by both")
+        label = f"{a}+{b}" + (f":{w:g}" if w != 0.5 else "")
+        first[label], dealt[label] = ranking.blended(first[a], first[b], w), dealt[a]
+        rows.append({"split": next(iter(splits)), "forecaster": label,
+                     **scoped_score(kernels, first[label], scored, args), "seconds": 0.0})
     if args.save_forecasts:
         for name in names:
             save_forecasts(kernels, first[name], Path(args.save_forecasts) / name, args.seed)

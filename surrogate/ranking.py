@@ -198,6 +198,30 @@ def stored_forecasts(kernels: pd.DataFrame, tables: Sequence[pd.DataFrame],
     return out
 
 
+def blended(first: pd.DataFrame, second: pd.DataFrame, weight: float = 0.5) -> pd.DataFrame:
+    """Two forecasters' held-out forecasts of the same kernels (aligned, as ``held_out_forecasts`` and
+    ``stored_forecasts`` return them) as one: a mixture of their bin distributions and failure probabilities, and the
+    weighted geometric mean of their expected speedups, ``weight`` on ``second``'s. A kernel either leaves
+    unforecast stays unforecast; two forecasts of it made under different folds are refused."""
+    if not 0.0 <= weight <= 1.0:
+        raise ValueError(f"a blend's weight lies in [0, 1], got {weight}")
+    if not first.index.equals(second.index):
+        raise ValueError("a blend needs forecasts of the same kernels, aligned")
+    both = (first["fold"].notna() & second["fold"].notna()).to_numpy()
+    clash = both & (first["fold"].astype(object) != second["fold"].astype(object)).to_numpy()
+    if clash.any():
+        raise ValueError(f"{int(clash.sum())} kernel(s) were held out of different folds by the two forecasters: "
+                         "blend forecasts dealt by the same folds")
+    out = first.copy()
+    out.loc[~both, "fold"] = np.nan
+    a, b = 1.0 - weight, weight
+    out["p_fail"] = a * first["p_fail"].astype(float) + b * second["p_fail"].astype(float)
+    out["expected"] = np.exp(a * np.log(first["expected"].astype(float)) + b * np.log(second["expected"].astype(float)))
+    out["probs"] = [a * np.asarray(x, dtype=float) + b * np.asarray(y, dtype=float) if keep else np.asarray(x)
+                    for x, y, keep in zip(first["probs"], second["probs"], both)]
+    return out
+
+
 def fold_forecasts(forecaster, kernels: pd.DataFrame, train_failure_rate: float) -> pd.DataFrame:
     """``forecaster``'s forecasts of the rows of ``kernels`` (p_fail, expected, probs), indexed as they are;
     a forecaster that says nothing of failure gets ``train_failure_rate``, the best constant."""

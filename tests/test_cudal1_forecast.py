@@ -643,3 +643,49 @@ def test_kernels_whose_verdicts_were_the_harnesss_fault_are_left_out_by_id(tmp_p
     for path, words in ((tmp_path / "empty.txt", "names no candidate id"), (tmp_path / "absent.txt", "cannot read")):
         with pytest.raises(ValueError, match=words):
             cudal1_forecast._measured(cudal1_forecast.parse(["--pool", str(pool), "--drop-verdicts", str(path)]))
+
+
+def test_a_blend_mixes_two_forecasters_and_leaves_unforecast_what_either_leaves_and_refuses_other_folds():
+    kernels = _kernels()
+    failed = kernels["failed"].to_numpy()
+    truth = kernels["speedup"].fillna(1.0).to_numpy()
+    perfect = _forecasts(kernels, truth, failed.astype(float))
+    reversed_ = _forecasts(kernels, 1.0 / truth, np.where(failed, 0.0, 0.5))
+    reversed_["probs"] = [np.eye(9)[3]] * len(kernels)
+    half = ranking.blended(perfect, reversed_, 0.5)
+    assert np.allclose(half["expected"], 1.0) and np.allclose(half["p_fail"], np.where(failed, 0.5, 0.25))
+    assert np.allclose(half["probs"].iloc[0], 0.5 / 9 + 0.5 * np.eye(9)[3])
+    assert np.allclose(ranking.blended(perfect, reversed_, 0.0)["expected"], truth)
+    assert np.allclose(ranking.blended(perfect, reversed_, 1.0)["expected"], 1.0 / truth)
+    # weighted towards the right forecaster, it ranks as that one does; towards the wrong one, as that one
+    assert ranking.score(kernels, ranking.blended(perfect, reversed_, 0.25), draws=20)["spearman"] == pytest.approx(1.0)
+    assert ranking.score(kernels, ranking.blended(perfect, reversed_, 0.75), draws=20)["spearman"] == pytest.approx(-1.0)
+    some = reversed_.copy()
+    some.loc[kernels["op"] == sorted(PROBLEMS)[0], "fold"] = None
+    assert ranking.blended(perfect, some)["fold"].isna().sum() == 4
+    with pytest.raises(ValueError, match="different folds"):
+        ranking.blended(perfect, reversed_.assign(fold="fold 2/5"))
+    with pytest.raises(ValueError, match="weight"):
+        ranking.blended(perfect, reversed_, 1.5)
+    with pytest.raises(ValueError, match="aligned"):
+        ranking.blended(perfect, reversed_.iloc[1:])
+
+
+def test_the_benchmark_scores_a_blend_of_two_forecasters_and_pairs_it_against_the_one_named(tmp_path, monkeypatch):
+    from benchmarks import cudal1_forecast
+
+    pool = _pool(tmp_path, monkeypatch)
+    out = tmp_path / "out"
+    common = ["--pool", str(pool), "--folds", "3", "--draws", "20", "--corpus", str(tmp_path), "--no-measured-rankers"]
+    assert cudal1_forecast.main([*common, "--forecasters", "learned,random", "--blend", "learned+random:0.25",
+                                 "--out", str(out)]) == 0
+    result = json.loads(out.with_suffix(".json").read_text())
+    rows = pd.DataFrame(result["rows"])
+    assert "learned+random:0.25" in set(rows["forecaster"])
+    assert "learned+random:0.25" in set(pd.DataFrame(result["versus"])["forecaster"])
+    with pytest.raises(ValueError, match="no held-out forecasts of source"):
+        cudal1_forecast.main([*common, "--forecasters", "learned", "--blend", "learned+source",
+                              "--out", str(tmp_path / "x")])
+    for bad in ("learned", "learned+random:2", "learned+random:x"):
+        with pytest.raises(SystemExit):
+            cudal1_forecast.parse(["--blend", bad])
