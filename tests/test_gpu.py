@@ -196,3 +196,23 @@ def test_a_host_bound_reference_is_measured_in_three_processes_and_keeps_the_fas
     last_ref = max(v["ended"] for (cid, _), v in lives.items() if cid == seed.candidate_id)
     assert lives[null.candidate_id, 1]["started"] >= last_ref
     assert 0.9 < m.speedup < 1.1, m.speedup
+
+
+def test_a_task_imported_into_another_tasks_folder_is_measured_on_the_gpu_by_the_restarted_fork_server(tmp_path,
+                                                                                                     monkeypatch):
+    """As tests/test_budget.py checks in the interpreter: a fork server started before the tasks folder moved is
+    started again, here with GPU children, so a task installed in the new folder is found and timed."""
+    from kernels.formats import TASKS_ENV, import_task
+    from kernels.null import null_candidate
+    from tests.formats_for_tests import KB_RELU
+
+    with MeasureWorker(detect(), WorkerConfig(mode="gpu", concurrency=1)) as w:
+        [first] = w.measure(get_operation("row_sum").seed_candidates()[:1])  # the fork server is up
+    assert first.status == "ok", first.error
+    monkeypatch.setenv(TASKS_ENV, str(tmp_path / "elsewhere"))
+    (tmp_path / "relu.py").write_text(KB_RELU)
+    op, _ = import_task("kernelbench", str(tmp_path / "relu.py"), name="gpu-moved-tasks")
+    with MeasureWorker(detect(), WorkerConfig(mode="gpu", concurrency=1)) as w:
+        got = list(w.measure([op.seed_candidates()[0], null_candidate(op)]))
+    assert [m.status for m in got] == ["ok", "ok"], [m.error for m in got]
+    assert 0.8 < got[1].speedup < 1.25, got[1].speedup
