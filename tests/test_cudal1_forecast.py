@@ -497,12 +497,17 @@ def test_recalibration_refuses_a_forecaster_read_from_a_folder_and_an_unknown_ca
         ranking.calibrated_on_training("random", kernels, pd.DataFrame({"op": []}), "sigmoid")
 
 
-def test_a_paired_difference_resamples_the_same_problems_for_both_and_says_when_it_excludes_a_tie():
-    kernels = _kernels()
+def _perfect_and_reversed(kernels):
+    """(a forecaster that knows every speedup and failure, one that ranks every problem backwards) of ``kernels``."""
     failed = kernels["failed"].to_numpy()
     truth = kernels["speedup"].fillna(1.0).to_numpy()
-    perfect = _forecasts(kernels, truth, failed.astype(float))
-    reversed_ = _forecasts(kernels, 1.0 / truth, np.where(failed, 0.0, 0.5))
+    return (_forecasts(kernels, truth, failed.astype(float)),
+            _forecasts(kernels, 1.0 / truth, np.where(failed, 0.0, 0.5)))
+
+
+def test_a_paired_difference_resamples_the_same_problems_for_both_and_says_when_it_excludes_a_tie():
+    kernels = _kernels()
+    perfect, reversed_ = _perfect_and_reversed(kernels)
     better = ranking.paired_difference(kernels, perfect, reversed_, draws=200)
     assert better["problems"] == 9 and better["spearman"] == pytest.approx(2.0)
     assert better["spearman_lo"] > 0 and better["top1_within_10pct"] == 1.0 and better["top1_within_10pct_lo"] > 0
@@ -649,8 +654,7 @@ def test_a_blend_mixes_two_forecasters_and_leaves_unforecast_what_either_leaves_
     kernels = _kernels()
     failed = kernels["failed"].to_numpy()
     truth = kernels["speedup"].fillna(1.0).to_numpy()
-    perfect = _forecasts(kernels, truth, failed.astype(float))
-    reversed_ = _forecasts(kernels, 1.0 / truth, np.where(failed, 0.0, 0.5))
+    perfect, reversed_ = _perfect_and_reversed(kernels)
     reversed_["probs"] = [np.eye(9)[3]] * len(kernels)
     half = ranking.blended(perfect, reversed_, 0.5)
     assert np.allclose(half["expected"], 1.0) and np.allclose(half["p_fail"], np.where(failed, 0.5, 0.25))
