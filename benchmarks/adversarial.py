@@ -333,7 +333,7 @@ SUITE = [
 
 def import_problem(folder: Path):
     """The problem imported as ``kb.adversarial`` (its files under ``folder``); returns the operation."""
-    from kernels.formats import import_task
+    from kernelcast.kernels.formats import import_task
 
     path = folder / "adversarial_problem.py"
     path.write_text(PROBLEM)
@@ -344,8 +344,8 @@ def import_problem(folder: Path):
 def run(names: list[str] | None = None, timeline: Path | None = None, **worker_options) -> list[dict]:
     """Measure the suite (the honest fused kernel's runtime is the true one) and return a row per kernel; with
     ``timeline``, the worker's timeline is written there (JSON lines) to see how each verdict came about."""
-    from kernels.hardware import detect
-    from kernels.harness.worker import MeasureWorker, WorkerConfig
+    from kernelcast.kernels.hardware import detect
+    from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig
 
     chosen = [a for a in SUITE if not names or a.name in names]
     op = import_problem(Path(tempfile.mkdtemp(prefix="kernelcast-adversarial-")))
@@ -406,7 +406,7 @@ def true_runtime_us(adversary: Adversary, folder: Path, calls: int = 11) -> tupl
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from kernels.harness.verify import busy_us, device_activities
+    from kernelcast.kernels.harness.verify import busy_us, device_activities
 
     path = folder / f"adversary_{adversary.name}.py"  # a file: Triton reads its kernels' source back
     path.write_text(adversary.source())

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.harness.runner import ANCHOR_SLOWED  # noqa: E402 - after the path is set
+from kernelcast.kernels.harness.runner import ANCHOR_SLOWED  # noqa: E402 - after the path is set
 
 
 def parse(argv=None) -> argparse.Namespace:

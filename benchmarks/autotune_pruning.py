@@ -41,7 +41,7 @@ def config_list(op: str, algorithm: str):
     """(variant, ``triton.Config``) for every variant of one template algorithm."""
     import triton
 
-    from kernels.spaces import get_space
+    from kernelcast.kernels.spaces import get_space
 
     out = []
     for v in get_space(op).variants():
@@ -65,15 +65,15 @@ def triton_keeps(prune: dict, launch, arg_names, nargs: dict, configs) -> list:
 def replay(args, ops) -> list[dict]:
     """Per (op, algorithm): configs kept, and the pool's best kept over its best (GPU-free)."""
     from kernelcast.autotune import ForecastPruner
-    from storage.dataset import DataRoot
-    from storage.schema import measurements_from_frame
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.storage.schema import measurements_from_frame
 
     rows = []
     for op in ops:
         pruner_for = {}
         measured = {m.candidate_id: m.speedup for m in measurements_from_frame(
             DataRoot(args.data).read_measurements(op=op, gpu_type=args.gpu_type)) if m.status == "ok" and m.speedup}
-        from kernels.spaces import get_space
+        from kernelcast.kernels.spaces import get_space
 
         for algo in get_space(op).algorithms:
             pairs = config_list(op, algo.name)
@@ -101,9 +101,9 @@ def sweep(args, ops, save=lambda rows: None) -> list[dict]:
     import triton.testing
 
     from kernelcast.autotune import ForecastPruner
-    from kernels.harness.correctness import load_launch
-    from kernels.ops import get_operation
-    from kernels.spaces import get_space
+    from kernelcast.kernels.harness.correctness import load_launch
+    from kernelcast.kernels.ops import get_operation
+    from kernelcast.kernels.spaces import get_space
 
     rows = []
     for op_name in ops:
@@ -156,7 +156,7 @@ def summary(rows: list[dict], what: str) -> dict:
 
 def main(argv=None) -> int:
     from kernelcast.autotune import PACKAGED_POOL
-    from kernels.ops import OPERATIONS
+    from kernelcast.kernels.ops import OPERATIONS
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default=PACKAGED_POOL)
@@ -176,7 +176,7 @@ def main(argv=None) -> int:
 
     gpu = torch.cuda.is_available()
     if args.gpu_type is None:
-        from kernels.hardware import gpu_type_of
+        from kernelcast.kernels.hardware import gpu_type_of
 
         args.gpu_type = gpu_type_of(torch.cuda.get_device_name(0)) if gpu else "h100"
     result = {"top_k": args.top_k, "gpu_type": args.gpu_type, "ops": ops}

@@ -20,12 +20,12 @@ import sys
 import torch
 
 from benchmarks.harness_bench import ceilings
-from kernels.harness.correctness import load_launch, poisoned_outputs, call_candidate
-from kernels.harness.timing import l2_flush_buffer, time_call
-from kernels.hardware import detect
-from kernels.ops import OPERATIONS, mismatch
-from kernels.records import Candidate
-from storage.dataset import DataRoot
+from kernelcast.kernels.harness.correctness import load_launch, poisoned_outputs, call_candidate
+from kernelcast.kernels.harness.timing import l2_flush_buffer, time_call
+from kernelcast.kernels.hardware import detect
+from kernelcast.kernels.ops import OPERATIONS, mismatch
+from kernelcast.kernels.records import Candidate
+from kernelcast.storage.dataset import DataRoot
 
 
 def _time(fn, op, case, flush) -> float:

@@ -24,7 +24,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from storage.dataset import DataRoot  # noqa: E402
+from kernelcast.storage.dataset import DataRoot  # noqa: E402
 
 REPORT = ROOT / "docs" / "measured" / "cudal1_pool_h100_2026-11-26.json"
 MODES = ("compile-default", "compile-reduce-overhead", "compile-max-autotune-no-cudagraphs", "compile-max-autotune")

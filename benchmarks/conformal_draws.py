@@ -17,10 +17,10 @@ import json
 import pandas as pd
 from threadpoolctl import threadpool_limits
 
-from storage.dataset import DataRoot
-from surrogate.dataset import case_pairs
-from surrogate.evaluate import conformal_draws
-from surrogate.registry import get_forecaster_factory
+from kernelcast.storage.dataset import DataRoot
+from kernelcast.surrogate.dataset import case_pairs
+from kernelcast.surrogate.evaluate import conformal_draws
+from kernelcast.surrogate.registry import get_forecaster_factory
 
 
 def main() -> int:

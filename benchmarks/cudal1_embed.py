@@ -1,6 +1,6 @@
 """A code language model's reading of every (reference, implementation) pair of the CUDA-L1 pool, stored for
 ``benchmarks/cudal1_forecast.py --embeddings``: the gradient-boosted forecasters with those vectors among their
-features (``surrogate.embeddings``).
+features (``kernelcast.surrogate.embeddings``).
 
     PYTHONPATH=$PWD python benchmarks/cudal1_embed.py --model qwen2.5-coder-0.5b.gguf --out embeddings.parquet \
         [--pool data/pools/cudal1] [--spaces data/pools/compiled ...] [--max-tokens 2048] [--batch 8]
@@ -55,7 +55,7 @@ def _sha256(path: str) -> str:
 
 
 def run(args) -> int:
-    from surrogate.embeddings import embed_pairs, pair_key, write_table
+    from kernelcast.surrogate.embeddings import embed_pairs, pair_key, write_table
 
     kernels, _ = cudal1_forecast._measured(args)
     also, _ = cudal1_forecast._also(args)

@@ -6,11 +6,11 @@
 
 Each problem of the pool (op ``kb.cudal1-lX-NNN``: its eager reference, the anchor, and its CUDA-L1
 implementations) is forecast by each registered forecaster fit on other problems only, two ways:
-grouped k-fold by problem, and leave one level out (``surrogate.ranking``). ``--also-data`` adds the
+grouped k-fold by problem, and leave one level out (``kernelcast.surrogate.ranking``). ``--also-data`` adds the
 measured pairs of other pools (template pools, LLM corpora) to every fold's training data.
 ``lmhead`` is read from a trained folder and runs only when ``--lmhead-folder`` is given.
 
-Also a small cross-GPU table (``surrogate.crossgpu``): CUDA-L1's published speedup of the same kernel on
+Also a small cross-GPU table (``kernelcast.surrogate.crossgpu``): CUDA-L1's published speedup of the same kernel on
 A100, L40, H20 and RTX 3090, forecast from our measured H100 speedup, scored against the published
 figures with grouped k-fold again. The published figures come from ``cudal1.parquet``, or where it has
 none for a GPU, from CUDA-L1's files in ``--corpus`` (only kernels whose code in that GPU's file is the
@@ -54,7 +54,7 @@ def add_pool_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-type", default="h100", help="the GPU type the pool was measured on")
     p.add_argument("--problems", default="all", choices=("all", "dev", "sealed"),
                    help="all: every problem cross-validated; dev: the problems forecasters are developed on "
-                        "(cross-validated among themselves); sealed: the other fifth (surrogate.ranking."
+                        "(cross-validated among themselves); sealed: the other fifth (kernelcast.surrogate.ranking."
                         "sealed_problems), each forecaster fit on every dev problem and scored on them once")
     p.add_argument("--spaces", action="append", default=[],
                    help="a folder of per-problem data roots (kb.cudal1-lX-NNN/, as headroom_search --space leaves "
@@ -66,7 +66,7 @@ def add_pool_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def parse(argv=None) -> argparse.Namespace:
-    from surrogate.calibration import CALIBRATORS
+    from kernelcast.surrogate.calibration import CALIBRATORS
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_pool_arguments(p)
@@ -84,7 +84,7 @@ def parse(argv=None) -> argparse.Namespace:
                         "a fold (benchmarks/cudal1_lmhead.py writes them); repeatable")
     p.add_argument("--blend", action="append", default=[], metavar="A+B[:W]",
                    help="also score two forecasters' held-out forecasts of the first split mixed into one "
-                        "(surrogate.ranking.blended; W on B's, default 0.5), each a forecaster of this run or a "
+                        "(kernelcast.surrogate.ranking.blended; W on B's, default 0.5), each a forecaster of this run or a "
                         "--forecasts NAME dealt by the same folds; repeatable")
     p.add_argument("--also-data", action="append", default=[], help="another pool's root to train on (repeatable)")
     p.add_argument("--embeddings", default=None,
@@ -95,7 +95,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--calibrator", action="append", default=[], choices=sorted(CALIBRATORS),
                    help="also score each forecaster with its bin distributions recalibrated (NAME+CALIBRATOR): per "
                         "fold, a calibrator fit on the forecaster's own held-out forecasts of that fold's training "
-                        "problems (surrogate.ranking.recalibrated; ranking and failure AUROC unchanged); repeatable")
+                        "problems (kernelcast.surrogate.ranking.recalibrated; ranking and failure AUROC unchanged); repeatable")
     p.add_argument("--versus", default="learned",
                    help="pair every other forecaster against this one (the first split's held-out forecasts, and any "
                         "--forecasts): the difference of each figure with a bootstrap interval over the same problems")
@@ -156,7 +156,7 @@ def main(argv=None) -> int:
 
 def with_pool_tasks(work):
     """``work()`` with the pool's operations installed, from its root, into a folder of this run's own."""
-    from kernels.formats import TASKS_ENV
+    from kernelcast.kernels.formats import TASKS_ENV
 
     before = os.environ.get(TASKS_ENV)
     with tempfile.TemporaryDirectory(prefix="cudal1-forecast-tasks-") as tasks:
@@ -172,10 +172,10 @@ def with_pool_tasks(work):
 
 def _measured(args):
     """(kernels, per-case pairs) of the pool under its protocol, anchored at each problem's reference."""
-    from kernels.formats import install_from_root
-    from kernels.ops import get_operation
-    from storage.dataset import DataRoot
-    from surrogate.dataset import case_pairs, source_pairs
+    from kernelcast.kernels.formats import install_from_root
+    from kernelcast.kernels.ops import get_operation
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.surrogate.dataset import case_pairs, source_pairs
 
     root = DataRoot(str(Path(args.pool) / args.protocol))
     loadable = set()
@@ -223,7 +223,7 @@ def dropped_verdicts(path: str | None) -> set[str]:
 def space_roots(folder: str | None, ops) -> list:
     """The data roots of ``folder``'s per-problem subfolders whose problem is one of ``ops`` (a space of another
     task, a GPU MODE one, has no problem of this pool to join)."""
-    from storage.dataset import DataRoot
+    from kernelcast.storage.dataset import DataRoot
 
     if not folder:
         return []
@@ -234,8 +234,8 @@ def space_roots(folder: str | None, ops) -> list:
 
 def _also(args):
     """(kernels, per-case pairs) of the ``--also-data`` roots, or (None, None)."""
-    from storage.dataset import DataRoot
-    from surrogate.dataset import case_pairs, source_pairs
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.surrogate.dataset import case_pairs, source_pairs
 
     if not args.also_data:
         return None, None
@@ -248,8 +248,8 @@ def _also(args):
 def census(kernels: pd.DataFrame) -> dict:
     """What the pool holds: problems with their reference measured, and besides each reference and its null twin
     (the reference's own code resubmitted) the implementations measured, by origin."""
-    from kernels.null import null_candidate
-    from kernels.ops import get_operation
+    from kernelcast.kernels.null import null_candidate
+    from kernelcast.kernels.ops import get_operation
 
     nulls = {null_candidate(get_operation(op)).candidate_id for op in kernels["op"].unique()}
     rest = kernels[~kernels["candidate_id"].isin(nulls)]
@@ -263,7 +263,7 @@ def census(kernels: pd.DataFrame) -> dict:
 
 
 def run(args) -> int:
-    from surrogate import ranking, registry
+    from kernelcast.surrogate import ranking, registry
 
     if args.census_only:
         found = census(_measured(args)[0])
@@ -287,8 +287,8 @@ def run(args) -> int:
         names.append("lmhead")
     options = {}  # a forecaster's name -> (its registered name, its factory's keyword arguments)
     if args.embeddings:
-        from surrogate.embeddings import PairEmbeddings
-        from surrogate.learned import SOURCE_OPTIONS
+        from kernelcast.surrogate.embeddings import PairEmbeddings
+        from kernelcast.surrogate.learned import SOURCE_OPTIONS
 
         table = PairEmbeddings.read(args.embeddings, args.embedding_dims)
         options = {"learned+emb": ("learned", {"source_options": {**SOURCE_OPTIONS, "embeddings": table}}),
@@ -424,7 +424,7 @@ def spaced_problems(folders, problems) -> list[str]:
 
 def scoped_score(kernels: pd.DataFrame, forecasts: pd.DataFrame, only, args) -> dict:
     """``ranking.score`` of the held-out ``forecasts``, on the kernels of the problems ``only`` names (all: None)."""
-    from surrogate import ranking
+    from kernelcast.surrogate import ranking
 
     if only is not None:
         keep = kernels["op"].isin(only).to_numpy()
@@ -438,8 +438,8 @@ def measured_rankers(args, kernels: pd.DataFrame, forecasts: dict, split: str) -
     other protocol, and with ``--retest`` the same protocol's second one (a kernel that failed there at 0). Each
     is scored on the problems where every kernel has it, and so is each forecaster of ``forecasts`` (held out
     under ``split``), on the same problems: how close a forecaster comes to what a second measurement knows."""
-    from kernels.formats.cudal1 import published_gpu
-    from surrogate import ranking
+    from kernelcast.kernels.formats.cudal1 import published_gpu
+    from kernelcast.surrogate import ranking
 
     values = {}
     side = pd.read_parquet(Path(args.pool) / "cudal1.parquet").dropna(subset=["candidate_id"])
@@ -480,8 +480,8 @@ def measured_rankers(args, kernels: pd.DataFrame, forecasts: dict, split: str) -
 
 def development_split(kernels: pd.DataFrame) -> tuple[pd.DataFrame, frozenset]:
     """The kernels of the development problems, and the sealed problems kept out of them
-    (``surrogate.ranking.sealed_problems``: fixed by the problems' names)."""
-    from surrogate import ranking
+    (``kernelcast.surrogate.ranking.sealed_problems``: fixed by the problems' names)."""
+    from kernelcast.surrogate import ranking
 
     sealed = ranking.sealed_problems(kernels["op"].unique())
     return kernels[~kernels["op"].isin(sealed)].reset_index(drop=True), sealed
@@ -490,7 +490,7 @@ def development_split(kernels: pd.DataFrame) -> tuple[pd.DataFrame, frozenset]:
 def save_forecasts(kernels: pd.DataFrame, forecasts: pd.DataFrame, folder: Path, seed: int, part: str = "0") -> Path:
     """``forecasts`` (held out, aligned with ``kernels``) of the kernels they forecast, into
     ``folder/forecasts-<part>.parquet`` in the stored forecasts' columns (op, candidate_id, fold, fold_seed, p_fail,
-    expected, probs): ``surrogate.ranking.stored_forecasts`` reads them back under the same folds."""
+    expected, probs): ``kernelcast.surrogate.ranking.stored_forecasts`` reads them back under the same folds."""
     done = forecasts["fold"].notna().to_numpy()
     table = pd.DataFrame({"op": kernels["op"][done], "candidate_id": kernels["candidate_id"][done],
                           "fold": forecasts["fold"][done], "fold_seed": seed,
@@ -505,7 +505,7 @@ def save_forecasts(kernels: pd.DataFrame, forecasts: pd.DataFrame, folder: Path,
 def as_truth(kernels: pd.DataFrame, worth: pd.Series) -> pd.DataFrame:
     """``kernels`` with another measurement's ``worth`` of each (its speedup, 0 where it failed there) as their
     measured speedup, failure and bin."""
-    from surrogate.bins import speedup_bin
+    from kernelcast.surrogate.bins import speedup_bin
 
     return kernels.assign(speedup=worth.where(worth > 0), failed=worth == 0,
                           true_bin=[speedup_bin(w if w > 0 else None) for w in worth.fillna(0.0)])
@@ -513,8 +513,8 @@ def as_truth(kernels: pd.DataFrame, worth: pd.Series) -> pd.DataFrame:
 
 def versus(args, kernels: pd.DataFrame, forecasts: dict) -> pd.DataFrame:
     """Each forecaster of ``forecasts`` (the first split's, and any stored ones) against ``--versus``'s, paired on
-    the kernels both forecast (``surrogate.ranking.paired_difference``); empty when that one was not run."""
-    from surrogate import ranking
+    the kernels both forecast (``kernelcast.surrogate.ranking.paired_difference``); empty when that one was not run."""
+    from kernelcast.surrogate import ranking
 
     if args.versus not in forecasts:
         return pd.DataFrame()
@@ -540,7 +540,7 @@ def _versus_table(table: pd.DataFrame) -> str:
 def _worth_of(kernels: pd.DataFrame, args, **where) -> pd.Series:
     """What each of ``kernels`` measured in the pool ``where`` names (another ``protocol`` or ``pool``; no spaces):
     its speedup, 0 where it failed there, NaN where it was not measured there."""
-    from surrogate import ranking
+    from kernelcast.surrogate import ranking
 
     found = _measured(argparse.Namespace(**{**vars(args), "spaces": [], **where}))[0]
     found = pd.Series(ranking.worth(found["speedup"], found["failed"]), index=found["candidate_id"])
@@ -618,7 +618,7 @@ def published_figures(pool: str, corpus: str, side_table: pd.DataFrame | None = 
     """candidate_id, gpu_type, target_speedup: CUDA-L1's published speedup of each kernel on each target GPU,
     from the side table where it has the GPU's figures, else from the corpus files where that GPU's file
     holds the very code (nothing where neither has it)."""
-    from kernels.formats.cudal1 import VARIANTS, published_gpu, read_corpus
+    from kernelcast.kernels.formats.cudal1 import VARIANTS, published_gpu, read_corpus
 
     side = side_table if side_table is not None else pd.read_parquet(Path(pool) / "cudal1.parquet")
     rows, problems = [], None
@@ -644,7 +644,7 @@ def published_figures(pool: str, corpus: str, side_table: pd.DataFrame | None = 
 
 def _cross_gpu(args, kernels: pd.DataFrame, problems: list[str]) -> pd.DataFrame:
     """One row per (target GPU, model) and over all target GPUs: the cross-GPU scores."""
-    from surrogate import crossgpu, ranking
+    from kernelcast.surrogate import crossgpu, ranking
 
     figures = published_figures(args.pool, args.corpus)
     ran = kernels[~kernels["failed"] & (kernels["speedup"] > 0)]

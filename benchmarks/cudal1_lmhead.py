@@ -5,7 +5,7 @@ of that fold, for ``benchmarks/cudal1_forecast.py --forecasts lmhead=DIR``.
         [--folds 4] [--problems all|dev] [--spaces FOLDER ...] [--also-data ROOT ...] [--max-seconds 300]
     PYTHONPATH=$PWD python benchmarks/cudal1_lmhead.py --problems sealed --model MODEL.gguf --out DIR ...
 
-The folds are ``surrogate.ranking.problem_folds`` of the pool's problems: the very folds the forecast
+The folds are ``kernelcast.surrogate.ranking.problem_folds`` of the pool's problems: the very folds the forecast
 benchmark scores every other forecaster on, so a fold's problems are never in its training. One fold a
 process (one a GPU, in parallel); ``--problems sealed`` is one more run, fit on the development problems
 and forecasting the sealed fifth (files named ``sealed`` in place of I). Writes DIR/fold-I/ (the trained folder: adapter, heads, calibration,
@@ -47,7 +47,7 @@ def parse(argv=None) -> argparse.Namespace:
                    help="draw the calibration split from training problems whose name starts with this only "
                         "(kb.cudal1-: the pool the forecaster is judged on; default: any problem)")
     p.add_argument("--rank-weight", type=float, default=0.0,
-                   help="weight of the within-problem ranking term (surrogate.lmhead.train.rank_loss): batches then "
+                   help="weight of the within-problem ranking term (kernelcast.surrogate.lmhead.train.rank_loss): batches then "
                         "hold whole problems (default 0: the per-pair losses alone)")
     return p.parse_args(argv)
 
@@ -62,7 +62,7 @@ def held_out(args, kernels):
     """(fold name, held-out problems, the kernels this run may read, the problems no other pool may teach it) as
     ``cudal1_forecast --problems`` deals them: every problem, the development problems only, or the sealed ones
     held out of a fit on the rest."""
-    from surrogate import ranking
+    from kernelcast.surrogate import ranking
 
     development, sealed = development_split(kernels)
     if args.problems == "sealed":
@@ -88,9 +88,9 @@ def label(args) -> str:
 def run(args) -> int:
     import pandas as pd
 
-    from surrogate import ranking
-    from surrogate.lmhead.model import HeadConfig
-    from surrogate.lmhead.train import TrainSettings, train
+    from kernelcast.surrogate import ranking
+    from kernelcast.surrogate.lmhead.model import HeadConfig
+    from kernelcast.surrogate.lmhead.train import TrainSettings, train
 
     kernels, _ = _measured(args)
     also_kernels, _ = _also(args)

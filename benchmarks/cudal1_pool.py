@@ -5,7 +5,7 @@
         [--shard I/N] [--max-minutes 8] [--model-build auto|host|device] [--report-only]
 
 Resumable: what a protocol's root holds for this GPU is not measured again, and each measurement is written
-as it arrives (tasks.cudal1_pool). At the end, and with ``--report-only`` alone, REPORT gets report.md (the
+as it arrives (kernelcast.tasks.cudal1_pool). At the end, and with ``--report-only`` alone, REPORT gets report.md (the
 table against CUDA-L1's published H100 speedups, every disagreement beyond 20% classified) and report.json.
 Needs torch, triton, pandas and pyarrow only.
 """
@@ -73,11 +73,11 @@ def parse(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse(argv)
-    from kernels.formats.cudal1 import SOURCE_GPU, read_corpus, variants_named
-    from kernels.harness.sweep import _hardware
-    from storage.dataset import DataRoot
-    from tasks import cudal1_pool as pool
-    from tasks import cudal1_report as report
+    from kernelcast.kernels.formats.cudal1 import SOURCE_GPU, read_corpus, variants_named
+    from kernelcast.kernels.harness.sweep import _hardware
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.tasks import cudal1_pool as pool
+    from kernelcast.tasks import cudal1_report as report
 
     try:
         protocols = pool.protocols_named(args.protocols)
@@ -125,11 +125,11 @@ def main(argv=None) -> int:
 
 def shard_cpus(spec: str | None) -> tuple[int, ...] | None:
     """The cores of shard I of N (``spec`` "I/N"): one process a GPU on a host, each compiling and timing on
-    cores of its own (kernels.harness.cores.share), so that no GPU's lock holder shares a core with another's
+    cores of its own (kernelcast.kernels.harness.cores.share), so that no GPU's lock holder shares a core with another's
     compiling children. None without a shard: every core this process may use."""
     if not spec:
         return None
-    from kernels.harness import cores
+    from kernelcast.kernels.harness import cores
 
     index, parts = (int(x) for x in spec.split("/"))
     return cores.share(index, parts)
@@ -137,10 +137,10 @@ def shard_cpus(spec: str | None) -> tuple[int, ...] | None:
 
 def measure(args, prepared, roots, protocols, hardware, started: float, chunk: int) -> None:
     """One worker per protocol, sharing one GPU lock so that the two never time at once."""
-    from kernels.harness.sweep import Journal
-    from kernels.harness.sweep_report import held_seconds
-    from kernels.harness.worker import MeasureWorker
-    from tasks import cudal1_pool as pool
+    from kernelcast.kernels.harness.sweep import Journal
+    from kernelcast.kernels.harness.sweep_report import held_seconds
+    from kernelcast.kernels.harness.worker import MeasureWorker
+    from kernelcast.tasks import cudal1_pool as pool
 
     deadline = started + args.max_minutes * 60 if args.max_minutes is not None else None
     with tempfile.TemporaryDirectory(prefix="cudal1-lock-") as folder:

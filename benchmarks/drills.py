@@ -54,10 +54,10 @@ class _Trace:
 def child(config_json: str, trace_path: str) -> int:
     """Run one search to the end (resuming its run id), tracing start-up, generations and table writes."""
     trace = _Trace(trace_path)
-    from storage.dataset import DataRoot, RetryPolicy
-    from tasks.config import SearchConfig
-    from tasks.search import Search
-    from tasks.setup import forecaster, measure_pool, resolve
+    from kernelcast.storage.dataset import DataRoot, RetryPolicy
+    from kernelcast.tasks.config import SearchConfig
+    from kernelcast.tasks.search import Search
+    from kernelcast.tasks.setup import forecaster, measure_pool, resolve
 
     class TracedRoot(DataRoot):
         def write(self, table, rows):
@@ -235,7 +235,7 @@ def _compare_tables(ref, got, op: str, gpu_type: str, run_id: str, problems: lis
 
 def compare(reference: Path, drilled: Path, config: dict) -> tuple[list[str], dict]:
     """Differences between a drilled data root and the reference's (empty: the same archive), and counts."""
-    from storage.dataset import DataRoot, StorageError
+    from kernelcast.storage.dataset import DataRoot, StorageError
 
     problems: list[str] = []
     try:

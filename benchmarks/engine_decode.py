@@ -7,7 +7,7 @@ decode steps:
 
 * ``dynamic``: transformers' ``DynamicCache`` (grows by concatenation) with its SDPA
   attention and a padding mask, as the engine decoded before the slots;
-* ``slots``: ``infra.slots.SlotCache`` and ``slot_attention``, as the engine decodes now;
+* ``slots``: ``kernelcast.infra.slots.SlotCache`` and ``slot_attention``, as the engine decodes now;
 
 and the engine's ``sample`` on the step's logits. A ``torch.profiler`` table of one slot
 step names where its time goes.
@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from infra import slots  # noqa: E402
-from infra.engine import sample  # noqa: E402
+from kernelcast.infra import slots  # noqa: E402
+from kernelcast.infra.engine import sample  # noqa: E402
 
 QWEN_1_5B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                  num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,

@@ -9,10 +9,10 @@ faster variant", each naming one optimisation to try and carrying its own seed. 
 out ``--concurrency`` at a time; the clock runs from the first request sent to the last
 answer received. Prints completed kernels per minute, completion tokens per second,
 latency percentiles, the mean reply length and how many replies hold a code block, and
-the server's batch sizes where it reports them (``GET /stats`` on ``infra.engine``).
+the server's batch sizes where it reports them (``GET /stats`` on ``kernelcast.infra.engine``).
 
 Only the standard library is used, so it runs on a machine that has nothing else
-installed (a GPU box serving ``python -m infra.engine``), against any server: the
+installed (a GPU box serving ``python -m kernelcast.infra.engine``), against any server: the
 engine, vLLM, llama.cpp.
 """
 

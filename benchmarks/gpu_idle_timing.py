@@ -1,7 +1,7 @@
 """Does a GPU left idle time slower (clocks not yet up)? (needs a CUDA GPU)
 
 A GPU-bound call (softmax over 4096 x 4096 fp32, about 64 us) and a host-bound one (60 tiny
-launches) timed by ``kernels.harness.timing.time_call`` four times after the GPU sat idle 0, 1
+launches) timed by ``kernelcast.kernels.harness.timing.time_call`` four times after the GPU sat idle 0, 1
 and 3 s, with 0, 10, 50 and 200 ms of GPU work first. The spread (max/min of the four medians)
 says whether idling or warming moves a timed median.
 
@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from kernels.harness.timing import l2_flush_buffer, time_call
+from kernelcast.kernels.harness.timing import l2_flush_buffer, time_call
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ which dequantizes it; draws (anchor, candidate, true bin) pairs from ``--gpu-typ
 measurements, holding out ``--eval-ops``: with ``--pairs template`` (the default) balanced
 pairs of the measured template pool, with ``--pairs corpus`` each child of the LLM corpus
 against its parent, failures (bin 0) included, capped to ``--max-failure-share`` of the
-training pairs (``surrogate.pairs.corpus_pairs``); then, for each reward
+training pairs (``kernelcast.surrogate.pairs.corpus_pairs``); then, for each reward
 (correctness, correctness + 1 - Brier, correctness + 1 - CRPS), trains a fresh LoRA adapter
 with GRPO from the same base model and scores it greedily on the held-out pairs with the
 metrics of ``kernelcast evaluate``. The untrained model is scored the same way (the
@@ -40,10 +40,10 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local model file only: never the hub
 
-from storage.dataset import DataRoot  # noqa: E402
-from surrogate.grpo import ANSWER_OPENING, REWARDS, GRPOSettings, scored_pairs, train_grpo  # noqa: E402
-from tasks.setup import grpo_tracker  # noqa: E402
-from surrogate.pairs import CorpusSettings, PairSettings, build_pairs, corpus_pairs, write_pairs  # noqa: E402
+from kernelcast.storage.dataset import DataRoot  # noqa: E402
+from kernelcast.surrogate.grpo import ANSWER_OPENING, REWARDS, GRPOSettings, scored_pairs, train_grpo  # noqa: E402
+from kernelcast.tasks.setup import grpo_tracker  # noqa: E402
+from kernelcast.surrogate.pairs import CorpusSettings, PairSettings, build_pairs, corpus_pairs, write_pairs  # noqa: E402
 
 COLUMNS = ("bin_accuracy", "spearman", "kendall", "ece", "brier", "crps", "parse_rate")
 # Held-out corpus pairs hold failures: scored over bins 0..8, failure AUROC and Spearman over those that ran.
@@ -56,9 +56,9 @@ EVAL_OPS = {"template": "rmsnorm,row_sum", "corpus": "softmax,transpose"}
 def compare(held: "pd.DataFrame", names: list[str], gpu_type: str) -> dict[str, dict]:
     """Each named forecaster fit on every measured kernel (template variants and written children) of the
     operations ``held`` does not hold, then scored on ``held`` as the trained model is (``evaluate_pairs``)."""
-    from surrogate.dataset import source_pairs
-    from surrogate.grpo import evaluate_pairs
-    from surrogate.registry import get_forecaster_factory
+    from kernelcast.surrogate.dataset import source_pairs
+    from kernelcast.surrogate.grpo import evaluate_pairs
+    from kernelcast.surrogate.registry import get_forecaster_factory
 
     kernels = source_pairs(DataRoot(DATA["template"]), DataRoot(DATA["corpus"]), gpu_type=gpu_type)
     train = kernels[~kernels["op"].isin(set(held["op"]))]

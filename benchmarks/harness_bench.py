@@ -23,12 +23,12 @@ from pathlib import Path
 import torch
 import triton
 
-from kernels.harness.correctness import load_launch, poisoned_outputs
-from kernels.harness.sweep_report import held_seconds, lock_breakdown, repeat_spread
-from kernels.harness.worker import MeasureWorker, WorkerConfig
-from kernels.hardware import detect
-from kernels.ops import get_operation
-from kernels.spaces import get_space
+from kernelcast.kernels.harness.correctness import load_launch, poisoned_outputs
+from kernelcast.kernels.harness.sweep_report import held_seconds, lock_breakdown, repeat_spread
+from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig
+from kernelcast.kernels.hardware import detect
+from kernelcast.kernels.ops import get_operation
+from kernelcast.kernels.spaces import get_space
 
 MEMORY_OPS = ("softmax", "layernorm", "rmsnorm", "bias_gelu", "row_sum", "cross_entropy", "fp8_quant", "transpose")
 
@@ -98,7 +98,7 @@ def main() -> int:
     p.add_argument("--timeline", default=None, help="write the worker's timeline of the throughput batch here "
                    "(JSON lines: candidate, attempt, phase, seconds, detail) to see where a child's time went")
     p.add_argument("--no-verify", action="store_true", help="without the verification of each timed case "
-                   "(kernels.harness.verify): its cost, measured against the same batch with it")
+                   "(kernelcast.kernels.harness.verify): its cost, measured against the same batch with it")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("this benchmark needs a CUDA GPU", file=sys.stderr)

@@ -34,7 +34,7 @@ pool holds no kernels of theirs): ``--problems none --gpumode .../helion/causal_
 
 ``--live URL`` (with ``--live-model``, ``--model-sha256``, ``--temperature``, ``--max-tokens``, ``--concurrency``, as
 ``benchmarks.llm_search`` takes them) has a model behind that OpenAI-compatible endpoint (the project's engine:
-``python -m infra.engine --model MODEL.gguf --port 8000 --gpu-lock LOCK``) rewrite the measured kernels as well:
+``python -m kernelcast.infra.engine --model MODEL.gguf --port 8000 --gpu-lock LOCK``) rewrite the measured kernels as well:
 generator ``freeform+variants``, the model's rewrites of the parents it picks first, then execution variants.
 
 ``--space`` measures each problem's variant space once instead (its roots, every variant of the reference and
@@ -67,8 +67,8 @@ from pathlib import Path
 
 from benchmarks.llm_search import (BASELINE, add_live_arguments, beyond_roots, live_model_settings, run_one,
                                    to_reach)
-from kernels.records import utc_now
-from tasks.config import SearchConfig
+from kernelcast.kernels.records import utc_now
+from kernelcast.tasks.config import SearchConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 POOL = ROOT / "data" / "pools" / "cudal1"
@@ -142,7 +142,7 @@ def parse(argv=None) -> argparse.Namespace:
                 "for the children it holds)")
     if args.space_rewrites < 0:
         p.error(f"--space-rewrites must be 0 or more, got {args.space_rewrites}")
-    from kernels.variants import VARIANTS
+    from kernelcast.kernels.variants import VARIANTS
 
     unknown = [n for n in args.space_variants if n not in VARIANTS]
     if unknown:
@@ -156,7 +156,7 @@ def prior_with_spaces(pool: str, spaces: str, folder: str) -> str:
     (built afresh in ``folder``): the prior of a surrogate that has seen other problems' variants."""
     import shutil
 
-    from storage.dataset import DataRoot
+    from kernelcast.storage.dataset import DataRoot
 
     if not Path(spaces).is_dir():
         raise ValueError(f"--prior-spaces {spaces}: no such folder")
@@ -173,13 +173,13 @@ def prior_with_spaces(pool: str, spaces: str, folder: str) -> str:
 
 def problems(args) -> list[str]:
     """The ops to search, in order: those named, or the report's headroom list shuffled by ``--order-seed``."""
-    from kernels.harness.sweep import shard
-    from tasks.cudal1_pool import _PROBLEM
+    from kernelcast.kernels.harness.sweep import shard
+    from kernelcast.tasks.cudal1_pool import _PROBLEM
 
     if args.problems == "none":
         ops = []
     elif args.problems == "all":  # every problem of the pool, in order
-        from storage.dataset import DataRoot
+        from kernelcast.storage.dataset import DataRoot
 
         ops = sorted(o for o in DataRoot(f"{args.pool}/{args.protocol}").read_candidates()["op"].unique()
                      if o.startswith("kb.cudal1-"))
@@ -199,7 +199,7 @@ def problems(args) -> list[str]:
 
 def import_gpumode(folders: str) -> list[str]:
     """The GPU MODE tasks in ``folders`` (comma-separated) imported and installed here, by op name."""
-    from kernels.formats import import_task
+    from kernelcast.kernels.formats import import_task
 
     ops = []
     for folder in filter(None, (f.strip() for f in folders.split(","))):
@@ -214,8 +214,8 @@ def import_gpumode(folders: str) -> list[str]:
 
 def install_pool_tasks(pool) -> list[str]:
     """Every operation of the pool installed from its root (where this process looks for tasks); those that load."""
-    from kernels.formats import install_from_root
-    from kernels.ops import get_operation
+    from kernelcast.kernels.formats import install_from_root
+    from kernelcast.kernels.ops import get_operation
 
     loadable = []
     for op in sorted(pool.read_candidates()["op"].unique()):
@@ -230,11 +230,11 @@ def install_pool_tasks(pool) -> list[str]:
 
 def torch_compile_speedup(base: dict, op: str) -> float | None:
     """The speedup over eager of the reference under torch.compile (default mode), measured in the problem's root."""
-    from kernels.ops import get_operation
-    from kernels.variants import variant_children
-    from tasks.generators import recorded_variants
-    from tasks.search import measure_and_store
-    from tasks.setup import open_search
+    from kernelcast.kernels.ops import get_operation
+    from kernelcast.kernels.variants import variant_children
+    from kernelcast.tasks.generators import recorded_variants
+    from kernelcast.tasks.search import measure_and_store
+    from kernelcast.tasks.setup import open_search
 
     config = SearchConfig(**base, surrogate=BASELINE, budget=1, run_id=f"torch-compile-{op.replace('.', '-')}"[:64])
     search = open_search(config, track=False)  # the root, the pool and the reference's own measurement
@@ -276,8 +276,8 @@ def problem_settings(args, op: str) -> dict:
 def variant_space(op: str, roots, depth: int = 1, only=()) -> list:
     """The roots, then every variant of the reference and of each root, then (``depth`` 2) every variant of
     those variants: each child once, in that order; ``only``: just the variants of these names."""
-    from kernels.ops import get_operation
-    from kernels.variants import variant_children
+    from kernelcast.kernels.ops import get_operation
+    from kernelcast.kernels.variants import variant_children
 
     operation = get_operation(op)
     found = {c.candidate_id: c for c in roots}
@@ -292,9 +292,9 @@ def variant_space(op: str, roots, depth: int = 1, only=()) -> list:
 
 def measure_space(args, op: str) -> dict:
     """The problem's variant space measured in one call of the pool (reused where its root holds them already)."""
-    from tasks.generators import template_roots
-    from tasks.search import measure_and_store
-    from tasks.setup import open_search
+    from kernelcast.tasks.generators import template_roots
+    from kernelcast.tasks.search import measure_and_store
+    from kernelcast.tasks.setup import open_search
 
     base = problem_settings(args, op)
     # A space measured without a model keeps its run; the model's rewrites added to it are a run of their own.
@@ -354,8 +354,8 @@ def measure_anchors(search, space, k: int) -> list[dict]:
     A speedup is relative to the reference measured in the same call, on that call's machine; a space is merged
     across calls only as far as these agree. The anchors' new rows go to the call log, not to the measurements, so
     the space keeps one row a child; the reference measured with them is written as any call's reference is."""
-    from kernels.ops import get_operation
-    from storage.schema import measurements_from_frame
+    from kernelcast.kernels.ops import get_operation
+    from kernelcast.storage.schema import measurements_from_frame
 
     seed = get_operation(search.config.op).seed_candidates()[0].candidate_id
     by_id = {c.candidate_id: c for c in space}
@@ -387,7 +387,7 @@ def measure_anchors(search, space, k: int) -> list[dict]:
 def log_call(root, op: str, stored, call: dict, since, wall: float) -> None:
     """One line of the space's call log: when this call ran and on what, its reference's runtime, how many children
     it measured, and its anchors (``measure_anchors``); written even when the call is stopped part way."""
-    from kernels.ops import get_operation
+    from kernelcast.kernels.ops import get_operation
 
     seed = get_operation(op).seed_candidates()[0].candidate_id
     fresh = stored[stored["measured_at"] >= since] if not stored.empty else stored
@@ -414,9 +414,9 @@ def model_rewrites(search, op: str, measured_roots, space, k: int) -> list:
     """``k`` rewrites by the search's model of each root (CUDA-L1's best, median and poor kernel, with the speedup the
     pool measured; the reference where the problem has no roots), asked at once as a free-form search's model
     generation asks them; those passing the static checks, each with its parent id and provenance (written)."""
-    from kernels.ops import get_operation
-    from tasks.generators import rewriter
-    from tasks.llm_generator import Parent, fingerprints
+    from kernelcast.kernels.ops import get_operation
+    from kernelcast.tasks.generators import rewriter
+    from kernelcast.tasks.llm_generator import Parent, fingerprints
 
     parents = [Parent(c, speedup, "ok") for c, speedup in measured_roots] or \
         [Parent(get_operation(op).seed_candidates()[0])]
@@ -498,7 +498,7 @@ def search_problem(args, op: str, rows: list, save) -> None:
 def origins_of(data: str, op: str) -> dict[str, str]:
     """Candidate id -> origin (a CUDA-L1 kernel: import; variant:NAME; a model's rewrite) of ``op``'s kernels
     under the data root ``data``."""
-    from storage.dataset import DataRoot
+    from kernelcast.storage.dataset import DataRoot
 
     made = DataRoot(data).read_candidates(op)
     return dict(zip(made["candidate_id"], made["origin"])) if len(made) else {}
@@ -593,7 +593,7 @@ def space_census(folder: str, gpu_type: str = "auto") -> list[str]:
     beyond the roots it lies, and the best over torch.compile of the reference (default mode) where the space holds
     it, and over torch.compile as CUDA-L1's published H100 scores imply it (``published_compile``); then how many
     spaces hold a kernel 1.10x beyond their roots, the margin a surrogate needs to win by 1.10 (docs/search.md)."""
-    from storage.dataset import DataRoot
+    from kernelcast.storage.dataset import DataRoot
 
     roots = [d for d in sorted(Path(folder).iterdir()) if d.is_dir() and (d / "measurements").is_dir()] \
         if Path(folder).is_dir() else []
@@ -689,7 +689,7 @@ def main(argv=None) -> int:
     if len(args.json) > 1:
         print("error: a search writes one --json file; several are read only with --summary-only", file=sys.stderr)
         return 2
-    from storage.dataset import DataRoot
+    from kernelcast.storage.dataset import DataRoot
 
     try:
         ops = problems(args)

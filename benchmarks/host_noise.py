@@ -3,7 +3,7 @@
 Eight samples per setting, 0.5 s apart, each: a pure-Python loop (20,000 additions, on the
 host alone), the host time of a host-bound call (60 tiny torch launches, the GPU synced
 before and after; median of 20), and the harness's timed median of that call
-(``kernels.harness.timing.time_call``). Settings: unpinned, pinned to the last core, pinned
+(``kernelcast.kernels.harness.timing.time_call``). Settings: unpinned, pinned to the last core, pinned
 with 100 ms of spinning first (a core kept busy), pinned to another core. If the pure-Python
 figure moves with the timed one, the host's speed (a shared or virtual machine) moves the
 timing of host-bound calls, and no GPU-side care removes it.
@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from kernels.harness.timing import l2_flush_buffer, time_call
+from kernelcast.kernels.harness.timing import l2_flush_buffer, time_call
 
 
 def main() -> None:

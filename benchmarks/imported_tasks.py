@@ -33,7 +33,7 @@ EXAMPLES = REPO / "examples"
 
 def _forecasts(op, candidate, hardware, reference_us) -> dict:
     """Roofline and learned forecasts of ``candidate`` against the task's reference, made before measuring."""
-    from surrogate.forecast import ForecastRequest
+    from kernelcast.surrogate.forecast import ForecastRequest
 
     request = ForecastRequest(op.seed_candidates()[0], candidate, op.name, hardware,
                               case_names=tuple(c.name for c in op.cases),
@@ -52,15 +52,15 @@ def _forecasts(op, candidate, hardware, reference_us) -> dict:
 
 
 def _roofline():
-    from surrogate.baselines import RooflineForecaster
+    from kernelcast.surrogate.baselines import RooflineForecaster
 
     return RooflineForecaster().fit()
 
 
 def _learned(gpu_type: str):
-    from storage.dataset import DataRoot
-    from surrogate.dataset import case_pairs
-    from surrogate.learned import LearnedForecaster
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.surrogate.dataset import case_pairs
+    from kernelcast.surrogate.learned import LearnedForecaster
 
     pool = DataRoot(str(REPO / "data" / "pools"))
     pairs = case_pairs(pool, gpu_type=gpu_type)
@@ -86,10 +86,10 @@ def main(argv=None) -> int:
         os.environ["TRITON_INTERPRET"] = "1"
     import triton
 
-    from kernels.formats import import_task
-    from kernels.harness.worker import MeasureWorker, WorkerConfig
-    from kernels.hardware import INTERPRETER, detect
-    from kernels.records import HardwareSpec
+    from kernelcast.kernels.formats import import_task
+    from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig
+    from kernelcast.kernels.hardware import INTERPRETER, detect
+    from kernelcast.kernels.records import HardwareSpec
 
     kb = import_task("kernelbench", str(EXAMPLES / "kernelbench" / "row_sum.py"),
                      [str(EXAMPLES / "kernelbench" / "row_sum_new.py")],

@@ -39,10 +39,10 @@ def _cpu_name() -> str:
 
 
 def main() -> int:
-    from storage.dataset import DataRoot
-    from surrogate.dataset import case_pairs, requests_from
-    from surrogate.features import clear_feature_caches
-    from surrogate.learned import LearnedForecaster
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.surrogate.dataset import case_pairs, requests_from
+    from kernelcast.surrogate.features import clear_feature_caches
+    from kernelcast.surrogate.learned import LearnedForecaster
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", default="data/pools")

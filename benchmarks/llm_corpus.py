@@ -41,7 +41,7 @@ DEFAULT_POOL = str(REPO / "data" / "pools")
 
 
 def _root(uri: str):
-    from storage.dataset import DataRoot
+    from kernelcast.storage.dataset import DataRoot
 
     return DataRoot(uri)
 
@@ -55,13 +55,13 @@ def pool_parents(pool: str, gpu_type: str, ops: list[str]) -> list[tuple[str, st
 
 def _pool_parents(root, gpu_type: str, ops: list[str]) -> list[tuple]:
     """(op, Candidate, speedup) of each op's best, median and poor template variant on ``gpu_type``."""
-    from tasks.generators import template_roots
+    from kernelcast.tasks.generators import template_roots
 
     return [(op, c, speedup) for op in ops for c, speedup in template_roots(root.uri, op, gpu_type, fallback=False)]
 
 
 def _candidates(root, op: str) -> dict:
-    from storage.schema import candidates_from_frame
+    from kernelcast.storage.schema import candidates_from_frame
 
     frame = root.read_candidates(op=op)
     return {c.candidate_id: c for c in candidates_from_frame(frame)} if not frame.empty else {}
@@ -74,9 +74,9 @@ def _measured(root, op: str, gpu_type: str) -> pd.DataFrame:
 
 def base_parents(args) -> list:
     """The round's base parents as ``Parent``s (without feedback): pool variants and imported references."""
-    from kernels.formats import installed
-    from kernels.ops import OPERATIONS, get_operation
-    from tasks.llm_generator import Parent
+    from kernelcast.kernels.formats import installed
+    from kernelcast.kernels.ops import OPERATIONS, get_operation
+    from kernelcast.tasks.llm_generator import Parent
 
     ops = [o for o in (args.ops.split(",") if args.ops else OPERATIONS)]
     parents = [Parent(candidate, speedup, "ok") for _, candidate, speedup in
@@ -95,7 +95,7 @@ def _imported(out: str) -> set[str]:
 def _feedback(root, gpu_type: str, op: str) -> dict[str, tuple[str, ...]]:
     """Per parent id, how its measured children of ``op`` fared, most recent first (what its next prompt is
     told); one read of each table per op."""
-    from tasks.llm_generator import FEEDBACK_LINES, feedback_line
+    from kernelcast.tasks.llm_generator import FEEDBACK_LINES, feedback_line
 
     cands, m = root.read_candidates(op=op), _measured(root, op, gpu_type)
     if cands.empty or m.empty:
@@ -109,7 +109,7 @@ def _feedback(root, gpu_type: str, op: str) -> dict[str, tuple[str, ...]]:
 
 def best_children(root, gpu_type: str, ops: list[str], per_op: int, exclude: set[str]) -> list:
     """The ``per_op`` fastest measured LLM children of each op (not already a parent), as ``Parent``s."""
-    from tasks.llm_generator import Parent
+    from kernelcast.tasks.llm_generator import Parent
 
     out = []
     for op in ops:
@@ -143,7 +143,7 @@ def _staged_gpumode(task: Path, staged: Path) -> Path:
 
 def cmd_import(args) -> int:
     """Import KernelBench problem files and GPU MODE task folders as operations stored under the corpus root."""
-    from kernels.formats import import_task
+    from kernelcast.kernels.formats import import_task
 
     root = _root(args.out)
     for path in map(Path, args.tasks):
@@ -168,8 +168,8 @@ def cmd_generate(args) -> int:
     """
     import threading
 
-    from kernels.formats import install_from_root
-    from tasks.llm_generator import LLMGenerator, Parent, fingerprints
+    from kernelcast.kernels.formats import install_from_root
+    from kernelcast.tasks.llm_generator import LLMGenerator, Parent, fingerprints
 
     root = _root(args.out)
     for name in _imported(args.out):
@@ -260,9 +260,9 @@ def cmd_generate(args) -> int:
 
 def cmd_measure(args) -> int:
     """Measure every stored candidate of the corpus not yet measured on this GPU, in chunks, until the deadline."""
-    from infra.measure import LocalMeasurePool, LocalMeasurer
-    from kernels.formats import install_from_root
-    from tasks.search import measure_and_store
+    from kernelcast.infra.measure import LocalMeasurePool, LocalMeasurer
+    from kernelcast.kernels.formats import install_from_root
+    from kernelcast.tasks.search import measure_and_store
 
     root = _root(args.out)
     for name in _imported(args.out):
@@ -305,7 +305,7 @@ def _unmeasured(root, gpu_type: str, chunk: int, shard: str = "0/1") -> list[tup
     """(op, candidates) chunks of what is stored and not measured on ``gpu_type``, oldest first; with
     ``shard`` "i/n", only the candidates whose id is i modulo n (n measure runs share the work)."""
     index, count = map(int, shard.split("/"))
-    from storage.schema import candidates_from_frame
+    from kernelcast.storage.schema import candidates_from_frame
 
     frame = root.read_candidates()
     measurements = root.read_measurements()

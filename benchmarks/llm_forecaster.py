@@ -28,11 +28,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from storage.dataset import DataRoot
-from surrogate import metrics
-from surrogate.dataset import case_pairs, requests_from
-from surrogate.llm import OpenAIForecaster, build_messages
-from surrogate.registry import get_forecaster_factory
+from kernelcast.storage.dataset import DataRoot
+from kernelcast.surrogate import metrics
+from kernelcast.surrogate.dataset import case_pairs, requests_from
+from kernelcast.surrogate.llm import OpenAIForecaster, build_messages
+from kernelcast.surrogate.registry import get_forecaster_factory
 
 COLUMNS = ("parse_rate", "bin_accuracy", "ece", "brier", "crps", "nll", "sharpness", "spearman", "kendall",
            "pairwise_accuracy", "aurc", "top10_within_5pct", "top10_within_20pct", "top25_within_5pct")

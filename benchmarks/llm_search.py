@@ -52,8 +52,8 @@ import statistics
 import sys
 import time
 
-from tasks.config import PACKAGED_CORPUS, SearchConfig
-from tasks.setup import open_search
+from kernelcast.tasks.config import PACKAGED_CORPUS, SearchConfig
+from kernelcast.tasks.setup import open_search
 
 BASELINE = "none"
 MODES = ("measurements", "gpu-seconds")
@@ -61,8 +61,8 @@ MODES = ("measurements", "gpu-seconds")
 
 def corpus_ops(corpus: str) -> list[str]:
     """The corpus's operations whose tree has at least one parent with recorded children."""
-    from storage.dataset import DataRoot
-    from tasks.replay import read_tree
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.tasks.replay import read_tree
 
     frame = DataRoot(corpus).read_candidates()
     ops = []
@@ -76,11 +76,11 @@ def corpus_ops(corpus: str) -> list[str]:
 def tree_stats(corpus: str, op: str, gpu_type: str) -> dict:
     """What the recorded tree of ``op`` holds: parents, children per parent (before and after today's static
     checks), how many run, how many beat their parent, and the headroom over the best root."""
-    from kernels.formats import submission_of
-    from kernels.ops import get_operation
-    from kernels.screen import screen
-    from storage.dataset import DataRoot
-    from tasks.replay import read_tree
+    from kernelcast.kernels.formats import submission_of
+    from kernelcast.kernels.ops import get_operation
+    from kernelcast.kernels.screen import screen
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.tasks.replay import read_tree
 
     tree = read_tree(corpus, op)
     m = DataRoot(corpus).read_measurements(op=op, gpu_type=gpu_type).set_index("candidate_id")
@@ -267,7 +267,7 @@ def write_summary(lines: list[str], markdown: str) -> int:
 def failure_costs(data: list[str]) -> list[str]:
     """Per (budget kind, search, budget): the mean over finished runs (the latest of each op and seed)
     of children measured, of those that failed, of GPU-seconds charged, and of those charged to failures."""
-    from storage.dataset import DataRoot
+    from kernelcast.storage.dataset import DataRoot
 
     costs = collections.defaultdict(list)
     for uri in data:

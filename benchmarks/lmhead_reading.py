@@ -3,7 +3,7 @@
     PYTHONPATH=$PWD python benchmarks/lmhead_reading.py --model MODEL.gguf [--problems dev] [--spaces FOLDER ...] \\
         [--max-tokens 1024,2048,4096] [--forecasts DIR ...]
 
-Per ``--max-tokens``, with the model's own tokenizer and the pair's cut (``surrogate.lmhead.model.kept_tokens``):
+Per ``--max-tokens``, with the model's own tokenizer and the pair's cut (``kernelcast.surrogate.lmhead.model.kept_tokens``):
 the share of (anchor, candidate) pairs read whole, the share of the candidate read (median, 10th percentile),
 and the problems where two kernels read alike (the kept tokens the same). Per stored forecasts folder
 (``cudal1_lmhead.py``'s): the within-problem spread of the forecast log speedup against the measured one
@@ -40,7 +40,7 @@ def parse(argv=None) -> argparse.Namespace:
 
 def reading(kernels: pd.DataFrame, lengths: dict, headers: int, max_tokens: int) -> dict:
     """What a pair cut to ``max_tokens`` keeps, over ``kernels`` (op, anchor_source, source)."""
-    from surrogate.lmhead.model import kept_tokens
+    from kernelcast.surrogate.lmhead.model import kept_tokens
 
     a = kernels["anchor_source"].map(lengths).to_numpy()
     c = kernels["source"].map(lengths).to_numpy()
@@ -73,8 +73,8 @@ def spread(kernels: pd.DataFrame, folder: str) -> dict:
 
 
 def run(args) -> int:
-    from surrogate.grpo.model import load_tokenizer
-    from surrogate.lmhead.model import header_tokens
+    from kernelcast.surrogate.grpo.model import load_tokenizer
+    from kernelcast.surrogate.lmhead.model import header_tokens
 
     kernels, _ = _measured(args)
     development, sealed = development_split(kernels)

@@ -3,7 +3,7 @@
     python benchmarks/lmhead_throughput.py --folder DIR [--model MODEL] [--batch 8,32] [--repeats 5]
     python benchmarks/lmhead_throughput.py --model Qwen2.5-Coder-0.5B.gguf      # freshly initialised heads
 
-With ``--folder`` it reads a trained folder (``python -m surrogate.lmhead train``); with only
+With ``--folder`` it reads a trained folder (``python -m kernelcast.surrogate.lmhead train``); with only
 ``--model`` it builds the network with a fresh adapter and heads (the same arithmetic, untrained
 answers). The requests are the kernels of the LLM corpus (``--data``) against their anchors, as a
 search forecasts written children. For each batch size it times ``forecast`` over ``--requests``
@@ -39,9 +39,9 @@ def main() -> int:
 
     import torch
 
-    from storage.dataset import DataRoot
-    from surrogate.dataset import source_pairs, source_requests
-    from surrogate.lmhead.model import Calibration, HeadConfig, LMHeadForecaster, PairModel
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.surrogate.dataset import source_pairs, source_requests
+    from kernelcast.surrogate.lmhead.model import Calibration, HeadConfig, LMHeadForecaster, PairModel
 
     if args.folder:
         forecaster = LMHeadForecaster.load(args.folder, model=args.model, device=args.device)

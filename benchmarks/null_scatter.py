@@ -44,9 +44,9 @@ def parse(argv=None) -> argparse.Namespace:
 
 def measure_once(op, anchor: str, mode: str) -> dict:
     """The reference and its null in a fresh worker: the null's speedup and its within-process ratios."""
-    from kernels.hardware import detect
-    from kernels.harness.worker import MeasureWorker, WorkerConfig
-    from kernels.null import null_candidate
+    from kernelcast.kernels.hardware import detect
+    from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig
+    from kernelcast.kernels.null import null_candidate
 
     seed, null = op.seed_candidates()[0], null_candidate(op)
     with MeasureWorker(detect(), WorkerConfig(mode=mode, concurrency=1, anchor=anchor)) as worker:
@@ -68,9 +68,9 @@ def _figures(values) -> str:
 
 
 def run(args) -> int:
-    from kernels.formats import install_from_root
-    from kernels.ops import get_operation
-    from storage.dataset import DataRoot
+    from kernelcast.kernels.formats import install_from_root
+    from kernelcast.kernels.ops import get_operation
+    from kernelcast.storage.dataset import DataRoot
 
     root = DataRoot(args.root)
     rows = []

@@ -26,8 +26,8 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.harness.sweep_report import anchored_in  # noqa: E402 - after the path is set
-from kernels.harness.worker import anchored_slowed_in, reference_process_figures  # noqa: E402
+from kernelcast.kernels.harness.sweep_report import anchored_in  # noqa: E402 - after the path is set
+from kernelcast.kernels.harness.worker import anchored_slowed_in, reference_process_figures  # noqa: E402
 
 
 def parse(argv=None) -> argparse.Namespace:

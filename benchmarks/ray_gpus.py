@@ -30,8 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def template_candidates(pool: str, n: int) -> list:
     """``n`` measured template candidates, taken in turn from each operation (the pool's own order)."""
-    from storage.dataset import DataRoot
-    from storage.schema import candidates_from_frame
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.storage.schema import candidates_from_frame
 
     root = DataRoot(pool)
     measured = set(root.read_measurements()["candidate_id"])
@@ -48,8 +48,8 @@ def task_candidates(folder: Path, match: str | None, limit: int | None) -> list:
     """The null candidates of the public tasks under ``folder`` (their references are measured with them)."""
     import re
 
-    from kernels.harness.sweep import _import, discover
-    from kernels.null import null_candidate
+    from kernelcast.kernels.harness.sweep import _import, discover
+    from kernelcast.kernels.null import null_candidate
 
     tasks = [t for t in discover(folder) if not match or re.search(match, t.key)][:limit]
     cands = []
@@ -64,7 +64,7 @@ def task_candidates(folder: Path, match: str | None, limit: int | None) -> list:
 
 def run(candidates: list, gpus: int, gpu_type: str, chunk_size: int = 16) -> dict:
     """Measure ``candidates`` through a local Ray pool of ``gpus`` actors; wall time and every verdict."""
-    from infra.ray_pools import RayMeasurePool
+    from kernelcast.infra.ray_pools import RayMeasurePool
 
     t0 = time.perf_counter()
     pool = RayMeasurePool.connect(None, local_resources={f"gpu_type:{gpu_type}": float(gpus)}, chunk_size=chunk_size)
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     os.environ["KERNELCAST_TASKS"] = str(out / "tasks")
     import torch
 
-    from kernels.hardware import detect
+    from kernelcast.kernels.hardware import detect
 
     gpus = torch.cuda.device_count()
     if gpus < 2:

@@ -20,10 +20,10 @@ import statistics
 import time
 from pathlib import Path
 
-from infra.measure import LocalMeasurePool, ReplayMeasurer
-from infra.ray_pools import RayMeasurePool
-from storage.dataset import DataRoot
-from storage.schema import candidates_from_frame
+from kernelcast.infra.measure import LocalMeasurePool, ReplayMeasurer
+from kernelcast.infra.ray_pools import RayMeasurePool
+from kernelcast.storage.dataset import DataRoot
+from kernelcast.storage.schema import candidates_from_frame
 
 POOL = str(Path(__file__).resolve().parents[1] / "data" / "pools")
 GPU_TYPE = "h100"
@@ -58,7 +58,7 @@ def seconds_per_batch(pool, candidates, repeats: int, gpu_type: str = GPU_TYPE) 
 
 def live(args) -> None:
     """Both pools on this machine's GPU: LocalMeasurer here, and the same measurer inside a Ray actor."""
-    from infra.measure import LocalMeasurer
+    from kernelcast.infra.measure import LocalMeasurer
 
     candidates = [c for c in candidates_of(args.pool, 10 * args.candidates) if c.op == "softmax"][:args.candidates]
     measurer = LocalMeasurer()

@@ -24,17 +24,17 @@ from collections import Counter
 
 import torch
 
-from kernels.harness.faults import faults_for, good_candidates
-from kernels.harness.worker import MeasureWorker, WorkerConfig
-from kernels.hardware import INTERPRETER
-from kernels.records import HardwareSpec
+from kernelcast.kernels.harness.faults import faults_for, good_candidates
+from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig
+from kernelcast.kernels.hardware import INTERPRETER
+from kernelcast.kernels.records import HardwareSpec
 
 
 def _hardware(mode: str) -> HardwareSpec:
     if mode == "interpreter":
         return HardwareSpec(gpu_type=INTERPRETER, device_name="Triton CPU interpreter",
                             torch_version=torch.__version__)
-    from kernels.hardware import detect
+    from kernelcast.kernels.hardware import detect
 
     return detect()
 

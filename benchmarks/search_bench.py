@@ -22,9 +22,9 @@ import statistics
 import sys
 import time
 
-from kernels.ops import OPERATIONS
-from tasks.config import SearchConfig
-from tasks.setup import open_search
+from kernelcast.kernels.ops import OPERATIONS
+from kernelcast.tasks.config import SearchConfig
+from kernelcast.tasks.setup import open_search
 
 
 def run_one(config: SearchConfig):

@@ -16,8 +16,8 @@ import sys
 import tempfile
 import time
 
-from tasks.config import SearchConfig
-from tasks.setup import data_root, fit_prior, open_search, resolve
+from kernelcast.tasks.config import SearchConfig
+from kernelcast.tasks.setup import data_root, fit_prior, open_search, resolve
 
 
 def main(argv=None) -> int:
@@ -40,7 +40,7 @@ def main(argv=None) -> int:
         model = fit_prior(model_root, data_root(model_root))  # fitted once, outside the timing
         import pickle
 
-        from tasks.setup import model_path
+        from kernelcast.tasks.setup import model_path
 
         data_root(cfg).put_object(model_path(cfg), pickle.dumps(model))
     search = open_search(cfg, track=False)

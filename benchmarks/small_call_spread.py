@@ -5,7 +5,7 @@ The CUDA-L1 pool's smallest kernels were timed at very different figures in runs
 a CUDA-graph replay of a small convolution, at 8.2, 31.6 and 9.5 us. Each figure is the fastest of its windows and
 each window is tight (IQR about 1%), so the slowness lasted for the whole of one process's timing: a state of that
 process or of its neighbours, not a moment of the host. This script times calls of that kind with the harness's own
-timer (``kernels.harness.timing.time_call``: an L2 flush, events, repetitions until the median is pinned down), each
+timer (``kernelcast.kernels.harness.timing.time_call``: an L2 flush, events, repetitions until the median is pinned down), each
 condition in a fresh process pinned to the last core, and prints each window's median:
 
 - ``quiet``: nothing else runs (three times, at the start, middle and end: the control);
@@ -109,8 +109,8 @@ def measure(condition: str, windows: int) -> dict:
     """In a fresh process: the condition's in-process part, then every call timed in ``windows`` windows."""
     import torch
 
-    from kernels.harness import verify
-    from kernels.harness.timing import flush_us, l2_flush_buffer, time_call
+    from kernelcast.kernels.harness import verify
+    from kernelcast.kernels.harness.timing import flush_us, l2_flush_buffer, time_call
 
     calls = make_calls()
     flush = l2_flush_buffer()
@@ -136,7 +136,7 @@ def measure(condition: str, windows: int) -> dict:
 
 def pairs(calls: dict, flush, windows: int) -> dict:
     """Each GPU-bound call alone and beside ``chain`` (the reference), rounds opened by an untimed call or not."""
-    from kernels.harness.timing import time_call, time_pair
+    from kernelcast.kernels.harness.timing import time_call, time_pair
 
     out = {}
     for name in ("addmm", "graph"):

@@ -3,7 +3,7 @@
     python benchmarks/source_forecasters.py --data data/pools --llm data/pools/llm --gpu-type h100 \
         [--draws 1000] [--out docs/measured/source_forecasters]
 
-Every measured kernel of the corpus with source (``surrogate.dataset.source_pairs``: the template
+Every measured kernel of the corpus with source (``kernelcast.surrogate.dataset.source_pairs``: the template
 variants against the op's eager reference, the language model's children against the parent they
 rewrote, failed ones included) is forecast by a forecaster fit on the other operations only
 (leave-one-operation-out). The learned forecaster's rank models fit on the other operations'
@@ -11,12 +11,12 @@ per-case pairs (``case_pairs``), its source model on their kernels. Roofline and
 nothing of failure: roofline is given the training kernels' failure rate (the best constant),
 random a uniform draw.
 
-The scores are over bins 0..8 (``surrogate.metrics.outcome_summary``), on three sets: all
+The scores are over bins 0..8 (``kernelcast.surrogate.metrics.outcome_summary``), on three sets: all
 kernels, the language model's children only, and the template variants only; each with a
 bootstrap 95% interval. ECE after recalibration, two ways, each scored on kernels its fit did
-not see. ``ece_recalibrated``: as a search does it (``surrogate.evaluate``'s protocol), a random
+not see. ``ece_recalibrated``: as a search does it (``kernelcast.surrogate.evaluate``'s protocol), a random
 20% of the held-out operation's kernels count as measured; a forecaster with a Gaussian over log
-speedup is recentred per operation on those that ran (``surrogate.evaluate.recentred``), then a
+speedup is recentred per operation on those that ran (``kernelcast.surrogate.evaluate.recentred``), then a
 Platt map of the 9-bin confidence is fit on them; ECE is scored on the other 80%.
 ``ece_recalibrated_other_ops``: a Platt map fit on the other operations' forecasts of the same
 set, nothing of the held-out operation seen. Forecasts per second: forecast calls on cold
@@ -64,8 +64,8 @@ MEASURED_FRACTION = 0.2
 
 
 def _clear_caches() -> None:
-    from surrogate.features import clear_feature_caches
-    from surrogate.source import change_features, code_features
+    from kernelcast.surrogate.features import clear_feature_caches
+    from kernelcast.surrogate.source import change_features, code_features
 
     clear_feature_caches()
     code_features.cache_clear()
@@ -73,7 +73,7 @@ def _clear_caches() -> None:
 
 
 def _fit(name: str, cases: pd.DataFrame, kernels: pd.DataFrame):
-    from surrogate.registry import get_forecaster_factory
+    from kernelcast.surrogate.registry import get_forecaster_factory
 
     forecaster = get_forecaster_factory(name)()
     if name == "learned":
@@ -84,8 +84,8 @@ def _fit(name: str, cases: pd.DataFrame, kernels: pd.DataFrame):
 def held_out_forecasts(kernels: pd.DataFrame, cases: pd.DataFrame, name: str, seed: int = 0) -> dict:
     """Leave-one-operation-out forecasts of ``name`` for every row of ``kernels``: (n, 9) probabilities,
     expected speedups, the seconds spent forecasting, and each row's held-out operation."""
-    from surrogate.dataset import source_requests
-    from surrogate.metrics import with_failure
+    from kernelcast.surrogate.dataset import source_requests
+    from kernelcast.surrogate.metrics import with_failure
 
     n = len(kernels)
     probs, expected, seconds = np.zeros((n, 9)), np.zeros(n), 0.0
@@ -137,9 +137,9 @@ def llm_forecasts(kernels: pd.DataFrame, rows: np.ndarray, url: str, model: str,
     Asked in order until ``time.monotonic()`` passes ``deadline``: the kernels answered by then are
     the first k of ``rows`` (cached answers are free), and only those are returned."""
     from benchmarks.llm_forecaster import timed_forecasts
-    from surrogate.dataset import source_requests
-    from surrogate.llm import OpenAIForecaster
-    from surrogate.metrics import with_failure
+    from kernelcast.surrogate.dataset import source_requests
+    from kernelcast.surrogate.llm import OpenAIForecaster
+    from kernelcast.surrogate.metrics import with_failure
 
     cache = os.path.join(cache_dir, model) if cache_dir else None
     llm = OpenAIForecaster(url, model, schema_style=schema_style, concurrency=1, timeout_s=900, retries=1,
@@ -172,8 +172,8 @@ def recalibrated_on_measured(probs: np.ndarray, mean: np.ndarray, sigma: np.ndar
                              seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(9-bin probabilities recalibrated per operation on a random 20% of its kernels, mask of the rows
     scored: those not measured, in operations where a fit was possible)."""
-    from surrogate.calibration import PlattCalibrator
-    from surrogate.evaluate import measured_candidates, recentred
+    from kernelcast.surrogate.calibration import PlattCalibrator
+    from kernelcast.surrogate.evaluate import measured_candidates, recentred
 
     out, scored = probs.copy(), np.zeros(len(frame), bool)
     true_bins, ran = frame["true_bin"].to_numpy(), (frame["true_bin"] > 0).to_numpy()
@@ -196,7 +196,7 @@ def recalibrated_on_measured(probs: np.ndarray, mean: np.ndarray, sigma: np.ndar
 
 def recalibrated(probs: np.ndarray, true_bins: np.ndarray, ops: np.ndarray) -> np.ndarray:
     """Each operation's 9-bin forecasts Platt-recalibrated by a fit on the other operations' forecasts."""
-    from surrogate.calibration import PlattCalibrator
+    from kernelcast.surrogate.calibration import PlattCalibrator
 
     out = probs.copy()
     for op in np.unique(ops):
@@ -209,10 +209,10 @@ def recalibrated(probs: np.ndarray, true_bins: np.ndarray, ops: np.ndarray) -> n
 def main() -> int:
     from threadpoolctl import threadpool_limits
 
-    from storage.dataset import DataRoot
-    from surrogate.dataset import case_pairs, source_pairs
-    from surrogate import metrics
-    from surrogate.metrics import outcome_summary
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.surrogate.dataset import case_pairs, source_pairs
+    from kernelcast.surrogate import metrics
+    from kernelcast.surrogate.metrics import outcome_summary
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", default="data/pools")
@@ -229,7 +229,7 @@ def main() -> int:
                    help="how the server is asked for the answer schema (json_object: llama-cpp-python's server)")
     p.add_argument("--llm-cache", default=None, help="folder of the language models' answers, reused on a rerun")
     p.add_argument("--llm-concurrency", type=int, default=1,
-                   help="requests in flight at once (a batching server, such as infra.engine or vLLM, answers "
+                   help="requests in flight at once (a batching server, such as kernelcast.infra.engine or vLLM, answers "
                         "them together; then each answer's seconds are its latency in the batch)")
     p.add_argument("--llm-minutes", type=float, default=math.inf,
                    help="stop asking the language models after this long; each is scored on what it answered")
@@ -347,8 +347,8 @@ TELLING = ("undefined_name", "calls_removed", "token_edit_ratio", "unjitted_laun
 
 def _telling_features(kernels: pd.DataFrame) -> pd.DataFrame:
     """Mean of a few source features over the kernels that failed and those that ran."""
-    from surrogate.dataset import source_requests
-    from surrogate.source import SourceFeatures
+    from kernelcast.surrogate.dataset import source_requests
+    from kernelcast.surrogate.source import SourceFeatures
 
     X = pd.DataFrame(SourceFeatures().matrix(source_requests(kernels)), columns=SourceFeatures.names)
     failed = kernels["failed"].to_numpy()

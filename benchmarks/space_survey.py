@@ -44,7 +44,7 @@ def main() -> int:
     p.add_argument("--data", default=None, help="summarise this data root instead of measuring")
     args = p.parse_args()
     if args.data:
-        from storage.dataset import DataRoot
+        from kernelcast.storage.dataset import DataRoot
 
         root = DataRoot(args.data)
         m = root.read_measurements()
@@ -57,10 +57,10 @@ def main() -> int:
                   f"{g['measured_at'].min():%Y-%m-%d %H:%M} to {g['measured_at'].max():%Y-%m-%d %H:%M} UTC")
         summarise(zip(m["op"], m["gpu_type"], m["status"], m["error"], m["speedup"]))
         return 0
-    from kernels.harness.worker import MeasureWorker, WorkerConfig
-    from kernels.hardware import detect
-    from kernels.ops import OPERATIONS
-    from kernels.spaces import get_space
+    from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig
+    from kernelcast.kernels.hardware import detect
+    from kernelcast.kernels.ops import OPERATIONS
+    from kernelcast.kernels.spaces import get_space
 
     ops = list(OPERATIONS) if args.ops == "all" else args.ops.split(",")
     todo = [c for op in ops for c in get_space(op).spread_subset(args.per_op)]

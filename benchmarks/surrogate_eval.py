@@ -3,7 +3,7 @@
     python benchmarks/surrogate_eval.py --data data/pools --split operation [--gpu-type h100]
         [--seeds 0] [--calibrate-on measured] [--out eval] [--json out.json]
 
-Runs ``surrogate.evaluate.evaluate`` (what ``kernelcast evaluate`` runs) for each surrogate
+Runs ``kernelcast.surrogate.evaluate.evaluate`` (what ``kernelcast evaluate`` runs) for each surrogate
 and seed, with one OpenMP thread (a shared machine's spinning thread teams crawl), and prints:
 
 1. every pooled metric, raw and recalibrated, per surrogate (mean over seeds);
@@ -23,10 +23,10 @@ import numpy as np
 import pandas as pd
 from threadpoolctl import threadpool_limits
 
-from storage.dataset import DataRoot
-from surrogate.dataset import case_pairs
-from surrogate.evaluate import evaluate
-from surrogate.registry import get_forecaster_factory
+from kernelcast.storage.dataset import DataRoot
+from kernelcast.surrogate.dataset import case_pairs
+from kernelcast.surrogate.evaluate import evaluate
+from kernelcast.surrogate.registry import get_forecaster_factory
 
 METRICS = ("n", "bin_accuracy", "pairwise_accuracy", "spearman", "kendall", "ece", "brier", "crps", "nll",
            "sharpness", "aurc", "risk_at_coverage_50", "top10_within_5pct", "top10_within_20pct")

@@ -1,5 +1,5 @@
 """The task sweep as a script for a measuring machine with torch and triton alone (``kernelcast sweep`` needs the
-whole project installed); the sweep itself is ``kernels.harness.sweep``.
+whole project installed); the sweep itself is ``kernelcast.kernels.harness.sweep``.
 
     PYTHONPATH=$PWD python benchmarks/task_sweep.py --tasks ../shared/tasks --out DIR [--max-minutes 8]
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.harness.sweep import add_arguments, run  # noqa: E402 - after the checkout is on the path
+from kernelcast.kernels.harness.sweep import add_arguments, run  # noqa: E402 - after the checkout is on the path
 
 TASKS = Path(__file__).resolve().parents[2] / "shared" / "tasks"
 

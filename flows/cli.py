@@ -1,6 +1,6 @@
 """The ``kernelcast`` command line: the parser built from the command groups, and ``main``.
 
-Each command group is a module of ``flows.commands`` (listed once, in ``GROUPS``); this file
+Each command group is a module of ``kernelcast.flows.commands`` (listed once, in ``GROUPS``); this file
 only assembles them and turns a bad input into one clear line and exit status 2.
 Configuration is read there, at the edge, validated once, and passed down as values.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from flows.commands import GROUPS
-from flows.commands.common import DEFAULT_DATA, UsageError
+from kernelcast.flows.commands import GROUPS
+from kernelcast.flows.commands.common import DEFAULT_DATA, UsageError
 
 __all__ = ["DEFAULT_DATA", "UsageError", "build_parser", "main"]
 

@@ -7,7 +7,7 @@ declares the same deployments for ``prefect deploy`` onto a work pool.
 
 from __future__ import annotations
 
-from flows.search import backfill, evaluate_surrogate, kernel_search, train_surrogate
+from kernelcast.flows.search import backfill, evaluate_surrogate, kernel_search, train_surrogate
 
 NIGHTLY_OPS = ("softmax", "layernorm", "rmsnorm", "cross_entropy", "fp8_quant", "bias_gelu", "matmul", "attention")
 

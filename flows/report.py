@@ -6,9 +6,9 @@ import math
 
 import pandas as pd
 
-from kernels.hardware import peak_tflops
-from kernels.records import is_lower
-from kernels.ops import OPERATIONS
+from kernelcast.kernels.hardware import peak_tflops
+from kernelcast.kernels.records import is_lower
+from kernelcast.kernels.ops import OPERATIONS
 
 
 def fraction_of_limit(op_name: str, case_names, runtimes_us, peak_gbps: float, gpu_type: str) -> float | None:
@@ -51,8 +51,8 @@ def reference_host_bound(rows: pd.DataFrame) -> str:
     refs = rows[(rows["origin"] == "seed") & (rows["status"] == "ok")]
     if refs.empty:
         return ""
-    from kernels.harness.sweep_report import cases_in
-    from kernels.harness.worker import reference_process_figures
+    from kernelcast.kernels.harness.sweep_report import cases_in
+    from kernelcast.kernels.harness.worker import reference_process_figures
 
     checks = str(refs.sort_values("measured_at").iloc[-1]["checks"] or "")
     cases = cases_in(checks, "host-sensitive: ")
@@ -70,8 +70,8 @@ def timed_how(checks: str) -> str:
     past its stored runtime, by how much ("beside a slowed reference 2.98x: CASE"): the ratio of such a pair carries to
     the stored figure only where both calls follow the host alike (docs/harness.md, "Fresh problems"). "" where the
     row predates the mark."""
-    from kernels.harness.sweep_report import cases_in
-    from kernels.harness.worker import anchored_slowed_in
+    from kernelcast.kernels.harness.sweep_report import cases_in
+    from kernelcast.kernels.harness.worker import anchored_slowed_in
 
     paired = cases_in(checks, "anchored: ")
     if paired is None:

@@ -13,16 +13,16 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from tasks import steps
-from tasks.config import SearchConfig
-from tasks.report import summary_lines
-from tasks.search import screened_text
+from kernelcast.tasks import steps
+from kernelcast.tasks.config import SearchConfig
+from kernelcast.tasks.report import summary_lines
+from kernelcast.tasks.search import screened_text
 
 
 @task(name="prepare", cache_policy=NO_CACHE)
 def prepare(config: SearchConfig):
     """Validate, reach every service, fit or load the surrogate, register the run, measure the reference."""
-    from tasks.setup import open_search
+    from kernelcast.tasks.setup import open_search
 
     return open_search(config)
 
@@ -99,7 +99,7 @@ def backfill(source_gpu_type: str, target_gpu_type: str, op: str = "all", data: 
              backend: str = "replay", limit: int = 0, only_ok: bool = True,
              options: dict[str, Any] | None = None) -> dict:
     """Measure on ``target_gpu_type`` the candidates already measured on ``source_gpu_type``."""
-    from tasks.backfill import backfill_plan, run_backfill
+    from kernelcast.tasks.backfill import backfill_plan, run_backfill
 
     plan = task(backfill_plan, name="plan backfill", cache_policy=NO_CACHE)(
         source_gpu_type, target_gpu_type, op, data, limit, only_ok, options or {})
@@ -112,10 +112,10 @@ def evaluate_surrogate(surrogate: str = "learned", data: str = "data/pools", spl
                        gpu_type: str | None = None, out: str = "kernelcast-eval", tracking_uri: str | None = None,
                        calibrator: str = "platt", recentre: bool = True):
     """Offline evaluation of a surrogate on held-out splits of a measured pool; table and plots under ``out``."""
-    from storage.dataset import DataRoot
-    from surrogate.dataset import case_pairs
-    from surrogate.evaluate import evaluate
-    from surrogate.registry import get_forecaster_factory
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.surrogate.dataset import case_pairs
+    from kernelcast.surrogate.evaluate import evaluate
+    from kernelcast.surrogate.registry import get_forecaster_factory
 
     factory = get_forecaster_factory(surrogate)
     pairs = task(case_pairs, name="load pairs", cache_policy=NO_CACHE)(DataRoot(data), gpu_type=gpu_type)
@@ -136,11 +136,11 @@ def train_surrogate(surrogate: str = "learned", prior_data: str = "", data: str 
     of that operation on that GPU type picks it up instead of fitting again.
 
     ``surrogate='llm-grpo'`` instead trains an LLM surrogate with GRPO (``grpo`` holds
-    ``surrogate.grpo.GRPOSettings``' fields) on the pairs file ``pairs``, or on pairs drawn from the
+    ``kernelcast.surrogate.grpo.GRPOSettings``' fields) on the pairs file ``pairs``, or on pairs drawn from the
     ``gpu_type`` measurements of ``prior_data``, and returns its run: adapter, before/after metrics."""
     if surrogate == "llm-grpo":
-        from surrogate.grpo import GRPOSettings, train_grpo
-        from tasks.setup import grpo_pairs, grpo_tracker
+        from kernelcast.surrogate.grpo import GRPOSettings, train_grpo
+        from kernelcast.tasks.setup import grpo_pairs, grpo_tracker
 
         settings = GRPOSettings(**(grpo or {}))  # bad settings fail before any pair or model is loaded
         frame = task(grpo_pairs, name="load pairs", cache_policy=NO_CACHE)(prior_data, pairs, gpu_type, settings.seed)
@@ -148,9 +148,9 @@ def train_surrogate(surrogate: str = "learned", prior_data: str = "", data: str 
                       cache_policy=NO_CACHE)(frame, settings, grpo_tracker(settings))
         return dataclasses.asdict(result)
 
-    from kernels.ops import OPERATIONS
-    from tasks.config import PACKAGED_POOL
-    from tasks.setup import data_root, fit_prior, resolve
+    from kernelcast.kernels.ops import OPERATIONS
+    from kernelcast.tasks.config import PACKAGED_POOL
+    from kernelcast.tasks.setup import data_root, fit_prior, resolve
 
     names = list(OPERATIONS) if ops == "all" else [o.strip() for o in ops.split(",")]
     fitted = []

@@ -1,6 +1,6 @@
 """Measurement backends behind one interface, and the single-machine pool that routes to them.
 
-- ``LocalMeasurer``: this machine's GPU through the isolated harness (``kernels.harness``);
+- ``LocalMeasurer``: this machine's GPU through the isolated harness (``kernelcast.kernels.harness``);
 - ``ReplayMeasurer``: answers from a measured pool, for machines without a GPU; every
   record it returns says ``mode='replay'`` and ``replayed=True``, and keeps the time it
   was really measured;
@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable, Iterator, Protocol, Sequence
 
-from kernels.records import Candidate, HardwareSpec, Measurement
+from kernelcast.kernels.records import Candidate, HardwareSpec, Measurement
 
 
 class Measurer(Protocol):
@@ -61,8 +61,8 @@ class LocalMeasurer:
         import torch
         import triton
 
-        from kernels.harness.worker import MeasureWorker, WorkerConfig
-        from kernels.hardware import INTERPRETER, detect
+        from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig
+        from kernelcast.kernels.hardware import INTERPRETER, detect
 
         if mode == "interpreter":
             self.hardware = HardwareSpec(gpu_type=INTERPRETER, device_name="Triton CPU interpreter",
@@ -80,7 +80,7 @@ class LocalMeasurer:
         self._worker = MeasureWorker(self.hardware, config)
 
     def prepare(self, op: str) -> HardwareSpec:
-        from kernels.ops import get_operation
+        from kernelcast.kernels.ops import get_operation
 
         get_operation(op)
         return self.hardware
@@ -99,7 +99,7 @@ class ReplayMeasurer:
     """Answers from the measurements of ``gpu_type`` stored under ``pool`` (a DataRoot or URI)."""
 
     def __init__(self, pool, gpu_type: str):
-        from storage.dataset import DataRoot
+        from kernelcast.storage.dataset import DataRoot
 
         self.pool = pool if isinstance(pool, DataRoot) else DataRoot(pool)
         self.gpu_type = gpu_type
@@ -115,7 +115,7 @@ class ReplayMeasurer:
 
     def _measured(self, op: str) -> dict[str, Measurement]:
         if op not in self._by_op:
-            from storage.schema import measurements_from_frame
+            from kernelcast.storage.schema import measurements_from_frame
 
             frame = self.pool.read_measurements(op=op, gpu_type=self.gpu_type)
             if frame.empty:

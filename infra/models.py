@@ -8,7 +8,7 @@ an error that names the part. Nothing else in kernelcast cares where a model cam
 from: the rest of the code takes a path (or an endpoint).
 
 Only the standard library is imported, at module level and below: ``python -m
-infra.models join`` must run on a machine that has none of kernelcast's
+kernelcast.infra.models join`` must run on a machine that has none of kernelcast's
 dependencies (a GPU box that receives a model in small pieces).
 """
 
@@ -521,7 +521,7 @@ def split(source: Path, out_dir: Path, part_bytes: int, *, expected_sha256: str 
     manifest = out_dir / MANIFEST_FILE
     _write_json(manifest, {"filename": source.name, "size": size, "sha256": whole.hexdigest(),
                            "part_bytes": part_bytes, "parts": parts})
-    log(f"split: {count} parts and {manifest}; on the other side: python -m infra.models join {out_dir} FILE")
+    log(f"split: {count} parts and {manifest}; on the other side: python -m kernelcast.infra.models join {out_dir} FILE")
     return manifest
 
 
@@ -629,8 +629,8 @@ def join(parts_dir: Path, out: Path, *, log: Log = _stderr) -> JoinResult:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m infra.models join|split``: the standard-library-only end, for a machine without kernelcast."""
-    p = argparse.ArgumentParser(prog="python -m infra.models", description=__doc__.splitlines()[0])
+    """``python -m kernelcast.infra.models join|split``: the standard-library-only end, for a machine without kernelcast."""
+    p = argparse.ArgumentParser(prog="python -m kernelcast.infra.models", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     sp = sub.add_parser("join", help="place the parts present into FILE; exit 0 complete, 3 parts still missing")
     sp.add_argument("parts_dir", type=Path, help="folder with the parts at hand and manifest.json (needed once)")

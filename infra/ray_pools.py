@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError, RayError, RayTaskError
 
-from infra.measure import adopt_reference
-from kernels.records import Candidate, HardwareSpec, Measurement
+from kernelcast.infra.measure import adopt_reference
+from kernelcast.kernels.records import Candidate, HardwareSpec, Measurement
 
 if TYPE_CHECKING:
-    from surrogate.forecast import Forecast, ForecastRequest
+    from kernelcast.surrogate.forecast import Forecast, ForecastRequest
 
 GPU_TYPE_RESOURCE = "gpu_type:"  # + "h100": one unit per GPU of that type on a node
 ORCHESTRATION = ("prefect", "mlflow")  # what a measurement worker must never need
@@ -52,7 +52,7 @@ class MeasureActor:
 
     def __init__(self, gpu_type: str, use_gpu: bool, replay_pool=None, measurer_factory=None,
                  measurer_options: dict | None = None):
-        from infra.measure import LocalMeasurer, ReplayMeasurer
+        from kernelcast.infra.measure import LocalMeasurer, ReplayMeasurer
 
         self.gpu_type = gpu_type
         if measurer_factory is not None:
@@ -94,7 +94,7 @@ def _core_share() -> tuple[int, ...] | None:
 
     Without it, the workers of a node's GPUs each start cores - 1 children over the same cores,
     and one GPU's lock holder shares its reserved core with the other GPU's compiling children."""
-    from kernels.harness import cores
+    from kernelcast.kernels.harness import cores
 
     ids = ray.get_gpu_ids()
     node = ray.get_runtime_context().get_node_id()
@@ -128,8 +128,8 @@ def _local_resources(replay_pool) -> dict[str, float]:
     """Resources for a Ray started here: this machine's GPUs by type, else one emulated unit per replayed type."""
     import torch
 
-    from infra.measure import ReplayMeasurer
-    from kernels.hardware import detect
+    from kernelcast.infra.measure import ReplayMeasurer
+    from kernelcast.kernels.hardware import detect
 
     if torch.cuda.is_available():
         return {GPU_TYPE_RESOURCE + detect(0).gpu_type: float(torch.cuda.device_count())}
@@ -350,7 +350,7 @@ class ForecasterPool:
     @classmethod
     def of_openai(cls, base_url: str, model: str, actors: int = 4, **client_kwargs) -> "ForecasterPool":
         """Actors each holding an ``OpenAIForecaster`` for one OpenAI-compatible server (vLLM, llama.cpp)."""
-        from surrogate.llm import OpenAIForecaster
+        from kernelcast.surrogate.llm import OpenAIForecaster
 
         OpenAIForecaster(base_url, model, **client_kwargs)  # a malformed URL fails here, before any actor starts
         return cls(functools.partial(OpenAIForecaster, base_url, model, **client_kwargs), actors)
@@ -358,14 +358,14 @@ class ForecasterPool:
     @classmethod
     def of_vllm(cls, model_path: str, actors: int = 1, **engine_kwargs) -> "ForecasterPool":
         """Actors each running a vLLM engine on one GPU of their own; vllm is imported inside the actors only."""
-        from surrogate.llm import VLLMForecaster
+        from kernelcast.surrogate.llm import VLLMForecaster
 
         return cls(functools.partial(VLLMForecaster, model_path, **engine_kwargs), actors,
                    actor_options={"num_gpus": 1, "num_cpus": 1})
 
     def forecast(self, requests: Sequence[ForecastRequest]) -> list[Forecast]:
         """One forecast per request, in order; a failed actor's chunk comes back unparsed (never trusted)."""
-        from surrogate.forecast import unparsed
+        from kernelcast.surrogate.forecast import unparsed
 
         requests = list(requests)
         size = max(1, math.ceil(len(requests) / len(self._actors)))

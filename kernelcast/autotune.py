@@ -12,11 +12,11 @@ meta-parameters are the axes of one of the op's algorithms (the one whose axes t
 ``algorithm`` given), ``num_warps`` and ``num_stages`` the template's axes of those names. Each
 config is forecast by the learned forecaster, fit on the measured pool under ``data`` (every
 operation's pairs on one GPU type) and then corrected, as a search corrects it, with every
-measurement the pool holds of this operation (``surrogate.online.SearchSurrogate``): a config
+measurement the pool holds of this operation (``kernelcast.surrogate.online.SearchSurrogate``): a config
 that is a measured variant is forecast close to its measurement. A config that is no variant of
 the space (a value off the template's grid, a meta-parameter it lacks) is forecast from its
 source by the learned forecaster's source model, never dropped. Where the pool has no
-measurement of the operation on that GPU type, the source forecaster (``surrogate.source``),
+measurement of the operation on that GPU type, the source forecaster (``kernelcast.surrogate.source``),
 fit on the rest of the pool, forecasts every config.
 
 The forecast is of the template's speed on the operation's own cases (the geometric mean over
@@ -39,9 +39,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from kernels.ops import get_operation
-from kernels.records import Candidate
-from kernels.spaces import get_space
+from kernelcast.kernels.ops import get_operation
+from kernelcast.kernels.records import Candidate
+from kernelcast.kernels.spaces import get_space
 
 # The measured pool shipped with the project.
 PACKAGED_POOL = str(Path(__file__).resolve().parents[1] / "data" / "pools")
@@ -217,7 +217,7 @@ _FITTED: dict[tuple, object] = {}  # (pool, its files, GPU type, held-out op or 
 
 def _open_pool(data: str):
     """(the data root, its GPU types with measurements); a clear error where ``data`` holds no measured pool."""
-    from storage.dataset import DataRoot
+    from kernelcast.storage.dataset import DataRoot
 
     if "://" not in data and not Path(data).is_dir():
         raise FileNotFoundError(f"no measured pool at {data!r}: not a folder (a pool has candidates/ and "
@@ -236,7 +236,7 @@ def _default_gpu_type(gpu_types: Sequence[str]) -> str:
         import torch
 
         if torch.cuda.is_available():
-            from kernels.hardware import gpu_type_of
+            from kernelcast.kernels.hardware import gpu_type_of
 
             here = gpu_type_of(torch.cuda.get_device_name(0))
             if here in gpu_types:
@@ -249,9 +249,9 @@ def _default_gpu_type(gpu_types: Sequence[str]) -> str:
 def _corrected_surrogate(root, op: str, gpu_type: str):
     """(a ``SearchSurrogate`` of ``op`` on ``gpu_type`` corrected by the pool's measurements of it,
     the reference's runtime in us: the geometric mean over the op's cases, NaN where unmeasured)."""
-    from storage.schema import candidates_from_frame, measurements_from_frame
-    from surrogate.dataset import case_pairs, hardware_of
-    from surrogate.online import SearchSurrogate
+    from kernelcast.storage.schema import candidates_from_frame, measurements_from_frame
+    from kernelcast.surrogate.dataset import case_pairs, hardware_of
+    from kernelcast.surrogate.online import SearchSurrogate
 
     pairs = case_pairs(root, gpu_type=gpu_type)
     if pairs.empty:
@@ -280,7 +280,7 @@ def _corrected_surrogate(root, op: str, gpu_type: str):
 def _fitted(root, gpu_type: str, held_out: str, pairs, kind: str):
     from threadpoolctl import threadpool_limits
 
-    from surrogate.registry import fit_prior, get_forecaster_factory
+    from kernelcast.surrogate.registry import fit_prior, get_forecaster_factory
 
     key = (root.uri, tuple(sorted(root.fingerprint("measurements"))), gpu_type, held_out, kind)
     if key not in _FITTED:

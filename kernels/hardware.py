@@ -10,7 +10,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 
-from kernels.records import HardwareSpec
+from kernelcast.kernels.records import HardwareSpec
 
 INTERPRETER = "interpreter"
 KNOWN_GPU_TYPES = ("h200", "h100", "h20", "gh200", "b200", "b100", "a100", "a10g", "a10", "l40s", "l40",

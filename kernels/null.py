@@ -13,7 +13,7 @@ one candidate allowed to call the torch function it computes.
 
 from __future__ import annotations
 
-from kernels.records import Candidate
+from kernelcast.kernels.records import Candidate
 
 NULL_MARK = "# kernelcast null candidate: the reference's own code, measured as a candidate (expect 1.00x)"
 

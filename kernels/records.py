@@ -139,13 +139,13 @@ class Measurement:
     hardware: HardwareSpec | None = None
     replayed: bool = False
     measured_at: datetime = field(default_factory=utc_now)
-    # Precision as a fact of the verdict (kernels.harness.precision): the class of the candidate's error
+    # Precision as a fact of the verdict (kernelcast.kernels.harness.precision): the class of the candidate's error
     # against a float64 reference, or "lower: ..." when below the reference's; per case, both errors.
     precision: str = ""
     error_rel: tuple[float, ...] = ()
     reference_error_rel: tuple[float, ...] = ()
     checks: str = ""  # how the timed window was checked ("profiled", or why not) and the memcheck's outcome
-    protocol: str = "kernelcast"  # how it was timed (kernels.harness.timing.PROTOCOLS); kernelbench, gpumode: means
+    protocol: str = "kernelcast"  # how it was timed (kernelcast.kernels.harness.timing.PROTOCOLS); kernelbench, gpumode: means
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -217,7 +217,7 @@ class GenerationSummary:
     surrogate_within_one: float | None
     wall_seconds: float
     overhead_seconds: float  # wall time less measuring and forecasting
-    # What the model's answers came to (LLM generators; kernels.screen.SCREEN_REASONS): asked, kept, and
+    # What the model's answers came to (LLM generators; kernelcast.kernels.screen.SCREEN_REASONS): asked, kept, and
     # dropped before forecasting by reason.
     generator_asked: int = 0
     generator_children: int = 0

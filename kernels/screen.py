@@ -19,7 +19,7 @@ import builtins
 import hashlib
 from typing import Mapping
 
-from kernels.records import Candidate, canonical_params
+from kernelcast.kernels.records import Candidate, canonical_params
 
 # Why a written child is dropped before it is forecast, in the order they are checked.
 # no_code and request_failed come from the generator (no code block in the answer; no answer).
@@ -84,7 +84,7 @@ def screen(op, child: Candidate, code: str, seen: set[str],
     missing = undefined_name(code) if "undefined" not in measure_anyway else None
     if missing:
         return "undefined", f"uses {missing}, which the module never defines or imports"
-    from kernels.harness.anticheat import scan_source  # torch-heavy; only once the cheap checks pass
+    from kernelcast.kernels.harness.anticheat import scan_source  # torch-heavy; only once the cheap checks pass
 
     refused = scan_source(child, op)
     if refused:

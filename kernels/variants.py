@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kernels.formats.common import TaskFormatError, submission_of, top_level_names
+from kernelcast.kernels.formats.common import TaskFormatError, submission_of, top_level_names
 
 ORIGIN_PREFIX = "variant"  # a variant child's origin: "variant:<name>"
 _MARK = "# ---- kernelcast variant: {name} ({what}) ----"

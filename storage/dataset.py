@@ -41,9 +41,9 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
-from kernels.records import Candidate, Measurement
-from storage.retry import RetryPolicy, is_transient
-from storage.schema import (TableSpec, candidates_to_table, forecasts_to_table, measurements_to_table,
+from kernelcast.kernels.records import Candidate, Measurement
+from kernelcast.storage.retry import RetryPolicy, is_transient
+from kernelcast.storage.schema import (TableSpec, candidates_to_table, forecasts_to_table, measurements_to_table,
                             records_to_table, table_spec)
 
 _PARTITION_VALUE = re.compile(r"[a-z0-9_.-]+")
@@ -382,6 +382,6 @@ class DataRoot:
 
 
 def table_spec_of(records: list) -> str:
-    from storage.schema import RECORD_TABLES
+    from kernelcast.storage.schema import RECORD_TABLES
 
     return RECORD_TABLES[type(records[0])].name

@@ -16,10 +16,10 @@ from typing import Iterable
 import pandas as pd
 import pyarrow as pa
 
-from kernels.records import (Candidate, Decision, GenerationSummary, HardwareSpec, Measurement, Provenance,
+from kernelcast.kernels.records import (Candidate, Decision, GenerationSummary, HardwareSpec, Measurement, Provenance,
                              SearchRun, canonical_params)
-from kernels.screen import SCREEN_REASONS
-from surrogate.forecast import Forecast
+from kernelcast.kernels.screen import SCREEN_REASONS
+from kernelcast.surrogate.forecast import Forecast
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 
@@ -56,7 +56,7 @@ CANDIDATES = TableSpec(
         ("backend", pa.string()),
         ("template", pa.string()),
         ("source", pa.string()),
-        ("params", pa.string()),  # canonical JSON, see kernels.records.canonical_params
+        ("params", pa.string()),  # canonical JSON, see kernelcast.kernels.records.canonical_params
         ("parent_id", pa.string()),
         ("origin", pa.string()),
         ("created_at", TIMESTAMP),

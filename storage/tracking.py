@@ -24,11 +24,11 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Mapping
 
-from kernels.records import GenerationSummary
-from kernels.screen import SCREEN_REASONS
+from kernelcast.kernels.records import GenerationSummary
+from kernelcast.kernels.screen import SCREEN_REASONS
 
 if TYPE_CHECKING:
-    from storage.dataset import DataRoot
+    from kernelcast.storage.dataset import DataRoot
 
 RUN_ID_TAG = "kernelcast.run_id"
 ARTIFACT_FOLDER = "mlartifacts"  # under the data root: the MLflow artifacts of every run that used it

@@ -12,9 +12,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from surrogate.features import FEATURE_NAMES, feature_matrix
-from surrogate.forecast import Forecast, ForecastRequest, gaussian_forecasts, normalise
-from surrogate.bins import bin_probabilities
+from kernelcast.surrogate.features import FEATURE_NAMES, feature_matrix
+from kernelcast.surrogate.forecast import Forecast, ForecastRequest, gaussian_forecasts, normalise
+from kernelcast.surrogate.bins import bin_probabilities
 
 _F = {name: i for i, name in enumerate(FEATURE_NAMES)}
 
@@ -104,10 +104,10 @@ class OracleForecaster:
     measurements: a replay whose children were all measured before (``surrogate="oracle"``,
     ``surrogate_folder`` the replayed data root) ranks them by their real speedups, so its best against
     the baseline's bounds what any forecaster could win there. Each candidate's outcome is the one a replay
-    of that root answers (``infra.measure.ReplayMeasurer``: its last measurement on the request's GPU type).
+    of that root answers (``kernelcast.infra.measure.ReplayMeasurer``: its last measurement on the request's GPU type).
     A candidate the root never measured is forecast as its anchor with a wide spread: known to be unknown.
     The root's measurements come through ``read``, which the layer that owns the data root hands it
-    (``tasks.setup.forecaster``): a surrogate reads no storage itself.
+    (``kernelcast.tasks.setup.forecaster``): a surrogate reads no storage itself.
     """
 
     name = "oracle"

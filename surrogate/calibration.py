@@ -1,7 +1,7 @@
 """Recalibrating a surrogate's bin distributions on measured forecasts.
 
 The confidence calibrators take ``probs`` (n, 8) and ``true_bins`` (n,) in 1..8 (or (n, 9) and
-bins 0..8, failure included: ``surrogate.metrics.with_failure``), learn from
+bins 0..8, failure included: ``kernelcast.surrogate.metrics.with_failure``), learn from
 them in ``fit`` and map new distributions with ``transform``. Temperature scaling changes how
 peaked every distribution is, keeping its ranking of bins; isotonic and Platt calibration map
 the confidence (max probability) onto the accuracy observed at that confidence, isotonic with
@@ -11,7 +11,7 @@ measured forecasts pin down with less noise.
 ``LevelSpreadCalibrator`` works one step earlier, on a forecaster that gives a Gaussian over
 log speedup (the learned and roofline ones): it shifts the mean and rescales the spread to fit
 the measured bins of one operation on one GPU, which is what a search's online correction
-does to its prior (``surrogate.online``). It moves whole distributions, so it can change the
+does to its prior (``kernelcast.surrogate.online``). It moves whole distributions, so it can change the
 predicted bin; a confidence calibrator then maps what it gives.
 """
 
@@ -21,7 +21,7 @@ import numpy as np
 from scipy.optimize import minimize, minimize_scalar
 from scipy.special import expit, logit
 
-from surrogate.bins import first_bin, predicted_bins
+from kernelcast.surrogate.bins import first_bin, predicted_bins
 
 _FLOOR = 1e-12  # log(0) guard: a bin the surrogate rules out still gets a sliver
 
@@ -185,9 +185,9 @@ class LevelSpreadCalibrator:
         self.log_scale_bounds = log_scale_bounds
 
     def fit(self, mean, sigma, true_bins) -> "LevelSpreadCalibrator":
-        # Here, not at the top: surrogate.learned brings scikit-learn, and CALIBRATORS is what a
+        # Here, not at the top: kernelcast.surrogate.learned brings scikit-learn, and CALIBRATORS is what a
         # command line checks --calibrator against before anything heavy loads.
-        from surrogate.learned import bin_probabilities
+        from kernelcast.surrogate.learned import bin_probabilities
 
         mean, sigma = _gaussian(mean, sigma)
         _, true_bins = _check(np.full((len(mean), 8), 1 / 8), true_bins)
@@ -204,7 +204,7 @@ class LevelSpreadCalibrator:
 
     def transform(self, mean, sigma) -> np.ndarray:
         """(n, 8) bin probabilities of the corrected Gaussians."""
-        from surrogate.learned import bin_probabilities
+        from kernelcast.surrogate.learned import bin_probabilities
 
         mean, sigma = _gaussian(mean, sigma)
         probs = bin_probabilities(mean + self.shift_, sigma * self.scale_)

@@ -7,7 +7,7 @@ target). Three forecasts of the target's speedup, each fit on other problems onl
 - ``ratio``: the source speedup times the median ratio target / source of the training rows on
   that target GPU;
 - ``specs``: log(target / source) as a linear function of log source speedup and the two GPUs'
-  datasheet ratios (bandwidth, FP32 rate; ``kernels.hardware.datasheet``), fit by least squares
+  datasheet ratios (bandwidth, FP32 rate; ``kernelcast.kernels.hardware.datasheet``), fit by least squares
   over every target GPU at once.
 """
 
@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import spearmanr
 
-from kernels.hardware import datasheet
+from kernelcast.kernels.hardware import datasheet
 
 MODELS = ("same", "ratio", "specs")
 WITHIN = 0.20

@@ -18,9 +18,9 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from kernels.records import Candidate, HardwareSpec
-from surrogate.bins import speedup_bin
-from surrogate.forecast import ForecastRequest
+from kernelcast.kernels.records import Candidate, HardwareSpec
+from kernelcast.surrogate.bins import speedup_bin
+from kernelcast.surrogate.forecast import ForecastRequest
 
 HARDWARE_FIELDS = ("device_name", "compute_capability", "sm_count", "sm_clock_mhz", "mem_clock_mhz",
                    "bus_width_bits", "memory_gib", "l2_mib", "threads_per_sm", "driver_version",
@@ -72,7 +72,7 @@ def requests_from(pairs: pd.DataFrame, anchors: dict[str, Candidate] | None = No
     The rows of one candidate (one per case) share one Candidate, and the rows of one op one
     anchor, as in a search: a forecaster then hashes each kernel's source once.
     """
-    from kernels.ops import get_operation
+    from kernelcast.kernels.ops import get_operation
 
     anchors = dict(anchors or {})
     candidates: dict[tuple[str, str], Candidate] = {}
@@ -148,7 +148,7 @@ def loadable_rows(frame: pd.DataFrame) -> pd.DataFrame:
 def _loadable() -> Callable[[str], bool]:
     """Whether an operation loads here, asked once per op: a task whose reference needs a package this machine
     lacks (einops, say) is left out of the pairs, with a warning naming it, rather than ending the fit."""
-    from kernels.ops import get_operation
+    from kernelcast.kernels.ops import get_operation
 
     known: dict[str, bool] = {}
 
@@ -195,7 +195,7 @@ def _anchor_of(r, tables: list[pd.DataFrame], references: list[dict], anchor: st
 def _source_row(r, base) -> dict | None:
     """The ``source_pairs`` row of measured kernel ``r`` against its anchor's measured row ``base``;
     None when it ran but shares no timed case with the anchor."""
-    from kernels.ops import get_operation
+    from kernelcast.kernels.ops import get_operation
 
     names = tuple(r.case_names)
     runtimes = dict(zip(names, r.runtime_us_median)) if r.status == "ok" else {}
@@ -227,7 +227,7 @@ def _source_row(r, base) -> dict | None:
 def by_candidate(pairs: pd.DataFrame) -> pd.DataFrame:
     """``case_pairs`` rows as ``source_pairs`` rows: one per (candidate, GPU type), its cases' speedups
     over the eager reference (its anchor) combined as their geometric mean."""
-    from kernels.ops import get_operation
+    from kernelcast.kernels.ops import get_operation
 
     if pairs.empty:
         return pd.DataFrame()

@@ -21,7 +21,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from surrogate.forecast import ForecastRequest
+from kernelcast.surrogate.forecast import ForecastRequest
 
 COLUMNS = ("key", "op", "candidate_id", "vector")
 
@@ -104,7 +104,7 @@ def embed_pairs(pairs: Sequence[tuple[str, str]], model: str, max_tokens: int = 
                 batch_size: int = 8, precision: str = "bf16") -> np.ndarray:
     """(n, 2 * hidden) pooled vectors of the (anchor, candidate) pairs, read by ``model`` (a local GGUF file or
     model folder) with an untrained adapter: the base model's reading."""
-    from surrogate.lmhead.model import HeadConfig, PairModel
+    from kernelcast.surrogate.lmhead.model import HeadConfig, PairModel
 
     net = PairModel(HeadConfig(model=model, max_tokens=max_tokens, precision=precision), device)
     return net.embed(list(pairs), batch_size)

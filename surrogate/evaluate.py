@@ -34,10 +34,10 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from surrogate import metrics
-from surrogate.calibration import CALIBRATORS, LevelSpreadCalibrator
-from surrogate.dataset import requests_from, split
-from surrogate.forecast import Forecast
+from kernelcast.surrogate import metrics
+from kernelcast.surrogate.calibration import CALIBRATORS, LevelSpreadCalibrator
+from kernelcast.surrogate.dataset import requests_from, split
+from kernelcast.surrogate.forecast import Forecast
 
 CALIBRATE_ON = ("measured", "training")
 _MIN_RECENTRE = 10  # measured pairs of one (operation, GPU type) needed to recentre its forecasts
@@ -100,7 +100,7 @@ def measured_candidates(test: pd.DataFrame, fraction: float, seed: int) -> np.nd
 
 
 def _conformal_threshold(probs, parsed, frame: pd.DataFrame, target_risk: float) -> float:
-    from surrogate.policies import ConformalRiskPolicy
+    from kernelcast.surrogate.policies import ConformalRiskPolicy
 
     forecasts = [Forecast(str(i), "", "calibration", "", tuple(p), parsed=bool(ok))
                  for i, (p, ok) in enumerate(zip(probs, parsed))]
@@ -164,7 +164,7 @@ def evaluate(make_forecaster: Callable[[], object], pairs: pd.DataFrame, how: st
 
     ``make_forecaster()`` returns an object with ``fit(train_pairs) -> self`` and
     ``forecast(requests)``. ``calibrator`` names the recalibration
-    (``surrogate.calibration.CALIBRATORS``) and ``calibrate_on`` what it is fit on (see the
+    (``kernelcast.surrogate.calibration.CALIBRATORS``) and ``calibrate_on`` what it is fit on (see the
     module docstring); ``recentre`` recentres a Gaussian forecaster's distributions on the
     measured candidates first (with ``calibrate_on="measured"`` only). For each target risk the calibrated rows hold the conformal threshold,
     its coverage and its realised risk as ``conformal<percent>_{threshold,coverage,risk}``.

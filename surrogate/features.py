@@ -14,9 +14,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from kernels.hardware import peak_tflops as hardware_peak_tflops
-from kernels.ops import get_operation
-from surrogate.forecast import ForecastRequest
+from kernelcast.kernels.hardware import peak_tflops as hardware_peak_tflops
+from kernelcast.kernels.ops import get_operation
+from kernelcast.surrogate.forecast import ForecastRequest
 
 _CODE_PATTERNS = {
     "n_kernels": r"@triton\.jit", "n_dot": r"tl\.dot\(", "n_exp": r"tl\.exp2?\(", "n_atomic": r"tl\.atomic_",

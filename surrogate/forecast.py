@@ -18,9 +18,9 @@ from typing import Mapping, Protocol, Sequence
 
 import numpy as np
 
-from kernels.records import Candidate, HardwareSpec
-from surrogate.bins import N_BINS
-from surrogate.bins import expected_speedup as speedup_of_bins
+from kernelcast.kernels.records import Candidate, HardwareSpec
+from kernelcast.surrogate.bins import N_BINS
+from kernelcast.surrogate.bins import expected_speedup as speedup_of_bins
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ def gaussian_forecasts(requests: Sequence[ForecastRequest], surrogate: str, vers
     ``started`` (``time.perf_counter()``) shared out over the requests."""
     import time
 
-    from surrogate.bins import bin_probabilities
+    from kernelcast.surrogate.bins import bin_probabilities
 
     probs = bin_probabilities(np.asarray(mu), np.asarray(sigma))
     raw_sums = probs.sum(axis=1)

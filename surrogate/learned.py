@@ -26,7 +26,7 @@ as measurements arrive.
 
 A kernel that is no template variant (a language model's rewrite, an imported submission)
 has launch-parameter features unlike any the rank model was fit on. Its bins come from the
-source model (``surrogate.source.SourceForecaster``), which reads its code against its
+source model (``kernelcast.surrogate.source.SourceForecaster``), which reads its code against its
 anchor's; the source model also gives every forecast, template variants' included, its
 failure probability.
 """
@@ -42,10 +42,10 @@ import pandas as pd
 from sklearn.ensemble import HistGradientBoostingRegressor
 from sklearn.model_selection import GroupKFold
 
-from surrogate.bins import bin_probabilities  # noqa: F401  (re-exported: its old home)
-from surrogate.dataset import requests_from
-from surrogate.features import FEATURE_NAMES, feature_matrix
-from surrogate.forecast import CandidateIds, Forecast, ForecastRequest
+from kernelcast.surrogate.bins import bin_probabilities  # noqa: F401  (re-exported: its old home)
+from kernelcast.surrogate.dataset import requests_from
+from kernelcast.surrogate.features import FEATURE_NAMES, feature_matrix
+from kernelcast.surrogate.forecast import CandidateIds, Forecast, ForecastRequest
 
 _MIN_SIGMA = 0.03
 _MIN_SCALE = 0.01  # a pool whose variants all run alike still has a measurable spread
@@ -84,7 +84,7 @@ class LearnedForecaster:
         self.random_state = random_state
         self.held_out = held_out
         self.source_max_iter = source_max_iter
-        # keyword arguments of the source model (surrogate.source.SourceForecaster) over SOURCE_OPTIONS
+        # keyword arguments of the source model (kernelcast.surrogate.source.SourceForecaster) over SOURCE_OPTIONS
         self.source_options = {**SOURCE_OPTIONS, **(source_options or {})}
 
     @property
@@ -98,10 +98,10 @@ class LearnedForecaster:
                                              max_leaf_nodes=self.max_leaf_nodes, random_state=self.random_state)
 
     def fit(self, pairs: pd.DataFrame, sources: pd.DataFrame | None = None) -> "LearnedForecaster":
-        """Fit on measured pairs (``surrogate.dataset.case_pairs``; the rank models skip failed
-        candidates). The source model fits on ``sources`` (``surrogate.dataset.source_pairs``:
+        """Fit on measured pairs (``kernelcast.surrogate.dataset.case_pairs``; the rank models skip failed
+        candidates). The source model fits on ``sources`` (``kernelcast.surrogate.dataset.source_pairs``:
         written kernels, failed ones included) when given, else on ``pairs``."""
-        from surrogate.source import SourceForecaster
+        from kernelcast.surrogate.source import SourceForecaster
 
         ok = pairs[pairs["speedup"].notna() & (pairs["speedup"] > 0)]
         if len(ok) < 20:
@@ -178,13 +178,13 @@ class LearnedForecaster:
 
         The within-pool spread is the error of the candidate's place within its pool alone:
         what separates candidates of one operation on one GPU once a search has measured a
-        few and so knows the level (``surrogate.online``)."""
+        few and so knows the level (``kernelcast.surrogate.online``)."""
         mu, (sigma, within) = self._predict(requests, (self.spread_model_, self.within_model_),
                                             feature_matrix(list(requests)))
         return mu, sigma, within
 
     def predict_failure(self, requests: Sequence[ForecastRequest]) -> np.ndarray:
-        """P(the kernel fails) per request, from the source model (``surrogate.source``)."""
+        """P(the kernel fails) per request, from the source model (``kernelcast.surrogate.source``)."""
         return self.source_.predict_failure(list(requests))
 
     def _predict(self, requests: Sequence[ForecastRequest], spread_models,

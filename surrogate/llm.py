@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Sequence
 from urllib.parse import urlparse
 
-from kernels.records import canonical_params
-from surrogate.bins import N_BINS, UPPER_EDGES
-from surrogate.forecast import Forecast, ForecastRequest, normalise, unparsed
+from kernelcast.kernels.records import canonical_params
+from kernelcast.surrogate.bins import N_BINS, UPPER_EDGES
+from kernelcast.surrogate.forecast import Forecast, ForecastRequest, normalise, unparsed
 
 PROMPT_DIR = Path(__file__).parent / "prompts"
 FACTORS = (
@@ -129,7 +129,7 @@ def build_messages(request: ForecastRequest) -> list[dict[str, str]]:
     launch parameters, case and hardware last, so that a server with prefix caching (vLLM,
     llama.cpp) reuses the encoded kernels across a template's variants, cases and GPUs.
     """
-    from kernels.ops import get_operation
+    from kernelcast.kernels.ops import get_operation
 
     op = get_operation(request.op)
     system, user = _templates()

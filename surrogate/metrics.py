@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import kendalltau, rankdata, spearmanr
 
-from surrogate.bins import BIN_SPEEDUP, FAILURE_BIN, first_bin, predicted_bins
+from kernelcast.surrogate.bins import BIN_SPEEDUP, FAILURE_BIN, first_bin, predicted_bins
 
 
 def with_failure(probs, failure_probability) -> np.ndarray:

@@ -50,10 +50,10 @@ import numpy as np
 from scipy.special import expit, log_ndtr, logit
 from scipy.stats import norm
 
-from kernels.ops import get_operation
-from kernels.records import Candidate, HardwareSpec, Measurement
-from surrogate.forecast import Forecast, ForecastRequest, normalise
-from surrogate.bins import bin_probabilities
+from kernelcast.kernels.ops import get_operation
+from kernelcast.kernels.records import Candidate, HardwareSpec, Measurement
+from kernelcast.surrogate.forecast import Forecast, ForecastRequest, normalise
+from kernelcast.surrogate.bins import bin_probabilities
 
 _SHRINK = 4.0  # pseudo-observations pulling the level correction towards none
 _NEIGHBOUR_SHRINK = 1.0  # kernel weight of the prior in the neighbourhood correction

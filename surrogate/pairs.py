@@ -18,7 +18,7 @@ answering the common bin. Whole operations are held out for evaluation, as in
 
 Each pair carries every input of the forecaster's prompt (both kernels, launch parameters,
 case, anchor runtime, hardware), so training renders exactly the prompt that
-``surrogate.llm.build_messages`` renders in a search.
+``kernelcast.surrogate.llm.build_messages`` renders in a search.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from kernels.records import Candidate
-from surrogate.bins import speedup_bin
-from surrogate.dataset import HARDWARE_FIELDS, hardware_of
-from surrogate.forecast import ForecastRequest
+from kernelcast.kernels.records import Candidate
+from kernelcast.surrogate.bins import speedup_bin
+from kernelcast.surrogate.dataset import HARDWARE_FIELDS, hardware_of
+from kernelcast.surrogate.forecast import ForecastRequest
 
 ANCHOR_KINDS = ("reference", "parent")
 SPLITS = ("train", "eval")
@@ -253,7 +253,7 @@ def corpus_pairs(root, settings: CorpusSettings = CorpusSettings(), also: Sequen
     roots ``also`` (LLM corpora), columns of ``PAIR_SCHEMA``: every child whose parent ran on
     ``settings.gpu_type``, on all its cases, with true bin 0 when it failed. ``split`` is 'eval' on
     the held-out operations; failures are capped to ``max_failure_share`` of the training pairs."""
-    from surrogate.dataset import source_pairs
+    from kernelcast.surrogate.dataset import source_pairs
 
     roots = [root, *also]
     where = ", ".join(r.uri for r in roots)

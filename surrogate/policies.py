@@ -19,8 +19,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from surrogate.bins import UPPER_EDGES
-from surrogate.forecast import Forecast
+from kernelcast.surrogate.bins import UPPER_EDGES
+from kernelcast.surrogate.forecast import Forecast
 
 SCORES = ("max_probability", "neg_entropy", "margin")
 

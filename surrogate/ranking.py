@@ -11,7 +11,7 @@ problems, not over candidates (the candidates of one problem are not independent
 - top-1: whether the candidate ranked first measures within 10% of the pool's best;
 - selection (the paper's protocol): measure only the top ``fraction`` of the pool as ranked (at
   least one candidate); is the best found within 20% of the pool's best;
-- failure AUROC, ECE and AURC over the 9 bins (``surrogate.metrics``), over the candidates.
+- failure AUROC, ECE and AURC over the 9 bins (``kernelcast.surrogate.metrics``), over the candidates.
 
 The ranking score is the forecast speedup times the forecast chance that the kernel runs: a kernel
 that fails finds nothing, so its measured worth is 0.
@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import spearmanr
 
-from surrogate import metrics, registry
+from kernelcast.surrogate import metrics, registry
 
 MIN_RANKED = 3  # kernels that ran, for a problem's Spearman to count
 TOP1_TOLERANCE = 0.10
@@ -95,7 +95,7 @@ def held_out_forecasts(kernels: pd.DataFrame, cases: pd.DataFrame, name: str, fo
                        also_kernels: pd.DataFrame | None = None, also_cases: pd.DataFrame | None = None,
                        folder: str | None = None, log: Callable[[str], None] = lambda _: None,
                        options: dict | None = None) -> pd.DataFrame:
-    """Each row of ``kernels`` (``surrogate.dataset.source_pairs``) forecast by ``name`` fit on the other
+    """Each row of ``kernels`` (``kernelcast.surrogate.dataset.source_pairs``) forecast by ``name`` fit on the other
     folds' problems (and ``also_*``, other pools' pairs; ``options``, the forecaster's keyword arguments):
     columns fold, p_fail, expected (speedup if it runs), probs (9 bins, 0 = failure), aligned with ``kernels``.
     A forecaster that says nothing of failure gets its training kernels' failure rate, the best constant."""
@@ -120,7 +120,7 @@ def recalibrated(forecasts: pd.DataFrame, kernels: pd.DataFrame, cases: pd.DataF
                  also_cases: pd.DataFrame | None = None, options: dict | None = None,
                  inner_folds: int = INNER_FOLDS) -> pd.DataFrame:
     """``forecasts`` (``held_out_forecasts`` of forecaster ``name`` under ``folds``) with each fold's bin
-    distributions recalibrated by ``calibrator`` (``surrogate.calibration.CALIBRATORS``), fit on the forecaster's
+    distributions recalibrated by ``calibrator`` (``kernelcast.surrogate.calibration.CALIBRATORS``), fit on the forecaster's
     own held-out forecasts of that fold's training problems (``calibrated_on_training``): no held-out problem's
     measurement reaches it. It maps the confidence only, so the ranking (expected speedup, failure probability)
     stays the uncalibrated one."""
@@ -151,7 +151,7 @@ def calibrated_on_training(name: str, kernels: pd.DataFrame, cases: pd.DataFrame
                            options: dict | None = None, inner_folds: int = INNER_FOLDS, seed: int = 0):
     """A ``calibrator`` fit on forecaster ``name``'s held-out forecasts of the training problems ``kernels``:
     grouped folds of those problems, each forecast by the forecaster fit on the others (and ``also_*``)."""
-    from surrogate.calibration import CALIBRATORS
+    from kernelcast.surrogate.calibration import CALIBRATORS
 
     if calibrator not in CALIBRATORS:
         raise ValueError(f"unknown calibrator {calibrator!r}; known: {', '.join(CALIBRATORS)}")
@@ -225,7 +225,7 @@ def blended(first: pd.DataFrame, second: pd.DataFrame, weight: float = 0.5) -> p
 def fold_forecasts(forecaster, kernels: pd.DataFrame, train_failure_rate: float) -> pd.DataFrame:
     """``forecaster``'s forecasts of the rows of ``kernels`` (p_fail, expected, probs), indexed as they are;
     a forecaster that says nothing of failure gets ``train_failure_rate``, the best constant."""
-    from surrogate.dataset import source_requests
+    from kernelcast.surrogate.dataset import source_requests
 
     forecasts = forecaster.forecast(source_requests(kernels))
     p_fail = np.array([f.failure_probability for f in forecasts], dtype=float)
@@ -261,7 +261,7 @@ def within_problem_spearman(pred, speedups, ran, problems, min_ranked: int = MIN
 def found_within(score, found, problems, fraction: float, tolerance: float) -> pd.Series:
     """Per problem whose best candidate found anything: whether the best among the top ``fraction`` of
     its pool by ``score`` (at least one) is within ``tolerance`` of the pool's best
-    (``surrogate.metrics.topk_recovery``)."""
+    (``kernelcast.surrogate.metrics.topk_recovery``)."""
     frame = pd.DataFrame({"score": np.asarray(score, float), "found": np.asarray(found, float),
                           "problem": list(problems)})
     frame = frame[frame.groupby("problem")["found"].transform("max") > 0]

@@ -13,49 +13,49 @@ from typing import Callable
 
 
 def _learned(**options):
-    from surrogate.learned import LearnedForecaster
+    from kernelcast.surrogate.learned import LearnedForecaster
 
     return LearnedForecaster(**options)
 
 
 def _source(**options):
-    from surrogate.source import SourceForecaster
+    from kernelcast.surrogate.source import SourceForecaster
 
     return SourceForecaster(**options)
 
 
 def _lmhead():
-    from surrogate.lmhead import LMHeadForecaster
+    from kernelcast.surrogate.lmhead import LMHeadForecaster
 
     return LMHeadForecaster()
 
 
 def _load_lmhead(folder: str):
-    from surrogate.lmhead import LMHeadForecaster
+    from kernelcast.surrogate.lmhead import LMHeadForecaster
 
     return LMHeadForecaster.load(folder)
 
 
 def _random():
-    from surrogate.baselines import RandomForecaster
+    from kernelcast.surrogate.baselines import RandomForecaster
 
     return RandomForecaster()
 
 
 def _roofline():
-    from surrogate.baselines import RooflineForecaster
+    from kernelcast.surrogate.baselines import RooflineForecaster
 
     return RooflineForecaster()
 
 
 def _oracle():
-    from surrogate.baselines import OracleForecaster
+    from kernelcast.surrogate.baselines import OracleForecaster
 
     return OracleForecaster()
 
 
 def _load_oracle(folder: str, read_measurements):
-    from surrogate.baselines import OracleForecaster
+    from kernelcast.surrogate.baselines import OracleForecaster
 
     return OracleForecaster(read_measurements)
 
@@ -75,7 +75,7 @@ class SurrogateEntry:
     make: Callable[[], object]
     # (forecaster, measured pairs, written kernels or None) -> fitted forecaster; None: nothing to fit on
     fit_on: Callable[[object, object, object], object] | None = None
-    # folder -> the forecaster trained into it (``python -m surrogate.lmhead train --out DIR``); None: none
+    # folder -> the forecaster trained into it (``python -m kernelcast.surrogate.lmhead train --out DIR``); None: none
     load: Callable[..., object] | None = None
     # its folder is a data root whose measurements it forecasts from: load(folder, read) with read(op, gpu_type)
     # giving them (the caller owns the data root)

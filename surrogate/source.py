@@ -9,7 +9,7 @@ source into named floats without a GPU, in about a millisecond, whether it parse
 - the Triton operations it calls, by kind (loads, stores, dots, reductions, atomics, ...);
 - the constants and launch settings as written (the largest ``BLOCK*`` constant, ``num_warps``,
   ``num_stages``);
-- what dies before timing: a name read but never bound (``kernels.screen.undefined_name``), a
+- what dies before timing: a name read but never bound (``kernelcast.kernels.screen.undefined_name``), a
   ``tl.`` attribute the installed Triton lacks, a ``f[grid](...)`` launch of a function without
   ``@triton.jit``, a ``@triton.jit`` function called from host code, no ``launch``;
 - what computes other numbers than the reference: tensors made with the legacy ``torch.Tensor(...)``
@@ -19,7 +19,7 @@ source into named floats without a GPU, in about a millisecond, whether it parse
 - what changed against the anchor: the token edit ratio, whether it is the anchor again up to
   formatting (normalised syntax trees), numeric constants and calls added or removed, the
   change in block size and warps;
-- the context the learned forecaster reads (``surrogate.features``: launch parameters, the
+- the context the learned forecaster reads (``kernelcast.surrogate.features``: launch parameters, the
   case's bytes and FLOPs on the GPU, the anchor's measured runtime) and the anchor's measured
   speedup over the op's reference.
 
@@ -29,7 +29,7 @@ probabilities are as sure as it is on an operation it has not seen. A regression
 against the anchor on the kernels that ran (optionally stacked with a regression of the same less its
 operation's mean, what orders the kernels of one operation free of how operations differ, the two
 weighed by a least-squares fit on their out-of-fold forecasts); its spread comes from a model of its
-out-of-fold absolute residuals; the Gaussian is mapped onto the 8 bins by ``surrogate.learned``'s
+out-of-fold absolute residuals; the Gaussian is mapped onto the 8 bins by ``kernelcast.surrogate.learned``'s
 ``bin_probabilities``. Every forecast carries the failure probability.
 """
 
@@ -51,13 +51,13 @@ from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostin
 from sklearn.linear_model import LinearRegression, LogisticRegression
 from sklearn.model_selection import GroupKFold
 
-from kernels.screen import fingerprint, undefined_name
+from kernelcast.kernels.screen import fingerprint, undefined_name
 
 # Both parse the source; an anchor is the anchor of many kernels, so each source is parsed once.
 _fingerprint = lru_cache(maxsize=8192)(fingerprint)
 _undefined = lru_cache(maxsize=8192)(undefined_name)
-from surrogate.features import FEATURE_NAMES, feature_matrix
-from surrogate.forecast import Forecast, ForecastRequest, gaussian_forecasts
+from kernelcast.surrogate.features import FEATURE_NAMES, feature_matrix
+from kernelcast.surrogate.forecast import Forecast, ForecastRequest, gaussian_forecasts
 
 # Triton calls by kind, counted on the text so that a kernel that does not parse has them too.
 _TL_CALLS = {
@@ -232,7 +232,7 @@ class SourceFeatures:
     names = SOURCE_FEATURE_NAMES
 
     def matrix(self, requests: Sequence[ForecastRequest], base: np.ndarray | None = None) -> np.ndarray:
-        """(n, len(names)) features of ``requests``; ``base``, their ``surrogate.features.feature_matrix``
+        """(n, len(names)) features of ``requests``; ``base``, their ``kernelcast.surrogate.features.feature_matrix``
         when the caller has it (the learned forecaster), so it is not computed twice."""
         if not requests:
             return np.empty((0, len(self.names)))
@@ -256,7 +256,7 @@ def _group_folds(groups: np.ndarray, folds: int) -> list[tuple[np.ndarray, np.nd
 
 class SourceForecaster:
     """Failure probability and speed against the anchor, read from the kernel's source (see the module
-    docstring). ``fit`` takes rows of ``surrogate.dataset.source_pairs`` (or ``case_pairs``)."""
+    docstring). ``fit`` takes rows of ``kernelcast.surrogate.dataset.source_pairs`` (or ``case_pairs``)."""
 
     name = "source"
 
@@ -279,7 +279,7 @@ class SourceForecaster:
         # written kernels; off here: held out by operation on the template and written-kernel pools it lowered
         # this forecaster's Spearman from 0.60 to 0.50 on the template variants (benchmarks/source_forecasters.py)
         self.stack_centred = stack_centred
-        # embeddings: a surrogate.embeddings.PairEmbeddings, whose projection (fit on the training kernels) adds
+        # embeddings: a kernelcast.surrogate.embeddings.PairEmbeddings, whose projection (fit on the training kernels) adds
         # a code language model's reading of each pair to the features
         self.embeddings = embeddings
 
@@ -305,7 +305,7 @@ class SourceForecaster:
     def fit(self, pairs: pd.DataFrame) -> "SourceForecaster":
         """Fit on ``source_pairs`` rows (failed kernels included); ``case_pairs`` rows are taken one
         per candidate (``by_candidate``)."""
-        from surrogate.dataset import by_candidate, source_requests
+        from kernelcast.surrogate.dataset import by_candidate, source_requests
 
         if pairs is not None and "anchor_source" not in pairs.columns:
             pairs = by_candidate(pairs)

@@ -2,7 +2,7 @@
 
 The plan reads the candidates measured on the source type and leaves out what the
 target already has, so a backfill can be stopped and rerun at will; measurements are
-written as they come (``tasks.search.measure_and_store``).
+written as they come (``kernelcast.tasks.search.measure_and_store``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from kernels.records import Candidate
+from kernelcast.kernels.records import Candidate
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class BackfillPlan:
 def backfill_ops(source_gpu_type: str, target_gpu_type: str, op: str = "all", limit: int = 0) -> list[str]:
     """The operations a backfill covers, or a ValueError naming the bad argument; the GPU types and
     the limit are checked before the operation registry (torch) loads, so those fail at once."""
-    from kernels.hardware import KNOWN_GPU_TYPES
+    from kernelcast.kernels.hardware import KNOWN_GPU_TYPES
 
     for name, value in (("source GPU type", source_gpu_type), ("target GPU type", target_gpu_type)):
         if value not in KNOWN_GPU_TYPES:
@@ -35,7 +35,7 @@ def backfill_ops(source_gpu_type: str, target_gpu_type: str, op: str = "all", li
         raise ValueError(f"backfill needs two different GPU types, got {source_gpu_type} twice")
     if limit < 0:
         raise ValueError(f"limit must be zero (no limit) or positive, got {limit}")
-    from kernels.ops import OPERATIONS, get_operation
+    from kernelcast.kernels.ops import OPERATIONS, get_operation
 
     ops = list(OPERATIONS) if op == "all" else [o.strip() for o in op.split(",")]
     for name in ops:
@@ -45,8 +45,8 @@ def backfill_ops(source_gpu_type: str, target_gpu_type: str, op: str = "all", li
 
 def backfill_plan(source_gpu_type: str, target_gpu_type: str, op: str = "all", data: str = "kernelcast-data",
                   limit: int = 0, only_ok: bool = True, options: Mapping[str, Any] | None = None) -> BackfillPlan:
-    from storage.dataset import DataRoot
-    from storage.schema import candidates_from_frame
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.storage.schema import candidates_from_frame
 
     ops = backfill_ops(source_gpu_type, target_gpu_type, op, limit)
     options = dict(options or {})
@@ -75,10 +75,10 @@ def run_backfill(plan: BackfillPlan, backend: str = "replay", options: Mapping[s
     """Measure the plan's candidates on its target type; returns counts by status."""
     from collections import Counter
 
-    from storage.dataset import DataRoot
-    from tasks.config import SearchConfig
-    from tasks.search import measure_and_store
-    from tasks.setup import measure_pool
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.tasks.config import SearchConfig
+    from kernelcast.tasks.search import measure_and_store
+    from kernelcast.tasks.setup import measure_pool
 
     root = DataRoot(plan.data, storage_options=dict(plan.storage_options))
     statuses: Counter = Counter()

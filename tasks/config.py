@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import urlparse
 
-from kernels.records import PRECISION_MODES  # standard library only
+from kernelcast.kernels.records import PRECISION_MODES  # standard library only
 
 # The measured pool shipped with the project: the replay backend's answers and the learned prior's data.
 PACKAGED_POOL = str(Path(__file__).resolve().parents[1] / "data" / "pools")
@@ -29,7 +29,7 @@ POLICIES = ("budget", "conformal")
 # What a search's budget counts: measurements charged, GPU-seconds charged, or GPU-seconds plus the seconds spent
 # compiling (each measurement's gpu_seconds and compile_seconds: torch.compile and max-autotune are not free).
 BUDGET_KINDS = ("measurements", "gpu_seconds", "gpu_compile_seconds")
-# How unsure children are ranked for the budget (surrogate.online): a Thompson draw, expected improvement, or
+# How unsure children are ranked for the budget (kernelcast.surrogate.online): a Thompson draw, expected improvement, or
 # expected improvement per expected second (what a child of its origin has cost so far in this run).
 ACQUISITIONS = ("thompson", "ei", "ei-per-second")
 # What the learned prior may have seen of the searched operation: nothing (an honest forecast of
@@ -83,7 +83,7 @@ class SearchConfig:
     # ei-per-second: expected improvement over the GPU (and compile) seconds a child of its origin costs
     explore: float = 0.2  # fraction of children drawn fresh from the space rather than bred from parents
     # tolerance: a correct kernel computed in a lower precision class than the reference's (fp16 for an fp32 task)
-    # counts, flagged; strict: it counts as incorrect, whether measured now or reused (kernels.records.PRECISION_MODES)
+    # counts, flagged; strict: it counts as incorrect, whether measured now or reused (kernelcast.kernels.records.PRECISION_MODES)
     precision: str = "tolerance"
     # With budget_kind measurements: also stop once this much GPU time is charged (0: no limit), checked wave by wave.
     gpu_seconds_budget: float = 0.0
@@ -181,8 +181,8 @@ def default_run_id(config: SearchConfig) -> str:
 
 def _install_imported(config: SearchConfig) -> bool:
     """Install an imported task stored under the config's data root into this machine's tasks directory."""
-    from kernels.formats import install_from_root
-    from storage.dataset import DataRoot
+    from kernelcast.kernels.formats import install_from_root
+    from kernelcast.storage.dataset import DataRoot
 
     try:
         return install_from_root(DataRoot(config.data, storage_options=dict(config.storage_options)), config.op)
@@ -196,9 +196,9 @@ def check_settings(config: SearchConfig) -> None:
     Nothing here loads the operation registry (torch) or reaches a service, so a bad flag
     fails at once; ``validate`` checks the operation after these.
     """
-    from kernels.hardware import INTERPRETER, KNOWN_GPU_TYPES
-    from surrogate.registry import FACTORIES, reads_folder
-    from tasks.generators import base_generator, generator_names
+    from kernelcast.kernels.hardware import INTERPRETER, KNOWN_GPU_TYPES
+    from kernelcast.surrogate.registry import FACTORIES, reads_folder
+    from kernelcast.tasks.generators import base_generator, generator_names
 
     if config.gpu_type != "auto" and config.gpu_type not in (*KNOWN_GPU_TYPES, INTERPRETER):
         raise ConfigError(f"unknown GPU type {config.gpu_type!r}; known: auto, {', '.join(KNOWN_GPU_TYPES)}")
@@ -265,8 +265,8 @@ def check_settings(config: SearchConfig) -> None:
 def check_operation(config: SearchConfig) -> None:
     """A ConfigError unless the operation is built in, imported here, or an imported task under the data root
     (installed from there), and the generator can search it."""
-    from kernels.formats import is_imported_name
-    from kernels.ops import get_operation
+    from kernelcast.kernels.formats import is_imported_name
+    from kernelcast.kernels.ops import get_operation
 
     try:
         get_operation(config.op)
@@ -277,7 +277,7 @@ def check_operation(config: SearchConfig) -> None:
         raise ConfigError(f"operation {config.op} is an imported task with no template space; search it with "
                           "generator 'freeform' or 'llm' (generator_url, generator_model), or 'variants'")
     if config.generator.endswith("variants"):
-        from kernels.ops import get_operation
+        from kernelcast.kernels.ops import get_operation
 
         if getattr(get_operation(config.op), "format", "") not in ("kernelbench", "gpumode"):
             raise ConfigError(f"generator {config.generator!r} runs a KernelBench ModelNew or a GPU MODE "
@@ -287,8 +287,8 @@ def check_operation(config: SearchConfig) -> None:
         if not config.generator.endswith("variants"):
             raise ConfigError(f"variants_recorded gives a variants generator its recorded children; generator "
                               f"{config.generator!r} makes no variants")
-        from storage.dataset import DataRoot
-        from tasks.generators import recorded_variants
+        from kernelcast.storage.dataset import DataRoot
+        from kernelcast.tasks.generators import recorded_variants
 
         try:
             root = DataRoot(config.variants_recorded)
@@ -300,12 +300,12 @@ def check_operation(config: SearchConfig) -> None:
         except (ValueError, OSError) as exc:
             raise ConfigError(f"variants_recorded: {exc}") from None
     if config.generator_roots:
-        from tasks.generators import base_generator
+        from kernelcast.tasks.generators import base_generator
 
         if base_generator(config.generator) != "freeform" and config.generator != "variants":
             raise ConfigError(f"generator_roots starts a free-form or variants search from a pool's kernels; "
                               f"generator {config.generator!r} takes none")
-        from tasks.generators import template_roots
+        from kernelcast.tasks.generators import template_roots
 
         try:
             template_roots(config.generator_roots, config.op, config.gpu_type)

@@ -6,7 +6,7 @@ needs two tables; each is a whole data root (candidates, measurements, the impor
 the search, the replay and the forecasters read like any other pool. Beside them, ``cudal1.parquet``
 holds one row per problem and variant: the candidate (or why there is none), its provenance in
 CUDA-L1's repository, how the problem compares with today's KernelBench file, and the speedups
-CUDA-L1 published for it on every GPU (kernels.formats.cudal1).
+CUDA-L1 published for it on every GPU (kernelcast.kernels.formats.cudal1).
 
 Measuring is resumable: a candidate with a stored measurement on this GPU type under a protocol is
 not measured again under it, and every measurement is written as soon as it arrives. Nothing here
@@ -33,12 +33,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kernels.formats import MANIFEST, ROOT_FOLDER, install, load_operation, save_to_root, task_files, tasks_dir
-from kernels.formats import kernelbench
-from kernels.harness.sweep import shard  # noqa: F401 - the pool's shards are the sweep's (benchmarks/cudal1_pool)
-from kernels.formats.cudal1 import (COMMIT, GPUS, REPOSITORY, SCORES, SOURCE_GPU, VARIANTS, Built, KernelBenchMatch,
+from kernelcast.kernels.formats import MANIFEST, ROOT_FOLDER, install, load_operation, save_to_root, task_files, tasks_dir
+from kernelcast.kernels.formats import kernelbench
+from kernelcast.kernels.harness.sweep import shard  # noqa: F401 - the pool's shards are the sweep's (benchmarks/cudal1_pool)
+from kernelcast.kernels.formats.cudal1 import (COMMIT, GPUS, REPOSITORY, SCORES, SOURCE_GPU, VARIANTS, Built, KernelBenchMatch,
                                     Problem, build, compare_with_kernelbench, corpus_file)
-from storage.dataset import DataRoot
+from kernelcast.storage.dataset import DataRoot
 
 PROTOCOLS = ("kernelcast", "kernelbench")
 SIDE_TABLE = "cudal1.parquet"
@@ -60,7 +60,7 @@ def protocol_root(uri: str, protocol: str) -> DataRoot:
 
 def worker_config(protocol: str, **settings):
     """A ``WorkerConfig`` timing the way ``protocol`` says; a clear error where this harness cannot."""
-    from kernels.harness.worker import WorkerConfig
+    from kernelcast.kernels.harness.worker import WorkerConfig
 
     if "protocol" in {f.name for f in dataclasses.fields(WorkerConfig)}:
         return WorkerConfig(protocol=protocol, **settings)

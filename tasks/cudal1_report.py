@@ -1,7 +1,7 @@
 """The CUDA-L1 pool against CUDA-L1's published speedups: a row per candidate and protocol, each disagreement classified.
 
 A variant's published figure is the speedup over the eager reference that CUDA-L1's scores imply on
-the source GPU (kernels.formats.cudal1.Variant.published_speedup); ours is the harness's speedup of
+the source GPU (kernelcast.kernels.formats.cudal1.Variant.published_speedup); ours is the harness's speedup of
 the same code over the same ``ref_code`` (the problem is imported from the very text they measured,
 so a difference from today's KernelBench file cannot separate the two figures; it is reported
 beside each row all the same). A row agrees when ours is within ``tolerance`` (20%) of theirs.
@@ -22,7 +22,7 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
-from storage.dataset import DataRoot
+from kernelcast.storage.dataset import DataRoot
 
 TOLERANCE = 0.20
 

@@ -1,10 +1,10 @@
 """Forecast a user's kernel files as a search would: ``kernelcast forecast``.
 
 Each file is read as a candidate of the operation, put through the static checks a search puts
-a written child through (``kernels.screen``), and, when it passes, forecast by the search's own
-surrogate (``tasks.setup.forecaster``: the prior fit on ``prior_data`` and cached under the data
-root) through the search's own correction (``surrogate.online.SearchSurrogate``), then judged by
-the search's own selection (``tasks.search.select_children``) against the best speedup the data
+a written child through (``kernelcast.kernels.screen``), and, when it passes, forecast by the search's own
+surrogate (``kernelcast.tasks.setup.forecaster``: the prior fit on ``prior_data`` and cached under the data
+root) through the search's own correction (``kernelcast.surrogate.online.SearchSurrogate``), then judged by
+the search's own selection (``kernelcast.tasks.search.select_children``) against the best speedup the data
 root has measured. Nothing is measured and nothing is written but the cached prior.
 
 The anchor is what speedups are stated against: the operation's eager reference (default); a
@@ -25,15 +25,15 @@ from typing import Sequence
 
 import numpy as np
 
-from kernels.formats.common import backend_of
-from kernels.ops import get_operation
-from kernels.records import Candidate, HardwareSpec
-from kernels.screen import screen
-from storage.dataset import DataRoot
-from storage.schema import candidates_from_frame, measurements_from_frame
-from surrogate.learned import bin_probabilities
-from surrogate.online import SearchSurrogate
-from tasks.config import ConfigError, SearchConfig
+from kernelcast.kernels.formats.common import backend_of
+from kernelcast.kernels.ops import get_operation
+from kernelcast.kernels.records import Candidate, HardwareSpec
+from kernelcast.kernels.screen import screen
+from kernelcast.storage.dataset import DataRoot
+from kernelcast.storage.schema import candidates_from_frame, measurements_from_frame
+from kernelcast.surrogate.learned import bin_probabilities
+from kernelcast.surrogate.online import SearchSurrogate
+from kernelcast.tasks.config import ConfigError, SearchConfig
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,12 @@ class ForecastReport:
     best_measured: float  # the best speedup measured under the data root (0: none), what selection compares with
     budget: int  # the measurements the selection may spend: a default search's first generation
     kernels: list[KernelForecast] = field(default_factory=list)
+    # What the forecasts rest on, so that two data roots' forecasts of one file can be told apart:
+    fit_on: str = ""  # the prior's measurements (a data root's URI)
+    fit_operations: tuple[str, ...] = ()  # the operations the prior was fit on (prior_scope applied)
+    prior_scope: str = ""
+    data_root: str = ""  # where this op's own measurements were read
+    corrected_by: int = 0  # measurements of this op on this GPU type under data_root that correct the prior
 
 
 def read_kernel(op, path: str) -> tuple[Candidate, str]:
@@ -100,7 +106,7 @@ def forecast_files(config: SearchConfig, root: DataRoot, forecaster, files: Sequ
                    anchor: str | None = None) -> ForecastReport:
     """Forecast each kernel file of ``config.op`` on ``config.gpu_type`` with ``forecaster`` (fit already),
     against ``anchor`` (None: the reference; a measured candidate id; or a kernel file)."""
-    from tasks.search import select_children  # the selection a search makes
+    from kernelcast.tasks.search import select_children  # the selection a search makes
 
     op = get_operation(config.op)
     hardware = hardware_of(config.gpu_type, root, DataRoot(config.prior_data), op=config.op)
@@ -156,7 +162,16 @@ def forecast_files(config: SearchConfig, root: DataRoot, forecaster, files: Sequ
         kernels.append(_against_anchor(path, by_id[candidate.candidate_id], decided[candidate.candidate_id],
                                        anchor_log, anchor_within, anchor_speedup, anchor_name == "reference"))
     return ForecastReport(config.op, config.gpu_type, config.surrogate, anchor_name, anchor_speedup,
-                          anchor_measured, best, budget, kernels)
+                          anchor_measured, best, budget, kernels, fit_on=DataRoot(config.prior_data).uri,
+                          fit_operations=_prior_operations(config), prior_scope=config.prior_scope, data_root=root.uri,
+                          corrected_by=len(measured))
+
+
+def _prior_operations(config: SearchConfig) -> tuple[str, ...]:
+    """The operations measured on ``config.gpu_type`` under the prior data that the prior may learn from."""
+    frame = DataRoot(config.prior_data).read_measurements(gpu_type=config.gpu_type)
+    ops = sorted(set(frame["op"])) if not frame.empty else []
+    return tuple(o for o in ops if config.prior_scope == "all" or o != config.op)
 
 
 def _against_anchor(path: str, f, decision: str, anchor_log: float, anchor_within: float, anchor_speedup: float,

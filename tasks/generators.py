@@ -9,7 +9,7 @@ the search's generate step calls ``children`` once per generation, whichever it 
 - ``replay``: a measured corpus answers for the model (``tasks/replay.py``): a parent's children
   are the ones a model wrote for it when the corpus was made, so a search without a model or a
   GPU walks the corpus's recorded tree;
-- ``variants``: execution variants (``kernels.variants``: torch.compile, CUDA graphs, channels_last,
+- ``variants``: execution variants (``kernelcast.kernels.variants``: torch.compile, CUDA graphs, channels_last,
   cuDNN autotuning) of the reference and of the archive's measured parents, for KernelBench tasks;
   ``<model generator>+variants`` (``freeform+variants``) composes it with a model's rewrites, so the
   model's measured children get variants too.
@@ -24,7 +24,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
-from kernels.records import Candidate, Provenance
+from kernelcast.kernels.records import Candidate, Provenance
 
 
 @dataclass(frozen=True)
@@ -32,9 +32,9 @@ class Offspring:
     """What one generation's generate step produced."""
 
     children: list[Candidate]
-    counts: object = None  # tasks.llm_generator.GeneratorCounts of a model's answers; None: no model asked
+    counts: object = None  # kernelcast.tasks.llm_generator.GeneratorCounts of a model's answers; None: no model asked
     provenance: list[Provenance] = field(default_factory=list)  # who wrote each child (model generators)
-    skipped: list = field(default_factory=list)  # kernels.variants.Skipped: variants that could not apply, and why
+    skipped: list = field(default_factory=list)  # kernelcast.kernels.variants.Skipped: variants that could not apply, and why
 
 
 class Generator(Protocol):
@@ -57,8 +57,8 @@ class Generator(Protocol):
 
 
 class Model(Protocol):
-    """What writes children for ``ModelGenerator``: one answer per parent (``tasks.llm_generator.LLMGenerator``
-    asks a model; ``tasks.replay.ReplayModel`` replays what a model wrote)."""
+    """What writes children for ``ModelGenerator``: one answer per parent (``kernelcast.tasks.llm_generator.LLMGenerator``
+    asks a model; ``kernelcast.tasks.replay.ReplayModel`` replays what a model wrote)."""
 
     repeatable: bool
     last_counts_: object  # GeneratorCounts of the last ``propose``
@@ -87,7 +87,7 @@ class TemplateGenerator:
         pass
 
     def children(self, op, space, archive, n, rng, explore, *, seed, run_id, generation) -> Offspring:
-        from tasks.state import breed
+        from kernelcast.tasks.state import breed
 
         return Offspring(breed(space, archive, n, rng, explore, exclude=set()))
 
@@ -113,7 +113,7 @@ class ModelGenerator:
         self.model.probe()
 
     def children(self, op, space, archive, n, rng, explore, *, seed, run_id, generation) -> Offspring:
-        from tasks.llm_generator import mixed_children
+        from kernelcast.tasks.llm_generator import mixed_children
 
         pending = [c for c in self.roots if c.candidate_id not in archive.entries]
         if pending:  # the roots first, alone: the model rewrites them once they are in the archive
@@ -172,8 +172,8 @@ class VariantGenerator:
         ``passed`` children; with ``rng``, each parent's own in an order drawn from it, so that a search that
         measures the first few (the equal-budget baseline) picks among them at random rather than always in the
         order the variants are listed."""
-        from kernels.ops import get_operation
-        from kernels.variants import variant_children
+        from kernelcast.kernels.ops import get_operation
+        from kernelcast.kernels.variants import variant_children
 
         operation = get_operation(op)
         reference = operation.seed_candidates()[0]
@@ -207,7 +207,7 @@ class VariantGenerator:
         return self._give(Offspring(made.children + extra, made.counts, made.provenance, skipped))
 
     def _give(self, made: Offspring) -> Offspring:
-        from kernels.variants import ORIGIN_PREFIX
+        from kernelcast.kernels.variants import ORIGIN_PREFIX
 
         roots = {c.candidate_id for c in self.roots}
         self.offered.update((c.candidate_id, c) for c in made.children
@@ -226,7 +226,7 @@ def _template(config) -> Generator:
 
 
 def _llm_model(config, mode: str):
-    from tasks.llm_generator import LLMGenerator
+    from kernelcast.tasks.llm_generator import LLMGenerator
 
     return LLMGenerator(config.generator_url, config.generator_model, mode=mode,
                         temperature=config.generator_temperature, schema_style=config.generator_schema_style,
@@ -261,9 +261,9 @@ def template_roots(pool: str, op: str, gpu_type: str | None = None,
     resubmission of it. Where the pool measured none of them there (or ``gpu_type`` is None or 'auto'), on
     the GPU type it measured most of them on, or a ValueError without ``fallback``. These were the corpus's
     parents (``benchmarks/llm_corpus.py``), and are a live free-form search's roots."""
-    from kernels.null import NULL_MARK
-    from storage.dataset import DataRoot
-    from storage.schema import candidates_from_frame
+    from kernelcast.kernels.null import NULL_MARK
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.storage.schema import candidates_from_frame
 
     root = DataRoot(pool)
     c = root.read_candidates(op=op)
@@ -292,7 +292,7 @@ ROOT_ORIGINS = ("template", "import")
 
 
 def _replay(config) -> Generator:
-    from tasks.replay import ReplayModel
+    from kernelcast.tasks.replay import ReplayModel
 
     return ModelGenerator("replay", ReplayModel(config.replay_corpus, config.op, seed=config.seed),
                           config.generator_children)
@@ -302,8 +302,8 @@ def recorded_variants(pool: str, op: str) -> dict[str, list[Candidate]]:
     """The variant children of ``op`` recorded in the data root ``pool``, by parent id, in the order stored, and
     the model's rewrites recorded there beside them (origin ``llm``: a measured space's, ``headroom_search
     --space --live``), so that a replay of that space offers a parent's rewrites as it offers its variants."""
-    from storage.dataset import DataRoot
-    from storage.schema import candidates_from_frame
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.storage.schema import candidates_from_frame
 
     frame = DataRoot(pool).read_candidates(op=op)
     if frame.empty:

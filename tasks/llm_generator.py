@@ -40,14 +40,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from kernels.formats import TaskFormatError, backend_of, submission_of, top_level_names
-from kernels.formats.gpumode import GpuModeOperation
-from kernels.formats.kernelbench import KernelBenchOperation
-from kernels.ops import get_operation
-from kernels.records import Candidate, Provenance
-from kernels.screen import MEASURABLE, SCREEN_REASONS, fingerprint, screen
-from kernels.spaces import TemplateSpace
-from surrogate.llm import OpenAIChat, code_fence
+from kernelcast.kernels.formats import TaskFormatError, backend_of, submission_of, top_level_names
+from kernelcast.kernels.formats.gpumode import GpuModeOperation
+from kernelcast.kernels.formats.kernelbench import KernelBenchOperation
+from kernelcast.kernels.ops import get_operation
+from kernelcast.kernels.records import Candidate, Provenance
+from kernelcast.kernels.screen import MEASURABLE, SCREEN_REASONS, fingerprint, screen
+from kernelcast.kernels.spaces import TemplateSpace
+from kernelcast.surrogate.llm import OpenAIChat, code_fence
 
 SYSTEM = ("You are an expert GPU kernel engineer. You improve Triton and PyTorch kernels for speed on "
           "NVIDIA GPUs while keeping their results correct. Code, comments and strings in the kernels you "
@@ -122,7 +122,7 @@ def variant_schema(space: TemplateSpace) -> dict:
 
 
 def response_format(schema: dict, style: str) -> dict:
-    """How a server is asked for schema-constrained output (see ``surrogate.llm.SCHEMA_STYLES``)."""
+    """How a server is asked for schema-constrained output (see ``kernelcast.surrogate.llm.SCHEMA_STYLES``)."""
     if style == "json_schema":
         return {"type": "json_schema", "json_schema": {"name": "child_variant", "strict": True, "schema": schema}}
     if style == "json_object":
@@ -334,7 +334,7 @@ class LLMGenerator:
                 generation: int = 0) -> list[Candidate]:
         """One request per parent, ``concurrency`` at a time; the children that pass the static checks.
 
-        ``seen`` holds the fingerprints (``kernels.screen.fingerprint``) of every kernel the
+        ``seen`` holds the fingerprints (``kernelcast.kernels.screen.fingerprint``) of every kernel the
         caller already has; children passing are added to it. Counts for this call are in
         ``last_counts_``, each child's provenance in ``provenance_``.
         """
@@ -463,7 +463,7 @@ def mixed_children(generator: LLMGenerator | None, op_name: str, space: Template
     those imported candidates are children themselves, so they get measured first. A
     free-form generator's generation holds the model's children alone.
     """
-    from tasks.state import breed
+    from kernelcast.tasks.state import breed
 
     op = get_operation(op_name)
     seen_ids = set(archive.entries)

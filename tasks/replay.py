@@ -8,7 +8,7 @@ kernels a model wrote for which parent. Its recorded tree, per operation:
          -> the children the model wrote for each
             -> their children, where a later round recorded some
 
-``ReplayModel`` is a ``tasks.generators.Model``: asked for a child of a parent, it answers with
+``ReplayModel`` is a ``kernelcast.tasks.generators.Model``: asked for a child of a parent, it answers with
 the parent's next recorded child, in an order fixed by the run's seed. Its answers go through
 the free-form generator's path (``ModelGenerator`` -> ``mixed_children``): parents chosen from
 the archive, the same static checks (a recorded child today's checks refuse is dropped and
@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from kernels.formats import submission_of
-from kernels.ops import get_operation
-from kernels.records import Candidate, Provenance
-from kernels.screen import screen
+from kernelcast.kernels.formats import submission_of
+from kernelcast.kernels.ops import get_operation
+from kernelcast.kernels.records import Candidate, Provenance
+from kernelcast.kernels.screen import screen
 
 # The corpus shipped with the project: children written by Qwen2.5-Coder-1.5B, measured on an H100.
 PACKAGED_CORPUS = str(Path(__file__).resolve().parents[1] / "data" / "pools" / "llm")
@@ -65,8 +65,8 @@ class RecordedTree:
 
 def read_tree(corpus: str, op: str) -> RecordedTree:
     """The recorded tree of ``op`` in the corpus at ``corpus`` (a data root URI), or a ValueError naming what is missing."""
-    from storage.dataset import DataRoot
-    from storage.schema import candidates_from_frame, records_from_frame
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.storage.schema import candidates_from_frame, records_from_frame
 
     root = DataRoot(corpus)
     frame = root.read_candidates(op=op)
@@ -97,7 +97,7 @@ def read_tree(corpus: str, op: str) -> RecordedTree:
 
 class ReplayModel:
     """Answers the k-th request of a run for a child of a parent with that parent's k-th recorded child
-    (``tasks.generators.Model``)."""
+    (``kernelcast.tasks.generators.Model``)."""
 
     # A resumed run makes its finished generations again, in order, from the same archive: the
     # requests, and so the answers, are the interrupted run's.
@@ -136,13 +136,13 @@ class ReplayModel:
     def propose(self, op_name: str, parents: Sequence, space=None, measured: Sequence = (), seed: int = 0,
                 seen: set[str] | None = None, temperature: float | None = None, run_id: str = "",
                 generation: int = 0) -> list[Candidate]:
-        """One recorded child per parent (a ``tasks.llm_generator.Parent``; no kernel: the reference) with one left.
+        """One recorded child per parent (a ``kernelcast.tasks.llm_generator.Parent``; no kernel: the reference) with one left.
 
         Each answer passes the static checks a model's answer passes (``seen``: the fingerprints of
         the kernels the run knows; a copy of one is a duplicate), and each drop is counted by reason.
         A parent whose recorded children are all given answers nothing, and is not counted as asked.
         """
-        from tasks.llm_generator import GeneratorCounts
+        from kernelcast.tasks.llm_generator import GeneratorCounts
 
         if self.tree is None:
             self.probe()

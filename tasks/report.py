@@ -21,9 +21,9 @@ from datetime import datetime
 
 import pandas as pd
 
-from kernels.records import fails_strict, is_lower
-from storage.tracking import ARTIFACT_FOLDER
-from tasks.config import NO_SURROGATE
+from kernelcast.kernels.records import fails_strict, is_lower
+from kernelcast.storage.tracking import ARTIFACT_FOLDER
+from kernelcast.tasks.config import NO_SURROGATE
 
 REPORT_FILES = ("report.png", "report.md", "report.csv")
 DEFAULT_LAST = 8  # runs a report shows when none are named (their equal-budget baselines come too)
@@ -196,8 +196,8 @@ def compare_runs(root, op: str, gpu_type: str | None = None, run_ids=(), last: i
 
 def _op_runs(root, op: str) -> pd.DataFrame:
     """The runs table's rows of ``op``, with each run's surrogate, seed and budget, oldest first."""
-    from kernels.formats import is_imported_name
-    from kernels.ops import get_operation
+    from kernelcast.kernels.formats import is_imported_name
+    from kernelcast.kernels.ops import get_operation
 
     runs = root.read("runs")
     if runs.empty or op not in set(runs["op"]):

@@ -24,19 +24,19 @@ from typing import Callable, Sequence
 
 from threadpoolctl import threadpool_limits
 
-from kernels.formats import is_imported_name
-from kernels.ops import get_operation
-from kernels.records import Candidate, Decision, GenerationSummary, Measurement, SearchRun
-from kernels.spaces import get_space
-from storage.dataset import DataRoot
-from storage.schema import candidates_from_frame, forecasts_from_frame, measurements_from_frame, records_from_frame
-from surrogate.bins import speedup_bin
-from surrogate.forecast import Forecast
-from surrogate.online import SearchSurrogate, log_expected_improvement, thompson_draw
-from surrogate.policies import BudgetPolicy, ConformalRiskPolicy, Selection, ThresholdPolicy, run_weighted
-from tasks.config import ConfigError, SearchConfig, changed_settings
-from tasks.generators import make_generator
-from tasks.state import Archive
+from kernelcast.kernels.formats import is_imported_name
+from kernelcast.kernels.ops import get_operation
+from kernelcast.kernels.records import Candidate, Decision, GenerationSummary, Measurement, SearchRun
+from kernelcast.kernels.spaces import get_space
+from kernelcast.storage.dataset import DataRoot
+from kernelcast.storage.schema import candidates_from_frame, forecasts_from_frame, measurements_from_frame, records_from_frame
+from kernelcast.surrogate.bins import speedup_bin
+from kernelcast.surrogate.forecast import Forecast
+from kernelcast.surrogate.online import SearchSurrogate, log_expected_improvement, thompson_draw
+from kernelcast.surrogate.policies import BudgetPolicy, ConformalRiskPolicy, Selection, ThresholdPolicy, run_weighted
+from kernelcast.tasks.config import ConfigError, SearchConfig, changed_settings
+from kernelcast.tasks.generators import make_generator
+from kernelcast.tasks.state import Archive
 
 _FLUSH_EVERY = 8  # measurements buffered before a write
 # Why a search ends: its budget is spent ("budget": measurements; "gpu_seconds", "gpu_compile_seconds": a
@@ -56,8 +56,8 @@ class Generation:
     selection: Selection = field(default_factory=Selection)
     measurements: list[Measurement] = field(default_factory=list)
     reused: int = 0
-    generator_counts: object = None  # tasks.llm_generator.GeneratorCounts of an LLM generator's answers
-    skipped: list = field(default_factory=list)  # kernels.variants.Skipped: variants that could not apply
+    generator_counts: object = None  # kernelcast.tasks.llm_generator.GeneratorCounts of an LLM generator's answers
+    skipped: list = field(default_factory=list)  # kernelcast.kernels.variants.Skipped: variants that could not apply
     started: float = field(default_factory=time.perf_counter)
     forecast_seconds: float = 0.0
     measure_seconds: float = 0.0
@@ -85,7 +85,7 @@ class Search:
 
     def __init__(self, config: SearchConfig, root: DataRoot, pool, forecaster=None, tracker=None):
         if config.gpu_type == "auto" or not config.run_id:
-            raise ConfigError("resolve gpu_type and run_id (tasks.config.validate) before starting a search")
+            raise ConfigError("resolve gpu_type and run_id (kernelcast.tasks.config.validate) before starting a search")
         self.config = config
         self.root = root
         self.pool = pool
@@ -186,7 +186,7 @@ class Search:
         if journal is not None and set(journal) >= {ch.candidate_id for ch in gen.children}:
             gen.forecasts = [journal[ch.candidate_id] for ch in gen.children]
         else:
-            with threadpool_limits(limits=1, user_api="openmp"):  # see tasks.setup.fit_prior
+            with threadpool_limits(limits=1, user_api="openmp"):  # see kernelcast.tasks.setup.fit_prior
                 gen.forecasts = self.surrogate.forecast(gen.children)
             self.root.write_forecasts(gen.forecasts, self.config.run_id, gen.index, self.config.op,
                                       self.config.gpu_type)
@@ -339,7 +339,7 @@ class Search:
                               self.should_stop() or "generations",
                               self.archive.entries[best_id].precision if best_id else "")
         if self.tracker is not None and self.mlflow_run:
-            from tasks.report import search_artifacts
+            from kernelcast.tasks.report import search_artifacts
 
             self.tracker.log_files(self.mlflow_run, search_artifacts(result, self.root))
             self.tracker.finish(self.mlflow_run, tags={"best_candidate_id": best_id or "",
@@ -402,7 +402,7 @@ def trust_policy(config: SearchConfig, calibration: Sequence[tuple[Forecast, int
 
 def check_resume(root: DataRoot, c: SearchConfig) -> None:
     """A run id already in ``root`` is resumed as what it is, or refused naming what differs: another operation
-    or GPU type, or other search settings (``tasks.config.changed_settings``)."""
+    or GPU type, or other search settings (``kernelcast.tasks.config.changed_settings``)."""
     runs = root.read("runs")
     mine = runs[runs["run_id"] == c.run_id] if not runs.empty else runs
     if mine.empty:
@@ -449,7 +449,7 @@ def _generator_fields(counts) -> dict:
     """The generation row's generator columns: asked, kept, and dropped by each static-check reason."""
     if counts is None:
         return {}
-    from kernels.screen import SCREEN_REASONS
+    from kernelcast.kernels.screen import SCREEN_REASONS
 
     return {"generator_asked": counts.asked, "generator_children": counts.children,
             **{f"screened_{r}": counts.screened[r] for r in SCREEN_REASONS}}
@@ -457,7 +457,7 @@ def _generator_fields(counts) -> dict:
 
 def screened_text(summary: GenerationSummary) -> str:
     """A generation's static-check drops as 'reason n, ...' (or 'none')."""
-    from kernels.screen import SCREEN_REASONS
+    from kernelcast.kernels.screen import SCREEN_REASONS
 
     parts = [f"{r} {getattr(summary, f'screened_{r}')}" for r in SCREEN_REASONS
              if getattr(summary, f"screened_{r}", 0)]

@@ -15,10 +15,10 @@ import posixpath
 
 from threadpoolctl import threadpool_limits
 
-from storage.dataset import DataRoot, RetryPolicy
-from storage.tracking import Tracker, default_tracking_uri
-from tasks.generators import base_generator
-from tasks.config import NO_SURROGATE, PACKAGED_POOL, ConfigError, SearchConfig, validate
+from kernelcast.storage.dataset import DataRoot, RetryPolicy
+from kernelcast.storage.tracking import Tracker, default_tracking_uri
+from kernelcast.tasks.generators import base_generator
+from kernelcast.tasks.config import NO_SURROGATE, PACKAGED_POOL, ConfigError, SearchConfig, validate
 
 MODEL_FOLDER = "models"  # fitted surrogate priors under the data root, reused across runs
 
@@ -43,11 +43,11 @@ def resolve(config: SearchConfig) -> SearchConfig:
     gpu_type = config.gpu_type
     if gpu_type == "auto":
         if backend == "local":
-            from kernels.hardware import detect
+            from kernelcast.kernels.hardware import detect
 
             gpu_type = detect().gpu_type
         else:  # replay (validate refuses backend ray without an explicit gpu_type: the cluster may hold several)
-            from infra.measure import ReplayMeasurer
+            from kernelcast.infra.measure import ReplayMeasurer
 
             available = ReplayMeasurer(config.replay_pool, "").available_gpu_types()
             if not available:
@@ -58,8 +58,8 @@ def resolve(config: SearchConfig) -> SearchConfig:
 
 def measure_pool(config: SearchConfig):
     """The pool that measures ``config.gpu_type``: this GPU, the replay pool, or a Ray cluster."""
-    from infra.measure import LocalMeasurePool, LocalMeasurer, ReplayMeasurer
-    from kernels.hardware import INTERPRETER
+    from kernelcast.infra.measure import LocalMeasurePool, LocalMeasurer, ReplayMeasurer
+    from kernelcast.kernels.hardware import INTERPRETER
 
     if config.backend == "replay":
         measurer = ReplayMeasurer(config.replay_pool, config.gpu_type)
@@ -76,7 +76,7 @@ def measure_pool(config: SearchConfig):
             raise ConfigError(f"this machine's GPU is {measurer.gpu_type}, not {config.gpu_type}; measure "
                               f"{config.gpu_type} on a Ray cluster that has it, or replay a measured pool")
         return LocalMeasurePool([measurer])
-    from infra.ray_pools import RayMeasurePool
+    from kernelcast.infra.ray_pools import RayMeasurePool
 
     # Nodes that declare GPUs measure for real; emulated types (no GPUs) answer from the replay pool.
     return RayMeasurePool.connect(config.ray_address or None, replay_pool=config.replay_pool,
@@ -85,12 +85,12 @@ def measure_pool(config: SearchConfig):
 
 def _code_version() -> str:
     """The surrogate's own code: a pickled model is only reused by the code that fitted it."""
-    import surrogate.features
-    import surrogate.learned
-    import surrogate.source
+    import kernelcast.surrogate.features
+    import kernelcast.surrogate.learned
+    import kernelcast.surrogate.source
 
     return hashlib.sha256(b"".join(open(m.__file__, "rb").read()
-                                   for m in (surrogate.learned, surrogate.features, surrogate.source))).hexdigest()
+                                   for m in (kernelcast.surrogate.learned, kernelcast.surrogate.features, kernelcast.surrogate.source))).hexdigest()
 
 
 def prior_corpus(config: SearchConfig) -> str:
@@ -144,14 +144,14 @@ def prior_pairs(config: SearchConfig, pairs):
 def prior_sources(config: SearchConfig):
     """The kernels, failed ones included, the prior's source model is fit on: the template pool's
     and the written corpus's (``prior_corpus``) on the searched GPU type, each against its anchor
-    (``surrogate.dataset.source_pairs``); None when there are none.
+    (``kernelcast.surrogate.dataset.source_pairs``); None when there are none.
 
     The searched operation's kernels are left out unless ``prior_scope`` is all, and its corpus
     kernels are left out even then when the search replays that corpus: the children it will
     forecast are those very kernels, and a forecast of a child from its own measurement says
     nothing of how the source model does on children it has not seen.
     """
-    from surrogate.dataset import source_pairs
+    from kernelcast.surrogate.dataset import source_pairs
 
     corpus = prior_corpus(config)
     roots = [DataRoot(config.prior_data)] + ([DataRoot(corpus)] if corpus else [])
@@ -168,8 +168,8 @@ def prior_sources(config: SearchConfig):
 def fit_prior(config: SearchConfig, root: DataRoot):
     """The learned (or source) surrogate fit on the prior data (as much of it as ``prior_scope``
     allows) and, for its source model, the written corpus (``prior_sources``); cached under the root."""
-    from surrogate.dataset import case_pairs, loadable_rows
-    from surrogate.registry import fit_prior as fit, get_forecaster_factory
+    from kernelcast.surrogate.dataset import case_pairs, loadable_rows
+    from kernelcast.surrogate.registry import fit_prior as fit, get_forecaster_factory
 
     prior = DataRoot(config.prior_data)
     path = model_path(config)
@@ -196,7 +196,7 @@ def fit_prior(config: SearchConfig, root: DataRoot):
 def grpo_pairs(prior_data: str, pairs_file: str = "", gpu_type: str | None = None, seed: int = 0):
     """The pairs an LLM surrogate trains on: a ``kernelcast pairs`` file, or pairs drawn from the
     ``gpu_type`` measurements under ``prior_data`` (the committed pool when empty)."""
-    from surrogate.pairs import PairSettings, build_pairs, read_pairs
+    from kernelcast.surrogate.pairs import PairSettings, build_pairs, read_pairs
 
     if pairs_file:
         return read_pairs(pairs_file)
@@ -204,7 +204,7 @@ def grpo_pairs(prior_data: str, pairs_file: str = "", gpu_type: str | None = Non
 
 
 def grpo_tracker(settings):
-    """What makes the MLflow experiment a GRPO run (``surrogate.grpo.GRPOSettings``) logs to, for
+    """What makes the MLflow experiment a GRPO run (``kernelcast.surrogate.grpo.GRPOSettings``) logs to, for
     ``train_grpo``'s ``make_tracker``; None without a tracking URI."""
     if not settings.tracking_uri:
         return None
@@ -217,13 +217,13 @@ def forecaster(config: SearchConfig, root: DataRoot):
         return None
     if config.surrogate == "llm":
         if config.backend == "ray":
-            from infra.ray_pools import ForecasterPool
+            from kernelcast.infra.ray_pools import ForecasterPool
 
             return ForecasterPool.of_openai(config.llm_url, config.llm_model)
-        from surrogate.llm import OpenAIForecaster
+        from kernelcast.surrogate.llm import OpenAIForecaster
 
         return OpenAIForecaster(config.llm_url, config.llm_model)
-    from surrogate.registry import (fits_on_prior, get_forecaster_factory, load_trained, reads_folder,
+    from kernelcast.surrogate.registry import (fits_on_prior, get_forecaster_factory, load_trained, reads_folder,
                                     reads_measurements)
 
     if reads_folder(config.surrogate):
@@ -253,7 +253,7 @@ def tracker(config: SearchConfig, root: DataRoot) -> Tracker:
 
 def open_search(config: SearchConfig, track: bool = True):
     """A started ``Search`` (run registered, reference measured, tracking open) for a raw config."""
-    from tasks.search import Search
+    from kernelcast.tasks.search import Search
 
     config = resolve(config)
     root = data_root(config)

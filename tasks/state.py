@@ -14,9 +14,9 @@ import random
 from dataclasses import dataclass
 from typing import Callable
 
-from kernels.records import Candidate, Measurement
-from kernels.spaces import TemplateSpace
-from surrogate.forecast import Forecast
+from kernelcast.kernels.records import Candidate, Measurement
+from kernelcast.kernels.spaces import TemplateSpace
+from kernelcast.surrogate.forecast import Forecast
 
 TRUSTED_DISCOUNT = 0.05  # a forecast's log speedup counts a little below a measurement's
 
@@ -29,7 +29,7 @@ class Entry:
     speedup: float | None  # measured speedup, or the forecast's expected speedup when trusted
     visits: int = 0
     error: str = ""  # the measurement's error text (what a rewrite of its parent is told)
-    precision: str = ""  # the measurement's precision verdict (kernels.harness.precision)
+    precision: str = ""  # the measurement's precision verdict (kernelcast.kernels.harness.precision)
 
     @property
     def value(self) -> float | None:

@@ -1,4 +1,4 @@
-"""The loop's steps as Prefect tasks: thin skins over ``tasks.search.Search``'s methods.
+"""The loop's steps as Prefect tasks: thin skins over ``kernelcast.tasks.search.Search``'s methods.
 
 Task runs are named for the step and generation ("measure g3"), so the Prefect UI reads
 like the loop. Inputs are live objects, so no task result is cached; retries are set only
@@ -11,7 +11,7 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.search import Generation, Search
+from kernelcast.tasks.search import Generation, Search
 
 
 @task(name="generate", task_run_name="generate g{gen.index}", cache_policy=NO_CACHE)

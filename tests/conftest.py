@@ -90,7 +90,7 @@ def s3_root(aws_credentials: None):
     import boto3
     from moto.server import ThreadedMotoServer
 
-    from storage.dataset import DataRoot
+    from kernelcast.storage.dataset import DataRoot
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()

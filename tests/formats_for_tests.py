@@ -14,7 +14,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from kernels.formats import TASKS_ENV
+from kernelcast.kernels.formats import TASKS_ENV
 
 if not os.environ.get(TASKS_ENV):
     os.environ[TASKS_ENV] = tempfile.mkdtemp(prefix="kernelcast-test-tasks-")

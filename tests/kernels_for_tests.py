@@ -1,7 +1,7 @@
 """Hand-written candidate sources for the harness tests: good ones and every kind of bad one."""
 
-from kernels.harness.faults import get_fault
-from kernels.records import Candidate
+from kernelcast.kernels.harness.faults import get_fault
+from kernelcast.kernels.records import Candidate
 
 SOURCES = {
     "malformed": "def launch(x, out:\n    pass\n",

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from storage.tracking import Tracker, default_tracking_uri
-from tasks.config import SearchConfig
-from tasks.setup import open_search
+from kernelcast.storage.tracking import Tracker, default_tracking_uri
+from kernelcast.tasks.config import SearchConfig
+from kernelcast.tasks.setup import open_search
 
 ARTIFACTS = {"best_kernel.py", "generations.csv", "search_curve.png"}
 

@@ -17,9 +17,9 @@ import triton
 import triton.language as tl
 
 from kernelcast.autotune import PACKAGED_POOL, ForecastPruner, forecast_pruner, top_k_count
-from kernels.spaces import get_space
-from storage.dataset import DataRoot
-from storage.schema import measurements_from_frame
+from kernelcast.kernels.spaces import get_space
+from kernelcast.storage.dataset import DataRoot
+from kernelcast.storage.schema import measurements_from_frame
 
 ROW_OPS = ("softmax", "layernorm", "rmsnorm", "row_sum")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -5,7 +5,7 @@ import dataclasses
 import pandas as pd
 import pyarrow.dataset as ds
 
-from flows.cli import main
+from kernelcast.flows.cli import main
 
 
 def test_measure_writes_readable_tables_and_rerun_measures_nothing_twice(tmp_path, capsys):
@@ -82,9 +82,9 @@ def test_evaluate_refuses_an_unknown_calibrator_before_reading_the_pool(tmp_path
 
 
 def _small_prior(path):
-    from storage.dataset import DataRoot
-    from storage.schema import candidates_from_frame, measurements_from_frame
-    from tasks.config import PACKAGED_POOL
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.storage.schema import candidates_from_frame, measurements_from_frame
+    from kernelcast.tasks.config import PACKAGED_POOL
 
     pool, prior = DataRoot(PACKAGED_POOL), DataRoot(str(path))
     for op, gpu in (("softmax", "h200"), ("rmsnorm", "h100"), ("rmsnorm", "h200")):
@@ -97,9 +97,9 @@ def test_train_stores_the_prior_where_a_search_of_that_scope_looks_for_it(prefec
     import contextlib
     import io
 
-    from storage.dataset import DataRoot
-    from tasks.config import SearchConfig
-    from tasks.setup import model_path, resolve
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.tasks.config import SearchConfig
+    from kernelcast.tasks.setup import model_path, resolve
 
     prior, data = _small_prior(tmp_path / "prior"), str(tmp_path / "data")
     printed = io.StringIO()
@@ -125,11 +125,11 @@ def test_train_refuses_an_unknown_prior_scope_before_fitting(tmp_path, capsys):
 
 
 def test_show_and_the_search_summary_flag_a_kernel_computed_below_the_references_precision(tmp_path, capsys):
-    from flows.report import best_table
-    from kernels.records import Measurement
-    from storage.dataset import DataRoot
-    from tasks.report import summary_lines
-    from tasks.search import SearchResult
+    from kernelcast.flows.report import best_table
+    from kernelcast.kernels.records import Measurement
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.tasks.report import summary_lines
+    from kernelcast.tasks.search import SearchResult
 
     root = str(tmp_path / "data")
     main(["measure", "--op", "row_sum", "--limit", "2", "--data", root])

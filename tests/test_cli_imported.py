@@ -5,7 +5,7 @@ import json
 import pandas as pd
 import pytest
 
-from flows.cli import main
+from kernelcast.flows.cli import main
 from tests.formats_for_tests import KB_ROW_SUM, KB_ROW_SUM_NEW, write_kernelbench
 
 # The problem at the size of KernelBench's level1/19_ReLU: 6.4 GB of fp32 inputs, far beyond a CPU's interpreter.
@@ -99,7 +99,7 @@ class ModelNew(nn.Module):
 
 
 def test_a_kernel_of_lower_precision_is_flagged_by_default_and_fails_under_precision_strict(tmp_path, capsys):
-    from kernels.records import is_lower
+    from kernelcast.kernels.records import is_lower
 
     ref, (new,) = write_kernelbench(tmp_path / "kb", new=KB_ROW_SUM_HALF)
     found = {}
@@ -121,8 +121,8 @@ def test_a_kernel_of_lower_precision_is_flagged_by_default_and_fails_under_preci
 
 
 def test_show_counts_a_lower_precision_kernel_the_interpreter_checked_but_did_not_time(tmp_path, capsys):
-    from flows.report import best_table
-    from storage.dataset import DataRoot
+    from kernelcast.flows.report import best_table
+    from kernelcast.storage.dataset import DataRoot
 
     ref, (new,) = write_kernelbench(tmp_path / "kb", new=KB_ROW_SUM_HALF)
     root = tmp_path / "root"

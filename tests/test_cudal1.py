@@ -6,11 +6,11 @@ import math
 import pandas as pd
 import pytest
 
-from kernels.formats.common import TaskFormatError
-from kernels.formats.cudal1 import (VARIANTS, compare_with_kernelbench, diff_summary, read_corpus, submission,
+from kernelcast.kernels.formats.common import TaskFormatError
+from kernelcast.kernels.formats.cudal1 import (VARIANTS, compare_with_kernelbench, diff_summary, read_corpus, submission,
                                     variants_named)
-from tasks import cudal1_pool as pool
-from tasks import cudal1_report as report
+from kernelcast.tasks import cudal1_pool as pool
+from kernelcast.tasks import cudal1_report as report
 from tests.formats_for_tests import KB_RELU as RELU
 
 CLAMP = '''import torch
@@ -255,9 +255,9 @@ def test_a_free_form_search_on_a_cudal1_problem_is_rooted_at_its_measured_kernel
 
     import pandas as pd
 
-    from kernels.null import NULL_MARK
-    from storage.dataset import DataRoot
-    from tasks.generators import template_roots
+    from kernelcast.kernels.null import NULL_MARK
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.tasks.generators import template_roots
 
     pool = str(Path(__file__).resolve().parents[1] / "data" / "pools" / "cudal1" / "kernelcast")
     op = "kb.cudal1-l2-017"
@@ -275,7 +275,7 @@ def test_a_free_form_search_on_a_cudal1_problem_is_rooted_at_its_measured_kernel
 def test_headroom_lists_level_2_and_3_problems_whose_fastest_kernel_ran_1_3x_eager_or_more():
     import pandas as pd
 
-    from tasks.cudal1_report import headroom
+    from kernelcast.tasks.cudal1_report import headroom
 
     def row(op, level, variant, ours, status="ok", protocol="kernelcast"):
         return {"op": op, "level": level, "variant": variant, "ours": ours, "theirs": 2.0, "status": status,
@@ -296,8 +296,8 @@ def test_runs_of_one_pool_are_compared_verdict_by_verdict_and_speedup_by_speedup
     """benchmarks/pool_runs_compare.py: a verdict that flipped, the spread of speedups ok in both runs and of the
     references' runtimes; a candidate one run never measured is not counted as changed."""
     from benchmarks import pool_runs_compare as compare
-    from kernels.records import Candidate, Measurement
-    from storage.dataset import DataRoot
+    from kernelcast.kernels.records import Candidate, Measurement
+    from kernelcast.storage.dataset import DataRoot
 
     made = {name: Candidate(op="kb.x", backend="torch", source=f"# {name}\n", origin="seed" if name == "r" else "import")
             for name in ("r", "c1", "c2", "c3", "c4")}
@@ -341,8 +341,8 @@ def test_pool_runs_compare_sets_the_rules_for_a_reference_measured_in_several_pr
     """``--processes``: per reference case, the figure each rule would store in each run that measured it in several
     processes (from the row's per-process figures), and the stored runtime's range where runs measured in one."""
     from benchmarks import pool_runs_compare as compare
-    from kernels.records import Candidate, Measurement
-    from storage.dataset import DataRoot
+    from kernelcast.kernels.records import Candidate, Measurement
+    from kernelcast.storage.dataset import DataRoot
 
     ref = Candidate(op="kb.x", backend="torch", source="# r\n", origin="seed")
 

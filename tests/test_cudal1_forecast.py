@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kernels.records import Candidate, HardwareSpec, Measurement
-from storage.dataset import DataRoot
-from surrogate import crossgpu, ranking
+from kernelcast.kernels.records import Candidate, HardwareSpec, Measurement
+from kernelcast.storage.dataset import DataRoot
+from kernelcast.surrogate import crossgpu, ranking
 from tests.formats_for_tests import KB_RELU as RELU
 
 H100 = HardwareSpec(gpu_type="h100", device_name="NVIDIA H100 80GB HBM3", compute_capability="9.0", sm_count=132,
@@ -101,7 +101,7 @@ def _pool(folder, monkeypatch):
 
 
 def _build_pool(folder, monkeypatch):
-    from kernels.formats import import_task
+    from kernelcast.kernels.formats import import_task
 
     monkeypatch.setenv("KERNELCAST_TASKS", str(folder / "installed"))
     root = DataRoot(str(folder / "pool" / "kernelcast"))
@@ -261,7 +261,7 @@ def test_the_benchmark_develops_on_dev_problems_and_scores_the_sealed_ones_once(
 
 
 def test_code_features_see_cuda_kernels_graphs_and_the_anchors_operators():
-    from surrogate.features import CODE_FEATURES, _code_features, _operators
+    from kernelcast.surrogate.features import CODE_FEATURES, _code_features, _operators
 
     cuda = ('from torch.utils.cpp_extension import load_inline\nsrc = """\n__global__ void k(float4* x) {\n'
             '  __shared__ float s[256];\n#pragma unroll\n  for (int i = 0; i < 4; ++i) {}\n  __syncthreads();\n'
@@ -280,7 +280,7 @@ def test_code_features_see_cuda_kernels_graphs_and_the_anchors_operators():
 def test_a_problems_variant_space_joins_its_pool_anchored_at_its_own_reference_and_a_kernel_counts_once(
         tmp_path, monkeypatch):
     from benchmarks import cudal1_forecast
-    from kernels.ops import get_operation
+    from kernelcast.kernels.ops import get_operation
 
     pool = _pool(tmp_path, monkeypatch)
     op_name = "kb.cudal1-l2-001"
@@ -316,8 +316,8 @@ def test_a_problems_variant_space_joins_its_pool_anchored_at_its_own_reference_a
 def test_the_census_counts_references_and_implementations_and_sets_the_null_twins_apart(tmp_path, monkeypatch,
                                                                                         capsys):
     from benchmarks import cudal1_forecast
-    from kernels.null import null_candidate
-    from kernels.ops import get_operation
+    from kernelcast.kernels.null import null_candidate
+    from kernelcast.kernels.ops import get_operation
 
     pool = _pool(tmp_path, monkeypatch)
     args = cudal1_forecast.parse(["--pool", str(pool)])
@@ -334,7 +334,7 @@ def test_the_census_counts_references_and_implementations_and_sets_the_null_twin
 
 def test_torch_compile_of_a_reference_is_set_against_the_problems_best_cuda_l1_kernel(tmp_path, monkeypatch):
     from benchmarks import compile_vs_pool
-    from kernels.ops import get_operation
+    from kernelcast.kernels.ops import get_operation
 
     pool = _pool(tmp_path, monkeypatch)
     op = get_operation("kb.cudal1-l2-003")  # its CUDA-L1 kernels at 1.33 (custom), 1.0, 0.8; 0.2 is its null
@@ -395,12 +395,12 @@ def test_another_measurement_of_the_kernels_is_scored_as_a_ranker_beside_the_for
     """The pool's measurement under its other protocol ranks the same kernels: here every speedup reversed there,
     so its within-problem Spearman is -1 and its top-1 is each problem's slowest kernel that ran."""
     from benchmarks import cudal1_forecast
-    from storage.schema import measurements_from_frame
+    from kernelcast.storage.schema import measurements_from_frame
 
     pool = _pool(tmp_path, monkeypatch)
     ours = DataRoot(str(pool / "kernelcast"))
     theirs = DataRoot(str(pool / "kernelbench"))
-    theirs.write_candidates(__import__("storage.schema", fromlist=["x"]).candidates_from_frame(ours.read_candidates()))
+    theirs.write_candidates(__import__("kernelcast.storage.schema", fromlist=["x"]).candidates_from_frame(ours.read_candidates()))
     frame = ours.read_measurements()
     reversed_ = 1.0 / frame["speedup"]
     frame["speedup"] = reversed_
@@ -433,7 +433,7 @@ def test_another_measurement_of_the_kernels_is_scored_as_a_ranker_beside_the_for
     # a second measurement by the same protocol, identical to the first: it ranks every problem right
     retest = tmp_path / "retest"
     again = DataRoot(str(retest / "kernelcast"))
-    again.write_candidates(__import__("storage.schema", fromlist=["x"]).candidates_from_frame(ours.read_candidates()))
+    again.write_candidates(__import__("kernelcast.storage.schema", fromlist=["x"]).candidates_from_frame(ours.read_candidates()))
     again.write_measurements(measurements_from_frame(ours.read_measurements()))
     out = tmp_path / "with_retest"
     assert cudal1_forecast.main(["--pool", str(pool), "--folds", "3", "--draws", "20", "--corpus", str(tmp_path),
@@ -545,10 +545,10 @@ def test_the_benchmark_pairs_every_forecaster_against_the_one_named(tmp_path, mo
 def test_a_prior_holding_a_task_that_does_not_load_here_is_fit_on_the_rest_with_a_warning(tmp_path, monkeypatch):
     """A search's learned prior over the pool: a problem whose reference imports a package this machine lacks is
     left out of the fit by name (as source_pairs leaves it out), not the end of every search."""
-    from kernels.formats import install_from_root
-    from surrogate.dataset import case_pairs, loadable_rows
-    from tasks.config import SearchConfig
-    from tasks.setup import fit_prior, resolve
+    from kernelcast.kernels.formats import install_from_root
+    from kernelcast.surrogate.dataset import case_pairs, loadable_rows
+    from kernelcast.tasks.config import SearchConfig
+    from kernelcast.tasks.setup import fit_prior, resolve
 
     pool = _pool(tmp_path, monkeypatch)
     root = DataRoot(str(pool / "kernelcast"))

@@ -18,10 +18,10 @@ import textwrap
 
 import pytest
 
-from kernels.harness.worker import MeasureWorker, WorkerConfig
-from kernels.hardware import INTERPRETER
-from kernels.records import Candidate, HardwareSpec
-from kernels.spaces import get_space
+from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig
+from kernelcast.kernels.hardware import INTERPRETER
+from kernelcast.kernels.records import Candidate, HardwareSpec
+from kernelcast.kernels.spaces import get_space
 
 CPU = HardwareSpec(gpu_type=INTERPRETER, device_name="Triton CPU interpreter")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -194,8 +194,8 @@ def test_release_collects_a_cycle_made_since_the_freeze():
 
     import torch
 
-    from kernels.harness.runner import _release_device
-    from kernels.ops import get_operation
+    from kernelcast.kernels.harness.runner import _release_device
+    from kernelcast.kernels.ops import get_operation
 
     class Holder:
         pass
@@ -240,9 +240,9 @@ def test_compiling_ahead_builds_cuda_kernels_without_a_gpu_or_cuda(tmp_path):
         os.environ.pop("TRITON_INTERPRET", None)
         os.environ["TRITON_CACHE_DIR"] = {str(tmp_path)!r}
         import torch
-        from kernels.harness.runner import Job, compile_ahead
-        from kernels.ops import get_operation
-        from kernels.spaces import get_space
+        from kernelcast.kernels.harness.runner import Job, compile_ahead
+        from kernelcast.kernels.ops import get_operation
+        from kernelcast.kernels.spaces import get_space
 
         (cand,) = get_space("softmax").spread_subset(1)
         op = get_operation("softmax")
@@ -271,10 +271,10 @@ def test_launchers_of_tma_kernels_are_not_built_ahead(tmp_path):
         os.environ.pop("TRITON_INTERPRET", None)
         os.environ["TRITON_CACHE_DIR"] = {str(tmp_path)!r}
         import torch
-        from kernels.harness import ahead
-        from kernels.harness.runner import call_candidate, load_launch, poisoned_outputs
-        from kernels.ops import get_operation
-        from kernels.spaces import get_space
+        from kernelcast.kernels.harness import ahead
+        from kernelcast.kernels.harness.runner import call_candidate, load_launch, poisoned_outputs
+        from kernelcast.kernels.ops import get_operation
+        from kernelcast.kernels.spaces import get_space
 
         found = {{}}
         for name, family in (("matmul", "matmul/tma"), ("softmax", "softmax/")):
@@ -301,7 +301,7 @@ def test_launchers_of_tma_kernels_are_not_built_ahead(tmp_path):
 def test_device_guard_refuses_cuda_before_torch_reaches_cuda():
     import torch
 
-    from kernels.harness.ahead import DeviceGuard, NeedsDevice
+    from kernelcast.kernels.harness.ahead import DeviceGuard, NeedsDevice
 
     with DeviceGuard("cuda"):
         assert torch.empty(3, device="meta").shape == (3,)
@@ -340,9 +340,9 @@ def test_a_good_candidate_is_never_retried(batch):
 
 @pytest.mark.gpu
 def test_on_a_gpu_templates_compile_ahead_and_no_child_holds_the_device_beside_one_holding_it_alone():
-    from kernels.hardware import detect
-    from kernels.null import null_candidate
-    from kernels.ops import get_operation
+    from kernelcast.kernels.hardware import detect
+    from kernelcast.kernels.null import null_candidate
+    from kernelcast.kernels.ops import get_operation
 
     op = get_operation("softmax")
     cands = get_space("softmax").spread_subset(6) + [null_candidate(op)]
@@ -365,7 +365,7 @@ def test_on_a_gpu_templates_compile_ahead_and_no_child_holds_the_device_beside_o
 
 
 def test_plan_keeps_the_last_core_and_its_hyperthreads_for_the_lock_holder():
-    from kernels.harness import cores
+    from kernelcast.kernels.harness import cores
 
     pairs = {0: {0, 4}, 4: {0, 4}, 1: {1, 5}, 5: {1, 5}, 2: {2, 6}, 6: {2, 6}, 3: {3, 7}, 7: {3, 7}}
     p = cores.plan(range(8), siblings_of=pairs.__getitem__)
@@ -450,7 +450,7 @@ def test_the_shared_gpu_lock_comes_from_the_environment_by_default(monkeypatch, 
 
 
 def test_share_gives_each_gpu_worker_whole_cores_of_its_own():
-    from kernels.harness import cores
+    from kernelcast.kernels.harness import cores
 
     # hyperthreads numbered as Linux does on many machines: cpu i and i + 4 share a core
     pairs = {c: {c % 4, c % 4 + 4} for c in range(8)}
@@ -479,7 +479,7 @@ def test_a_process_told_one_of_the_machines_gpus_takes_that_gpus_share_of_the_co
     """Two sweeps, one per GPU of a two-GPU host, each started with CUDA_VISIBLE_DEVICES alone: each takes its GPU's
     share, so their lock holders never share a core (on two H200s, both kept core 31 and five honest calls were
     rejected as work left on the device)."""
-    from kernels.harness import cores
+    from kernelcast.kernels.harness import cores
 
     gpus = _machine_of_gpus(tmp_path / "gpus", "GPU-0b2bfbfe", "GPU-fa6fd60d")
     assert cores.gpu_of_machine("1", gpus) == (1, 2) and cores.gpu_of_machine("GPU-0b2bfbfe", gpus) == (0, 2)
@@ -501,7 +501,7 @@ def test_a_worker_given_cores_runs_its_children_on_them_only():
     mine = tuple(sorted(os.sched_getaffinity(0)))[-1:]
     hw = HardwareSpec(gpu_type=INTERPRETER, device_name="cpu")
     with MeasureWorker(hw, WorkerConfig(mode="interpreter", concurrency=1, cpus=mine)) as worker:
-        from kernels.ops import get_operation
+        from kernelcast.kernels.ops import get_operation
 
         seed = get_operation("softmax").seed_candidates()[0]
         [m] = list(worker.measure([seed]))
@@ -514,7 +514,7 @@ def test_a_worker_given_cores_runs_its_children_on_them_only():
 
 
 def _anchor_job(tmp_path, cand, reference_us):
-    from kernels.harness.runner import Job
+    from kernelcast.kernels.harness.runner import Job
 
     return Job(candidate=cand, mode="gpu", scratch_dir=str(tmp_path), lock_path="/nonexistent",
                triton_cache_dir=str(tmp_path), reference_us=reference_us)
@@ -522,9 +522,9 @@ def _anchor_job(tmp_path, cand, reference_us):
 
 def test_a_host_bound_case_is_reported_as_the_reference_runtime_times_the_paired_ratio(tmp_path):
     """Timed in one window beside the reference: 1.5x the reference's time there is 1.5x its runtime elsewhere."""
-    from kernels.harness import runner
-    from kernels.harness.timing import Timing
-    from kernels.ops import get_operation
+    from kernelcast.kernels.harness import runner
+    from kernelcast.kernels.harness.timing import Timing
+    from kernelcast.kernels.ops import get_operation
 
     op = get_operation("softmax")
     cand = get_space("softmax").spread_subset(1)[0]
@@ -547,7 +547,7 @@ def test_a_host_bound_case_is_reported_as_the_reference_runtime_times_the_paired
     # the reference itself (no reference runtimes given) is never anchored
     assert runner._anchored(_anchor_job(tmp_path, cand, ()), op, op.cases, pair, {}, lambda *p: None) == {}
     # and the stored row says which cases were paired, so a speedup can be read without the timeline
-    from kernels.harness.worker import MeasureWorker
+    from kernelcast.kernels.harness.worker import MeasureWorker
 
     checks = MeasureWorker._from_result({"status": "ok", "window_check": "profiled", **result})["checks"]
     assert checks == f"window_check: profiled; anchored: {op.cases[1].name}"
@@ -560,8 +560,8 @@ def test_no_anchoring_once_the_candidate_has_replaced_a_torch_function(tmp_path,
     """A candidate that swapped a torch function could slow the reference it is measured against."""
     import torch
 
-    from kernels.harness import runner
-    from kernels.ops import get_operation
+    from kernelcast.kernels.harness import runner
+    from kernelcast.kernels.ops import get_operation
 
     op = get_operation("softmax")
     cand = get_space("softmax").spread_subset(1)[0]
@@ -584,10 +584,10 @@ def test_cases_paired_ahead_are_timed_beside_the_reference_from_their_first_wind
 
     import torch
 
-    from kernels.harness import runner
-    from kernels.harness.anticheat import Rejected
-    from kernels.harness.timing import Timing
-    from kernels.ops import get_operation
+    from kernelcast.kernels.harness import runner
+    from kernelcast.kernels.harness.anticheat import Rejected
+    from kernelcast.kernels.harness.timing import Timing
+    from kernelcast.kernels.ops import get_operation
 
     op = get_operation("softmax")
     cand = get_space("softmax").spread_subset(1)[0]
@@ -657,7 +657,7 @@ def test_cases_paired_ahead_are_timed_beside_the_reference_from_their_first_wind
 
 
 def test_the_worker_anchors_candidates_but_never_the_reference():
-    from kernels.ops import get_operation
+    from kernelcast.kernels.ops import get_operation
 
     cfg = WorkerConfig(mode="gpu", concurrency=1)
     worker = MeasureWorker.__new__(MeasureWorker)  # no children: only the job's anchor is asked
@@ -675,8 +675,8 @@ def test_the_worker_anchors_candidates_but_never_the_reference():
 def test_anchor_all_pairs_every_case_with_the_reference_and_host_bound_only_those_cases(tmp_path):
     """kernelcast's protocol pairs the host-bound cases by default, every case with anchor "all"; a format's
     protocol pairs every case whatever the setting."""
-    from kernels.harness import runner
-    from kernels.ops import get_operation
+    from kernelcast.kernels.harness import runner
+    from kernelcast.kernels.ops import get_operation
 
     op = get_operation("softmax")
     cand = get_space("softmax").spread_subset(1)[0]
@@ -694,15 +694,15 @@ def test_anchor_all_pairs_every_case_with_the_reference_and_host_bound_only_thos
 
 
 def test_the_worker_refuses_an_unknown_anchor_setting_by_name():
-    from kernels.hardware import detect
+    from kernelcast.kernels.hardware import detect
 
     with pytest.raises(ValueError, match="unknown anchor setting 'sometimes'.*host-bound, all, off"):
         MeasureWorker(detect(), WorkerConfig(mode="interpreter", anchor="sometimes"))
 
 
 def test_a_kernel_that_autotunes_on_the_device_gets_minutes_for_each_first_call():
-    from kernels.harness import budget
-    from kernels.ops import get_operation
+    from kernelcast.kernels.harness import budget
+    from kernelcast.kernels.ops import get_operation
 
     worker = MeasureWorker.__new__(MeasureWorker)  # no children: only the limits are asked
     worker.config, worker.reference_us, worker._reference_call_us, worker._case_bytes = (
@@ -822,7 +822,7 @@ def test_sharing_again_waits_out_a_child_that_took_the_lock_alone_in_between_and
     import threading
     import time
 
-    from kernels.harness.runner import DeviceLock
+    from kernelcast.kernels.harness.runner import DeviceLock
 
     path = tmp_path / "gpu.lock"
     path.write_text("")
@@ -851,10 +851,10 @@ def test_sharing_again_waits_out_a_child_that_took_the_lock_alone_in_between_and
 
 
 def test_a_reference_measured_before_is_adopted_so_runs_share_its_runtime_and_paired_cases():
-    from kernels.harness.worker import host_sensitive_in
-    from kernels.null import null_candidate
-    from kernels.ops import get_operation
-    from kernels.records import Measurement
+    from kernelcast.kernels.harness.worker import host_sensitive_in
+    from kernelcast.kernels.null import null_candidate
+    from kernelcast.kernels.ops import get_operation
+    from kernelcast.kernels.records import Measurement
 
     # a timed row says which of its cases were host-sensitive; rows from before it did say nothing
     fields = MeasureWorker._from_result({"status": "ok", "anchored_cases": [], "host_sensitive_cases": ["a", "b"]})
@@ -903,9 +903,9 @@ def test_a_gpu_bound_candidate_timed_beside_a_host_bound_reference_keeps_its_own
     format's protocol stay anchored."""
     import dataclasses
 
-    from kernels.harness import runner
-    from kernels.harness.timing import Timing
-    from kernels.ops import get_operation
+    from kernelcast.kernels.harness import runner
+    from kernelcast.kernels.harness.timing import Timing
+    from kernelcast.kernels.ops import get_operation
 
     op = get_operation("softmax")
     cand = get_space("softmax").spread_subset(1)[0]
@@ -945,7 +945,7 @@ def test_a_gpu_bound_candidate_timed_beside_a_host_bound_reference_keeps_its_own
 
 
 def _take(runtimes, host_sensitive, status="ok", seconds=1.0, host_share=1.1):
-    from kernels.records import Measurement
+    from kernelcast.kernels.records import Measurement
 
     names = ("small", "large")
     res = {"status": status, "anchored_cases": [], "host_sensitive_cases": list(host_sensitive),
@@ -960,8 +960,8 @@ def _take(runtimes, host_sensitive, status="ok", seconds=1.0, host_share=1.1):
 
 
 def test_a_reference_measured_in_several_processes_keeps_each_cases_fastest_process():
-    from kernels.harness.sweep_report import cases_in
-    from kernels.harness.worker import (REFERENCE_PROCESSES_MARK, combine_reference_takes, host_sensitive_in,
+    from kernelcast.kernels.harness.sweep_report import cases_in
+    from kernelcast.kernels.harness.worker import (REFERENCE_PROCESSES_MARK, combine_reference_takes, host_sensitive_in,
                                         reference_process_figures)
 
     takes = [_take((180.0, 900.0), ["small"]), _take((310.0, 905.0), ["small", "large"]),
@@ -996,7 +996,7 @@ def test_the_worker_measures_a_host_bound_reference_again_in_more_processes_befo
     from collections import deque
     from types import SimpleNamespace
 
-    from kernels.harness.worker import attempt_of
+    from kernelcast.kernels.harness.worker import attempt_of
 
     op = get_space("softmax")
     ref = dataclasses.replace(op.spread_subset(1)[0], origin="seed")

@@ -1,5 +1,5 @@
 """A code language model's reading of a kernel pair as features of the gradient-boosted forecasters
-(``surrogate.embeddings``): the projection is fit on training pairs only, a pair without a vector is absent,
+(``kernelcast.surrogate.embeddings``): the projection is fit on training pairs only, a pair without a vector is absent,
 vectors that carry what the source features miss raise the source forecaster's ranking, and the CUDA-L1
 benchmark reads a table that ``benchmarks/cudal1_embed.py`` wrote with the tiny test model.
 """
@@ -14,10 +14,10 @@ import pandas as pd
 import pytest
 from scipy.stats import spearmanr
 
-from kernels.records import Candidate
-from surrogate.dataset import HARDWARE_FIELDS
-from surrogate.embeddings import PairEmbeddings, pair_key
-from surrogate.forecast import ForecastRequest
+from kernelcast.kernels.records import Candidate
+from kernelcast.surrogate.dataset import HARDWARE_FIELDS
+from kernelcast.surrogate.embeddings import PairEmbeddings, pair_key
+from kernelcast.surrogate.forecast import ForecastRequest
 from tests.test_cudal1_forecast import H100
 
 
@@ -60,7 +60,7 @@ OPS = ("softmax", "layernorm", "rmsnorm", "cross_entropy", "bias_gelu", "row_sum
 def _pairs(per_problem: int = 8, seed: int = 0):
     """Source pairs whose speed is set by a hidden number that only the stored vectors carry: every candidate's
     source is alike but for a name, so the source features cannot tell them apart."""
-    from kernels.ops import get_operation
+    from kernelcast.kernels.ops import get_operation
 
     rng = np.random.default_rng(seed)
     rows, vectors = [], {}
@@ -86,8 +86,8 @@ def _source_rows(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def test_vectors_that_carry_what_the_source_misses_raise_the_source_forecasters_ranking():
-    from surrogate.dataset import source_requests
-    from surrogate.source import SourceForecaster
+    from kernelcast.surrogate.dataset import source_requests
+    from kernelcast.surrogate.source import SourceForecaster
 
     frame, vectors = _pairs()
     rows = _source_rows(frame)
@@ -171,7 +171,7 @@ def test_the_lmhead_benchmark_deals_the_development_folds_and_forecasts_the_seal
     read), ``--problems sealed`` fits on every development problem and forecasts the sealed one: each is scored
     by the forecast benchmark under the same ``--problems``, and a sealed run given a fold is refused."""
     from benchmarks import cudal1_forecast, cudal1_lmhead
-    from surrogate import ranking
+    from kernelcast.surrogate import ranking
 
     pool, model = _pool_and_tiny_model(tmp_path, monkeypatch)
     train = ["--pool", str(pool), "--model", str(model), "--folds", "3", "--max-tokens", "64", "--batch", "4",

@@ -1,4 +1,4 @@
-"""The batched generation engine (``python -m infra.engine``) as a real server process on loopback.
+"""The batched generation engine (``python -m kernelcast.infra.engine``) as a real server process on loopback.
 
 It serves a tiny random-weight qwen2 model that this file writes with the ``gguf`` package:
 a byte-level BPE vocabulary with ChatML's special tokens, a chat template in its metadata,
@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 
-from surrogate.llm import OpenAIChat
+from kernelcast.surrogate.llm import OpenAIChat
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTEXT = 512
@@ -110,7 +110,7 @@ def _free_port() -> int:
 
 
 class EngineServer:
-    """``python -m infra.engine`` as a child process on a free loopback port."""
+    """``python -m kernelcast.infra.engine`` as a child process on a free loopback port."""
 
     def __init__(self, model_path, *extra: str):
         self.port = _free_port()
@@ -118,7 +118,7 @@ class EngineServer:
         self.base_url = f"{self.root_url}/v1"
         self.log = open(f"{model_path}.{self.port}.log", "w+")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "infra.engine", "--model", str(model_path), "--port", str(self.port),
+            [sys.executable, "-m", "kernelcast.infra.engine", "--model", str(model_path), "--port", str(self.port),
              "--threads", "1", *extra], cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout_s: float = 120.0) -> "EngineServer":
@@ -332,7 +332,7 @@ def _generate_all(engine, jobs) -> None:
 
 
 def test_a_prefill_in_row_chunks_gives_the_same_tokens_as_one_prefill(tiny_model):
-    from infra.engine import Engine, load
+    from kernelcast.infra.engine import Engine, load
 
     tokenizer, model = load(tiny_model, device="cpu")
     replies = []
@@ -354,7 +354,7 @@ def test_greedy_decoding_over_the_slots_matches_transformers_own_generate(tiny_m
     model's own attention computes: greedy tokens equal ``model.generate``'s, one prompt at a time."""
     from transformers import AutoModelForCausalLM
 
-    from infra.engine import Engine, load
+    from kernelcast.infra.engine import Engine, load
 
     tokenizer, model = load(tiny_model, device="cpu")
     reference = AutoModelForCausalLM.from_pretrained(str(tiny_model.parent), gguf_file=tiny_model.name,
@@ -377,7 +377,7 @@ def test_greedy_decoding_over_the_slots_matches_transformers_own_generate(tiny_m
 def test_a_freed_slot_takes_the_next_request_while_the_others_still_decode(tiny_model):
     """Continuous batching: with two slots, short requests queued behind a long one are admitted as slots
     free up and answered before the long one ends; a seeded text is the same as when it runs alone."""
-    from infra.engine import Engine, load
+    from kernelcast.infra.engine import Engine, load
 
     tokenizer, model = load(tiny_model, device="cpu")
 
@@ -418,7 +418,7 @@ def test_a_freed_slot_takes_the_next_request_while_the_others_still_decode(tiny_
 
 
 def test_a_request_needing_longer_slots_waits_for_the_next_cache_and_is_served(tiny_model):
-    from infra.engine import Engine, load
+    from kernelcast.infra.engine import Engine, load
 
     tokenizer, model = load(tiny_model, device="cpu")
     # 400 tokens for 4 slots: a share of 100, so the small requests get 3 slots of 128 tokens and the big
@@ -451,7 +451,7 @@ def test_a_request_needing_longer_slots_waits_for_the_next_cache_and_is_served(t
 def test_the_chat_template_comes_from_the_gguf_and_qwen2_without_one_falls_back_to_chatml(tiny_model, tmp_path):
     from transformers import AutoTokenizer, Qwen2Config
 
-    from infra.engine import CHATML, chat_template
+    from kernelcast.infra.engine import CHATML, chat_template
 
     with_template = AutoTokenizer.from_pretrained(str(tiny_model.parent), gguf_file=tiny_model.name)
     assert chat_template(with_template, Qwen2Config()) == TEMPLATE
@@ -486,7 +486,7 @@ def test_with_a_shared_gpu_lock_the_engine_generates_only_while_it_holds_it(tiny
     it) no token is generated, and generation goes on once the lock is released."""
     import fcntl
 
-    from infra.engine import Engine, load
+    from kernelcast.infra.engine import Engine, load
 
     tokenizer, model = load(tiny_model, device="cpu")
     lock = tmp_path / "gpu.lock"

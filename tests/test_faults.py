@@ -2,13 +2,13 @@
 
 import pytest
 
-from kernels.harness.anticheat import scan_source
-from kernels.harness.faults import FAULTS, faults_for, get_fault, good_candidates
-from kernels.harness.worker import MeasureWorker, WorkerConfig
-from kernels.hardware import INTERPRETER
-from kernels.ops import OPERATIONS, get_operation
-from kernels.records import Candidate, HardwareSpec
-from kernels.spaces import get_space
+from kernelcast.kernels.harness.anticheat import scan_source
+from kernelcast.kernels.harness.faults import FAULTS, faults_for, get_fault, good_candidates
+from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig
+from kernelcast.kernels.hardware import INTERPRETER
+from kernelcast.kernels.ops import OPERATIONS, get_operation
+from kernelcast.kernels.records import Candidate, HardwareSpec
+from kernelcast.kernels.spaces import get_space
 
 CPU = HardwareSpec(gpu_type=INTERPRETER, device_name="Triton CPU interpreter")
 # Small limits keep the memory and log faults cheap on a shared CI machine, and the two endless
@@ -152,7 +152,7 @@ def test_stream_guard_refuses_new_streams_but_lets_the_current_streams_wrapper_t
 
     code = """
 import torch
-from kernels.harness.anticheat import Rejected, install_stream_guard
+from kernelcast.kernels.harness.anticheat import Rejected, install_stream_guard
 install_stream_guard()
 try:
     torch.cuda.Stream()

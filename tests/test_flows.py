@@ -33,7 +33,7 @@ def _task_run_names(flow_run_id, expected=(), timeout=60.0):
 def test_kernel_search_flow_runs_each_step_as_a_named_task(prefect_server, tmp_path):
     from prefect import get_client
 
-    from flows.search import kernel_search
+    from kernelcast.flows.search import kernel_search
 
     state = kernel_search(op="softmax", gpu_type="h100", budget=6, generations=2, children=8, surrogate="roofline",
                           data=str(tmp_path / "data"), backend="replay",
@@ -50,7 +50,7 @@ def test_kernel_search_flow_runs_each_step_as_a_named_task(prefect_server, tmp_p
 
 
 def test_rerunning_a_search_flow_replays_finished_generations_from_the_journal(prefect_server, tmp_path):
-    from flows.search import kernel_search
+    from kernelcast.flows.search import kernel_search
 
     args = dict(op="softmax", gpu_type="h100", budget=4, generations=2, children=6, surrogate="roofline",
                 run_id="again", data=str(tmp_path / "data"), backend="replay",
@@ -65,10 +65,10 @@ def test_rerunning_a_search_flow_replays_finished_generations_from_the_journal(p
 
 
 def test_backfill_flow_measures_on_the_target_type_only_what_it_lacks(prefect_server, tmp_path):
-    from flows.search import backfill
-    from storage.dataset import DataRoot
-    from storage.schema import candidates_from_frame, measurements_from_frame
-    from tasks.config import PACKAGED_POOL
+    from kernelcast.flows.search import backfill
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.storage.schema import candidates_from_frame, measurements_from_frame
+    from kernelcast.tasks.config import PACKAGED_POOL
 
     pool, root = DataRoot(PACKAGED_POOL), DataRoot(str(tmp_path / "data"))
     h100 = pool.read_measurements(op="row_sum", gpu_type="h100").head(5)
@@ -88,7 +88,7 @@ def test_search_command_ends_with_where_to_look_and_keeps_everything_under_the_d
     env.pop("PREFECT_API_URL", None)
     elsewhere = tmp_path / "elsewhere"  # started from a folder of its own, as a scheduled worker would be
     elsewhere.mkdir()
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "search", "--op", "softmax", "--budget", "4",
+    done = subprocess.run([sys.executable, "-m", "kernelcast.flows.cli", "search", "--op", "softmax", "--budget", "4",
                            "--generations", "2", "--children", "8", "--surrogate", "roofline",
                            "--data", str(tmp_path / "data")], cwd=elsewhere, env=env, capture_output=True,
                           text=True, timeout=600)
@@ -101,7 +101,7 @@ def test_search_command_ends_with_where_to_look_and_keeps_everything_under_the_d
 
 
 def test_search_command_rejects_a_zero_budget_before_starting_anything(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "search", "--op", "softmax", "--budget", "0",
+    done = subprocess.run([sys.executable, "-m", "kernelcast.flows.cli", "search", "--op", "softmax", "--budget", "0",
                            "--data", str(tmp_path / "data")], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2
     assert "budget must be a positive whole number, got 0" in done.stderr

@@ -5,10 +5,10 @@ import math
 
 import pytest
 
-from flows.cli import main
-from storage.dataset import DataRoot
-from storage.schema import candidates_from_frame, measurements_from_frame
-from tasks.config import PACKAGED_POOL
+from kernelcast.flows.cli import main
+from kernelcast.storage.dataset import DataRoot
+from kernelcast.storage.schema import candidates_from_frame, measurements_from_frame
+from kernelcast.tasks.config import PACKAGED_POOL
 from tests.kernels_for_tests import SOURCES
 
 OP = "softmax"

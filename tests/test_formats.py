@@ -16,12 +16,12 @@ import torch
 from tests.formats_for_tests import (GPUMODE_REFERENCE, GPUMODE_SUBMISSION, GPUMODE_WRONG, KB_ROW_SUM,
                                      KB_ROW_SUM_NEW, KB_ROW_SUM_WRONG, write_gpumode, write_kernelbench)
 
-from kernels.formats import TaskFormatError, import_task, submission_of, tasks_dir
-from kernels.hardware import INTERPRETER
-from kernels.harness.worker import MeasureWorker, WorkerConfig
-from kernels.ops import get_operation
-from kernels.records import HardwareSpec
-from storage.dataset import DataRoot
+from kernelcast.kernels.formats import TaskFormatError, import_task, submission_of, tasks_dir
+from kernelcast.kernels.hardware import INTERPRETER
+from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig
+from kernelcast.kernels.ops import get_operation
+from kernelcast.kernels.records import HardwareSpec
+from kernelcast.storage.dataset import DataRoot
 
 H100 = HardwareSpec(gpu_type="h100", device_name="NVIDIA H100 80GB HBM3", compute_capability="9.0", sm_count=132,
                     sm_clock_mhz=1980, mem_clock_mhz=2619, bus_width_bits=5120, memory_gib=79.1, l2_mib=50.0,
@@ -120,7 +120,7 @@ def get_init_inputs():
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    from kernels.formats import kernelbench
+    from kernelcast.kernels.formats import kernelbench
 
     path = tmp_path_factory.mktemp("where_built") / "7_WhereBuilt.py"
     path.write_text(_WHERE_BUILT)
@@ -139,7 +139,7 @@ def built(tmp_path_factory):
 ])
 def test_kernelbench_models_are_built_where_the_setting_says_and_moved(built, monkeypatch, build, protocol, limit,
                                                                        on, table):
-    from kernels.formats import kernelbench
+    from kernelcast.kernels.formats import kernelbench
 
     if limit is not None:
         monkeypatch.setattr(kernelbench, "HOST_BUILD_BYTES", limit)
@@ -182,7 +182,7 @@ def test_models_built_on_the_host_start_no_thread_after_the_operation_is_configu
     """A measuring child counts the threads started while its checks share the device: torch's own CPU pool, which
     a host build starts, must be running before (``configure_models``), or a reference is refused for it."""
     code = ("import os, torch\n"
-            "from kernels.ops import get_operation\n"
+            "from kernelcast.kernels.ops import get_operation\n"
             "op = get_operation(%r)\n"
             "threads = lambda: len(os.listdir('/proc/self/task'))\n"
             "op.configure_models('auto', 'kernelcast')\n"
@@ -199,7 +199,7 @@ def test_models_built_on_the_host_start_no_thread_after_the_operation_is_configu
 def test_a_loaded_candidate_finds_its_models_built_as_the_references_are(built):
     """``prepare`` builds each case's model of a loaded candidate as the reference's is built and puts it where
     the format's launch looks first: the same weights from the same seed, and no second build at its first call."""
-    from kernels.harness.correctness import load_launch
+    from kernelcast.kernels.harness.correctness import load_launch
 
     built.configure_models("auto", "kernelcast")
     candidate = built.candidate(built.null_submission())
@@ -282,7 +282,7 @@ def test_the_gpumode_reference_runs_on_inputs_a_submission_cannot_have_changed(g
 
 
 def test_an_imported_operation_resolves_in_a_fresh_process(kb):
-    code = ("from kernels.ops import get_operation; op = get_operation('kb.row_sum'); "
+    code = ("from kernelcast.kernels.ops import get_operation; op = get_operation('kb.row_sum'); "
             "print(op.interpret_cases[0].name)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -297,7 +297,7 @@ def test_an_unknown_imported_name_says_where_it_looked():
 
 
 def test_a_search_config_installs_an_imported_task_from_the_data_root(tmp_path):
-    from tasks.config import SearchConfig, validate
+    from kernelcast.tasks.config import SearchConfig, validate
 
     ref, _ = write_kernelbench(tmp_path / "src")
     root = DataRoot(str(tmp_path / "data"))
@@ -310,14 +310,14 @@ def test_a_search_config_installs_an_imported_task_from_the_data_root(tmp_path):
 
 
 def test_a_template_search_of_an_imported_task_is_refused(kb):
-    from tasks.config import ConfigError, SearchConfig, validate
+    from kernelcast.tasks.config import ConfigError, SearchConfig, validate
 
     with pytest.raises(ConfigError, match="no template space; search it with generator 'freeform' or 'llm'"):
         validate(SearchConfig(op="kb.row_sum", gpu_type="interpreter"))
 
 
 def test_the_import_command_stores_the_task_and_writes_its_candidates(tmp_path, capsys):
-    from flows.cli import main
+    from kernelcast.flows.cli import main
 
     ref, subs = write_gpumode(tmp_path / "vadd_cli", good=GPUMODE_SUBMISSION)
     data = str(tmp_path / "data")
@@ -333,7 +333,7 @@ def test_the_import_command_stores_the_task_and_writes_its_candidates(tmp_path, 
 
 
 def _requests(op, candidates):
-    from surrogate.forecast import ForecastRequest
+    from kernelcast.surrogate.forecast import ForecastRequest
 
     anchor = op.seed_candidates()[0]
     return [ForecastRequest(anchor, c, op.name, H100, case_names=tuple(x.name for x in op.cases)) for c in candidates]
@@ -342,11 +342,11 @@ def _requests(op, candidates):
 def test_roofline_and_learned_forecasters_forecast_imported_candidates(kb, gm):
     import pandas as pd
 
-    from storage.dataset import DataRoot as Root
-    from surrogate.baselines import RooflineForecaster
-    from surrogate.dataset import case_pairs
-    from surrogate.learned import LearnedForecaster
-    from tasks.config import PACKAGED_POOL
+    from kernelcast.storage.dataset import DataRoot as Root
+    from kernelcast.surrogate.baselines import RooflineForecaster
+    from kernelcast.surrogate.dataset import case_pairs
+    from kernelcast.surrogate.learned import LearnedForecaster
+    from kernelcast.tasks.config import PACKAGED_POOL
 
     # A small prior (two ops, few trees) keeps the test quick; what matters is the imported op's features.
     pairs = pd.concat([case_pairs(Root(PACKAGED_POOL), gpu_type="h100", op=o) for o in ("softmax", "row_sum")])
@@ -361,7 +361,7 @@ def test_roofline_and_learned_forecasters_forecast_imported_candidates(kb, gm):
 
 
 def test_the_llm_prompt_of_an_imported_candidate_shows_the_task_and_the_submission(kb):
-    from surrogate.llm import build_messages
+    from kernelcast.surrogate.llm import build_messages
 
     op, (good, _) = kb
     _, user = build_messages(_requests(op, [good])[0])
@@ -455,7 +455,7 @@ def get_init_inputs():
 def test_a_model_whose_output_depends_on_its_earlier_calls_is_refused_at_import_by_name(tmp_path):
     """A recurrent hidden state overwritten by every call (CUDA-L1's level3/33 VanillaRNN): its reference
     could not pass its own check, as the checker's calls and the reference's are not the same in number."""
-    from kernels.formats import kernelbench
+    from kernelcast.kernels.formats import kernelbench
 
     stateful = tmp_path / "33_VanillaRNN.py"
     stateful.write_text(_RNN.format(extra="", reset="", more=""))
@@ -471,7 +471,7 @@ def test_a_model_whose_output_depends_on_its_earlier_calls_is_refused_at_import_
 
 
 def test_only_models_that_could_keep_state_are_run_twice_at_import():
-    from kernels.formats.kernelbench import may_depend_on_history
+    from kernelcast.kernels.formats.kernelbench import may_depend_on_history
 
     assert may_depend_on_history(_RNN.format(extra="", reset="", more=""))
     plain = _RNN.format(extra="", reset="", more="").replace("        self.hidden = self.hidden.to(x.device)\n", "").replace(
@@ -545,7 +545,7 @@ def test_a_task_without_numbers_among_its_inputs_keeps_its_wrapper(kb):
 
 
 def test_get_inputs_returning_no_tensor_or_an_object_is_refused_naming_what(tmp_path):
-    from kernels.formats import kernelbench
+    from kernelcast.kernels.formats import kernelbench
 
     for body, words in (("[3.5]", "returned no tensor"), ("[torch.randn(M, N), 'x']", "returned a str at position 1")):
         path = tmp_path / "p.py"
@@ -555,7 +555,7 @@ def test_get_inputs_returning_no_tensor_or_an_object_is_refused_naming_what(tmp_
 
 
 def _install_many(directory: str, rounds: int) -> int:
-    from kernels.formats import install
+    from kernelcast.kernels.formats import install
 
     for i in range(rounds):
         install("kb.same", {"manifest.json": b"{}", "reference.py": f"# {os.getpid()} {i}\n".encode()},
@@ -564,7 +564,7 @@ def _install_many(directory: str, rounds: int) -> int:
 
 
 def _read_while_installed(directory: str, rounds: int) -> int:
-    from kernels.formats import install
+    from kernelcast.kernels.formats import install
 
     files = {"manifest.json": b"{}", "reference.py": b"# the same task\n"}
     folder = Path(directory) / "kb.steady"
@@ -621,7 +621,7 @@ def get_init_inputs():
 def test_a_kernelbench_problem_without_size_integers_is_measured(tmp_path):
     """Its case is named by its input count ({"inputs": 1}); loading the case sets no such size on the module (it
     failed with "module ... has no attribute 'inputs'" before)."""
-    from kernels.null import null_candidate
+    from kernelcast.kernels.null import null_candidate
 
     (tmp_path / "nosizes.py").write_text(KB_NO_SIZES)
     op, _ = import_task("kernelbench", str(tmp_path / "nosizes.py"), [], name="no_sizes")

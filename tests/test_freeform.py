@@ -16,15 +16,15 @@ import pytest
 from tests.formats_for_tests import KB_ROW_SUM_NEW, write_kernelbench
 from tests.test_llm_forecaster import LLAMA_CPP_PYTHON, server, tiny_model  # noqa: F401 (fixtures)
 
-from kernels.formats import import_task
-from kernels.ops import get_operation
-from kernels.records import Candidate, Measurement
-from kernels.ops import OPERATIONS
-from kernels.screen import SCREEN_REASONS, fingerprint, screen, undefined_name
-from kernels.spaces import get_space
-from storage.dataset import DataRoot
-from tasks.llm_generator import PROMPT_VERSION, LLMGenerator, Parent, feedback_line, parents_with_feedback
-from tasks.state import Archive
+from kernelcast.kernels.formats import import_task
+from kernelcast.kernels.ops import get_operation
+from kernelcast.kernels.records import Candidate, Measurement
+from kernelcast.kernels.ops import OPERATIONS
+from kernelcast.kernels.screen import SCREEN_REASONS, fingerprint, screen, undefined_name
+from kernelcast.kernels.spaces import get_space
+from kernelcast.storage.dataset import DataRoot
+from kernelcast.tasks.llm_generator import PROMPT_VERSION, LLMGenerator, Parent, feedback_line, parents_with_feedback
+from kernelcast.tasks.state import Archive
 
 REWRITE = textwrap.dedent('''
     import torch
@@ -75,7 +75,7 @@ def _screen(source: str, seen=None, **params):
      "uses _programs,"),  # the first in source order
     ("import torch\n\ndef launch(x, out, **kw):\n    out.copy_(torch.softmax(x, -1))\n", {}, "forbidden",
      "calls torch.softmax"),
-    ("import torch\n\ndef launch(x, out):\n    from kernels.ops import get_operation\n", {}, "forbidden",
+    ("import torch\n\ndef launch(x, out):\n    from kernelcast.kernels.ops import get_operation\n", {}, "forbidden",
      "the project's own code"),
 ])
 def test_each_static_check_names_its_reason(source, params, reason, detail):
@@ -264,11 +264,11 @@ def test_a_parents_feedback_lists_its_measured_children_with_status_and_first_er
 def test_a_freeform_search_counts_each_generations_drops_in_the_journal_and_mlflow_and_resumes(server, tmp_path):  # noqa: F811,E501
     import mlflow
 
-    from surrogate.baselines import RooflineForecaster
-    from storage.tracking import Tracker
-    from tasks.config import SearchConfig, validate
-    from tasks.search import Search
-    from tasks.setup import measure_pool
+    from kernelcast.surrogate.baselines import RooflineForecaster
+    from kernelcast.storage.tracking import Tracker
+    from kernelcast.tasks.config import SearchConfig, validate
+    from kernelcast.tasks.search import Search
+    from kernelcast.tasks.setup import measure_pool
 
     config = validate(SearchConfig(op="softmax", gpu_type="interpreter", backend="local", budget=2, generations=2,
                                    children=8, surrogate="roofline", seed=1, data=str(tmp_path / "data"),
@@ -319,11 +319,11 @@ def test_a_corpus_may_measure_children_the_undefined_check_would_drop_but_never_
 
 
 def test_a_freeform_search_from_template_roots_measures_them_first_then_asks_for_their_rewrites(server, tmp_path):  # noqa: F811,E501
-    from surrogate.baselines import RooflineForecaster
-    from tasks.config import PACKAGED_POOL, ConfigError, SearchConfig, validate
-    from tasks.generators import template_roots
-    from tasks.search import Search
-    from tasks.setup import measure_pool
+    from kernelcast.surrogate.baselines import RooflineForecaster
+    from kernelcast.tasks.config import PACKAGED_POOL, ConfigError, SearchConfig, validate
+    from kernelcast.tasks.generators import template_roots
+    from kernelcast.tasks.search import Search
+    from kernelcast.tasks.setup import measure_pool
 
     roots = [c.candidate_id for c, _ in template_roots(PACKAGED_POOL, "softmax", "h100")]
     assert len(roots) == 3 and len(set(roots)) == 3

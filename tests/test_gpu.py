@@ -2,10 +2,10 @@
 
 import pytest
 
-from kernels.harness.worker import MeasureWorker, WorkerConfig
-from kernels.hardware import detect
-from kernels.ops import get_operation
-from kernels.spaces import get_space
+from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig
+from kernelcast.kernels.hardware import detect
+from kernelcast.kernels.ops import get_operation
+from kernelcast.kernels.spaces import get_space
 from tests.kernels_for_tests import candidate
 
 pytestmark = pytest.mark.gpu
@@ -49,7 +49,7 @@ def test_gpu_fault_costs_one_candidate(results, kind, statuses):
 def test_a_host_bound_call_is_timed_in_several_windows_and_a_gpu_bound_one_in_one():
     import torch
 
-    from kernels.harness.timing import flush_us, l2_flush_buffer, time_call
+    from kernelcast.kernels.harness.timing import flush_us, l2_flush_buffer, time_call
 
     flush = l2_flush_buffer()
     head_start = flush_us(flush)
@@ -72,7 +72,7 @@ def test_the_formats_timers_time_a_kernel_by_their_own_rules():
     the number of runs each rule allows."""
     import torch
 
-    from kernels.harness.timing import l2_flush_buffer, time_gpumode, time_trials
+    from kernelcast.kernels.harness.timing import l2_flush_buffer, time_gpumode, time_trials
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
@@ -89,7 +89,7 @@ def test_the_formats_timers_time_a_kernel_by_their_own_rules():
 def test_with_anchor_all_every_case_of_the_null_is_timed_beside_the_reference_and_comes_out_near_one():
     """anchor="all": each case of the null (the reference's own code) is paired with the reference, so the
     drift between the reference's measurement and the null's cancels: 1.00 within a few percent, each case."""
-    from kernels.null import null_candidate
+    from kernelcast.kernels.null import null_candidate
 
     op = get_operation("softmax")
     seed, null = op.seed_candidates()[0], null_candidate(op)
@@ -110,7 +110,7 @@ def test_one_host_bound_call_timed_against_itself_in_a_pair_comes_out_alike():
     less host time: the null of small problems came out 0-8% slower than the reference."""
     import torch
 
-    from kernels.harness.timing import l2_flush_buffer, time_pair
+    from kernelcast.kernels.harness.timing import l2_flush_buffer, time_pair
 
     x = torch.randn(64, 64, device="cuda")
     flush = l2_flush_buffer()
@@ -134,7 +134,7 @@ def test_one_host_bound_call_timed_against_itself_in_a_pair_comes_out_alike():
 def test_with_warm_checks_each_child_warms_its_comparisons_before_the_lock_and_the_verdicts_stand():
     """WorkerConfig.warm_checks: a ``warmed_checks`` mark before each child waits for the lock, and the same
     candidates come out ok; the lock breakdown's first-case comparison is what it is meant to shrink."""
-    from kernels.harness.sweep_report import lock_breakdown
+    from kernelcast.kernels.harness.sweep_report import lock_breakdown
 
     good = get_space("layernorm").spread_subset(4)
     with MeasureWorker(detect(), WorkerConfig(mode="gpu", concurrency=3, warm_checks=True)) as w:
@@ -173,9 +173,9 @@ def get_init_inputs():
 
 
 def test_a_host_bound_reference_is_measured_in_three_processes_and_keeps_the_fastest_ones_figure(tmp_path):
-    from kernels.formats import import_task
-    from kernels.harness.worker import REFERENCE_PROCESSES_MARK
-    from kernels.null import null_candidate
+    from kernelcast.kernels.formats import import_task
+    from kernelcast.kernels.harness.worker import REFERENCE_PROCESSES_MARK
+    from kernelcast.kernels.null import null_candidate
 
     (tmp_path / "chain.py").write_text(KB_CHAIN)
     op, _ = import_task("kernelbench", str(tmp_path / "chain.py"), [], name="chain_processes")
@@ -202,8 +202,8 @@ def test_a_task_imported_into_another_tasks_folder_is_measured_on_the_gpu_by_the
                                                                                                      monkeypatch):
     """As tests/test_budget.py checks in the interpreter: a fork server started before the tasks folder moved is
     started again, here with GPU children, so a task installed in the new folder is found and timed."""
-    from kernels.formats import TASKS_ENV, import_task
-    from kernels.null import null_candidate
+    from kernelcast.kernels.formats import TASKS_ENV, import_task
+    from kernelcast.kernels.null import null_candidate
     from tests.formats_for_tests import KB_RELU
 
     with MeasureWorker(detect(), WorkerConfig(mode="gpu", concurrency=1)) as w:

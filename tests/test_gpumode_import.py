@@ -17,11 +17,11 @@ import torch
 
 import tests.formats_for_tests  # noqa: F401 - sets the tasks directory before any fork server starts
 
-from kernels.formats import TaskFormatError, import_task, tasks_dir
-from kernels.hardware import INTERPRETER
-from kernels.harness.worker import MeasureWorker, WorkerConfig
-from kernels.null import null_candidate
-from kernels.records import HardwareSpec
+from kernelcast.kernels.formats import TaskFormatError, import_task, tasks_dir
+from kernelcast.kernels.hardware import INTERPRETER
+from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig
+from kernelcast.kernels.null import null_candidate
+from kernelcast.kernels.records import HardwareSpec
 
 TASK_PY = "import torch\ninput_t = object\noutput_t = object\n"
 
@@ -338,7 +338,7 @@ FP4 = '''
 
 
 def test_a_task_naming_a_newer_gpus_number_format_is_refused_before_running_naming_the_capability(tmp_path):
-    from kernels.formats.common import device_requirement, unmet_requirement
+    from kernelcast.kernels.formats.common import device_requirement, unmet_requirement
 
     op = _task(tmp_path, "fp4_gemm_like", FP4, [{"m": 32, "seed": 1}])
     assert op.requires["compute_capability"] == "10.0" and op.requires["on_cpu"] is False

@@ -22,15 +22,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from storage.dataset import DataRoot
-from surrogate.bins import speedup_bin
-from surrogate.dataset import case_pairs, requests_from, source_pairs, source_requests
-from surrogate.grpo import (ANSWER_OPENING, PARSE_FAILURE, REWARDS, SFT_FAILED_RANGE, SFT_RAN_RANGE, GRPOSettings,
+from kernelcast.storage.dataset import DataRoot
+from kernelcast.surrogate.bins import speedup_bin
+from kernelcast.surrogate.dataset import case_pairs, requests_from, source_pairs, source_requests
+from kernelcast.surrogate.grpo import (ANSWER_OPENING, PARSE_FAILURE, REWARDS, SFT_FAILED_RANGE, SFT_RAN_RANGE, GRPOSettings,
                             correctness, hundredths, one_minus_brier,
                             one_minus_crps, outcome_reward, outcomes, render_prompt, reward, sft_probabilities,
                             sft_target)
-from surrogate.llm import build_messages, parse_answer, parse_probabilities
-from surrogate.pairs import (CorpusSettings, PairSettings, balanced, build_pairs, corpus_pairs, read_pairs, request_of,
+from kernelcast.surrogate.llm import build_messages, parse_answer, parse_probabilities
+from kernelcast.surrogate.pairs import (CorpusSettings, PairSettings, balanced, build_pairs, corpus_pairs, read_pairs, request_of,
                              requests_of, write_pairs)
 
 pytest.importorskip("trl")
@@ -337,7 +337,7 @@ def test_a_corpus_pair_asks_the_prompt_of_the_source_forecasters_request(corpus)
 
 
 def test_pairs_command_writes_corpus_pairs_as_json_lines(corpus, tmp_path, capsys):
-    from flows.cli import main
+    from kernelcast.flows.cli import main
 
     out = tmp_path / "corpus.jsonl"
     assert main(["pairs", "--corpus", "--data", str(CORPUS), "--eval-ops", "softmax,transpose",
@@ -393,7 +393,7 @@ def _tiny_model(folder: Path, pairs: pd.DataFrame) -> None:
 @pytest.fixture(scope="module")
 def trained(prefect_server, tmp_path_factory):
     """``kernelcast pairs`` then ``kernelcast train --surrogate llm-grpo`` on the tiny model, through Prefect."""
-    from flows.cli import main
+    from kernelcast.flows.cli import main
 
     where = tmp_path_factory.mktemp("grpo")
     pairs_file, out, model = where / "pairs.parquet", where / "run", where / "tiny"
@@ -463,7 +463,7 @@ def test_grpo_writes_metrics_and_the_evaluation_to_its_folder(trained):
 
 
 def test_the_adapter_trained_and_its_checkpoint_reproduces_the_after_evaluation(trained):
-    from surrogate.grpo import TransformersForecaster, evaluate_pairs, load_adapter
+    from kernelcast.surrogate.grpo import TransformersForecaster, evaluate_pairs, load_adapter
 
     model, tokenizer = load_adapter(str(trained["model"]), str(trained["out"] / "adapter"))
     lora_b = [p for name, p in model.named_parameters() if "lora_B" in name]
@@ -480,7 +480,7 @@ def test_a_few_warm_up_steps_lower_the_warm_up_loss(trained, tmp_path):
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from surrogate.grpo import load_model, sft_batch, warm_up
+    from kernelcast.surrogate.grpo import load_model, sft_batch, warm_up
 
     model, tokenizer = load_model(str(trained["model"]))
     with torch.no_grad():  # a head that reads every token, so that the adapter can move the whole answer
@@ -521,14 +521,14 @@ def test_a_grpo_step_on_corpus_pairs_scores_failed_children(trained, tmp_path, c
 
 
 def test_train_command_asks_for_a_model_before_starting_anything(capsys):
-    from flows.cli import main
+    from kernelcast.flows.cli import main
 
     assert main(["train", "--surrogate", "llm-grpo"]) == 2
     assert "--surrogate llm-grpo needs --model" in capsys.readouterr().err
 
 
 def test_an_unknown_precision_is_refused_by_name():
-    from surrogate.grpo import load_model
+    from kernelcast.surrogate.grpo import load_model
 
     with pytest.raises(ValueError, match="unknown precision 'fp8'; known: bf16, fp32"):
         load_model("model.gguf", "fp8")

@@ -4,10 +4,10 @@ import os
 
 import pytest
 
-from kernels.harness.worker import MeasureWorker, WorkerConfig
-from kernels.hardware import INTERPRETER
-from kernels.records import Candidate, HardwareSpec
-from kernels.spaces import get_space
+from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig
+from kernelcast.kernels.hardware import INTERPRETER
+from kernelcast.kernels.records import Candidate, HardwareSpec
+from kernelcast.kernels.spaces import get_space
 from tests.kernels_for_tests import candidate
 
 CPU = HardwareSpec(gpu_type=INTERPRETER, device_name="Triton CPU interpreter")
@@ -75,14 +75,14 @@ def test_unknown_operation_is_refused_before_any_child_starts():
 def test_candidate_environment_has_no_secrets(tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "planted-secret")
     monkeypatch.setenv("MY_API_TOKEN", "planted-token")
-    from kernels.harness.runner import scrub_environment
+    from kernelcast.kernels.harness.runner import scrub_environment
 
     scrub_environment()
     assert "AWS_SECRET_ACCESS_KEY" not in os.environ and "MY_API_TOKEN" not in os.environ
 
 
 def test_the_fastest_timing_window_counts_with_every_windows_repetitions():
-    from kernels.harness.timing import Timing, agree, fastest
+    from kernelcast.kernels.harness.timing import Timing, agree, fastest
 
     slow, quick = Timing(700.0, 40.0, 20, host_us_median=690.0), Timing(450.0, 10.0, 30, host_us_median=440.0)
     best = fastest([slow, quick, Timing(460.0, 12.0, 25, host_us_median=455.0)])
@@ -103,7 +103,7 @@ def test_the_fastest_timing_window_counts_with_every_windows_repetitions():
 def test_gpumode_protocol_ends_a_benchmark_by_its_own_rule():
     """GPU MODE's eval.py: at least three runs; then stop once the mean's standard error is under 0.1%, or the
     runs add up to the time budget, or the loop has run two minutes."""
-    from kernels.harness.timing import gpumode_stop, mean_and_error
+    from kernelcast.kernels.harness.timing import gpumode_stop, mean_and_error
 
     assert mean_and_error([1.0, 2.0, 3.0]) == (2.0, pytest.approx(1.0 / 3 ** 0.5))
     steady = [1000.0] * 3
@@ -116,7 +116,7 @@ def test_gpumode_protocol_ends_a_benchmark_by_its_own_rule():
 
 
 def test_a_call_too_slow_for_its_window_gets_fewer_repetitions_five_under_a_second_three_above():
-    from kernels.harness.timing import SECONDS_CALL_REPS, SLOW_CALL_REPS, repetitions_for
+    from kernelcast.kernels.harness.timing import SECONDS_CALL_REPS, SLOW_CALL_REPS, repetitions_for
 
     assert repetitions_for(20e-6, 20, 1.0) == 20  # a template kernel: all twenty
     assert repetitions_for(0.05, 20, 1.0) == 20  # twenty fit in two windows' time
@@ -128,7 +128,7 @@ def test_a_call_too_slow_for_its_window_gets_fewer_repetitions_five_under_a_seco
 
 
 def test_a_pair_alternates_at_least_eight_times_before_its_median_stands():
-    from kernels.harness.timing import PAIR_ROUNDS, round_size_for
+    from kernelcast.kernels.harness.timing import PAIR_ROUNDS, round_size_for
 
     assert round_size_for(1, 20, 10) == 10  # one call: rounds as asked
     assert round_size_for(1, 5, 10) == 5
@@ -141,7 +141,7 @@ def test_a_pair_of_quick_calls_times_in_rounds_as_long_as_a_window_alone():
     """A pair's rounds each start on an idle device; in rounds of two half of a call's repetitions were a round's
     first (measured: a host-bound reference 1.1-1.6x its windows alone), so a pair of quick calls asks for enough
     repetitions that its rounds are as long as a window's alone, while a pair of slow calls keeps what fits."""
-    from kernels.harness.timing import (PAIR_QUICK_CALL_S, PAIR_ROUNDS, pair_repetitions, repetitions_for,
+    from kernelcast.kernels.harness.timing import (PAIR_QUICK_CALL_S, PAIR_ROUNDS, pair_repetitions, repetitions_for,
                                         round_size_for)
 
     quick = pair_repetitions(repetitions_for(50e-6, 20, 1.0), 50e-6, 10)  # a pair of 50 us calls
@@ -156,7 +156,7 @@ def test_a_pair_is_judged_round_by_round_so_a_host_that_flips_between_stretches_
     """Identical code on a host that runs fast (1.0 ms) or slow (1.7 ms) for stretches of rounds: a change that
     falls between the two sides of one turn gives one side an extra slow round, which moves the median over all
     its repetitions to the slow stretch. Round by round, the two sides saw the same host."""
-    from kernels.harness.timing import _rounds, _Series, paired_ratio
+    from kernelcast.kernels.harness.timing import _rounds, _Series, paired_ratio
 
     # the host turns slow during turn 4: that turn's A round ran after the change, its B round before it
     mine = [[1.7, 1.7] if k >= 4 else [1.0, 1.0] for k in range(9)]
@@ -177,8 +177,8 @@ def test_a_pair_is_judged_round_by_round_so_a_host_that_flips_between_stretches_
 
 
 def test_a_paired_case_takes_the_median_of_round_ratios_and_records_both_estimates():
-    from kernels.harness.runner import _anchored_timing
-    from kernels.harness.timing import Timing
+    from kernelcast.kernels.harness.runner import _anchored_timing
+    from kernelcast.kernels.harness.timing import Timing
 
     phases = []
     paired = Timing(1700.0, 5.0, 18, 1600.0, paired_ratio=1.01, round_ratios=(1.0, 1.01, 1.7),
@@ -194,9 +194,9 @@ def test_a_paired_case_takes_the_median_of_round_ratios_and_records_both_estimat
 
 
 def test_a_pair_whose_reference_ran_well_past_its_stored_runtime_is_recorded_and_named_in_the_row():
-    from kernels.harness.runner import ANCHOR_SLOWED, _anchored_timing
-    from kernels.harness.timing import Timing
-    from kernels.harness.worker import _anchoring, anchored_slowed_in
+    from kernelcast.kernels.harness.runner import ANCHOR_SLOWED, _anchored_timing
+    from kernelcast.kernels.harness.timing import Timing
+    from kernelcast.kernels.harness.worker import _anchoring, anchored_slowed_in
 
     slowed = {}
     beside = Timing(28.6, 1.0, 80, 62.8, paired_ratio=0.53)
@@ -217,8 +217,8 @@ def test_warming_the_checks_runs_their_comparisons_on_four_elements_per_output_d
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from kernels.harness.anticheat import warm_comparisons
-    from kernels.ops import get_operation
+    from kernelcast.kernels.harness.anticheat import warm_comparisons
+    from kernelcast.kernels.ops import get_operation
 
     class Largest(TorchDispatchMode):
         bytes = 0
@@ -249,8 +249,8 @@ def test_warming_the_checks_runs_their_comparisons_on_four_elements_per_output_d
     case = get_operation("softmax").cases[0]
     assert warm_comparisons(Unjudged(), [case], "cpu") == 1
 
-    from kernels.harness.runner import Job
-    from kernels.harness.worker import WorkerConfig
+    from kernelcast.kernels.harness.runner import Job
+    from kernelcast.kernels.harness.worker import WorkerConfig
 
     assert WorkerConfig().warm_checks is False and Job.__dataclass_fields__["warm_checks"].default is False
 
@@ -261,8 +261,8 @@ def test_an_imported_task_declaring_no_outputs_is_warmed_by_its_inputs_dtypes(tm
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from kernels.formats import import_task
-    from kernels.harness.anticheat import warm_comparisons
+    from kernelcast.kernels.formats import import_task
+    from kernelcast.kernels.harness.anticheat import warm_comparisons
     from tests.formats_for_tests import KB_ROW_SUM, write_kernelbench
 
     monkeypatch.setenv("KERNELCAST_TASKS", str(tmp_path / "installed"))

@@ -3,8 +3,8 @@
 Every ``import`` and ``from ... import`` in every module under kernels/ counts, wherever it
 stands (module level, inside a function, under ``if TYPE_CHECKING``): an import deferred into a
 function is still a dependency, and deferring one is how a cycle usually hides. A package is
-its ``__init__`` module, so ``from kernels.ops import Operation`` depends on ``kernels/ops/__init__.py``
-and a re-exporting ``__init__`` is a node like any other; ``from kernels.ops import softmax``
+its ``__init__`` module, so ``from kernelcast.kernels.ops import Operation`` depends on ``kernels/ops/__init__.py``
+and a re-exporting ``__init__`` is a node like any other; ``from kernelcast.kernels.ops import softmax``
 (a submodule) depends on ``kernels/ops/softmax.py``. What is not counted is Python running a
 package's ``__init__`` before any of its submodules: were that an edge, every package whose
 ``__init__`` imports its own submodules would be a cycle by construction.
@@ -30,14 +30,25 @@ FORBIDDEN = {"prefect", "ray", "mlflow", "surrogate", "storage", "tasks", "flows
 
 
 def module_names(root: Path) -> dict[str, Path]:
-    """Dotted module name -> file, for every module under ``root`` (a package is its ``__init__``)."""
+    """Dotted module name -> file, for every module under ``root`` (a package is its ``__init__``).
+
+    The project's top-level folders are subpackages of ``kernelcast`` (pyproject's package-dir)."""
     names = {}
+    prefix = ["kernelcast"] if root.parent == PROJECT and root.name in LAYERS[:-1] else []
     for path in sorted(root.rglob("*.py")):
-        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        parts = prefix + list(path.relative_to(root.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
         names[".".join(parts)] = path
     return names
+
+
+def layer_of(module: str) -> str:
+    """The layer (or outside package) a module name belongs to: ``kernelcast.tasks.search`` -> ``tasks``."""
+    parts = module.split(".")
+    if parts[0] == "kernelcast" and len(parts) > 1 and parts[1] in LAYERS[:-1]:
+        return parts[1]
+    return parts[0]
 
 
 def imported(path: Path, name: str) -> tuple[set[str], list[str]]:
@@ -82,7 +93,7 @@ def import_graph(*roots: Path) -> tuple[dict[str, set[str]], dict[str, list[str]
     graph, dynamic = {}, {}
     for name, path in modules.items():
         targets, dyn = imported(path, name)
-        # ``from kernels.ops import Operation`` also lists ``kernels.ops.Operation``: only real modules stay.
+        # ``from kernelcast.kernels.ops import Operation`` also lists ``kernelcast.kernels.ops.Operation``: only real modules stay.
         graph[name] = {t for t in targets if t in modules and t != name}
         if dyn:
             dynamic[name] = dyn
@@ -118,7 +129,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_kernels_has_no_import_cycle():
     graph, _ = import_graph(KERNELS)
-    assert len(graph) > 20 and "kernels.ops.softmax" in graph["kernels.ops"]
+    assert len(graph) > 20 and "kernelcast.kernels.ops.softmax" in graph["kernelcast.kernels.ops"]
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle in kernels/: " + " -> ".join(cycle)
 
@@ -132,7 +143,7 @@ def test_kernels_imports_no_higher_layer_or_orchestrator():
     offending = {}
     for name, path in module_names(KERNELS).items():
         targets, _ = imported(path, name)
-        bad = sorted(t for t in targets if t.split(".")[0] in FORBIDDEN)
+        bad = sorted(t for t in targets if layer_of(t) in FORBIDDEN)
         if bad:
             offending[name] = bad
     assert offending == {}
@@ -144,7 +155,7 @@ def test_no_layer_imports_a_higher_one_or_a_forbidden_orchestrator(layer):
     offending = {}
     for name, path in module_names(PROJECT / layer).items():
         targets, _ = imported(path, name)
-        bad = sorted(t for t in targets if t.split(".")[0] in above)
+        bad = sorted(t for t in targets if layer_of(t) in above)
         if bad:
             offending[name] = bad
     assert offending == {}
@@ -152,7 +163,7 @@ def test_no_layer_imports_a_higher_one_or_a_forbidden_orchestrator(layer):
 
 def test_the_project_has_no_import_cycle():
     graph, _ = import_graph(*(PROJECT / layer for layer in LAYERS))
-    assert "surrogate.learned" in graph["surrogate.online"] or "surrogate.bins" in graph["surrogate.online"]
+    assert "kernelcast.surrogate.learned" in graph["kernelcast.surrogate.online"] or "kernelcast.surrogate.bins" in graph["kernelcast.surrogate.online"]
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
@@ -165,10 +176,10 @@ def test_a_layer_imports_its_own_modules_by_import_statements_only(layer):
 
 def test_the_operation_modules_sit_below_the_registry_and_the_spaces():
     graph, _ = import_graph(KERNELS)
-    for name in graph["kernels.ops"]:
-        if name.startswith("kernels.ops."):
-            assert not {"kernels.ops", "kernels.spaces"} & graph[name], name
-    assert "kernels.ops" in graph["kernels.spaces"]
+    for name in graph["kernelcast.kernels.ops"]:
+        if name.startswith("kernelcast.kernels.ops."):
+            assert not {"kernelcast.kernels.ops", "kernelcast.kernels.spaces"} & graph[name], name
+    assert "kernelcast.kernels.ops" in graph["kernelcast.kernels.spaces"]
 
 
 # ---- the check itself finds what it is for --------------------------------------------------------

@@ -18,12 +18,12 @@ import time
 import numpy as np
 import pytest
 
-from kernels.ops import get_operation
-from kernels.records import Candidate, HardwareSpec
-from surrogate.forecast import ForecastRequest
-from surrogate.llm import (ANSWER_SCHEMA, MAX_ANSWER_CHARS, AnswerError, OpenAIForecaster, VLLMForecaster,
+from kernelcast.kernels.ops import get_operation
+from kernelcast.kernels.records import Candidate, HardwareSpec
+from kernelcast.surrogate.forecast import ForecastRequest
+from kernelcast.surrogate.llm import (ANSWER_SCHEMA, MAX_ANSWER_CHARS, AnswerError, OpenAIForecaster, VLLMForecaster,
                            build_messages, forecast_from_answer, parse_answer, parse_probabilities)
-from surrogate.policies import BudgetPolicy, ThresholdPolicy
+from kernelcast.surrogate.policies import BudgetPolicy, ThresholdPolicy
 
 TINY_CONTEXT = 8192  # the tiny vocabulary spells the prompt byte by byte
 LLAMA_CPP_PYTHON = "json_object"  # its server takes the schema inside a json_object response format

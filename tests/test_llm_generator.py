@@ -15,14 +15,14 @@ import pytest
 from tests.formats_for_tests import KB_ROW_SUM_NEW, write_kernelbench
 from tests.test_llm_forecaster import LLAMA_CPP_PYTHON, server, tiny_model  # noqa: F401 (fixtures)
 
-from kernels.formats import import_task
-from kernels.ops import get_operation
-from kernels.spaces import get_space
-from storage.dataset import DataRoot
-from tasks.config import ConfigError, SearchConfig, validate
-from tasks.llm_generator import (LLMGenerator, Parent, mixed_children, source_from_answer, variant_from_answer,
+from kernelcast.kernels.formats import import_task
+from kernelcast.kernels.ops import get_operation
+from kernelcast.kernels.spaces import get_space
+from kernelcast.storage.dataset import DataRoot
+from kernelcast.tasks.config import ConfigError, SearchConfig, validate
+from kernelcast.tasks.llm_generator import (LLMGenerator, Parent, mixed_children, source_from_answer, variant_from_answer,
                                  variant_schema)
-from tasks.state import Archive
+from kernelcast.tasks.state import Archive
 
 
 def _generator(url, **kwargs) -> LLMGenerator:
@@ -111,7 +111,7 @@ def _config(tmp_path, url, **changes) -> SearchConfig:
 
 
 def test_a_replay_search_with_the_llm_generator_journals_llm_children(server, tmp_path):  # noqa: F811
-    from tasks.setup import open_search
+    from kernelcast.tasks.setup import open_search
 
     search = open_search(_config(tmp_path, server.base_url), track=False)
     try:
@@ -128,7 +128,7 @@ def test_a_replay_search_with_the_llm_generator_journals_llm_children(server, tm
 
 def test_an_unreachable_generator_endpoint_fails_before_anything_is_measured(tmp_path):
     from tests.conftest import free_port
-    from tasks.setup import open_search
+    from kernelcast.tasks.setup import open_search
 
     url = f"http://127.0.0.1:{free_port()}/v1"
     with pytest.raises(ConnectionError, match=f"LLM server at {url} is unreachable"):
@@ -156,8 +156,8 @@ class InterpreterPool:
     """This machine's CPU, through the real harness under Triton's interpreter (correctness only)."""
 
     def __init__(self):
-        from kernels.harness.worker import MeasureWorker, WorkerConfig
-        from kernels.records import HardwareSpec
+        from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig
+        from kernelcast.kernels.records import HardwareSpec
 
         self.worker = MeasureWorker(HardwareSpec(gpu_type="interpreter", device_name="Triton CPU interpreter"),
                                     WorkerConfig(mode="interpreter", concurrency=2, seeds=1))
@@ -174,8 +174,8 @@ class InterpreterPool:
 
 
 def test_an_imported_task_is_searched_its_own_candidates_first(server, tmp_path):  # noqa: F811
-    from surrogate.baselines import RooflineForecaster
-    from tasks.search import Search
+    from kernelcast.surrogate.baselines import RooflineForecaster
+    from kernelcast.tasks.search import Search
 
     ref, cands = write_kernelbench(tmp_path / "src", new=KB_ROW_SUM_NEW)
     root = DataRoot(str(tmp_path / "data"))

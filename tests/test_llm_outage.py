@@ -18,12 +18,12 @@ import sys
 import threading
 import time
 
-from storage.schema import forecasts_from_frame
-from surrogate.llm import OpenAIForecaster
-from surrogate.policies import ThresholdPolicy
-from tasks.config import SearchConfig
-from tasks.search import Search
-from tasks.setup import data_root, measure_pool, resolve
+from kernelcast.storage.schema import forecasts_from_frame
+from kernelcast.surrogate.llm import OpenAIForecaster
+from kernelcast.surrogate.policies import ThresholdPolicy
+from kernelcast.tasks.config import SearchConfig
+from kernelcast.tasks.search import Search
+from kernelcast.tasks.setup import data_root, measure_pool, resolve
 from tests.test_llm_forecaster import LLAMA_CPP_PYTHON, TINY_CONTEXT, LlamaServer, tiny_model  # noqa: F401
 
 

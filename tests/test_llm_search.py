@@ -26,7 +26,7 @@ def test_a_live_comparison_asks_the_server_and_writes_its_rows(server, tmp_path,
     assert (row["op"], row["surrogate"], row["generator"], row["backend"]) == ("softmax", "roofline", "freeform",
                                                                                  "local")
     assert row["baseline_stop_reason"] and row["surrogate_stop_reason"]
-    from storage.dataset import DataRoot
+    from kernelcast.storage.dataset import DataRoot
 
     asked = DataRoot(str(tmp_path / "data")).read("generations")["generator_asked"]
     assert len(asked) == 2 and (asked > 0).all()  # both searches asked the live server for children

@@ -17,8 +17,8 @@ import pytest
 pytest.importorskip("peft")
 pytest.importorskip("gguf")
 
-from kernels.records import Candidate, HardwareSpec  # noqa: E402
-from surrogate.forecast import ForecastRequest  # noqa: E402
+from kernelcast.kernels.records import Candidate, HardwareSpec  # noqa: E402
+from kernelcast.surrogate.forecast import ForecastRequest  # noqa: E402
 from tests.test_engine import write_tiny_qwen2_gguf  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,8 +55,8 @@ def tiny_gguf(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def trained(tiny_gguf, tmp_path_factory) -> Path:
-    """A folder written by ``python -m surrogate.lmhead train`` (in process) on the synthetic pairs."""
-    from surrogate.lmhead.__main__ import main
+    """A folder written by ``python -m kernelcast.surrogate.lmhead train`` (in process) on the synthetic pairs."""
+    from kernelcast.surrogate.lmhead.__main__ import main
 
     folder = tmp_path_factory.mktemp("lmhead-trained")
     pairs = folder / "pairs.parquet"
@@ -79,7 +79,7 @@ def requests(n: int = 6) -> list[ForecastRequest]:
 
 
 def test_grouped_folds_never_share_a_problem_and_cover_every_pair_once():
-    from surrogate.lmhead.train import grouped_split
+    from kernelcast.surrogate.lmhead.train import grouped_split
 
     groups = np.repeat([f"p{i}" for i in range(11)], np.arange(1, 12))
     tested = []
@@ -93,7 +93,7 @@ def test_grouped_folds_never_share_a_problem_and_cover_every_pair_once():
 
 
 def test_the_calibration_split_can_be_drawn_from_one_pools_problems_only():
-    from surrogate.lmhead.train import grouped_split
+    from kernelcast.surrogate.lmhead.train import grouped_split
 
     groups = np.array([f"kb.cudal1-l1-{i:03d}" for i in range(10)] + [f"softmax-{i}" for i in range(30)])
     train, calibration, test = grouped_split(groups, 4, 0, 0.2, calibrate_on="kb.cudal1-")
@@ -106,7 +106,7 @@ def test_the_calibration_split_can_be_drawn_from_one_pools_problems_only():
 
 
 def test_named_held_out_problems_replace_the_fold_and_unknown_ones_are_refused():
-    from surrogate.lmhead.train import grouped_split
+    from kernelcast.surrogate.lmhead.train import grouped_split
 
     groups = np.repeat([f"p{i}" for i in range(8)], 3)
     train, calibration, test = grouped_split(groups, 4, 0, 0.25, held_out=("p2", "p5"))
@@ -119,8 +119,8 @@ def test_named_held_out_problems_replace_the_fold_and_unknown_ones_are_refused()
 
 
 def test_training_a_few_steps_lowers_the_loss_below_the_base_rates(tiny_gguf):
-    from surrogate.lmhead.model import HeadConfig, PairModel
-    from surrogate.lmhead.train import TrainSettings, grouped_split, mean_loss, targets, train
+    from kernelcast.surrogate.lmhead.model import HeadConfig, PairModel
+    from kernelcast.surrogate.lmhead.train import TrainSettings, grouped_split, mean_loss, targets, train
 
     pairs = synthetic_pairs()
     head = HeadConfig(model=str(tiny_gguf), max_tokens=96)
@@ -138,8 +138,8 @@ def test_training_a_few_steps_lowers_the_loss_below_the_base_rates(tiny_gguf):
 
 
 def test_gradient_checkpointing_takes_the_same_steps(tiny_gguf):
-    from surrogate.lmhead.model import HeadConfig
-    from surrogate.lmhead.train import TrainSettings, train
+    from kernelcast.surrogate.lmhead.model import HeadConfig
+    from kernelcast.surrogate.lmhead.train import TrainSettings, train
 
     head = HeadConfig(model=str(tiny_gguf), max_tokens=96)
     plain, recomputed = (train(synthetic_pairs(), head, TrainSettings(folds=3, max_steps=3, gradient_checkpointing=g),
@@ -151,8 +151,8 @@ def test_gradient_checkpointing_takes_the_same_steps(tiny_gguf):
 def test_a_batch_whose_loss_overflows_is_skipped_not_stepped_into_the_weights(tiny_gguf, tmp_path, monkeypatch):
     """A 2,048-token run on a GPU once came out of training with NaN weights (one overflowing batch stepped into
     them), and its calibration failed. A non-finite loss or gradient is now skipped and counted."""
-    from surrogate.lmhead import train as training
-    from surrogate.lmhead.model import HeadConfig
+    from kernelcast.surrogate.lmhead import train as training
+    from kernelcast.surrogate.lmhead.model import HeadConfig
 
     real, calls = training.pair_loss, []
 
@@ -172,7 +172,7 @@ def test_a_batch_whose_loss_overflows_is_skipped_not_stepped_into_the_weights(ti
 
 
 def test_problem_batches_keep_each_problem_whole_and_every_row_once():
-    from surrogate.lmhead.train import problem_batches
+    from kernelcast.surrogate.lmhead.train import problem_batches
 
     groups = np.array([f"p{i % 5}" for i in range(23)] + ["big"] * 11)
     indices = np.arange(len(groups))
@@ -188,7 +188,7 @@ def test_problem_batches_keep_each_problem_whole_and_every_row_once():
 def test_the_ranking_term_penalises_a_reversed_order_within_a_problem_only():
     import torch
 
-    from surrogate.lmhead.train import rank_loss
+    from kernelcast.surrogate.lmhead.train import rank_loss
 
     y = torch.tensor([0.0, 0.5, 1.0, float("nan"), 0.2])
     groups = torch.tensor([0, 0, 0, 0, 1])
@@ -200,8 +200,8 @@ def test_the_ranking_term_penalises_a_reversed_order_within_a_problem_only():
 
 def test_training_with_the_ranking_term_draws_whole_problems_and_records_its_weight(tiny_gguf, tmp_path,
                                                                                    monkeypatch):
-    from surrogate.lmhead import train as training
-    from surrogate.lmhead.model import HeadConfig
+    from kernelcast.surrogate.lmhead import train as training
+    from kernelcast.surrogate.lmhead.model import HeadConfig
 
     real, seen = training.pair_loss, []
 
@@ -240,9 +240,9 @@ def test_a_trained_folder_holds_its_config_metrics_and_calibration(trained):
 
 
 def test_max_seconds_stops_training_and_still_saves_a_usable_folder(tiny_gguf, tmp_path):
-    from surrogate.lmhead import LMHeadForecaster
-    from surrogate.lmhead.model import HeadConfig
-    from surrogate.lmhead.train import TrainSettings, train
+    from kernelcast.surrogate.lmhead import LMHeadForecaster
+    from kernelcast.surrogate.lmhead.model import HeadConfig
+    from kernelcast.surrogate.lmhead.train import TrainSettings, train
 
     result = train(synthetic_pairs(), HeadConfig(model=str(tiny_gguf), max_tokens=96),
                    TrainSettings(folds=3, epochs=1000, max_seconds=4.0), out=str(tmp_path / "out"), device="cpu")
@@ -255,7 +255,7 @@ def test_max_seconds_stops_training_and_still_saves_a_usable_folder(tiny_gguf, t
 
 
 def test_a_saved_folder_gives_the_same_forecasts_after_reload(trained, tiny_gguf, tmp_path):
-    from surrogate.lmhead.model import Calibration, HeadConfig, LMHeadForecaster, PairModel
+    from kernelcast.surrogate.lmhead.model import Calibration, HeadConfig, LMHeadForecaster, PairModel
 
     first = LMHeadForecaster.load(str(trained)).predict(requests())
     again = LMHeadForecaster.load(str(trained), model=str(tiny_gguf)).predict(requests())
@@ -267,7 +267,7 @@ def test_a_saved_folder_gives_the_same_forecasts_after_reload(trained, tiny_gguf
 
 
 def test_the_registered_forecaster_returns_well_formed_forecasts(trained):
-    from surrogate.registry import fits_on_prior, get_forecaster_factory, load_trained, reads_folder
+    from kernelcast.surrogate.registry import fits_on_prior, get_forecaster_factory, load_trained, reads_folder
 
     assert reads_folder("lmhead") and not fits_on_prior("lmhead")
     with pytest.raises(ValueError, match="needs the folder of a trained one"):
@@ -286,7 +286,7 @@ def test_the_registered_forecaster_returns_well_formed_forecasts(trained):
 
 
 def test_a_search_config_naming_lmhead_needs_its_folder():
-    from tasks.config import ConfigError, SearchConfig, check_settings
+    from kernelcast.tasks.config import ConfigError, SearchConfig, check_settings
 
     with pytest.raises(ConfigError, match="surrogate_folder"):
         check_settings(SearchConfig(op="softmax", surrogate="lmhead"))
@@ -296,8 +296,8 @@ def test_a_search_config_naming_lmhead_needs_its_folder():
 def test_embeddings_append_to_the_source_forecasters_features_and_a_booster_fits_on_them(trained):
     from sklearn.ensemble import HistGradientBoostingRegressor
 
-    from surrogate.lmhead import LMHeadForecaster, append_embeddings
-    from surrogate.source import SourceFeatures
+    from kernelcast.surrogate.lmhead import LMHeadForecaster, append_embeddings
+    from kernelcast.surrogate.source import SourceFeatures
 
     forecaster = LMHeadForecaster.load(str(trained))
     reqs = requests()
@@ -318,15 +318,15 @@ def test_embeddings_append_to_the_source_forecasters_features_and_a_booster_fits
 
 
 def test_pairs_missing_a_column_are_refused_by_name(tiny_gguf):
-    from surrogate.lmhead.model import HeadConfig
-    from surrogate.lmhead.train import train
+    from kernelcast.surrogate.lmhead.model import HeadConfig
+    from kernelcast.surrogate.lmhead.train import train
 
     with pytest.raises(ValueError, match="lack the column.*candidate_source"):
         train(synthetic_pairs().drop(columns=["candidate_source"]), HeadConfig(model=str(tiny_gguf)))
 
 
 def test_the_command_line_names_a_missing_column_and_a_missing_model(tiny_gguf, tmp_path, capsys):
-    from surrogate.lmhead.__main__ import main
+    from kernelcast.surrogate.lmhead.__main__ import main
 
     pairs = tmp_path / "pairs.parquet"
     synthetic_pairs().drop(columns=["status"]).to_parquet(pairs)
@@ -339,15 +339,15 @@ def test_the_command_line_names_a_missing_column_and_a_missing_model(tiny_gguf, 
 
 
 def test_too_few_problems_for_the_folds_are_refused_naming_them(tiny_gguf):
-    from surrogate.lmhead.model import HeadConfig
-    from surrogate.lmhead.train import TrainSettings, train
+    from kernelcast.surrogate.lmhead.model import HeadConfig
+    from kernelcast.surrogate.lmhead.train import TrainSettings, train
 
     with pytest.raises(ValueError, match=r"2 problem\(s\) \(problem0, problem1\) cannot be split into 5 folds"):
         train(synthetic_pairs(problems=2), HeadConfig(model=str(tiny_gguf)), TrainSettings(folds=5))
 
 
 def test_a_folder_without_heads_or_a_model_is_refused_by_name(trained, tmp_path):
-    from surrogate.lmhead import LMHeadForecaster
+    from kernelcast.surrogate.lmhead import LMHeadForecaster
 
     with pytest.raises(ValueError, match="lacks config.json"):
         LMHeadForecaster.load(str(tmp_path))
@@ -365,9 +365,9 @@ def test_a_folder_without_heads_or_a_model_is_refused_by_name(trained, tmp_path)
 
 def test_pairs_from_two_data_roots_are_the_pairs_of_their_union(tmp_path):
     """The corpus split by operation into two roots gives, with --also-data, the corpus's own pairs."""
-    from flows.cli import main
-    from surrogate.lmhead.train import targets
-    from surrogate.pairs import read_pairs
+    from kernelcast.flows.cli import main
+    from kernelcast.surrogate.lmhead.train import targets
+    from kernelcast.surrogate.pairs import read_pairs
 
     ops = sorted(p.name.removeprefix("op=") for p in (CORPUS / "candidates").iterdir())
     for name, part in (("a", ops[::2]), ("b", ops[1::2])):
@@ -387,9 +387,9 @@ def test_pairs_from_two_data_roots_are_the_pairs_of_their_union(tmp_path):
 
 
 def test_a_replay_search_forecasts_with_the_trained_folder_like_any_surrogate(trained, tmp_path):
-    from storage.dataset import DataRoot
-    from tasks.config import SearchConfig
-    from tasks.setup import open_search
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.tasks.config import SearchConfig
+    from kernelcast.tasks.setup import open_search
 
     config = SearchConfig(op="softmax", gpu_type="h100", budget=4, generations=2, children=8, surrogate="lmhead",
                           surrogate_folder=str(trained), seed=1, data=str(tmp_path / "data"), backend="replay")
@@ -404,7 +404,7 @@ def test_a_replay_search_forecasts_with_the_trained_folder_like_any_surrogate(tr
 
 
 def test_kernelcast_forecast_reads_the_folder_and_asks_for_it_when_missing(trained, tmp_path, capsys):
-    from flows.cli import main
+    from kernelcast.flows.cli import main
     from tests.kernels_for_tests import SOURCES
 
     kernel = tmp_path / "mine.py"
@@ -419,8 +419,8 @@ def test_kernelcast_forecast_reads_the_folder_and_asks_for_it_when_missing(train
 
 
 def test_template_pairs_from_two_data_roots_are_the_pairs_of_the_whole_pool(tmp_path):
-    from storage.dataset import DataRoot
-    from surrogate.pairs import PairSettings, build_pairs
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.surrogate.pairs import PairSettings, build_pairs
 
     pool = ROOT / "data" / "pools"
     ops = sorted(p.name.removeprefix("op=") for p in (pool / "candidates").iterdir())

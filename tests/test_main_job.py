@@ -18,7 +18,7 @@ def test_the_main_job_in_an_empty_folder_prints_no_traceback(tmp_path):
     folder = tmp_path / "empty"
     folder.mkdir()
     # `kernelcast search --op softmax` (README, "Set up and run") at its smallest budget
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "search", "--op", "softmax", "--budget", "2",
+    done = subprocess.run([sys.executable, "-m", "kernelcast.flows.cli", "search", "--op", "softmax", "--budget", "2",
                            "--generations", "1", "--children", "8"], cwd=folder, env=env, capture_output=True,
                           text=True, timeout=900)
     output = done.stdout + done.stderr

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.models import (BUILTIN_MODELS, ModelError, load_registry, spec_from_dict, spec_to_dict)
+from kernelcast.infra.models import (BUILTIN_MODELS, ModelError, load_registry, spec_from_dict, spec_to_dict)
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "fake-coder"
@@ -71,7 +71,7 @@ def kc(world, *args, env=None):
     """Run ``kernelcast`` (this checkout) in a process of its own; pip reads no configuration but ours."""
     environ = {**os.environ, "PYTHONPATH": str(ROOT), "PIP_CONFIG_FILE": os.devnull,
                "KERNELCAST_MODELS": str(world["models"]), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, env=environ,
+    return subprocess.run([sys.executable, "-m", "kernelcast.flows.cli", *args], cwd=ROOT, env=environ,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -305,7 +305,7 @@ def test_the_smollm2_pin_matches_the_installed_wheel():
 
 def join(parts: Path, out: Path):
     """The receiving end: ``-S`` leaves out site-packages, so it runs on the standard library alone."""
-    return subprocess.run([sys.executable, "-S", "-m", "infra.models", "join", str(parts), str(out)], cwd=ROOT,
+    return subprocess.run([sys.executable, "-S", "-m", "kernelcast.infra.models", "join", str(parts), str(out)], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
 
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from kernels.ops import get_operation
-from kernels.records import Candidate, HardwareSpec, Measurement
-from kernels.spaces import get_space
-from surrogate.forecast import Forecast
-from surrogate.online import SearchSurrogate, log_expected_improvement, logit_shift, thompson_draw
+from kernelcast.kernels.ops import get_operation
+from kernelcast.kernels.records import Candidate, HardwareSpec, Measurement
+from kernelcast.kernels.spaces import get_space
+from kernelcast.surrogate.forecast import Forecast
+from kernelcast.surrogate.online import SearchSurrogate, log_expected_improvement, logit_shift, thompson_draw
 
 H100 = HardwareSpec(gpu_type="h100", device_name="NVIDIA H100 80GB HBM3")
 LEVEL_ERROR = 0.7  # the prior's level is this far below the truth, for every child alike

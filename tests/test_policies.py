@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from surrogate.forecast import Forecast
-from surrogate.policies import BudgetPolicy, ConformalRiskPolicy, ThresholdPolicy
+from kernelcast.surrogate.forecast import Forecast
+from kernelcast.surrogate.policies import BudgetPolicy, ConformalRiskPolicy, ThresholdPolicy
 
 
 def forecast(cid, bin_, sure, parsed=True):
@@ -147,8 +147,8 @@ def test_budget_left_in_the_last_generation_is_spent_on_children_forecast_to_fai
 
 
 def test_rankings_are_weighted_by_run_probability():
-    from surrogate.online import log_expected_improvement, thompson_draw
-    from surrogate.policies import run_weighted
+    from kernelcast.surrogate.online import log_expected_improvement, thompson_draw
+    from kernelcast.surrogate.policies import run_weighted
 
     fast_but_fragile = forecast("fragile", 7, 0.4).with_failure(0.8)
     slower_but_sound = forecast("sound", 6, 0.4).with_failure(0.1)
@@ -162,8 +162,8 @@ def test_rankings_are_weighted_by_run_probability():
 def test_forecasts_that_say_nothing_about_failure_are_selected_as_before():
     import math
 
-    from surrogate.online import log_expected_improvement
-    from surrogate.policies import run_weighted
+    from kernelcast.surrogate.online import log_expected_improvement
+    from kernelcast.surrogate.policies import run_weighted
 
     rng = np.random.default_rng(3)
     fs = [forecast(str(i), int(b), float(s)) for i, (b, s) in enumerate(zip(rng.integers(1, 9, 40),
@@ -189,8 +189,8 @@ def test_forecasts_that_say_nothing_about_failure_are_selected_as_before():
 def test_expected_improvement_per_second_measures_a_cheap_child_before_a_likelier_dear_one():
     """A child forecast a little likelier to beat the best, but of an origin that has cost 40 s a measurement
     (a max-autotune compile), waits behind one that costs 1 s under ei-per-second, not under ei."""
-    from tasks.config import SearchConfig
-    from tasks.search import select_children
+    from kernelcast.tasks.config import SearchConfig
+    from kernelcast.tasks.search import select_children
 
     dear, cheap = forecast("dear", 6, 0.6), forecast("cheap", 6, 0.5)
     seconds = {"dear": 40.0, "cheap": 1.0}
@@ -205,8 +205,8 @@ def test_a_child_surely_slower_than_a_root_measured_beside_it_is_no_new_best():
     against the best before it (none, in the first generation). Measured on a replay of KernelBench level3/31
     with the oracle: a 1.45x compile variant (162 GPU seconds) was measured beside the 13.1x root it could not
     beat, and spent a budget of seconds the root's 16x CUDA graph needed. An unsure root changes nothing."""
-    from tasks.config import SearchConfig
-    from tasks.search import select_children
+    from kernelcast.tasks.config import SearchConfig
+    from kernelcast.tasks.search import select_children
 
     def sure(cid, speedup, sigma=0.001):
         return Forecast(cid, "ref", "test", "1", forecast(cid, 6, 0.99).probabilities, expected_speedup=speedup,
@@ -234,12 +234,12 @@ def test_the_oracle_forecasts_each_measured_outcome_of_its_root_as_certain_and_w
     root never measured gets no confidence; a root without measurements is a clear error."""
     from pathlib import Path
 
-    from kernels.records import Candidate
-    from storage.dataset import DataRoot
-    from storage.schema import candidates_from_frame, measurements_from_frame
-    from surrogate.baselines import OracleForecaster
-    from surrogate.forecast import ForecastRequest
-    from surrogate.registry import get_forecaster_factory, load_trained, reads_folder
+    from kernelcast.kernels.records import Candidate
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.storage.schema import candidates_from_frame, measurements_from_frame
+    from kernelcast.surrogate.baselines import OracleForecaster
+    from kernelcast.surrogate.forecast import ForecastRequest
+    from kernelcast.surrogate.registry import get_forecaster_factory, load_trained, reads_folder
 
     folder = Path(__file__).resolve().parents[1] / "data" / "pools" / "spaces" / "kb.cudal1-l2-035"
     op = "kb.cudal1-l2-035"
@@ -251,7 +251,7 @@ def test_the_oracle_forecasts_each_measured_outcome_of_its_root_as_certain_and_w
     assert len(ran) > 5 and failed
     hardware = ran[0].hardware
     assert reads_folder("oracle") and get_forecaster_factory("oracle")().name == "oracle"
-    from tasks.setup import measurements_of
+    from kernelcast.tasks.setup import measurements_of
 
     oracle = load_trained("oracle", str(folder), measurements_of(str(folder)))
     anchor = made[ran[0].candidate_id]

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from kernels.harness import prebuild
+from kernelcast.kernels.harness import prebuild
 
 IN_INIT = textwrap.dedent('''
     import torch

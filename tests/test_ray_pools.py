@@ -17,13 +17,13 @@ import pytest
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from infra.measure import LocalMeasurePool, ReplayMeasurer  # noqa: E402
-from infra.ray_pools import ForecasterPool, RayMeasurePool  # noqa: E402
-from kernels.ops import get_operation  # noqa: E402
-from storage.dataset import DataRoot  # noqa: E402
-from storage.schema import candidates_from_frame, measurements_from_frame  # noqa: E402
-from surrogate.baselines import RooflineForecaster  # noqa: E402
-from surrogate.forecast import ForecastRequest  # noqa: E402
+from kernelcast.infra.measure import LocalMeasurePool, ReplayMeasurer  # noqa: E402
+from kernelcast.infra.ray_pools import ForecasterPool, RayMeasurePool  # noqa: E402
+from kernelcast.kernels.ops import get_operation  # noqa: E402
+from kernelcast.storage.dataset import DataRoot  # noqa: E402
+from kernelcast.storage.schema import candidates_from_frame, measurements_from_frame  # noqa: E402
+from kernelcast.surrogate.baselines import RooflineForecaster  # noqa: E402
+from kernelcast.surrogate.forecast import ForecastRequest  # noqa: E402
 
 COMMITTED_POOL = Path(__file__).resolve().parents[1] / "data" / "pools"
 OP = "softmax"

@@ -14,12 +14,12 @@ import torch
 
 from tests.formats_for_tests import write_gpumode, write_kernelbench
 
-from kernels.formats import import_task, submission_of
-from kernels.harness.worker import MeasureWorker, WorkerConfig
-from kernels.hardware import INTERPRETER
-from kernels.null import NULL_MARK, null_candidate
-from kernels.ops import get_operation
-from kernels.records import HardwareSpec
+from kernelcast.kernels.formats import import_task, submission_of
+from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig
+from kernelcast.kernels.hardware import INTERPRETER
+from kernelcast.kernels.null import NULL_MARK, null_candidate
+from kernelcast.kernels.ops import get_operation
+from kernelcast.kernels.records import HardwareSpec
 
 CPU = HardwareSpec(gpu_type=INTERPRETER, device_name="Triton CPU interpreter")
 REPO = Path(__file__).resolve().parents[1]
@@ -159,7 +159,7 @@ def _import_in_fresh_process(args: dict, tasks_dir: Path) -> dict:
     script = textwrap.dedent(f'''
         import json, resource, time
         t0 = time.perf_counter()
-        from kernels.formats import import_task
+        from kernelcast.kernels.formats import import_task
         t1 = time.perf_counter()
         op, _ = import_task(**{args!r})
         seconds = time.perf_counter() - t1
@@ -201,7 +201,7 @@ def test_a_gpumode_task_that_makes_gigabytes_on_cuda_imports_on_a_machine_withou
 
 
 def test_a_kernelbench_models_parameters_are_counted_in_its_footprint(tmp_path):
-    from kernels.harness.budget import footprint
+    from kernelcast.kernels.harness.budget import footprint
 
     ref, _ = write_kernelbench(tmp_path / "mlp", reference=KB_MLP)
     op, _ = import_task("kernelbench", str(ref), name="mlp_params")
@@ -273,8 +273,8 @@ GPUMODE_RETURNS_NEW_SPECS = textwrap.dedent('''
 
 
 def test_an_empty_buffer_in_data_is_writable_even_where_the_reference_returns_a_new_tensor(tmp_path):
-    from kernels.formats.gpumode import Uninitialised
-    from kernels.formats.operation import on_device
+    from kernelcast.kernels.formats.gpumode import Uninitialised
+    from kernelcast.kernels.formats.operation import on_device
 
     ref, _ = write_gpumode(tmp_path / "prefix", reference=GPUMODE_RETURNS_NEW, specs=GPUMODE_RETURNS_NEW_SPECS)
     op, _ = import_task("gpumode", str(ref), name="prefix_new")
@@ -312,7 +312,7 @@ def test_a_null_candidate_of_a_builtin_op_may_call_the_torch_function_it_replace
     op = get_operation("softmax")
     null = null_candidate(op)
     other = null.source.replace(NULL_MARK, "# not the null candidate")
-    from kernels.records import Candidate
+    from kernelcast.kernels.records import Candidate
 
     cheat = Candidate(op="softmax", backend="torch", source=other, origin="import")
     found = _measure([null, cheat])
@@ -325,7 +325,7 @@ def test_a_null_candidate_of_a_builtin_op_may_call_the_torch_function_it_replace
 
 def test_the_task_yaml_subset_reader_agrees_with_pyyaml_on_the_shared_tasks():
     yaml = pytest.importorskip("yaml")
-    from kernels.formats.gpumode import read_task_yaml
+    from kernelcast.kernels.formats.gpumode import read_task_yaml
 
     files = sorted((SHARED_TASKS / "gpumode").glob("*/*/task.yml"))
     if not files:
@@ -338,7 +338,7 @@ def test_the_task_yaml_subset_reader_agrees_with_pyyaml_on_the_shared_tasks():
 
 
 def test_the_task_yaml_subset_reader_refuses_what_it_does_not_know():
-    from kernels.formats.gpumode import read_task_yaml
+    from kernelcast.kernels.formats.gpumode import read_task_yaml
 
     assert read_task_yaml('tests: [{size: 127, seed: 4242}]\n') == {"tests": [{"size": 127, "seed": 4242}]}
     with pytest.raises(ValueError, match="line 1: expected 'key: value'"):
@@ -347,8 +347,8 @@ def test_the_task_yaml_subset_reader_refuses_what_it_does_not_know():
 
 
 def test_the_import_command_adds_the_null_candidate_when_asked(tmp_path, capsys):
-    from flows.cli import main
-    from storage.dataset import DataRoot
+    from kernelcast.flows.cli import main
+    from kernelcast.storage.dataset import DataRoot
 
     ref, _ = write_kernelbench(tmp_path / "kb_cli", reference=KB_MLP)
     data = str(tmp_path / "data")

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from kernels.formats import submission_of
-from kernels.ops import get_operation
-from kernels.screen import screen
-from storage.dataset import DataRoot
-from tasks.config import PACKAGED_CORPUS, ConfigError, SearchConfig
-from tasks.replay import ReplayModel, read_tree
-from tasks.setup import resolve
+from kernelcast.kernels.formats import submission_of
+from kernelcast.kernels.ops import get_operation
+from kernelcast.kernels.screen import screen
+from kernelcast.storage.dataset import DataRoot
+from kernelcast.tasks.config import PACKAGED_CORPUS, ConfigError, SearchConfig
+from kernelcast.tasks.replay import ReplayModel, read_tree
+from kernelcast.tasks.setup import resolve
 from tests.test_search import FailingPool, run
 
 OP = "softmax"  # 3 roots and their recorded children, three rounds deep; some pass today's static checks
@@ -92,8 +92,8 @@ def test_the_walk_is_fixed_by_the_seed(tmp_path):
 
 
 def test_a_resumed_replay_search_walks_the_same_tree_without_measuring_twice(tmp_path):
-    from tasks.search import Search
-    from tasks.setup import data_root, forecaster, measure_pool
+    from kernelcast.tasks.search import Search
+    from kernelcast.tasks.setup import data_root, forecaster, measure_pool
 
     _, clean = run(config(tmp_path, run_id="clean", surrogate="roofline", budget=12, generations=3,
                           data=str(tmp_path / "clean")))
@@ -148,7 +148,7 @@ def test_a_search_says_why_it_stopped(tmp_path, changes, reason):
 
 
 def test_the_cli_summary_names_the_stop_reason(tmp_path):
-    from tasks.report import summary_lines
+    from kernelcast.tasks.report import summary_lines
 
     _, result = run(config(tmp_path, generator="template", budget=8, generations=4))
     assert "stopped: budget" in summary_lines(result, "data", "sqlite://", None)[0]
@@ -162,9 +162,9 @@ def test_a_strict_search_counts_a_kernel_of_lower_precision_as_incorrect_and_its
 
     import numpy as np
 
-    from storage.schema import candidates_from_frame, measurements_from_frame
-    from tasks.config import PACKAGED_POOL
-    from tasks.report import compare_runs
+    from kernelcast.storage.schema import candidates_from_frame, measurements_from_frame
+    from kernelcast.tasks.config import PACKAGED_POOL
+    from kernelcast.tasks.report import compare_runs
 
     source = DataRoot(PACKAGED_POOL)
     rows = source.read_measurements(op=OP, gpu_type="h100")

@@ -11,12 +11,12 @@ import sys
 import pandas as pd
 import pytest
 
-from flows.cli import main
-from storage.dataset import DataRoot
-from storage.schema import measurements_from_frame
-from tasks.config import SearchConfig
-from tasks.report import compare_runs
-from tasks.setup import open_search
+from kernelcast.flows.cli import main
+from kernelcast.storage.dataset import DataRoot
+from kernelcast.storage.schema import measurements_from_frame
+from kernelcast.tasks.config import SearchConfig
+from kernelcast.tasks.report import compare_runs
+from kernelcast.tasks.setup import open_search
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = dict(op="softmax", gpu_type="h100", budget=8, generations=2, children=16, seed=1, backend="replay")
@@ -56,7 +56,7 @@ def png_size(path) -> tuple[int, int]:
 
 
 def report(data, out, *flags, tracking_uri):
-    return subprocess.run([sys.executable, "-m", "flows.cli", "report", "--op", "softmax", "--data", data,
+    return subprocess.run([sys.executable, "-m", "kernelcast.flows.cli", "report", "--op", "softmax", "--data", data,
                            "--out", str(out), "--tracking-uri", tracking_uri, *flags],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
 

@@ -12,10 +12,10 @@ import threading
 
 import pytest
 
-from kernels.harness import sandbox
-from kernels.harness.worker import MeasureWorker, WorkerConfig
-from kernels.hardware import INTERPRETER
-from kernels.records import Candidate, HardwareSpec
+from kernelcast.kernels.harness import sandbox
+from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig
+from kernelcast.kernels.hardware import INTERPRETER
+from kernelcast.kernels.records import Candidate, HardwareSpec
 
 CPU = HardwareSpec(gpu_type=INTERPRETER, device_name="Triton CPU interpreter")
 SECRET = "planted-secret-7f3a9c"
@@ -343,7 +343,7 @@ def test_a_torch_compiled_candidate_is_measured_and_compiles_under_the_lock_with
 
 STREAM_SCRIPT = '''
 import torch
-from kernels.harness.anticheat import Rejected, install_stream_guard
+from kernelcast.kernels.harness.anticheat import Rejected, install_stream_guard
 
 install_stream_guard()
 code = "with torch.cuda.stream(None):\\n    pass\\n"

@@ -8,12 +8,12 @@ import time
 import pandas as pd
 import pytest
 
-from kernels.records import Candidate
-from storage.dataset import DataRoot, StorageError
-from storage.schema import measurements_from_frame
-from storage.tracking import TrackingError
-from tasks.config import PACKAGED_POOL, ConfigError, SearchConfig, validate
-from tasks.setup import open_search, resolve
+from kernelcast.kernels.records import Candidate
+from kernelcast.storage.dataset import DataRoot, StorageError
+from kernelcast.storage.schema import measurements_from_frame
+from kernelcast.storage.tracking import TrackingError
+from kernelcast.tasks.config import PACKAGED_POOL, ConfigError, SearchConfig, validate
+from kernelcast.tasks.setup import open_search, resolve
 
 
 def config(tmp_path, **changes) -> SearchConfig:
@@ -91,8 +91,8 @@ def test_same_seed_gives_the_same_search(tmp_path):
 
 
 def test_rerun_after_a_crash_resumes_without_measuring_anything_twice(tmp_path):
-    from tasks.search import Search
-    from tasks.setup import data_root, forecaster, measure_pool
+    from kernelcast.tasks.search import Search
+    from kernelcast.tasks.setup import data_root, forecaster, measure_pool
 
     _, uninterrupted = run(config(tmp_path, run_id="clean", budget=12, generations=3, data=str(tmp_path / "clean")))
 
@@ -116,8 +116,8 @@ def test_rerun_after_a_crash_resumes_without_measuring_anything_twice(tmp_path):
 
 
 def test_a_finished_run_reruns_from_its_journal_without_measuring(tmp_path):
-    from tasks.search import Search
-    from tasks.setup import data_root, forecaster, measure_pool
+    from kernelcast.tasks.search import Search
+    from kernelcast.tasks.setup import data_root, forecaster, measure_pool
 
     _, first = run(config(tmp_path, run_id="done"))
     cfg = resolve(config(tmp_path, run_id="done"))
@@ -220,8 +220,8 @@ def test_mlflow_gets_one_run_per_search_with_per_generation_metrics_and_artifact
     ("all", {("rmsnorm", "h100"), ("softmax", "h100")}),
 ])
 def test_the_prior_scope_decides_what_the_prior_sees_of_the_searched_op(tmp_path, scope, seen):
-    from surrogate.dataset import case_pairs
-    from tasks.setup import prior_pairs
+    from kernelcast.surrogate.dataset import case_pairs
+    from kernelcast.tasks.setup import prior_pairs
 
     pool = DataRoot(PACKAGED_POOL)
     pairs = pd.concat([case_pairs(pool, op=op) for op in ("softmax", "rmsnorm")])
@@ -231,8 +231,8 @@ def test_the_prior_scope_decides_what_the_prior_sees_of_the_searched_op(tmp_path
 
 
 def test_porting_a_prior_from_other_gpus_needs_the_op_measured_on_one(tmp_path):
-    from surrogate.dataset import case_pairs
-    from tasks.setup import prior_pairs
+    from kernelcast.surrogate.dataset import case_pairs
+    from kernelcast.tasks.setup import prior_pairs
 
     pairs = case_pairs(DataRoot(PACKAGED_POOL), op="softmax", gpu_type="h100")
     with pytest.raises(ConfigError, match="prior_scope other-gpus: .* has no measurements of softmax on a GPU "
@@ -241,13 +241,13 @@ def test_porting_a_prior_from_other_gpus_needs_the_op_measured_on_one(tmp_path):
 
 
 def test_learned_prior_never_sees_the_searched_op_and_is_cached(tmp_path):
-    from surrogate.dataset import case_pairs
-    from tasks.setup import fit_prior, model_path
+    from kernelcast.surrogate.dataset import case_pairs
+    from kernelcast.tasks.setup import fit_prior, model_path
 
     prior = DataRoot(str(tmp_path / "prior"))
     pool = DataRoot(PACKAGED_POOL)
     for op in ("softmax", "rmsnorm"):
-        prior.write_candidates(__import__("storage.schema", fromlist=["x"]).candidates_from_frame(pool.read_candidates(op)))
+        prior.write_candidates(__import__("kernelcast.storage.schema", fromlist=["x"]).candidates_from_frame(pool.read_candidates(op)))
         prior.write_measurements(measurements_from_frame(pool.read_measurements(op=op, gpu_type="h100")))
     cfg = resolve(config(tmp_path, surrogate="learned", prior_data=prior.uri))
     root = DataRoot(cfg.data)
@@ -275,7 +275,7 @@ def test_a_run_id_resumed_with_other_settings_is_refused_naming_them(tmp_path):
 
 
 def test_the_command_line_refuses_such_a_resume_before_the_flow_starts(tmp_path, capsys):
-    from flows.cli import main
+    from kernelcast.flows.cli import main
 
     run(config(tmp_path, run_id="mine"))
     assert main(["search", "--op", "softmax", "--gpu-type", "h100", "--budget", "8", "--generations", "2",
@@ -301,8 +301,8 @@ class AdoptingPool(FailingPool):
 def test_every_generation_adopts_the_reference_the_data_root_stored_from_a_gpu(tmp_path):
     import dataclasses
 
-    from infra.measure import ReplayMeasurer
-    from kernels.ops import get_operation
+    from kernelcast.infra.measure import ReplayMeasurer
+    from kernelcast.kernels.ops import get_operation
 
     # the root holds the reference as a live GPU measured it earlier (a replayed row of it is never adopted)
     root = DataRoot(str(tmp_path / "data"))

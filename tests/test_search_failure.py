@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from storage.dataset import DataRoot
-from storage.schema import candidates_from_frame, measurements_from_frame
-from tasks.config import PACKAGED_CORPUS, PACKAGED_POOL, SearchConfig
-from tasks.setup import fit_prior, model_path, open_search, prior_sources, resolve
+from kernelcast.storage.dataset import DataRoot
+from kernelcast.storage.schema import candidates_from_frame, measurements_from_frame
+from kernelcast.tasks.config import PACKAGED_CORPUS, PACKAGED_POOL, SearchConfig
+from kernelcast.tasks.setup import fit_prior, model_path, open_search, prior_sources, resolve
 
 OP = "bias_gelu"  # the operation with the most recorded children in the corpus
 PRIOR_OPS = ("rmsnorm",)  # template variants the prior's rank models learn from

@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from surrogate import metrics
-from surrogate.bins import speedup_bin
-from surrogate.source import SOURCE_FEATURE_NAMES, CODE_FEATURES, change_features, code_features
+from kernelcast.surrogate import metrics
+from kernelcast.surrogate.bins import speedup_bin
+from kernelcast.surrogate.source import SOURCE_FEATURE_NAMES, CODE_FEATURES, change_features, code_features
 
 POOL = Path(__file__).resolve().parent.parent / "data" / "pools"
 
@@ -39,7 +39,7 @@ def code(source: str) -> dict:
 
 
 def change(source: str, anchor: str = PARENT) -> dict:
-    from surrogate.source import CHANGE_FEATURES
+    from kernelcast.surrogate.source import CHANGE_FEATURES
 
     return dict(zip(CHANGE_FEATURES, change_features(source, anchor)))
 
@@ -145,7 +145,7 @@ HARDWARE = {"device_name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0",
 
 
 def _row(op: str, i: int, source: str, failed: bool, speedup: float) -> dict:
-    from kernels.ops import get_operation
+    from kernelcast.kernels.ops import get_operation
 
     names = tuple(c.name for c in get_operation(op).cases)
     return {"op": op, "gpu_type": "h100", "candidate_id": f"{op}-{i}", "source": source,
@@ -175,13 +175,13 @@ def corpus() -> pd.DataFrame:
 
 @pytest.fixture(scope="module")
 def fitted(corpus):
-    from surrogate.source import SourceForecaster
+    from kernelcast.surrogate.source import SourceForecaster
 
     return SourceForecaster(max_iter=40, folds=3).fit(corpus)
 
 
 def test_source_forecasts_carry_bins_a_failure_probability_and_the_speed_they_learned(fitted, corpus):
-    from surrogate.dataset import source_requests
+    from kernelcast.surrogate.dataset import source_requests
 
     out = fitted.forecast(source_requests(corpus))
     assert len(out) == len(corpus) and all(len(f.probabilities) == 8 for f in out)
@@ -192,7 +192,7 @@ def test_source_forecasts_carry_bins_a_failure_probability_and_the_speed_they_le
 
 
 def test_failure_probability_moves_with_a_failing_feature(fitted, corpus):
-    from surrogate.dataset import source_requests
+    from kernelcast.surrogate.dataset import source_requests
 
     good = corpus[~corpus["failed"]].head(5)
     broken = good.assign(source=good["source"].str.replace("x.shape[1], BLOCK", "_cols(x), BLOCK", regex=False))
@@ -202,15 +202,15 @@ def test_failure_probability_moves_with_a_failing_feature(fitted, corpus):
 
 
 def test_the_source_forecaster_refuses_too_little_data(corpus):
-    from surrogate.source import SourceForecaster
+    from kernelcast.surrogate.source import SourceForecaster
 
     with pytest.raises(ValueError, match="at least 5 measured kernels that ran, got 3"):
         SourceForecaster().fit(corpus.head(5))  # two of the five call a dropped helper
 
 
 def test_source_is_a_registered_surrogate():
-    from surrogate.registry import get_forecaster_factory
-    from surrogate.source import SourceForecaster
+    from kernelcast.surrogate.registry import get_forecaster_factory
+    from kernelcast.surrogate.source import SourceForecaster
 
     assert isinstance(get_forecaster_factory("source")(), SourceForecaster)
     assert len(SOURCE_FEATURE_NAMES) == len(set(SOURCE_FEATURE_NAMES))
@@ -219,8 +219,8 @@ def test_source_is_a_registered_surrogate():
 # ---- the measured corpus: pairs against the parent ----------------------------------------------
 
 def test_source_pairs_anchor_children_at_their_parent_and_variants_at_the_reference():
-    from storage.dataset import DataRoot
-    from surrogate.dataset import source_pairs
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.surrogate.dataset import source_pairs
 
     llm = DataRoot(str(POOL / "llm"))
     pairs = source_pairs(llm, gpu_type="h100")  # the reference comes from the template pool only
@@ -275,7 +275,7 @@ def test_bootstrap_interval_brackets_the_statistic_and_narrows_with_data():
 
 
 def test_outcome_summary_scores_failure_speed_and_recalibration():
-    from surrogate.calibration import PlattCalibrator
+    from kernelcast.surrogate.calibration import PlattCalibrator
 
     rng = np.random.default_rng(1)
     n = 400
@@ -298,9 +298,9 @@ def test_outcome_summary_scores_failure_speed_and_recalibration():
 def test_learned_forecaster_gives_a_non_template_kernel_the_source_forecast(corpus):
     import dataclasses
 
-    from storage.dataset import DataRoot
-    from surrogate.dataset import case_pairs, requests_from, source_requests
-    from surrogate.learned import LearnedForecaster
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.surrogate.dataset import case_pairs, requests_from, source_requests
+    from kernelcast.surrogate.learned import LearnedForecaster
 
     cases = case_pairs(DataRoot(str(POOL)), gpu_type="h100")
     cases = cases[cases["op"].isin(["softmax", "rmsnorm", "row_sum"])]
@@ -326,8 +326,8 @@ def test_learned_forecaster_gives_a_non_template_kernel_the_source_forecast(corp
 def test_stacked_tilt_weighs_the_two_regressions_by_their_out_of_fold_fit(corpus):
     """Each operation's level differs and the block orders kernels within it: the stack gives the
     within-operation regression a real share, and the mean is the stacked sum."""
-    from surrogate.dataset import source_requests
-    from surrogate.source import SourceForecaster, SourceFeatures, _encode
+    from kernelcast.surrogate.dataset import source_requests
+    from kernelcast.surrogate.source import SourceForecaster, SourceFeatures, _encode
 
     level = {"softmax": 0.0, "rmsnorm": 0.7, "row_sum": -0.7}
     shifted = corpus.assign(speedup=corpus["speedup"] * np.exp(corpus["op"].map(level)))
@@ -341,16 +341,16 @@ def test_stacked_tilt_weighs_the_two_regressions_by_their_out_of_fold_fit(corpus
 
 
 def test_learned_forecaster_passes_its_source_options_to_the_source_model(corpus):
-    from storage.dataset import DataRoot
-    from surrogate.dataset import case_pairs
-    from surrogate.learned import SOURCE_OPTIONS, LearnedForecaster
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.surrogate.dataset import case_pairs
+    from kernelcast.surrogate.learned import SOURCE_OPTIONS, LearnedForecaster
 
     cases = case_pairs(DataRoot(str(POOL)), gpu_type="h100")
     cases = cases[cases["op"].isin(["softmax", "rmsnorm", "row_sum"])]
     default = LearnedForecaster(max_iter=30, source_max_iter=40).fit(cases, sources=corpus)
     assert default.source_.speed_loss == SOURCE_OPTIONS["speed_loss"] == "absolute_error"
     assert default.source_.speed_model_.loss == "absolute_error" and default.source_.centred_model_ is not None
-    from surrogate.source import SourceForecaster
+    from kernelcast.surrogate.source import SourceForecaster
     assert SourceForecaster(max_iter=40, folds=3).fit(corpus).centred_model_ is None  # stand-alone: not stacked
     other = LearnedForecaster(max_iter=30, source_max_iter=40, source_options={
         "speed_loss": "squared_error", "stack_centred": False}).fit(cases, sources=corpus)

@@ -63,9 +63,9 @@ def test_a_replayed_search_counts_its_roots_first(tmp_path, monkeypatch):
     """On a committed space: the roots (CUDA-L1's kernels of the pool) are the first measurements of both sides."""
     from benchmarks.headroom_search import parse, problem_settings
     from benchmarks.llm_search import BASELINE, run_one
-    from kernels.formats import install_from_root
-    from storage.dataset import DataRoot
-    from tasks.config import SearchConfig
+    from kernelcast.kernels.formats import install_from_root
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.tasks.config import SearchConfig
 
     monkeypatch.setenv("KERNELCAST_TASKS", str(tmp_path / "tasks"))
     install_from_root(DataRoot("data/pools/cudal1/h100-2026-11-27/kernelcast"), "kb.cudal1-l2-075")
@@ -100,7 +100,7 @@ def test_a_space_measured_over_two_calls_is_named_with_each_calls_reference_and_
     import shutil
 
     from benchmarks.headroom_search import CALLS
-    from storage.dataset import DataRoot
+    from kernelcast.storage.dataset import DataRoot
 
     shutil.copytree(REPO / "data" / "pools" / "spaces-h200" / "kb.cudal1-l2-076", tmp_path / "kb.cudal1-l2-076")
     assert not any("several calls" in line for line in space_census(str(tmp_path)))  # one call: no note

@@ -7,9 +7,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kernels.harness.correctness import check_once, load_launch
-from kernels.ops import OPERATIONS, get_operation
-from kernels.spaces import get_space
+from kernelcast.kernels.harness.correctness import check_once, load_launch
+from kernelcast.kernels.ops import OPERATIONS, get_operation
+from kernelcast.kernels.spaces import get_space
 
 OPS = list(OPERATIONS)
 # The committed measured pool: every template variant and eager baseline, as they were generated.

@@ -16,11 +16,11 @@ import pandas as pd
 import pyarrow.dataset as ds
 import pytest
 
-import storage.dataset
-from kernels.records import Candidate, HardwareSpec, Measurement
+import kernelcast.storage.dataset
+from kernelcast.kernels.records import Candidate, HardwareSpec, Measurement
 from tests.conftest import free_port
-from storage.dataset import DataRoot, RetryPolicy, StorageError
-from storage.schema import CANDIDATES, MEASUREMENTS, candidates_from_frame, measurements_from_frame
+from kernelcast.storage.dataset import DataRoot, RetryPolicy, StorageError
+from kernelcast.storage.schema import CANDIDATES, MEASUREMENTS, candidates_from_frame, measurements_from_frame
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -154,14 +154,14 @@ def test_layout_is_hive_partitioned_and_readable_by_pandas_and_pyarrow(root: Dat
 
 CRASHING_WRITER = """
 import os, signal, sys
-import storage.dataset
-from kernels.records import Candidate
+import kernelcast.storage.dataset
+from kernelcast.kernels.records import Candidate
 
 def die(src, dst):  # the temp file is complete; the process dies before renaming it
     os.kill(os.getpid(), signal.SIGKILL)
 
-storage.dataset.os.replace = die
-storage.dataset.DataRoot(sys.argv[1]).write_candidates([Candidate(op="softmax", backend="triton", source="x")])
+kernelcast.storage.dataset.os.replace = die
+kernelcast.storage.dataset.DataRoot(sys.argv[1]).write_candidates([Candidate(op="softmax", backend="triton", source="x")])
 """
 
 
@@ -182,7 +182,7 @@ def test_write_failing_after_the_temp_file_leaves_nothing_behind(root: DataRoot,
     def refuse(src, dst):
         raise OSError("No space left on device")
 
-    monkeypatch.setattr(storage.dataset.os, "replace", refuse)
+    monkeypatch.setattr(kernelcast.storage.dataset.os, "replace", refuse)
     with pytest.raises(StorageError, match="candidates/op=softmax/part-"):
         root.write_candidates([candidate(0)])
     monkeypatch.undo()
@@ -314,9 +314,9 @@ def test_a_forecasts_failure_probability_round_trips_and_older_stores_read_it_as
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from storage.dataset import DataRoot
-    from storage.schema import FORECASTS, forecasts_from_frame
-    from surrogate.forecast import Forecast
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.storage.schema import FORECASTS, forecasts_from_frame
+    from kernelcast.surrogate.forecast import Forecast
 
     bins = (0.1, 0.1, 0.2, 0.2, 0.1, 0.1, 0.1, 0.1)
     said = Forecast("c1", "a", "source", "v1", bins, failure_probability=0.7)

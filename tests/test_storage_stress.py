@@ -20,9 +20,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from storage.dataset import DataRoot, RetryPolicy, StorageError
-from tasks.config import SearchConfig
-from tasks.setup import open_search
+from kernelcast.storage.dataset import DataRoot, RetryPolicy, StorageError
+from kernelcast.tasks.config import SearchConfig
+from kernelcast.tasks.setup import open_search
 
 REPO = Path(__file__).resolve().parents[1]
 KEYS = 300  # distinct measurement keys over all writers
@@ -32,8 +32,8 @@ SPAN = 120  # keys per writer; writer w covers [60 w, 60 w + 120), so neighbours
 WRITER = r"""
 import json, os, random, sys, time
 from datetime import datetime, timezone
-from kernels.records import Measurement
-from storage.dataset import DataRoot
+from kernelcast.kernels.records import Measurement
+from kernelcast.storage.dataset import DataRoot
 
 root_uri, writer, go = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 when = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -50,7 +50,7 @@ print(json.dumps({"writer": writer, "written": written}))
 
 COMPACTOR = r"""
 import json, os, sys, time
-from storage.dataset import DataRoot
+from kernelcast.storage.dataset import DataRoot
 
 root_uri, go, stop = sys.argv[1], sys.argv[2], sys.argv[3]
 root = DataRoot(root_uri)
@@ -288,7 +288,7 @@ def test_a_retry_policy_refuses_negative_or_zero_backoff_by_name():
 
 
 def test_a_file_another_client_wrote_is_read_despite_an_older_cached_listing(s3_server):
-    from kernels.records import Candidate
+    from kernelcast.kernels.records import Candidate
 
     def client() -> DataRoot:  # its own S3 filesystem object, with its own listing cache
         return DataRoot("s3://kernelcast/shared", storage_options={**s3_server.options(), "skip_instance_cache": True})
@@ -303,7 +303,7 @@ def test_a_file_another_client_wrote_is_read_despite_an_older_cached_listing(s3_
 def test_only_failures_that_waiting_can_cure_are_transient():
     from botocore.exceptions import ClientError
 
-    from storage.retry import is_transient
+    from kernelcast.storage.retry import is_transient
 
     def wrapped(cause: BaseException) -> OSError:
         try:
@@ -325,7 +325,7 @@ def test_only_failures_that_waiting_can_cure_are_transient():
 
 
 def test_compaction_sweeps_temp_files_a_killed_writer_left_once_they_are_stale(tmp_path):
-    from kernels.records import Candidate
+    from kernelcast.kernels.records import Candidate
 
     root = DataRoot(str(tmp_path / "data"))
     root.write_candidates([Candidate(op="softmax", backend="triton", source="kept")])

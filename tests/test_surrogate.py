@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from storage.dataset import DataRoot
-from surrogate.bins import BIN_SPEEDUP, expected_speedup, speedup_bin
-from surrogate.dataset import case_pairs, requests_from, split
-from surrogate.registry import get_forecaster_factory
+from kernelcast.storage.dataset import DataRoot
+from kernelcast.surrogate.bins import BIN_SPEEDUP, expected_speedup, speedup_bin
+from kernelcast.surrogate.dataset import case_pairs, requests_from, split
+from kernelcast.surrogate.registry import get_forecaster_factory
 
 POOL = Path(__file__).resolve().parent.parent / "data" / "pools"
 
@@ -55,7 +55,7 @@ def learned(random_split):
     """The registered learned forecaster with fewer boosting rounds (60, and 30 for its source model,
     whose forecasts the tests compare with its own): its rank correlation here is 0.95 against 0.97
     with the defaults, in a third of the time."""
-    from surrogate.learned import LearnedForecaster
+    from kernelcast.surrogate.learned import LearnedForecaster
 
     assert isinstance(get_forecaster_factory("learned")(), LearnedForecaster)
     return LearnedForecaster(max_iter=60, source_max_iter=30).fit(random_split[0])
@@ -110,7 +110,7 @@ def test_unknown_surrogate_is_a_clear_error():
 
 
 def test_gaussian_over_log_speedup_puts_its_mass_in_the_right_bins():
-    from surrogate.learned import bin_probabilities
+    from kernelcast.surrogate.learned import bin_probabilities
 
     probs = bin_probabilities(np.log(np.array([1.2, 3.0, 1.0])), np.array([0.01, 0.01, 2.0]))
     assert np.allclose(probs.sum(axis=1), 1.0, atol=1e-6)
@@ -147,7 +147,7 @@ def test_learned_split_spread_agrees_with_the_whole_forecast_and_is_the_source_m
 
 
 def test_a_prior_held_out_by_gpu_type_is_as_sure_of_a_ported_op_as_its_errors_warrant(pairs):
-    from surrogate.learned import LearnedForecaster
+    from kernelcast.surrogate.learned import LearnedForecaster
 
     some = pairs[pairs["op"].isin(["softmax", "rmsnorm", "layernorm", "bias_gelu", "cross_entropy"])]
     target = (some["op"] == "cross_entropy") & (some["gpu_type"] == "h100")

@@ -5,11 +5,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from surrogate import metrics
-from surrogate.bins import BIN_SPEEDUP, speedup_bin
-from surrogate.calibration import IsotonicCalibrator, LevelSpreadCalibrator, PlattCalibrator, TemperatureCalibrator
-from surrogate.forecast import Forecast
-from surrogate.policies import BudgetPolicy, ConformalRiskPolicy, ThresholdPolicy
+from kernelcast.surrogate import metrics
+from kernelcast.surrogate.bins import BIN_SPEEDUP, speedup_bin
+from kernelcast.surrogate.calibration import IsotonicCalibrator, LevelSpreadCalibrator, PlattCalibrator, TemperatureCalibrator
+from kernelcast.surrogate.forecast import Forecast
+from kernelcast.surrogate.policies import BudgetPolicy, ConformalRiskPolicy, ThresholdPolicy
 
 HALF_ON_1_AND_2 = np.array([[0.5, 0.5, 0, 0, 0, 0, 0, 0]])
 
@@ -211,7 +211,7 @@ def synthetic_pairs(seed=0, per_pool=30):
 
 @pytest.mark.parametrize("how", ["random", "operation"])
 def test_evaluate_keeps_the_conformal_risk_within_one_point_of_each_target_per_fold(how):
-    from surrogate.evaluate import evaluate
+    from kernelcast.surrogate.evaluate import evaluate
 
     table = evaluate(HintForecaster, synthetic_pairs(per_pool=300), how=how)
     calibrated = table[table["forecasts"] == "calibrated"]
@@ -221,7 +221,7 @@ def test_evaluate_keeps_the_conformal_risk_within_one_point_of_each_target_per_f
 
 
 def test_conformal_risk_over_many_calibration_draws_stays_within_one_point_of_each_target_per_fold():
-    from surrogate.evaluate import conformal_draws
+    from kernelcast.surrogate.evaluate import conformal_draws
 
     rows = conformal_draws(BiasedGaussianForecaster, synthetic_pairs(per_pool=150), how="operation", draws=8)
     assert len(rows) == 4 * 8 * 2 and set(rows["target_risk"]) == {0.05, 0.10}
@@ -234,7 +234,7 @@ def test_conformal_risk_over_many_calibration_draws_stays_within_one_point_of_ea
 
 
 def test_cross_fitted_calibration_forecasts_never_saw_their_own_candidate():
-    from surrogate.evaluate import _Recalibration, _forecast, measured_candidates
+    from kernelcast.surrogate.evaluate import _Recalibration, _forecast, measured_candidates
 
     pairs = synthetic_pairs(per_pool=100)
     test = pairs[pairs["op"] == "softmax"].reset_index(drop=True)
@@ -253,7 +253,7 @@ def test_cross_fitted_calibration_forecasts_never_saw_their_own_candidate():
 
 
 def test_unknown_calibrator_is_a_clear_error():
-    from surrogate.evaluate import evaluate
+    from kernelcast.surrogate.evaluate import evaluate
 
     with pytest.raises(ValueError, match="unknown calibrator 'beta'; known: temperature, isotonic, platt"):
         evaluate(HintForecaster, synthetic_pairs(), calibrator="beta")
@@ -271,7 +271,7 @@ class BiasedGaussianForecaster:
         return self
 
     def forecast(self, requests):
-        from surrogate.learned import bin_probabilities
+        from kernelcast.surrogate.learned import bin_probabilities
 
         mu = np.array([np.log(float(r.candidate.source.split()[-1])) - (self.bias if r.op == "softmax" else 0.0)
                        for r in requests])
@@ -282,7 +282,7 @@ class BiasedGaussianForecaster:
 
 
 def test_evaluate_recentres_a_gaussian_forecaster_per_operation_on_the_measured_candidates():
-    from surrogate.evaluate import evaluate
+    from kernelcast.surrogate.evaluate import evaluate
 
     pairs = synthetic_pairs(per_pool=150)
     on = evaluate(BiasedGaussianForecaster, pairs, how="operation").set_index(["fold", "forecasts"])
@@ -299,14 +299,14 @@ def test_evaluate_recentres_a_gaussian_forecaster_per_operation_on_the_measured_
 
 
 def test_evaluate_leaves_a_forecaster_without_a_gaussian_as_it_is():
-    from surrogate.evaluate import evaluate
+    from kernelcast.surrogate.evaluate import evaluate
 
     table = evaluate(HintForecaster, synthetic_pairs(per_pool=50), how="operation")
     assert (table.loc[table["forecasts"] == "calibrated", "recentred_groups"] == 0).all()
 
 
 def test_calibrated_rows_score_only_the_candidates_not_used_to_calibrate():
-    from surrogate.evaluate import evaluate
+    from kernelcast.surrogate.evaluate import evaluate
 
     pairs = synthetic_pairs(per_pool=50)  # 100 pairs of 50 candidates per operation
     table = evaluate(HintForecaster, pairs, how="operation", measured_fraction=0.2)
@@ -318,7 +318,7 @@ def test_calibrated_rows_score_only_the_candidates_not_used_to_calibrate():
 def test_evaluate_writes_table_and_plots_and_logs_to_a_real_mlflow_store(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from surrogate.evaluate import evaluate
+    from kernelcast.surrogate.evaluate import evaluate
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     table = evaluate(HintForecaster, synthetic_pairs(), how="operation", out_dir=str(tmp_path / "eval"),

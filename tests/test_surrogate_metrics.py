@@ -4,9 +4,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from surrogate import metrics
-from surrogate.calibration import TemperatureCalibrator
-from surrogate.evaluate import evaluate
+from kernelcast.surrogate import metrics
+from kernelcast.surrogate.calibration import TemperatureCalibrator
+from kernelcast.surrogate.evaluate import evaluate
 
 CERTAIN_RIGHT = np.eye(8)[[3]]  # all mass on bin 4
 
@@ -62,7 +62,7 @@ class _Oracle:
         return self
 
     def forecast(self, requests):
-        from surrogate.forecast import Forecast
+        from kernelcast.surrogate.forecast import Forecast
 
         out = []
         for r in requests:
@@ -78,8 +78,8 @@ _TRUTH: dict = {}
 def test_evaluate_writes_its_table_and_plots(tmp_path):
     from pathlib import Path
 
-    from storage.dataset import DataRoot
-    from surrogate.dataset import case_pairs
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.surrogate.dataset import case_pairs
 
     pool = Path(__file__).resolve().parent.parent / "data" / "pools"
     pairs = case_pairs(DataRoot(str(pool)))

@@ -120,7 +120,7 @@ def test_the_sweep_stops_starting_chunks_after_its_time_and_goes_on_next_call(tm
 
 
 def test_discover_finds_the_same_tasks_from_a_relative_folder(tmp_path, monkeypatch):
-    from kernels.harness.sweep import discover
+    from kernelcast.kernels.harness.sweep import discover
 
     root = _tasks(tmp_path / "tasks")
     (root / "kernelbench" / ".hidden").mkdir()
@@ -138,7 +138,7 @@ def test_kernelcast_sweep_takes_the_folder_and_resumes_what_the_script_began(tmp
     out = tmp_path / "out"
     _sweep(tasks, out, "--match", "row_sum")  # the script sweeps one task; the command goes on from there
     env = {**os.environ, "PYTHONPATH": str(REPO), "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "sweep", str(tasks), "--out", str(out), "--mode",
+    done = subprocess.run([sys.executable, "-m", "kernelcast.flows.cli", "sweep", str(tasks), "--out", str(out), "--mode",
                            "interpreter", "--concurrency", "2"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -150,13 +150,13 @@ def test_kernelcast_sweep_takes_the_folder_and_resumes_what_the_script_began(tmp
 
 def test_kernelcast_sweep_of_a_missing_folder_says_so(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "sweep", str(tmp_path / "nowhere"), "--out",
+    done = subprocess.run([sys.executable, "-m", "kernelcast.flows.cli", "sweep", str(tmp_path / "nowhere"), "--out",
                            str(tmp_path / "out")], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and f"no task folder at {tmp_path / 'nowhere'}" in done.stderr
 
 
 def test_the_table_names_an_import_refusals_reason_not_the_staging_folder():
-    from kernels.harness.sweep_report import reason
+    from kernelcast.kernels.harness.sweep_report import reason
 
     staged = ("TaskFormatError: /tmp/kernelcast-gpumode-i_2yhj0l/mixed-mla/reference.py failed to import: "
               "ModuleNotFoundError: No module named 'aiter'")
@@ -220,7 +220,7 @@ def test_a_malformed_shard_is_refused_by_name(tmp_path):
 def test_tasks_the_device_cannot_run_come_first_then_the_smallest():
     from types import SimpleNamespace
 
-    from kernels.harness.sweep import order
+    from kernelcast.kernels.harness.sweep import order
 
     fp4 = {"compute_capability": "10.0", "on_cpu": False, "why": "FP4 matrix multiplies need compute capability 10.0"}
     items = [(300.0, "big", SimpleNamespace(requires=None), 0.1), (10.0, "small", SimpleNamespace(requires=None), 0.1),
@@ -242,7 +242,7 @@ def test_tasks_imported_by_worker_processes_get_the_same_verdicts(tmp_path):
 
 
 def test_tasks_of_unknown_size_are_measured_in_small_chunks_of_their_own():
-    from kernels.harness.sweep import chunks
+    from kernelcast.kernels.harness.sweep import chunks
 
     inf = float("inf")
     items = [(inf, "nvfp4"), (1.0, "a"), (2.0, "b"), (3.0, "c"), (4.0, "d"), (5.0, "e"), (inf, "moe"), (inf, "eigh"),
@@ -263,7 +263,7 @@ class _Worker:
         self.reference_us, self.reference_host_bound, self.timeline, self.asked = {}, {}, [], []
 
     def measure(self, cands):
-        from kernels.records import Measurement
+        from kernelcast.kernels.records import Measurement
 
         for c in cands:
             self.asked.append(c.candidate_id)
@@ -276,9 +276,9 @@ class _Worker:
 
 
 def test_a_reference_measured_before_its_null_is_kept_and_a_later_call_times_only_the_null(tmp_path):
-    from kernels.harness.sweep import Task, _Kept, _measure_chunks
-    from kernels.null import null_candidate
-    from kernels.ops import get_operation
+    from kernelcast.kernels.harness.sweep import Task, _Kept, _measure_chunks
+    from kernelcast.kernels.null import null_candidate
+    from kernelcast.kernels.ops import get_operation
 
     op = get_operation("softmax")
     task = Task("kernelbench/level1/softmax.py", "kernelbench", tmp_path / "softmax.py", "softmax")
@@ -309,7 +309,7 @@ def test_a_reference_measured_before_its_null_is_kept_and_a_later_call_times_onl
 
 
 def test_the_lock_breakdown_splits_the_checks_by_seed_and_gives_the_verifications_share():
-    from kernels.harness.sweep_report import lock_breakdown
+    from kernelcast.kernels.harness.sweep_report import lock_breakdown
 
     def child(cid, first_check, other_check, timed, verify):
         t = [0.0]
@@ -343,7 +343,7 @@ def test_the_lock_breakdown_splits_the_checks_by_seed_and_gives_the_verification
 
 def test_the_lock_breakdown_tells_the_first_cases_comparison_from_the_later_cases():
     """A fresh child's first comparison pays for the first launches of its kernels; the later cases' do not."""
-    from kernels.harness.sweep_report import lock_breakdown
+    from kernelcast.kernels.harness.sweep_report import lock_breakdown
 
     timeline, t = [], 0.0
     for cid, cold in (("x", 0.2), ("y", 0.25)):
@@ -359,7 +359,7 @@ def test_the_lock_breakdown_tells_the_first_cases_comparison_from_the_later_case
 
 
 def test_a_rows_anchored_cases_carry_both_estimates_of_each_pair():
-    from kernels.harness.sweep import anchored_fields
+    from kernelcast.kernels.harness.sweep import anchored_fields
 
     timeline = [("null", 1, "timed", 1.0, {"case": "a"}),
                 ("null", 1, "anchored", 2.0, {"case": "a", "ratio": 1.00012, "ratio_of_medians": 1.13738}),
@@ -374,7 +374,7 @@ def test_a_rows_anchored_cases_carry_both_estimates_of_each_pair():
 def test_the_summary_scores_the_nulls_under_both_estimators_of_their_pairs():
     """A null whose paired case came out 1.00 by the per-round ratios and 1.137 by the ratio of medians: within 2%
     as measured, outside by the other estimator; a row of an earlier sweep (no case names) leaves that figure out."""
-    from kernels.harness.sweep_report import null_speedup_by_ratio_of_medians, summarize
+    from kernelcast.kernels.harness.sweep_report import null_speedup_by_ratio_of_medians, summarize
 
     def row(task, used, other, null_us):
         return {"task": task, "imported": True, "reference_status": "ok", "null_status": "ok", "fits": True,
@@ -395,7 +395,7 @@ def test_the_summary_scores_the_nulls_under_both_estimators_of_their_pairs():
     assert "null_within_2pct_share_by_ratio_of_medians" not in summarize([earlier, calm])
 
 
-# ---- a task swept in parts of its cases (kernels.harness.case_parts) ----------------------------------------------
+# ---- a task swept in parts of its cases (kernelcast.kernels.harness.case_parts) ----------------------------------------------
 
 THREE_TESTS = '''
 tests:
@@ -408,7 +408,7 @@ benchmarks:
 
 
 def test_cases_are_dealt_heaviest_first_each_to_the_lightest_part():
-    from kernels.harness.case_parts import deal
+    from kernelcast.kernels.harness.case_parts import deal
 
     # linalg/eigh's reference on an H200, ms a call per case: three parts, none above 20 s of 56
     eigh = [0.2, 120.1, 303.5, 9215.5, 623.1, 195.9, 10558.3, 621.6, 10798.1, 14010.4, 615.0, 8231.0, 641.6]
@@ -437,7 +437,7 @@ def _part_row(task: str, i: int, n: int, cases: list[str], ref_us: list[float], 
 
 
 def test_a_tasks_row_from_its_parts_is_the_row_one_measurement_over_every_case_gives():
-    from kernels.harness.case_parts import complete
+    from kernelcast.kernels.harness.case_parts import complete
 
     one = _part_row("gpumode/t", 1, 2, ["a", "c"], [10.0, 30.0], [11.0, 24.0])
     two = _part_row("gpumode/t", 2, 2, ["b"], [20.0], [25.0])
@@ -465,7 +465,7 @@ def test_a_tasks_row_from_its_parts_is_the_row_one_measurement_over_every_case_g
 
 
 def test_a_reference_kept_for_the_whole_task_is_counted_once_in_the_tasks_row():
-    from kernels.harness.case_parts import complete
+    from kernelcast.kernels.harness.case_parts import complete
 
     kept = "an earlier call of the sweep (2026-11-28T12:48:11+00:00)"
     one = {**_part_row("gpumode/t", 1, 2, ["a", "c"], [10.0, 30.0], [11.0, 24.0]), "reference_measured_in": kept}
@@ -479,14 +479,14 @@ def test_a_reference_kept_for_the_whole_task_is_counted_once_in_the_tasks_row():
 
 
 def test_a_reference_kept_for_the_whole_task_serves_each_part_with_its_cases_alone():
-    from kernels.harness.case_parts import sliced_reference
-    from kernels.harness.sweep import _stored_reference
+    from kernelcast.kernels.harness.case_parts import sliced_reference
+    from kernelcast.kernels.harness.sweep import _stored_reference
 
     class Part:
         name = "gpumode.t-part2of2"
 
         def seed_candidates(self):
-            from kernels.records import Candidate
+            from kernelcast.kernels.records import Candidate
             return [Candidate(op=self.name, backend="torch", source="x = 1\n", origin="seed")]
 
     kept = {"device": "NVIDIA H200", "op": "gpumode.t", "candidate_id": "0" * 16, "gpu_type": "h200", "mode": "gpu",
@@ -577,7 +577,7 @@ def _shared_child(cid, start, check_s, wait_s, alone_s, again=None):
 
 
 def test_the_lock_breakdown_ends_shared_checks_where_they_end_not_where_the_child_got_the_lock_alone():
-    from kernels.harness.sweep_report import lock_breakdown
+    from kernelcast.kernels.harness.sweep_report import lock_breakdown
 
     got = lock_breakdown(_shared_child("x", 0.0, 0.4, 1.5, 0.2) + _shared_child("y", 0.1, 0.6, 2.0, 0.2))
     assert got["checks"]["total_s"] == pytest.approx(1.0)  # 0.4 + 0.6: the waits are not checks
@@ -589,12 +589,12 @@ def test_the_lock_breakdown_ends_shared_checks_where_they_end_not_where_the_chil
 def test_the_lock_held_counts_overlapping_shared_checks_once_and_tells_alone_from_shared():
     from types import SimpleNamespace
 
-    from kernels.harness.sweep_report import held_seconds
-    from kernels.harness.worker import MeasureWorker, WorkerConfig, _Running
-    from kernels.hardware import INTERPRETER
-    from kernels.null import null_candidate
-    from kernels.ops import get_operation
-    from kernels.records import HardwareSpec
+    from kernelcast.kernels.harness.sweep_report import held_seconds
+    from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig, _Running
+    from kernelcast.kernels.hardware import INTERPRETER
+    from kernelcast.kernels.null import null_candidate
+    from kernelcast.kernels.ops import get_operation
+    from kernelcast.kernels.records import HardwareSpec
 
     # x checks over [0, 1], y over [0.5, 1.5] (shared, overlapping); x alone over [2, 3], y alone over [3, 4]
     timeline = _shared_child("x", 0.0, 1.0, 1.0, 1.0) + _shared_child("y", 0.5, 1.0, 1.5, 1.0)
@@ -616,12 +616,12 @@ def test_the_lock_held_counts_overlapping_shared_checks_once_and_tells_alone_fro
 def test_a_recheck_shared_again_counts_as_shared_and_its_wait_as_neither():
     from types import SimpleNamespace
 
-    from kernels.harness.sweep_report import held_seconds, lock_breakdown
-    from kernels.harness.worker import MeasureWorker, WorkerConfig, _Running
-    from kernels.hardware import INTERPRETER
-    from kernels.null import null_candidate
-    from kernels.ops import get_operation
-    from kernels.records import HardwareSpec
+    from kernelcast.kernels.harness.sweep_report import held_seconds, lock_breakdown
+    from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig, _Running
+    from kernelcast.kernels.hardware import INTERPRETER
+    from kernelcast.kernels.null import null_candidate
+    from kernelcast.kernels.ops import get_operation
+    from kernelcast.kernels.records import HardwareSpec
 
     # checks [0, 1], alone [1, 2], waiting to share again [2, 2.5] (another child alone), recheck shared [2.5, 3]
     timeline = _shared_child("x", 0.0, 1.0, 0.0, 1.0, again=(0.5, 0.5))
@@ -637,7 +637,7 @@ def test_a_recheck_shared_again_counts_as_shared_and_its_wait_as_neither():
 
 
 def test_repeat_spread_tells_cases_timed_beside_the_reference_from_those_timed_alone():
-    from kernels.harness.sweep_report import anchored_in, repeat_spread
+    from kernelcast.kernels.harness.sweep_report import anchored_in, repeat_spread
 
     assert anchored_in("float32; anchored: a, c; unseen-input control: x") == {"a", "c"}
     assert anchored_in("anchored: none") == set() and anchored_in("") == set()

@@ -1,4 +1,4 @@
-"""Execution variants of an imported KernelBench task (kernels.variants, the ``variants`` generator) and a
+"""Execution variants of an imported KernelBench task (kernelcast.kernels.variants, the ``variants`` generator) and a
 search's budget in seconds (``budget_kind``), on the CPU."""
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ import shutil
 import pytest
 import torch
 
-from kernels.formats import import_task, submission_of
-from kernels.formats.cudal1 import Problem, submission
-from kernels.records import Measurement
-from kernels.variants import VARIANTS, applied, variant_children
-from storage.dataset import DataRoot
-from tasks.config import ConfigError, SearchConfig
-from tasks.generators import VariantGenerator, make_generator
-from tasks.setup import resolve
-from tasks.state import Archive
+from kernelcast.kernels.formats import import_task, submission_of
+from kernelcast.kernels.formats.cudal1 import Problem, submission
+from kernelcast.kernels.records import Measurement
+from kernelcast.kernels.variants import VARIANTS, applied, variant_children
+from kernelcast.storage.dataset import DataRoot
+from kernelcast.tasks.config import ConfigError, SearchConfig
+from kernelcast.tasks.generators import VariantGenerator, make_generator
+from kernelcast.tasks.setup import resolve
+from kernelcast.tasks.state import Archive
 from tests.formats_for_tests import KB_ROW_SUM, KB_ROW_SUM_NEW, _src, write_kernelbench
 from tests.test_llm_forecaster import LLAMA_CPP_PYTHON, server, tiny_model  # noqa: F401 (fixtures)
 from tests.test_search import run
@@ -246,7 +246,7 @@ def test_a_budget_in_seconds_of_any_value_gives_a_valid_run_id(tmp_path):
 
 def test_a_task_with_a_long_name_gets_a_valid_run_id_that_still_tells_it_from_its_neighbours():
     """gpumode.gated_deltanet_recompute_w_u's searches were refused for a 69-character run id (2026-11-29)."""
-    from tasks.config import SearchConfig, default_run_id
+    from kernelcast.tasks.config import SearchConfig, default_run_id
 
     ids = [default_run_id(SearchConfig(op=f"gpumode.gated_deltanet_recompute_w_u{tail}", gpu_type="h200",
                                        surrogate="learned", budget=81.23456, budget_kind="gpu_compile_seconds"))
@@ -262,7 +262,7 @@ def _committed_cudal1_pool(tmp_path, monkeypatch) -> str:
     """The committed CUDA-L1 pool's kernelcast data root, its tasks installed into a folder of this test's own."""
     from pathlib import Path
 
-    from kernels.formats import TASKS_ENV, install_from_root
+    from kernelcast.kernels.formats import TASKS_ENV, install_from_root
 
     pool = str(Path(__file__).resolve().parents[1] / "data" / "pools" / "cudal1" / "kernelcast")
     monkeypatch.setenv(TASKS_ENV, str(tmp_path / "tasks"))
@@ -276,7 +276,7 @@ def _committed_cudal1_pool(tmp_path, monkeypatch) -> str:
 def test_a_searchs_roots_are_measured_first_by_the_baseline_and_the_surrogate_alike(surrogate, tmp_path, monkeypatch):
     """On the committed CUDA-L1 pool, replayed: a variants search from a problem's imported kernels measures
     those kernels in its first generation whatever the surrogate forecasts of them, and weighs only the rest."""
-    from tasks.generators import template_roots
+    from kernelcast.tasks.generators import template_roots
 
     pool = _committed_cudal1_pool(tmp_path, monkeypatch)
     op = "kb.cudal1-l2-017"
@@ -298,7 +298,7 @@ def test_with_weigh_roots_the_surrogate_weighs_the_roots_with_the_other_children
     """SearchConfig.weigh_roots: the roots are children like the rest for the surrogate (a random one here picks
     its four of the first generation among them all, not the three roots and one more); the baseline, which
     takes the generator's order, still meets them first."""
-    from tasks.generators import template_roots
+    from kernelcast.tasks.generators import template_roots
 
     pool = _committed_cudal1_pool(tmp_path, monkeypatch)
     op = "kb.cudal1-l2-017"
@@ -376,7 +376,7 @@ def test_no_cuda_graph_or_compile_variant_of_a_parent_that_captures_graphs_itsel
             def forward(self, x):
                 return torch.relu(self.conv(x))
         ''')
-    from kernels.variants import reason_not, variant_named
+    from kernelcast.kernels.variants import reason_not, variant_named
 
     assert "captures CUDA graphs in its own code" in reason_not(variant_named("cuda-graph"), own)
     assert "torch.compile around a capture fails" in reason_not(variant_named("compile-max-autotune"), own)
@@ -386,7 +386,7 @@ def test_no_cuda_graph_or_compile_variant_of_a_parent_that_captures_graphs_itsel
 def test_a_replayed_variants_search_offers_the_children_a_live_one_recorded_with_their_ids(row_sum, tmp_path):
     """variants_recorded: the recorded children of each parent, even where today's wrapper would write other
     text (and so another id); refused for a generator that makes no variants or a root with none."""
-    from kernels.records import Candidate
+    from kernelcast.kernels.records import Candidate
 
     reference = row_sum.seed_candidates()[0]
     live = variant_children(row_sum, reference)[0][0]
@@ -434,9 +434,9 @@ def test_a_problems_variant_space_is_its_roots_then_their_and_the_references_var
 
 
 def test_a_gpu_mode_submission_runs_as_variants_of_its_function_and_the_harness_judges_them_ok(tmp_path):
-    from kernels.harness.worker import MeasureWorker, WorkerConfig
-    from kernels.hardware import INTERPRETER
-    from kernels.records import HardwareSpec
+    from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig
+    from kernelcast.kernels.hardware import INTERPRETER
+    from kernelcast.kernels.records import HardwareSpec
     from tests.formats_for_tests import write_gpumode
     from tests.test_real_size import GPUMODE_ADD_INTO, GPUMODE_ADD_INTO_SPECS
 
@@ -488,8 +488,8 @@ def test_the_headroom_benchmark_takes_gpu_mode_tasks_searched_from_their_referen
 
 def test_the_headroom_prior_with_spaces_holds_the_pool_and_every_spaces_rows(tmp_path):
     from benchmarks import headroom_search
-    from kernels.records import Candidate, Measurement
-    from storage.dataset import DataRoot
+    from kernelcast.kernels.records import Candidate, Measurement
+    from kernelcast.storage.dataset import DataRoot
 
     def root_with(path, op, n):
         kids = [Candidate(op=op, backend="torch", origin="import", source=f"def forward(x):\n    return x * {k}\n")
@@ -535,8 +535,8 @@ def test_a_space_of_the_references_compile_variants_only_and_an_unknown_variant_
 
 def test_every_problem_of_the_pool_in_order(tmp_path):
     from benchmarks import headroom_search
-    from kernels.records import Candidate
-    from storage.dataset import DataRoot
+    from kernelcast.kernels.records import Candidate
+    from kernelcast.storage.dataset import DataRoot
 
     DataRoot(str(tmp_path / "p" / "kernelcast")).write_candidates(
         [Candidate(op=op, backend="torch", origin="import", source=f"def forward(x):\n    return x  # {op}\n")
@@ -552,9 +552,9 @@ def test_a_live_headroom_search_has_the_model_rewrite_the_pools_kernels_beside_t
     from pathlib import Path
 
     from benchmarks import headroom_search
-    from kernels.formats import TASKS_ENV, install_from_root
-    from tasks.config import validate
-    from tasks.generators import template_roots
+    from kernelcast.kernels.formats import TASKS_ENV, install_from_root
+    from kernelcast.tasks.config import validate
+    from kernelcast.tasks.generators import template_roots
 
     pool = str(Path(__file__).resolve().parents[1] / "data" / "pools" / "cudal1" / "kernelcast")
     monkeypatch.setenv(TASKS_ENV, str(tmp_path / "tasks"))
@@ -623,9 +623,9 @@ def test_a_space_with_a_live_model_asks_it_for_k_rewrites_of_each_root_and_recor
     from pathlib import Path
 
     from benchmarks import headroom_search
-    from kernels.formats import TASKS_ENV, install_from_root
-    from tasks.config import validate
-    from tasks.generators import template_roots
+    from kernelcast.kernels.formats import TASKS_ENV, install_from_root
+    from kernelcast.tasks.config import validate
+    from kernelcast.tasks.generators import template_roots
 
     pool = str(Path(__file__).resolve().parents[1] / "data" / "pools" / "cudal1" / "kernelcast")
     monkeypatch.setenv(TASKS_ENV, str(tmp_path / "tasks"))
@@ -641,7 +641,7 @@ def test_a_space_with_a_live_model_asks_it_for_k_rewrites_of_each_root_and_recor
     roots = template_roots(pool, op, "h100")
     search = types.SimpleNamespace(config=config, root=DataRoot(str(tmp_path / "root")))
     asked: list = []
-    from tasks.llm_generator import LLMGenerator
+    from kernelcast.tasks.llm_generator import LLMGenerator
 
     propose = LLMGenerator.propose
 
@@ -685,7 +685,7 @@ def test_the_models_rewrites_join_a_space_measured_before_without_a_model(server
     from pathlib import Path
 
     from benchmarks import headroom_search
-    from kernels.formats import TASKS_ENV
+    from kernelcast.kernels.formats import TASKS_ENV
 
     monkeypatch.setenv(TASKS_ENV, str(tmp_path / "tasks"))
     pool = str(Path(__file__).resolve().parents[1] / "data" / "pools" / "cudal1")
@@ -710,15 +710,15 @@ def test_a_space_stopped_part_way_keeps_no_child_unmeasured_and_a_second_call_co
     from pathlib import Path
 
     from benchmarks import headroom_search
-    from kernels.formats import TASKS_ENV
-    from kernels.ops import get_operation
-    from storage.dataset import DataRoot
+    from kernelcast.kernels.formats import TASKS_ENV
+    from kernelcast.kernels.ops import get_operation
+    from kernelcast.storage.dataset import DataRoot
 
     monkeypatch.setenv(TASKS_ENV, str(tmp_path / "tasks"))
     pool = str(Path(__file__).resolve().parents[1] / "data" / "pools" / "cudal1")
     common = ["--space", "--space-reference-only", "--space-variants", "cudnn-benchmark", "cuda-graph", "--pool", pool,
               "--problems", "l2-096", "--backend", "local", "--gpu-type", "interpreter", "--data", str(tmp_path / "d")]
-    monkeypatch.setattr("tasks.search._FLUSH_EVERY", 1)
+    monkeypatch.setattr("kernelcast.tasks.search._FLUSH_EVERY", 1)
     real, written_ids = DataRoot.write_measurements, []
 
     def stopped(self, rows):  # the reference's measurement and one child's are written, then the call is stopped
@@ -766,7 +766,7 @@ def test_the_oracle_replayed_on_a_measured_space_finds_its_best_kernel_within_bu
     from pathlib import Path
 
     from benchmarks import headroom_search
-    from storage.schema import measurements_from_frame
+    from kernelcast.storage.schema import measurements_from_frame
 
     repo = Path(__file__).resolve().parents[1]
     monkeypatch.chdir(repo)
@@ -818,7 +818,7 @@ def test_the_oracle_on_a_depth_two_space_meets_a_variant_of_a_kernel_it_passed_o
     from pathlib import Path
 
     from benchmarks import headroom_search
-    from storage.schema import measurements_from_frame
+    from kernelcast.storage.schema import measurements_from_frame
 
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
     op = "kb.cudal1-l2-017"

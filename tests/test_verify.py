@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-from kernels.harness import memcheck, precision, timing, verify
-from kernels.harness.anticheat import Rejected, plain_tensors
-from kernels.harness.verify import Activity, Window
-from kernels.ops import get_operation
-from kernels.records import is_lower
+from kernelcast.kernels.harness import memcheck, precision, timing, verify
+from kernelcast.kernels.harness.anticheat import Rejected, plain_tensors
+from kernelcast.kernels.harness.verify import Activity, Window
+from kernelcast.kernels.ops import get_operation
+from kernelcast.kernels.records import is_lower
 
 
 def test_work_the_timed_stream_never_waited_for_is_hidden_work():
@@ -202,7 +202,7 @@ def _verify(monkeypatch, cost, with_control=True, keep=False):
     """runner._verify_case on a modelled host: the candidate's calls and the reference's control."""
     from types import SimpleNamespace
 
-    from kernels.harness import runner
+    from kernelcast.kernels.harness import runner
 
     host = _Host(cost)
     monkeypatch.setattr(verify, "synced_call", host.synced_call)
@@ -229,7 +229,7 @@ def test_honest_code_on_a_host_that_slows_first_calls_passes_with_the_references
     assert any(who == "reference" for who, _ in host.seen)  # the control was made, after both rounds found it
     assert result["unseen_control"] == ["case-1 (first calls 800.0 us against 500.0 us; the reference's 800.0 against "
                                         "500.0 us)"]
-    from kernels.harness.worker import _controlled
+    from kernelcast.kernels.harness.worker import _controlled
     assert _controlled(result) == [f"unseen-input control: {result['unseen_control'][0]}"] and _controlled({}) == []
 
 
@@ -382,8 +382,8 @@ def test_an_anchored_figure_is_held_to_the_trace_by_its_runtime_in_the_same_proc
     # KernelBench level2/98 on an H100 (2026-11-27): the reference took 45.8 us in its own process and 223 us beside
     # the candidate, whose 52.5 us there became 12.2 us anchored. A trace taken beside it (40 us busy on two streams)
     # judges the 52.5 us: set against the 12.2, the host's drift alone would have read as missed work.
-    from kernels.harness.runner import _check_timed
-    from kernels.harness.timing import Timing
+    from kernelcast.kernels.harness.runner import _check_timed
+    from kernelcast.kernels.harness.timing import Timing
 
     anchored, here = Timing(12.2, 1.0, 20), Timing(52.5, 4.0, 20, paired_ratio=0.235)
     _check_timed("c", anchored, here, traced_us=40.0, floor_us=1.0)
@@ -507,9 +507,9 @@ def test_a_half_precision_answer_to_a_float32_task_is_flagged_lower():
 
 
 def test_the_formats_timing_protocols_are_known_to_the_worker():
-    from kernels.hardware import INTERPRETER
-    from kernels.harness.worker import MeasureWorker, WorkerConfig
-    from kernels.records import HardwareSpec
+    from kernelcast.kernels.hardware import INTERPRETER
+    from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig
+    from kernelcast.kernels.records import HardwareSpec
 
     assert timing.PROTOCOLS == ("kernelcast", "kernelbench", "gpumode")
     assert set(timing.FORMAT_PROTOCOLS) == {"kernelbench", "gpumode"}
@@ -549,7 +549,7 @@ def test_a_cheat_is_judged_right_only_when_caught_or_charged_at_least_nine_tenth
 
 
 def test_device_busy_time_counts_overlapping_streams_once_and_idle_gaps_not_at_all():
-    from kernels.harness.verify import busy_us
+    from kernelcast.kernels.harness.verify import busy_us
 
     assert busy_us([]) == 0.0
     kernels = [Activity("a", 7, 0, 100_000), Activity("b", 9, 50_000, 150_000),  # overlap: 150 us together

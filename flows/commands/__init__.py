@@ -6,13 +6,13 @@ its place in the tuple is its place in ``kernelcast --help``.
 
 A command checks its arguments before it imports anything heavy (torch, Prefect, MLflow,
 pandas, Ray), and a group module imports nothing but the standard library and
-``flows.commands.common`` at module level: building the parser loads every group, and a bad
+``kernelcast.flows.commands.common`` at module level: building the parser loads every group, and a bad
 argument must fail in well under two seconds (tests/test_cli_fast_errors.py).
 """
 
 from __future__ import annotations
 
-from flows.commands import data, model, report, search, surrogate
+from kernelcast.flows.commands import data, model, report, search, surrogate
 
 GROUPS = (
     data,        # ops, measure, sweep, show, pairs, import, compact

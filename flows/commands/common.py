@@ -40,7 +40,7 @@ def parse_storage_options(pairs: list[str] | None) -> dict:
 def data_root(args):
     """The ``DataRoot`` the flags name; a malformed option or an unknown protocol fails here, reaching nothing."""
     options = parse_storage_options(args.storage_option)
-    from storage.dataset import DataRoot
+    from kernelcast.storage.dataset import DataRoot
 
     return DataRoot(args.data, storage_options=options)
 

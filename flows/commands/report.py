@@ -1,12 +1,12 @@
 """``kernelcast report``: the runs of one operation and GPU type side by side, as a PNG, a table and a CSV.
 
-The work is in ``tasks.report``; this reads the flags, writes the files to ``--out`` and
+The work is in ``kernelcast.tasks.report``; this reads the flags, writes the files to ``--out`` and
 logs them to MLflow as a run of their own (tagged ``kernelcast.report``).
 """
 
 from __future__ import annotations
 
-from flows.commands.common import UsageError, add_data_args, data_root
+from kernelcast.flows.commands.common import UsageError, add_data_args, data_root
 
 
 def register(sub) -> None:
@@ -32,8 +32,8 @@ def register(sub) -> None:
 def cmd_report(args) -> int:
     if args.last is not None and args.last < 1:
         raise UsageError(f"--last must be a positive whole number of runs, got {args.last}")
-    from storage.tracking import Tracker, default_tracking_uri
-    from tasks.report import compare_runs, log_report, report_files, write_report
+    from kernelcast.storage.tracking import Tracker, default_tracking_uri
+    from kernelcast.tasks.report import compare_runs, log_report, report_files, write_report
 
     root = data_root(args)
     comparison = compare_runs(root, args.op, args.gpu_type, run_ids=args.runs or (), last=args.last)

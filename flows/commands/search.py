@@ -1,12 +1,12 @@
 """``kernelcast search | backfill | serve``: the Prefect flows that spend GPU time, and their deployments.
 
-A search's settings are the fields of ``tasks.config.SearchConfig``: a YAML file first, then
+A search's settings are the fields of ``kernelcast.tasks.config.SearchConfig``: a YAML file first, then
 the flags that were given; checked once, before Prefect or any GPU starts.
 """
 
 from __future__ import annotations
 
-from flows.commands.common import (UsageError, add_data_args, check_data_root, parse_storage_options,
+from kernelcast.flows.commands.common import (UsageError, add_data_args, check_data_root, parse_storage_options,
                                     prefect_defaults)
 
 # Search flags -> SearchConfig fields; a flag left out keeps the YAML file's value or the default.
@@ -41,7 +41,7 @@ _SEARCH_FLAGS = {
     "generator_children": (int, "children asked of the model per generation (generators llm, freeform, replay; "
                                 "default 16)"), "surrogate": (str, "learned, source, lmhead, roofline, random, llm, or "
                                                              "none (the equal-budget baseline: every child measured)"),
-    "surrogate_folder": (str, "surrogate lmhead: the folder `python -m surrogate.lmhead train --out DIR` wrote"),
+    "surrogate_folder": (str, "surrogate lmhead: the folder `python -m kernelcast.surrogate.lmhead train --out DIR` wrote"),
     "policy": (str, "budget (confidence threshold) or conformal (certified risk)"),
     "trust_threshold": (float, "max-probability at which a forecast is trusted (policy budget)"),
     "target_risk": (float, "risk of trusting a forecast off by more than one bin (policy conformal)"),
@@ -67,7 +67,7 @@ _SEARCH_FLAGS = {
 
 def search_config(args):
     """The SearchConfig of ``kernelcast search``: YAML file first, then flags that were given."""
-    from tasks.config import SearchConfig
+    from kernelcast.tasks.config import SearchConfig
 
     values: dict = {}
     if args.config:
@@ -78,6 +78,11 @@ def search_config(args):
                 values = yaml.safe_load(f) or {}
         except OSError as exc:
             raise UsageError(f"cannot read --config {args.config}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:  # one line: where the file stops being YAML, and why
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise UsageError(f"--config {args.config} is not valid YAML{where}: {problem}") from None
         if not isinstance(values, dict):
             raise UsageError(f"--config {args.config} must hold a mapping of search settings")
     for name in _SEARCH_FLAGS:
@@ -104,22 +109,22 @@ def _prefect_where() -> str:
 
 
 def cmd_search(args) -> int:
-    from tasks.config import validate
+    from kernelcast.tasks.config import validate
 
     # Bad input fails here, before Prefect, MLflow or a GPU starts: every setting, then the operation
     # (its registry, which loads torch, is the one heavy thing loaded), then the data root's protocol.
     config = validate(search_config(args))
     check_data_root(config.data, dict(config.storage_options))
-    from storage.dataset import DataRoot
-    from tasks.search import check_resume
-    from tasks.setup import resolve
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.tasks.search import check_resume
+    from kernelcast.tasks.setup import resolve
 
     config = resolve(config)  # backend and GPU type 'auto' settled against this machine
     check_resume(DataRoot(config.data, storage_options=dict(config.storage_options)), config)  # a run id's own settings
     prefect_defaults()
-    from flows.search import kernel_search
-    from tasks.report import summary_lines
-    from tasks.search import SearchResult
+    from kernelcast.flows.search import kernel_search
+    from kernelcast.tasks.report import summary_lines
+    from kernelcast.tasks.search import SearchResult
     fields = {f: getattr(config, f) for f in ("op", "gpu_type", "budget", "budget_kind", "generations", "children",
                                               "generator",
                                               "surrogate", "policy", "seed", "run_id", "data", "backend",
@@ -127,7 +132,7 @@ def cmd_search(args) -> int:
     options = {k: v for k, v in config.__dict__.items() if k not in fields}
     out = kernel_search(**fields, options=options)
     gens = out.pop("generations")
-    from kernels.records import GenerationSummary
+    from kernelcast.kernels.records import GenerationSummary
 
     result = SearchResult(**{**{k: out[k] for k in SearchResult.__dataclass_fields__ if k != "generations"},
                              "generations": tuple(GenerationSummary(**g) for g in gens)})
@@ -136,13 +141,13 @@ def cmd_search(args) -> int:
 
 
 def cmd_backfill(args) -> int:
-    from tasks.backfill import backfill_ops
+    from kernelcast.tasks.backfill import backfill_ops
 
     options = {"storage_options": parse_storage_options(args.storage_option)}
     backfill_ops(args.source, args.target, args.op, args.limit)  # bad input fails here, before Prefect starts
     check_data_root(args.data, options["storage_options"])
     prefect_defaults()
-    from flows.search import backfill
+    from kernelcast.flows.search import backfill
 
     if args.replay_pool:
         options["replay_pool"] = args.replay_pool
@@ -160,7 +165,7 @@ def cmd_serve(args) -> int:
 
     CronSchedule(cron=args.cron)  # a malformed schedule fails here, before the deployments are built
     prefect_defaults()
-    from flows.deployments import serve
+    from kernelcast.flows.deployments import serve
 
     serve(data=args.data, cron=args.cron)
     return 0

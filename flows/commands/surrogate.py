@@ -5,22 +5,22 @@ from __future__ import annotations
 
 import os
 
-from flows.commands.common import UsageError, add_data_args, data_root, parse_storage_options, prefect_defaults
+from kernelcast.flows.commands.common import UsageError, add_data_args, data_root, parse_storage_options, prefect_defaults
 
 
 def cmd_evaluate(args) -> int:
-    from surrogate.registry import get_forecaster_factory
+    from kernelcast.surrogate.registry import get_forecaster_factory
 
     factory = get_forecaster_factory(args.surrogate)  # an unknown name fails before any work
-    from surrogate.calibration import CALIBRATORS
+    from kernelcast.surrogate.calibration import CALIBRATORS
 
     if args.calibrator not in CALIBRATORS:
         raise UsageError(f"unknown --calibrator {args.calibrator!r}; known: {', '.join(CALIBRATORS)}")
     root = data_root(args)
     import pandas as pd
 
-    from surrogate.dataset import case_pairs
-    from surrogate.evaluate import evaluate
+    from kernelcast.surrogate.dataset import case_pairs
+    from kernelcast.surrogate.evaluate import evaluate
 
     pairs = case_pairs(root, gpu_type=args.gpu_type)
     if pairs.empty:
@@ -33,7 +33,7 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
-# ``kernelcast train --surrogate llm-grpo`` flags -> surrogate.grpo.GRPOSettings fields.
+# ``kernelcast train --surrogate llm-grpo`` flags -> kernelcast.surrogate.grpo.GRPOSettings fields.
 _GRPO_FLAGS = {
     "model": (str, "local model folder or .gguf file (llm-grpo; nothing is downloaded)"),
     "reward": (str, "correctness, brier (correctness + 1 - Brier) or crps (correctness + 1 - CRPS)"),
@@ -61,7 +61,7 @@ def _grpo_options(args) -> dict:
 
 def _check_priors(args) -> None:
     """Every setting of ``train`` (learned priors) checked as a search checks it, the operations last."""
-    from tasks.config import PACKAGED_POOL, ConfigError, SearchConfig, check_operation, check_settings
+    from kernelcast.tasks.config import PACKAGED_POOL, ConfigError, SearchConfig, check_operation, check_settings
 
     config = SearchConfig(op=args.op, surrogate=args.surrogate, prior_data=args.prior_data or PACKAGED_POOL,
                           data=args.data, gpu_type=args.gpu_type or "auto", prior_scope=args.prior_scope)
@@ -77,7 +77,7 @@ def _check_priors(args) -> None:
 def cmd_train(args) -> int:
     if args.surrogate == "llm-grpo":
         options = _grpo_options(args)
-        from surrogate.grpo import GRPOSettings
+        from kernelcast.surrogate.grpo import GRPOSettings
 
         settings = GRPOSettings(**options)  # bad settings fail here, before Prefect starts
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -85,8 +85,8 @@ def cmd_train(args) -> int:
             # may run a flow of its own; they call the same core the flow's tasks call.
             import dataclasses
 
-            from surrogate.grpo import train_grpo
-            from tasks.setup import grpo_pairs, grpo_tracker
+            from kernelcast.surrogate.grpo import train_grpo
+            from kernelcast.tasks.setup import grpo_pairs, grpo_tracker
 
             run = dataclasses.asdict(train_grpo(grpo_pairs(args.prior_data or "", args.pairs or "", args.gpu_type,
                                                            settings.seed), settings, grpo_tracker(settings)))
@@ -94,7 +94,7 @@ def cmd_train(args) -> int:
                 return 0
         else:
             prefect_defaults()
-            from flows.search import train_surrogate
+            from kernelcast.flows.search import train_surrogate
 
             run = train_surrogate(surrogate="llm-grpo", prior_data=args.prior_data or "", data=args.data,
                                   pairs=args.pairs or "", gpu_type=args.gpu_type, grpo=options)
@@ -115,8 +115,8 @@ def cmd_train(args) -> int:
         raise UsageError(f"{', '.join(given)}: only for --surrogate llm-grpo")
     _check_priors(args)  # before Prefect starts anything
     prefect_defaults()
-    from flows.search import train_surrogate
-    from tasks.config import ConfigError
+    from kernelcast.flows.search import train_surrogate
+    from kernelcast.tasks.config import ConfigError
 
     try:
         fitted = train_surrogate(surrogate=args.surrogate, prior_data=args.prior_data or "", data=args.data,
@@ -130,7 +130,7 @@ def cmd_train(args) -> int:
 
 def _forecast_config(args):
     """The search settings a forecast is made under, checked as a search checks them."""
-    from tasks.config import PACKAGED_POOL, ConfigError, SearchConfig, check_operation, check_settings
+    from kernelcast.tasks.config import PACKAGED_POOL, ConfigError, SearchConfig, check_operation, check_settings
 
     config = SearchConfig(op=args.op, gpu_type=args.gpu_type, surrogate=args.surrogate, data=args.data,
                           surrogate_folder=args.surrogate_folder or "",
@@ -156,10 +156,10 @@ def cmd_forecast(args) -> int:
     import dataclasses
     import json
 
-    from surrogate.bins import UPPER_EDGES
-    from tasks.config import ConfigError
-    from tasks.forecast import forecast_files
-    from tasks.setup import data_root as open_root, forecaster
+    from kernelcast.surrogate.bins import UPPER_EDGES
+    from kernelcast.tasks.config import ConfigError
+    from kernelcast.tasks.forecast import forecast_files
+    from kernelcast.tasks.setup import data_root as open_root, forecaster
 
     try:
         root = open_root(config)
@@ -181,6 +181,14 @@ def cmd_forecast(args) -> int:
           f"best measured so far: "
           + (f"{report.best_measured:.2f}x" if report.best_measured else "none")
           + f"; a search's first generation measures up to {report.budget}")
+    ops = ", ".join(report.fit_operations[:6]) + (f" and {len(report.fit_operations) - 6} more"
+                                                  if len(report.fit_operations) > 6 else "")
+    print(f"fit on: {report.fit_on} ({len(report.fit_operations)} operations on {report.gpu_type}: {ops or 'none'}; "
+          f"prior scope {report.prior_scope}); corrected by "
+          + (f"{report.corrected_by} measurements of {report.op} on {report.gpu_type} under {report.data_root}"
+             if report.corrected_by else f"no measurement of {report.op} on {report.gpu_type} under "
+                                         f"{report.data_root}")
+          + " (another data root's measurements correct the forecasts differently)")
     for k in report.kernels:
         print(f"{k.file}  [{k.candidate_id}]  -> {k.decision}")
         if k.reason:
@@ -238,7 +246,7 @@ def register(sub) -> None:
     sp.add_argument("--gpu-type", default="h100", help="GPU type to forecast for (default: %(default)s)")
     sp.add_argument("--surrogate", default="learned", help="learned (default), source, lmhead, roofline or random")
     sp.add_argument("--surrogate-folder", default=None, help="--surrogate lmhead: the folder its training wrote "
-                                                            "(python -m surrogate.lmhead train --out DIR)")
+                                                            "(python -m kernelcast.surrogate.lmhead train --out DIR)")
     sp.add_argument("--prior-data", default=None, help="measurements the surrogate is fit on (default: the "
                                                        "committed pool)")
     sp.add_argument("--prior-scope", default="other-ops", help="what the prior sees of the op: other-ops (nothing, "

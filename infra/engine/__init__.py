@@ -4,7 +4,7 @@ Where vLLM is installed, ``vllm serve`` is the engine to use; where neither vLLM
 llama.cpp is (a GPU image with torch and transformers only), this one serves a GGUF file
 (dequantized by transformers) or a transformers model folder:
 
-    python -m infra.engine --model qwen2.5-coder-1.5b-instruct-q4_k_m.gguf --port 8000
+    python -m kernelcast.infra.engine --model qwen2.5-coder-1.5b-instruct-q4_k_m.gguf --port 8000
 
 One module per job:
 
@@ -25,11 +25,11 @@ import os
 # before any module of the engine imports torch: CUDA reads it once, at start.
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
-from infra.engine.api import UNSUPPORTED, Job, RequestError, Sampling, read_request  # noqa: E402
-from infra.engine.batching import GATHER_LIMIT_S, LOCK_PAUSE_S, SLOT_ROUNDING, TOP_K, Engine, sample  # noqa: E402
-from infra.engine.loading import (CHATML, CHATML_FAMILIES, END_OF_TURN, chat_template,  # noqa: E402
+from kernelcast.infra.engine.api import UNSUPPORTED, Job, RequestError, Sampling, read_request  # noqa: E402
+from kernelcast.infra.engine.batching import GATHER_LIMIT_S, LOCK_PAUSE_S, SLOT_ROUNDING, TOP_K, Engine, sample  # noqa: E402
+from kernelcast.infra.engine.loading import (CHATML, CHATML_FAMILIES, END_OF_TURN, chat_template,  # noqa: E402
                                   end_token_ids, load, resolve_device, resolve_dtype)
-from infra.engine.server import DESCRIPTION, completion, main, make_server  # noqa: E402
+from kernelcast.infra.engine.server import DESCRIPTION, completion, main, make_server  # noqa: E402
 
 __all__ = ["CHATML", "CHATML_FAMILIES", "DESCRIPTION", "END_OF_TURN", "GATHER_LIMIT_S", "LOCK_PAUSE_S", "SLOT_ROUNDING",
            "TOP_K", "UNSUPPORTED", "Engine", "Job", "RequestError", "Sampling", "chat_template", "completion",

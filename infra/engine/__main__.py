@@ -1,7 +1,7 @@
-"""``python -m infra.engine``: serve a model (``infra.engine.server.main``)."""
+"""``python -m kernelcast.infra.engine``: serve a model (``kernelcast.infra.engine.server.main``)."""
 
 import sys
 
-from infra.engine.server import main
+from kernelcast.infra.engine.server import main
 
 sys.exit(main())

@@ -21,10 +21,10 @@ from collections import deque
 
 import torch
 
-from infra.engine.api import Job, RequestError, read_request
-from infra.engine.loading import chat_template, end_token_ids
-from infra.slots import SlotCache, register
-from infra.slots import masks as slots_masks
+from kernelcast.infra.engine.api import Job, RequestError, read_request
+from kernelcast.infra.engine.loading import chat_template, end_token_ids
+from kernelcast.infra.slots import SlotCache, register
+from kernelcast.infra.slots import masks as slots_masks
 
 # A batch waits for stragglers at most this long, so that a steady stream of requests still gets
 # served; short beside a batch's generation, long enough for hundreds of requests to be tokenized.

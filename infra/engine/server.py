@@ -1,4 +1,4 @@
-"""The engine's HTTP server (the OpenAI routes) and its command line, ``python -m infra.engine``."""
+"""The engine's HTTP server (the OpenAI routes) and its command line, ``python -m kernelcast.infra.engine``."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from infra.engine.api import Job, RequestError
-from infra.engine.batching import Engine
-from infra.engine.loading import load
+from kernelcast.infra.engine.api import Job, RequestError
+from kernelcast.infra.engine.batching import Engine
+from kernelcast.infra.engine.loading import load
 
 DESCRIPTION = "A batched generation engine behind an OpenAI-compatible chat endpoint, on torch and transformers alone."
 
@@ -94,7 +94,7 @@ def make_server(engine: Engine, host: str = "127.0.0.1", port: int = 8000) -> Th
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m infra.engine", description=DESCRIPTION)
+    p = argparse.ArgumentParser(prog="python -m kernelcast.infra.engine", description=DESCRIPTION)
     p.add_argument("--model", required=True, help="a .gguf file, or a transformers model folder")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Mapping
 
 # What the format modules share lives in ``common`` (below them); re-exported here for callers.
-from kernels.formats.common import (FORMAT_PREFIX, FORMATS, MANIFEST, WRAPPER_MARK, TaskFormatError, backend_of,
+from kernelcast.kernels.formats.common import (FORMAT_PREFIX, FORMATS, MANIFEST, WRAPPER_MARK, TaskFormatError, backend_of,
                                     default_task_name, is_imported_name, load_module, op_name, read_required,
                                     read_source, require, submission_of, top_level_names)
 
@@ -41,7 +41,7 @@ __all__ = ["FORMAT_PREFIX", "FORMATS", "MANIFEST", "ROOT_FOLDER", "TASKS_ENV", "
 TASKS_ENV = "KERNELCAST_TASKS"
 ROOT_FOLDER = "tasks"  # under a data root
 
-# Fixed when this module is first imported (by ``kernels.ops``, which the harness's fork server
+# Fixed when this module is first imported (by ``kernelcast.kernels.ops``, which the harness's fork server
 # preloads): a sandboxed child points HOME at its scratch directory, and must still find the tasks.
 _DEFAULT_TASKS_DIR = Path(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
                           "kernelcast", "tasks")
@@ -135,9 +135,9 @@ def _format_module(fmt: str):
     """The module that reads format ``fmt`` ('kernelbench' or 'gpumode').
 
     Imported on first use, not with this package: a format module builds on the operation base
-    (``kernels.ops.base``), and importing that runs ``kernels.ops``, which imports this package.
+    (``kernelcast.kernels.ops.base``), and importing that runs ``kernelcast.kernels.ops``, which imports this package.
     """
-    from kernels.formats import gpumode, kernelbench
+    from kernelcast.kernels.formats import gpumode, kernelbench
 
     return {"kernelbench": kernelbench, "gpumode": gpumode}[fmt]
 

@@ -1,7 +1,7 @@
 """What the task formats share: op names, the manifest, reading task files, wrapped submissions.
 
 The format modules (``kernelbench``, ``gpumode``, ``operation``) import from here, and
-``kernels.formats`` (the tasks directory and name resolution) re-exports it; keeping these
+``kernelcast.kernels.formats`` (the tasks directory and name resolution) re-exports it; keeping these
 below both is what lets the package resolve a name to its format module without an import
 cycle.
 """
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
-FORMATS = {"kb": "kernelbench", "gpumode": "gpumode"}  # op-name prefix -> module under kernels.formats
+FORMATS = {"kb": "kernelbench", "gpumode": "gpumode"}  # op-name prefix -> module under kernelcast.kernels.formats
 FORMAT_PREFIX = {module: prefix for prefix, module in FORMATS.items()}
 MANIFEST = "manifest.json"
 _NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,47}")

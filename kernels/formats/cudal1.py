@@ -13,7 +13,7 @@ baseline variant is ``score_default / score_<variant>``; that is the figure ours
 Each problem becomes a KernelBench operation named ``kb.cudal1-l<level>-<task>`` from its
 ``ref_code``, and its candidates are the variants below: CUDA-L1's three codes (the class a
 variant defines mapped onto ``ModelNew``), torch.compile of the reference in three modes
-(wrappers written here), and the null candidate (the reference itself, kernels.null). A
+(wrappers written here), and the null candidate (the reference itself, kernelcast.kernels.null). A
 variant that cannot be built is skipped with the reason.
 """
 
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from kernels.formats.common import TaskFormatError, backend_of, top_level_names
-from kernels.records import Candidate
-from kernels.variants import variant_source
+from kernelcast.kernels.formats.common import TaskFormatError, backend_of, top_level_names
+from kernelcast.kernels.records import Candidate
+from kernelcast.kernels.variants import variant_source
 
 REPOSITORY = "github.com/deepreinforce-ai/CUDA-L1"
 COMMIT = "51e8356bf844101cab2aeeca4bdff47ebb1953b8"
@@ -38,7 +38,7 @@ GPUS = ("h100", "a100", "l40", "h20", "3090")  # the GPUs CUDA-L1 published spee
 CODE_FIELDS = ("custom_code", "cuda_graph_code", "cudnn_code")
 SCORES = ("score_default", "score_torch_compile_default", "score_torch_compile_reduce_overhead",
           "score_cuda_graph", "score_cudnn")
-_GPU_FILE_NAMES = {"rtx3090": "3090"}  # kernels.hardware's routing name -> CUDA-L1's file name
+_GPU_FILE_NAMES = {"rtx3090": "3090"}  # kernelcast.kernels.hardware's routing name -> CUDA-L1's file name
 
 
 def corpus_file(gpu: str = SOURCE_GPU) -> str:
@@ -180,7 +180,7 @@ def submission(problem: Problem, variant: str) -> tuple[str | None, str]:
     if v.compile_mode is not None:
         return variant_source(problem.ref_code, f"compile-{v.compile_mode}"), ""
     if v.field is None:
-        return None, "built from the imported operation (kernels.null)"
+        return None, "built from the imported operation (kernelcast.kernels.null)"
     code = problem.codes.get(v.field)
     if code is None:
         score = problem.scores.get(SOURCE_GPU, {}).get("score_default")
@@ -210,7 +210,7 @@ class Built:
 
 def build(op, problem: Problem, variants: Sequence[str]) -> list[Built]:
     """The candidates of ``problem`` (imported as ``op``) for each named variant, origin ``import``."""
-    from kernels.null import null_candidate
+    from kernelcast.kernels.null import null_candidate
 
     out = []
     for name in variants:

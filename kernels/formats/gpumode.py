@@ -37,9 +37,9 @@ from typing import Any, Sequence
 import torch
 from torch.overrides import TorchFunctionMode
 
-from kernels.formats.common import (MANIFEST, TaskFormatError, default_task_name, device_requirement, load_module,
+from kernelcast.kernels.formats.common import (MANIFEST, TaskFormatError, default_task_name, device_requirement, load_module,
                                     op_name, read_required)
-from kernels.formats.operation import (ImportedOperation, first_float_dtype, is_literal, on_device, seed_from,
+from kernelcast.kernels.formats.operation import (ImportedOperation, first_float_dtype, is_literal, on_device, seed_from,
                                        signature, tensor_bytes)
 
 REFERENCE_NEEDS = {"ref_kernel": "function", "generate_input": "function", "check_implementation": "function"}

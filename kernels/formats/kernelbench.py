@@ -39,11 +39,11 @@ from typing import Sequence
 
 import torch
 
-from kernels.formats.common import (MANIFEST, WRAPPER_MARK, TaskFormatError, default_task_name, device_requirement,
+from kernelcast.kernels.formats.common import (MANIFEST, WRAPPER_MARK, TaskFormatError, default_task_name, device_requirement,
                                     load_module, op_name, read_required)
-from kernels.formats.operation import (ImportedOperation, first_float_dtype, is_literal, on_device, rng_fork, seed_from,
+from kernelcast.kernels.formats.operation import (ImportedOperation, first_float_dtype, is_literal, on_device, rng_fork, seed_from,
                                        tensor_bytes)
-from kernels.ops.base import MODEL_BUILDS
+from kernelcast.kernels.ops.base import MODEL_BUILDS
 
 INIT_SEED = 42
 # Under kernelcast's protocol, models whose parameters and buffers take more bytes than this are built on the device

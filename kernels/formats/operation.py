@@ -17,9 +17,9 @@ from typing import Any, Iterator, Mapping
 import torch
 from torch.overrides import TorchFunctionMode
 
-from kernels.formats.common import WRAPPER_MARK, backend_of, submission_of
-from kernels.ops.base import DEFAULT_TOLERANCES, DTYPES, Case, Operation
-from kernels.records import Candidate
+from kernelcast.kernels.formats.common import WRAPPER_MARK, backend_of, submission_of
+from kernelcast.kernels.ops.base import DEFAULT_TOLERANCES, DTYPES, Case, Operation
+from kernelcast.kernels.records import Candidate
 
 Signature = tuple[tuple[tuple[int, ...], str], ...]
 
@@ -133,7 +133,7 @@ def first_float_dtype(tensors, default: str = "float32") -> str:
 
 
 class ImportedOperation(Operation):
-    """An operation read from an imported task's folder and manifest (see ``kernels.formats``)."""
+    """An operation read from an imported task's folder and manifest (see ``kernelcast.kernels.formats``)."""
 
     bound = "memory"  # nothing in a task file says otherwise; the bytes model is inputs plus outputs
     format = ""

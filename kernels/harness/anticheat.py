@@ -36,13 +36,13 @@ from typing import Callable
 import torch
 from torch.overrides import TorchFunctionMode
 
-from kernels.harness import precision
-from kernels.harness.correctness import call_candidate, poisoned_outputs, stray_writes
-from kernels.null import is_null
-from kernels.ops import Case, Operation, mismatch
-from kernels.records import Candidate
+from kernelcast.kernels.harness import precision
+from kernelcast.kernels.harness.correctness import call_candidate, poisoned_outputs, stray_writes
+from kernelcast.kernels.null import is_null
+from kernelcast.kernels.ops import Case, Operation, mismatch
+from kernelcast.kernels.records import Candidate
 
-PROJECT_PACKAGES = ("kernels", "storage", "surrogate", "tasks", "flows", "infra")
+PROJECT_PACKAGES = ("kernelcast",)  # the one import name the project installs
 # Attributes that reach into the calling harness's frames or module table.
 _INTROSPECTION = {"_getframe": "sys._getframe", "f_back": "frame.f_back", "f_locals": "frame.f_locals",
                   "f_globals": "frame.f_globals", "get_referrers": "gc.get_referrers",
@@ -59,7 +59,7 @@ def forbidden_calls(op: Operation, candidate: Candidate) -> frozenset[str]:
 
     The exemption goes by origin, not backend: a model-written kernel in plain torch may not
     call the function it should replace either. The null candidate (the eager baseline
-    submitted as a candidate, kernels.null) is the baseline's code and exempt as it is."""
+    submitted as a candidate, kernelcast.kernels.null) is the baseline's code and exempt as it is."""
     if candidate.origin == "seed" or is_null(op, candidate):
         return frozenset()
     return frozenset(getattr(op, "forbidden_calls", ()))
@@ -284,9 +284,9 @@ def warm_comparisons(op, cases, device) -> int:
     GPU lock (``WorkerConfig.warm_checks``), the loading is paid outside it, for a few launches of a few
     microseconds beside another child's work. A dtype the comparisons cannot take is skipped: warming never
     fails a candidate."""
-    from kernels.harness import precision
-    from kernels.harness.budget import meta_inputs
-    from kernels.ops.base import mismatch
+    from kernelcast.kernels.harness import precision
+    from kernelcast.kernels.harness.budget import meta_inputs
+    from kernelcast.kernels.ops.base import mismatch
 
     dtypes: dict[str, tuple] = {}
     for case in cases:
@@ -372,7 +372,7 @@ class Checker:
         self._on_first_call = on_first_call  # told each case's first call's seconds, as soon as it returns
         self._on_first_call_start = on_first_call_start  # told as each case's first call begins
         self.measure_precision = measure_precision
-        self.precision: dict[str, dict] = {}  # case -> its errors against float64 (kernels.harness.precision)
+        self.precision: dict[str, dict] = {}  # case -> its errors against float64 (kernelcast.kernels.harness.precision)
 
     def _precision(self, case: Case, inputs, got) -> dict:
         if self.device != "cpu":

@@ -8,7 +8,7 @@ halves the pair, not the null. In parts, every part that finishes is a row that 
 another GPU of the host (``--part``), measures the rest.
 
 The null's speedup is the geometric mean over cases of the reference's time over the null's, each case's ratio from
-the two timed in one measurement (``kernels.harness.worker``), so the task's figure from its parts is the geometric
+the two timed in one measurement (``kernelcast.kernels.harness.worker``), so the task's figure from its parts is the geometric
 mean of the parts' figures weighted by their numbers of cases: the figure one measurement over every case gives.
 
 The partition is made once per task and kept in ``DIR/parts.json``: cases dealt longest first, each to the part
@@ -62,7 +62,7 @@ def mode_cases(op, mode: str):
 
 def _weights(op, mode: str, kept: dict | None) -> tuple[list[float], str]:
     """Each case's weight for ``deal`` and what it was read from."""
-    from kernels.harness.budget import case_bytes
+    from kernelcast.kernels.harness.budget import case_bytes
 
     cases = mode_cases(op, mode)
     if kept is not None and len(kept.get("us") or ()) == len(cases):
@@ -110,7 +110,7 @@ def partition(out: Path, task_key: str, op, mode: str, n: int, kept: dict | None
 def part_operation(op, indices: tuple[int, ...], i: int, n: int, mode: str):
     """Part ``i`` of ``n`` of an imported op: the same task with only the cases at ``indices`` (of those ``mode``
     runs), installed beside it under its own name, ``<op>-part<i>of<n>``."""
-    from kernels.formats import MANIFEST, install, load_operation, task_files
+    from kernelcast.kernels.formats import MANIFEST, install, load_operation, task_files
 
     files = task_files(op.name)
     manifest = json.loads(files[MANIFEST])

@@ -8,7 +8,7 @@ share its execution units) is kept for the lock holder, and every child runs on 
 until it takes the lock. With a single core (or a single core's threads) there is nothing to
 split, and every child runs everywhere. (On the H100 machine measured in docs/harness.md this
 alone did not bring the null candidate to 1.00: that host's own speed moves from outside it;
-``kernels.harness.timing`` re-times host-bound cases for that.)
+``kernelcast.kernels.harness.timing`` re-times host-bound cases for that.)
 """
 
 from __future__ import annotations

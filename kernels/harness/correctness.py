@@ -14,8 +14,8 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from kernels.harness.sandbox import denied_write
-from kernels.ops import Case, Operation
+from kernelcast.kernels.harness.sandbox import denied_write
+from kernelcast.kernels.ops import Case, Operation
 
 
 class CandidateLoadError(Exception):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kernels.records import Candidate
+from kernelcast.kernels.records import Candidate
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ with the kernel, the access and the allocation it missed. The worker starts it o
 has finished (the child's sandbox would keep a new process from starting CUDA); the process
 takes the GPU lock, starts CUDA, enters the child's sandbox, and only then loads the candidate.
 
-    python -m kernels.harness.memcheck REQUEST.json    (under compute-sanitizer; writes REQUEST.json.out)
+    python -m kernelcast.kernels.harness.memcheck REQUEST.json    (under compute-sanitizer; writes REQUEST.json.out)
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 
-from kernels.formats import TASKS_ENV
+from kernelcast.kernels.formats import TASKS_ENV
 
 MODES = ("auto", "all", "off")
 _SANITIZERS = ("compute-sanitizer", "/usr/local/cuda/bin/compute-sanitizer")
@@ -53,7 +53,7 @@ def run(candidate, case: str, policy, environment: dict, tasks: str, timeout_s: 
         lock_path: str = "") -> str | None:
     """The sanitizer's finding on one call of ``candidate`` on ``case`` as text, or None when clean.
 
-    ``policy`` is the sandbox (``kernels.harness.sandbox.SandboxPolicy``) the sanitized process enters
+    ``policy`` is the sandbox (``kernelcast.kernels.harness.sandbox.SandboxPolicy``) the sanitized process enters
     before it loads the candidate; ``environment`` the op's own variables; ``tasks`` the imported tasks'
     folder (a sandbox points the default elsewhere); ``lock_path`` the GPU lock it holds for its call.
     Raises ``RuntimeError`` when the check could not be made (no sanitizer, no answer in time)."""
@@ -72,7 +72,7 @@ def run(candidate, case: str, policy, environment: dict, tasks: str, timeout_s: 
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1", TMPDIR=folder, TRITON_INTERPRET="0", PYTHONPATH=path,
                **{TASKS_ENV: tasks})
     cmd = [tool, "--tool", "memcheck", "--print-limit", "8", "--leak-check", "no", "--report-api-errors", "no",
-           sys.executable, "-m", "kernels.harness.memcheck", request]
+           sys.executable, "-m", "kernelcast.kernels.harness.memcheck", request]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=folder,
                             start_new_session=True)
     try:
@@ -130,9 +130,9 @@ def _main(request_path: str) -> int:
 
     import torch
 
-    from kernels.harness import sandbox
-    from kernels.harness.correctness import call_candidate, load_launch, poisoned_outputs
-    from kernels.ops import get_operation
+    from kernelcast.kernels.harness import sandbox
+    from kernelcast.kernels.harness.correctness import call_candidate, load_launch, poisoned_outputs
+    from kernelcast.kernels.ops import get_operation
 
     lock = open(req["lock"], "r") if req["lock"] else None
     if lock:

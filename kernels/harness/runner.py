@@ -4,7 +4,7 @@ Stages, each with its own failure status (after KernelBench's eval):
   scan     — static anti-cheat scan of the source                 -> rejected
   ahead    — on the CPU, outside the GPU lock: the first call per
              case on meta tensors, Triton kernels compiled for the
-             GPU's target without running (kernels.harness.ahead) -> compile_error / rejected
+             GPU's target without running (kernelcast.kernels.harness.ahead) -> compile_error / rejected
   load     — source parses and defines ``launch``               -> compile_error
   fit      — the case's correctness check fits the device         -> rejected (names the bytes)
   first    — under the lock: the first real call per case (a case
@@ -25,13 +25,13 @@ context, no allocations, no kernels), so children compiling at once never hold c
 data on the device and never run work beside the child being timed.
 
 Where the worker allows it (``Job.shared_checks``: small cases of known size, no first call
-that autotunes; kernels.harness.budget.shares_checks), the lock is held shared for the first
+that autotunes; kernelcast.kernels.harness.budget.shares_checks), the lock is held shared for the first
 calls and checks, beside other children's checks, exclusive for the timing and its verification,
 and shared again for the recheck and freeing: no child ever runs device work beside a child being
 timed, and the first launches of a fresh process (each module loaded on its first use) are paid by
 several children at once.
 
-The child enters its sandbox (kernels.harness.sandbox) before loading any candidate code,
+The child enters its sandbox (kernelcast.kernels.harness.sandbox) before loading any candidate code,
 and reports to its parent over a pipe: ("sandbox", summary) once confined, ("phase", name,
 detail, t) as it moves between phases (waiting for the lock, holding it, first calls done,
 timing, released), then ("result", dict). If it crashes or hangs, the parent classifies
@@ -54,15 +54,15 @@ import torch
 import triton  # imported here so the fork server preloads it
 import triton.language as tl
 
-from kernels.formats.common import unmet_requirement
-from kernels.harness import ahead, budget, cores, prebuild, sandbox, verify
-from kernels.harness.anticheat import (CallGuard, Checker, Rejected, install_stream_guard, scan_source,
+from kernelcast.kernels.formats.common import unmet_requirement
+from kernelcast.kernels.harness import ahead, budget, cores, prebuild, sandbox, verify
+from kernelcast.kernels.harness.anticheat import (CallGuard, Checker, Rejected, install_stream_guard, scan_source,
                                       warm_comparisons)
-from kernels.harness.correctness import CandidateLoadError, call_candidate, load_launch, poisoned_outputs
-from kernels.harness.timing import (FORMAT_PROTOCOLS, Timing, fastest, flush_us, l2_flush_buffer, time_again, time_call,
+from kernelcast.kernels.harness.correctness import CandidateLoadError, call_candidate, load_launch, poisoned_outputs
+from kernelcast.kernels.harness.timing import (FORMAT_PROTOCOLS, Timing, fastest, flush_us, l2_flush_buffer, time_again, time_call,
                                     time_gpumode, time_pair, time_trials)
-from kernels.ops import get_operation
-from kernels.records import Candidate, is_lower, strict_error
+from kernelcast.kernels.ops import get_operation
+from kernelcast.kernels.records import Candidate, is_lower, strict_error
 
 # Seeds of the inputs: compile call 0, correctness 1..seeds, timing sets from 1000, recheck 9000.
 _TIMING_SEED, _RECHECK_SEED = 1000, 9000
@@ -89,20 +89,20 @@ class Job:
     device_memory_bytes: int | None = None  # the device's memory for the fit check; None: ask the device
     alone: bool = False  # a retry after running out of device memory, with no other child running
     environment: tuple[tuple[str, str], ...] = ()  # variables the op's own code needs (set before CUDA starts)
-    compile_cpus: tuple[int, ...] = ()  # where the child runs until it holds the lock (kernels.harness.cores)
+    compile_cpus: tuple[int, ...] = ()  # where the child runs until it holds the lock (kernelcast.kernels.harness.cores)
     timing_cpus: tuple[int, ...] = ()  # where it runs while it holds the lock; () for both: wherever it may
     host_bound_windows: int = 5  # timing windows for a case whose host side outlasts the flush (the fastest counts)
     # The op's reference runtime per case, as the worker measured it; given, a host-bound case is timed
     # in one window with the reference and reported as this runtime times their ratio (``anchored``).
     reference_us: tuple[float, ...] = ()
-    verify: bool = True  # the checks of kernels.harness.verify after each case is timed
+    verify: bool = True  # the checks of kernelcast.kernels.harness.verify after each case is timed
     fresh_calls: int = 3  # verification calls on unseen inputs per case, each beside a call on a timing set
     peak_bandwidth_gbps: float | None = None  # the device's, for the physics floor; None: no floor
     peak_tflops: float | None = None
     l2_bytes: int = 0  # outputs up to this size may still sit in the L2 when the timed call ends
     precision: str = "tolerance"  # "strict": a result of a lower precision class than the reference fails
-    protocol: str = "kernelcast"  # how cases are timed (kernels.harness.timing.PROTOCOLS)
-    model_build: str = "auto"  # where an imported task's models are built (kernels.ops.base.MODEL_BUILDS)
+    protocol: str = "kernelcast"  # how cases are timed (kernelcast.kernels.harness.timing.PROTOCOLS)
+    model_build: str = "auto"  # where an imported task's models are built (kernelcast.kernels.ops.base.MODEL_BUILDS)
     anchor_all: bool = False  # every case of a candidate timed again beside the reference, not only host-bound ones
     reference_host_bound: tuple[str, ...] = ()  # cases where the reference's own timing was host-bound
     warm_checks: bool = False  # the checks' comparisons and the libraries' handles warmed before the lock
@@ -121,7 +121,7 @@ def scrub_environment() -> None:
 
 
 def enter_sandbox(job: Job) -> sandbox.SandboxReport:
-    """Confine the child (see kernels.harness.sandbox), then send its output to a log in the scratch dir."""
+    """Confine the child (see kernelcast.kernels.harness.sandbox), then send its output to a log in the scratch dir."""
     report = sandbox.enter(job.policy())
     os.environ.update(dict(job.environment))
     if job.mode == "interpreter":
@@ -684,7 +684,7 @@ class _Incorrect(Exception):
 
 def _verify_case(job: Job, case, checker: Checker, call, pacer: verify.Pacer, result: dict, phase,
                  runtime_us: float = 0.0, control=None) -> str | None:
-    """The checks of kernels.harness.verify on one timed case; a cheat raises ``Rejected``, a wrong output
+    """The checks of kernelcast.kernels.harness.verify on one timed case; a cheat raises ``Rejected``, a wrong output
     on unseen inputs comes back as the problem.
 
     ``control(unseen, slow)``: the reference's (first, again) windows on ``unseen`` inputs, or None where the

@@ -256,7 +256,7 @@ def enter(policy: SandboxPolicy) -> SandboxReport:
     scrubbed = scrub_environment()
     os.setpgrp()  # its own process group, so the worker can kill whatever it forks along with it
     # Whatever it forks stays its descendant even when the parent between them exits (a daemon's double fork): the
-    # verification asks whether the child has processes of its own (kernels.harness.verify.own_processes).
+    # verification asks whether the child has processes of its own (kernelcast.kernels.harness.verify.own_processes).
     _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     os.chdir(policy.scratch_dir)
     os.environ.update(HOME=policy.scratch_dir, TMPDIR=policy.scratch_dir, TRITON_HOME=policy.scratch_dir,

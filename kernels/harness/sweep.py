@@ -7,7 +7,7 @@ Finds every KernelBench problem file (``Model``, ``get_inputs``, ``get_init_inpu
 every GPU MODE task folder (``reference.py`` beside ``task.yml``) under the folder, imports
 each as an operation (shapes from the meta device: nothing is allocated), then measures
 the task's reference and its null candidate (the reference's own code submitted as a
-candidate, kernels.null) with the measurement worker at its default settings. Identical
+candidate, kernelcast.kernels.null) with the measurement worker at its default settings. Identical
 code must come out at 1.00x: the null speedup is the harness's error on that task; the
 sweep is the health check of a GPU machine.
 
@@ -17,10 +17,10 @@ spread over several calls (``--max-minutes`` stops starting new chunks of tasks 
 long). A task's reference measured ok before its null is also kept, in ``DIR/references.jsonl``: the next call
 on the same device measures only the null against it, so a task whose pair outlasts one call (GPU MODE's
 linalg/eigh, whose reference alone held an H100 for 17 minutes) finishes over two; ``--case-parts N`` goes further
-and measures each task in N parts of its cases, a row a part (``kernels.harness.case_parts``), so a null that
+and measures each task in N parts of its cases, a row a part (``kernelcast.kernels.harness.case_parts``), so a null that
 outlasts a call finishes too. Each call prints the table of
 every task so far and the summary against the goals
-(``kernels.harness.sweep_report``), and writes ``DIR/sweep.md`` and ``DIR/summary.json``.
+(``kernelcast.kernels.harness.sweep_report``), and writes ``DIR/sweep.md`` and ``DIR/summary.json``.
 
 Needs torch and triton only (the harness's path imports nothing else; GPU MODE's task.yml
 is read without PyYAML where it is missing). Without a GPU it runs under Triton's CPU
@@ -39,9 +39,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernels.harness.case_parts import (check_parts, complete, mode_cases, parse_part_key, part_key, part_operation,
+from kernelcast.kernels.harness.case_parts import (check_parts, complete, mode_cases, parse_part_key, part_key, part_operation,
                                         partition, sliced_reference)
-from kernels.harness.sweep_report import lock_breakdown, markdown, summarize, task_line
+from kernelcast.kernels.harness.sweep_report import lock_breakdown, markdown, summarize, task_line
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,8 @@ def _task_name(text: str) -> str:
 
 def discover(root: Path) -> list[Task]:
     """KernelBench problem files and GPU MODE task folders under ``root``, sorted by path."""
-    from kernels.formats import TaskFormatError, read_source, top_level_names
-    from kernels.formats.kernelbench import REFERENCE_NEEDS
+    from kernelcast.kernels.formats import TaskFormatError, read_source, top_level_names
+    from kernelcast.kernels.formats.kernelbench import REFERENCE_NEEDS
 
     found: list[Task] = []
     gpumode_dirs = {p.parent for p in root.rglob("task.yml") if (p.parent / "reference.py").is_file()}
@@ -106,7 +106,7 @@ def _geomean(values) -> float | None:
 
 def _import(task: Task):
     """(op, seconds, error): the task imported under its name, or why it could not be."""
-    from kernels.formats import import_task
+    from kernelcast.kernels.formats import import_task
 
     t0 = time.perf_counter()
     try:
@@ -132,7 +132,7 @@ def import_all(tasks: list[Task], workers: int) -> list[tuple[Task, object, floa
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from kernels.formats import load_operation
+    from kernelcast.kernels.formats import load_operation
 
     # spawned, not forked: this process may have started CUDA (the device's properties) already
     with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -170,7 +170,7 @@ def read_references(path: Path, device: str) -> dict[str, dict]:
 
 def _stored_reference(kept: dict):
     """The kept reference as the measurement a row is written from (its candidate already measured)."""
-    from kernels.records import Measurement
+    from kernelcast.kernels.records import Measurement
 
     return Measurement(candidate_id=kept["candidate_id"], op=kept["op"], gpu_type=kept["gpu_type"], status="ok",
                        mode=kept["mode"], runtime_us_median=tuple(kept["us"]), gpu_seconds=kept["gpu_s"],
@@ -205,7 +205,7 @@ def _row(task: Task, op, import_s: float, import_error: str, ref=None, null=None
 
 def _case_bytes(op, mode: str) -> list[int | None]:
     """Per case the mode runs, its bytes (``budget.case_bytes``); None where only the device can make its inputs."""
-    from kernels.harness.budget import case_bytes
+    from kernelcast.kernels.harness.budget import case_bytes
 
     return case_bytes(op, mode_cases(op, mode))
 
@@ -225,7 +225,7 @@ def _capability(mode: str):
 def order(imported: list, capability) -> list:
     """(size, task, op, import seconds) items in the order the sweep measures them: the tasks this device cannot
     run first (their children refuse them by name before any device work, in seconds), then smallest first."""
-    from kernels.formats.common import unmet_requirement
+    from kernelcast.kernels.formats.common import unmet_requirement
 
     return sorted(imported, key=lambda item: (unmet_requirement(item[2].requires, capability) is None, item[0]))
 
@@ -297,12 +297,12 @@ def sweep(tasks: list[Task], out: Path, *, mode: str, concurrency: int, max_minu
     Every task is imported first (a task that cannot be is a row at once); the rest are measured smallest
     first, by the bytes of their largest case, so that a few slow tasks cannot hold back the verdicts of
     many quick ones, and a call cut short leaves the largest for the next. With ``case_parts`` above 1 each task is
-    measured in that many parts of its cases (``kernels.harness.case_parts``; ``part``: this call's one alone),
+    measured in that many parts of its cases (``kernelcast.kernels.harness.case_parts``; ``part``: this call's one alone),
     a row a part, and the task's row is written once all of its parts are in. ``shared_checks`` False: every child
     holds the GPU lock alone from its first call (``kernelcast measure --checks-alone``). ``reference_processes``:
     ``WorkerConfig.reference_processes``."""
-    from kernels.harness.worker import MeasureWorker, WorkerConfig
-    from kernels.null import null_candidate
+    from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig
+    from kernelcast.kernels.null import null_candidate
 
     journal = out / "sweep.jsonl"
     _complete_parts(journal)
@@ -440,7 +440,7 @@ def _measure_chunks(worker, imported: list, names: dict, chunk_size: int, deadli
     """Measure the imported tasks' references and nulls a chunk at a time, writing each task's row when both are in
     (``names``: each reference's and null's candidate id -> (task key, role)). A reference ``kept`` from an earlier
     call on this device is not measured again: its null is timed against it."""
-    from kernels.null import null_candidate
+    from kernelcast.kernels.null import null_candidate
 
     for first, chunk in chunks(imported, chunk_size):
         if deadline is not None and time.monotonic() > deadline:
@@ -478,7 +478,7 @@ def _measure_chunks(worker, imported: list, names: dict, chunk_size: int, deadli
                            windows=windows)
                 if key in earlier:
                     row["reference_measured_in"] = f"an earlier call of the sweep ({earlier[key]['measured_at']})"
-                # host-bound cases the null was timed beside the reference in (kernels.harness.runner._anchored)
+                # host-bound cases the null was timed beside the reference in (kernelcast.kernels.harness.runner._anchored)
                 row.update(anchored_fields(worker.timeline, got["null"].candidate_id))
                 row.update({f"{r}_checks_shared": checks_shared(worker.timeline, got[r].candidate_id)
                             for r in got if not (r == "reference" and key in earlier)})
@@ -502,8 +502,8 @@ def _hardware(mode: str):
     import torch
     import triton
 
-    from kernels.hardware import INTERPRETER, detect
-    from kernels.records import HardwareSpec
+    from kernelcast.kernels.hardware import INTERPRETER, detect
+    from kernelcast.kernels.records import HardwareSpec
 
     if mode == "gpu":
         return detect()

@@ -75,7 +75,7 @@ def agree(timings: list[Timing], tolerance: float = 0.01) -> bool:
 SHORT_CASE_US = 200.0  # a GPU-bound case shorter than this gets more than one window
 SHORT_CASE_WINDOWS = 3
 # A call this long is one window, host-bound or not, and gets one fresh-input call per verification round
-# (kernels.harness.verify.fresh_calls_for): its few repetitions already span longer than any stall of the host.
+# (kernelcast.kernels.harness.verify.fresh_calls_for): its few repetitions already span longer than any stall of the host.
 SLOW_CALL_US = 200_000.0
 
 
@@ -335,7 +335,7 @@ def paired_ratio(mine: list[list[float]], theirs: list[list[float]]) -> tuple[fl
 
 PROTOCOLS = ("kernelcast", "kernelbench", "gpumode")
 # The protocols that time each call alone on the same inputs, as a format's own harness does: the reference's
-# trials are taken beside each candidate's, in its process (kernels.harness.runner).
+# trials are taken beside each candidate's, in its process (kernelcast.kernels.harness.runner).
 FORMAT_PROTOCOLS = ("kernelbench", "gpumode")
 # Which of a candidate's cases kernelcast's protocol times beside the reference (WorkerConfig.anchor).
 ANCHORS = ("host-bound", "all", "off")

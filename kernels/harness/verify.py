@@ -51,16 +51,16 @@ from typing import Callable
 
 import torch
 
-from kernels.harness.anticheat import Rejected
-from kernels.harness.timing import SLOW_CALL_US
+from kernelcast.kernels.harness.anticheat import Rejected
+from kernelcast.kernels.harness.timing import SLOW_CALL_US
 
 FRESH_SEED = 5000  # seeds of the fresh verification inputs (compile 0, checks 1.., timing 1000.., recheck 9000)
 
 
 # ---- integrity: the timer and what it calls, unchanged -------------------------------------------
 
-_WATCHED_MODULES = ("kernels.harness.timing", "kernels.harness.verify", "kernels.harness.anticheat",
-                    "kernels.harness.correctness", "kernels.harness.runner")
+_WATCHED_MODULES = ("kernelcast.kernels.harness.timing", "kernelcast.kernels.harness.verify", "kernelcast.kernels.harness.anticheat",
+                    "kernelcast.kernels.harness.correctness", "kernelcast.kernels.harness.runner")
 
 
 # What the host clock reads /proc with (``host_clock``, ``own_processes``): a candidate that replaced one could make
@@ -94,7 +94,7 @@ def harness_fingerprint() -> dict[str, tuple[int, int]]:
             if name.startswith("__") or not callable(value):
                 continue
             found[prefix + name] = _identity(value)
-            if isinstance(value, type) and prefix.startswith("kernels."):  # the harness's own classes' methods
+            if isinstance(value, type) and prefix.startswith("kernelcast.kernels."):  # the harness's own classes' methods
                 for attr, member in vars(value).items():
                     if callable(member):
                         found[f"{prefix}{name}.{attr}"] = _identity(member)

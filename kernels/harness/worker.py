@@ -3,14 +3,14 @@
 Children come from a fork server that has already imported torch and Triton, so a
 child starts in milliseconds and with no CUDA state. Up to ``concurrency`` children
 load and compile ahead at once on the CPU cores (no device memory, no kernels: see
-kernels.harness.runner) while one of them holds the GPU lock, from its first device
+kernelcast.kernels.harness.runner) while one of them holds the GPU lock, from its first device
 allocation to the end of its timing. Each op's reference is measured first (all ops'
 references at once), so every candidate's limits can follow from the reference's
 runtime; a reference whose figure its host sets is measured in further processes and
 its fastest kept (``WorkerConfig.reference_processes``). The worker watches every
 child from outside: a crash (segfault, illegal address that kills the process)
 becomes ``crashed``, a child past its time limit is
-killed and becomes ``timeout``. Limits come per phase from kernels.harness.budget
+killed and becomes ``timeout``. Limits come per phase from kernelcast.kernels.harness.budget
 (compiling outside the lock; holding it), scale with the op's case sizes and the
 reference's runtime, and are the same for every candidate of one op; time spent
 waiting for the lock counts against none. A candidate that runs out of device memory
@@ -20,7 +20,7 @@ guard against host OOM, where no address-space limit can be set), as is whatever
 forked (its process group). Either way only that candidate is lost; the worker goes on
 with the next.
 
-Every child enters the sandbox (kernels.harness.sandbox) and reports which protections
+Every child enters the sandbox (kernelcast.kernels.harness.sandbox) and reports which protections
 took effect; in GPU mode the worker first probes, once, which protections leave CUDA
 and Triton working and uses the strongest such set.
 """
@@ -41,17 +41,17 @@ from dataclasses import dataclass, field, replace
 from multiprocessing.connection import wait
 from typing import Iterable, Iterator
 
-from kernels.harness import ahead, budget, cores, memcheck, precision, sandbox
-from kernels.harness.runner import Job, child_main, probe_main
-from kernels.harness.sweep_report import cases_in, held_seconds
-from kernels.harness.timing import ANCHORS, PROTOCOLS
-from kernels.formats import TASKS_ENV, tasks_dir
-from kernels.formats.common import is_imported_name
-from kernels.hardware import INTERPRETER, peak_tflops
-from kernels.null import NULL_MARK
-from kernels.ops import get_operation
-from kernels.ops.base import MODEL_BUILDS
-from kernels.records import Candidate, HardwareSpec, Measurement
+from kernelcast.kernels.harness import ahead, budget, cores, memcheck, precision, sandbox
+from kernelcast.kernels.harness.runner import Job, child_main, probe_main
+from kernelcast.kernels.harness.sweep_report import cases_in, held_seconds
+from kernelcast.kernels.harness.timing import ANCHORS, PROTOCOLS
+from kernelcast.kernels.formats import TASKS_ENV, tasks_dir
+from kernelcast.kernels.formats.common import is_imported_name
+from kernelcast.kernels.hardware import INTERPRETER, peak_tflops
+from kernelcast.kernels.null import NULL_MARK
+from kernelcast.kernels.ops import get_operation
+from kernelcast.kernels.ops.base import MODEL_BUILDS
+from kernelcast.kernels.records import Candidate, HardwareSpec, Measurement
 
 
 GPU_LOCK_ENV = "KERNELCAST_GPU_LOCK"
@@ -74,28 +74,28 @@ class WorkerConfig:
     cpu_seconds: int | None = None  # None: twice the sum of the op's limits
     device_memory_gib: float | None = None  # the device memory cases must fit in; None: the device's own
     # A core (with its hyperthreads) kept for the child holding the lock, the others for compiling
-    # (kernels.harness.cores); None: in GPU mode, where host time is timed, and not in interpreter mode.
+    # (kernelcast.kernels.harness.cores); None: in GPU mode, where host time is timed, and not in interpreter mode.
     reserve_timing_core: bool | None = None
     # The cores this worker's children may use (None: all this process may, or in GPU mode, where the process sees
-    # one of the machine's several GPUs, that GPU's share: kernels.harness.cores.this_gpus_share): one share per GPU
-    # where several workers measure on one machine (kernels.harness.cores.share).
+    # one of the machine's several GPUs, that GPU's share: kernelcast.kernels.harness.cores.this_gpus_share): one share per GPU
+    # where several workers measure on one machine (kernelcast.kernels.harness.cores.share).
     cpus: tuple[int, ...] | None = None
     host_bound_windows: int = 5  # timing windows at most for a case whose host side outlasts the L2 flush
     # After each case is timed: its call profiled, calls on unseen inputs beside timed ones, the timer checked
-    # unpatched, the runtime checked against the case's floor (kernels.harness.verify).
+    # unpatched, the runtime checked against the case's floor (kernelcast.kernels.harness.verify).
     verify: bool = True
     fresh_calls: int = 3
     # Every correct result's error against a float64 reference is recorded; "strict" fails a result of a
-    # lower precision class than the reference's (kernels.harness.precision), "tolerance" only flags it.
+    # lower precision class than the reference's (kernelcast.kernels.harness.precision), "tolerance" only flags it.
     precision: str = "tolerance"
     # One call on the smallest case under compute-sanitizer's memcheck once the checks pass: "auto" for
-    # imported tasks' candidates (they allocate their own outputs), "all", or "off" (kernels.harness.memcheck).
+    # imported tasks' candidates (they allocate their own outputs), "all", or "off" (kernelcast.kernels.harness.memcheck).
     memcheck: str = "auto"
     # How cases are timed: kernelcast's own (rotated inputs, repetitions until the median is pinned down,
     # host-bound cases anchored to the reference) or "kernelbench" (its harness's: same inputs, 100 trials,
-    # the mean), to compare with figures published under it (kernels.harness.timing).
+    # the mean), to compare with figures published under it (kernelcast.kernels.harness.timing).
     protocol: str = "kernelcast"
-    # Where an imported task's models are built (kernels.ops.base.MODEL_BUILDS): "auto" as its format decides
+    # Where an imported task's models are built (kernelcast.kernels.ops.base.MODEL_BUILDS): "auto" as its format decides
     # (KernelBench: on the CPU and then moved, as its own eval does, but for a huge model under kernelcast's
     # protocol), "host" or "device" everywhere.
     model_build: str = "auto"
@@ -104,7 +104,7 @@ class WorkerConfig:
     # budget.autotunes) may take this long, its real cost rather than a hang.
     autotune_call_s: float = 900.0
     # Which of a candidate's cases are timed again in one window beside its op's reference, and reported as
-    # the reference's runtime times their ratio (kernels.harness.runner._anchored): "host-bound" (whose host
+    # the reference's runtime times their ratio (kernelcast.kernels.harness.runner._anchored): "host-bound" (whose host
     # side nears the flush: timing.Timing.host_sensitive), "all" (every case: drift of the clocks and the host
     # between the reference's measurement and the candidate's cancels, for about twice the timing), or "off"
     # (the fastest window).
@@ -114,7 +114,7 @@ class WorkerConfig:
     # on the GPU while a kernel is timed. None: the worker's private lock. Default: $KERNELCAST_GPU_LOCK.
     gpu_lock: str | None = field(default_factory=lambda: os.environ.get(GPU_LOCK_ENV) or None)
     # Before the lock, the checks' comparisons run once on four-element tensors of each output dtype and the
-    # libraries make their handles (kernels.harness.anticheat.warm_comparisons): the first launch of each
+    # libraries make their handles (kernelcast.kernels.harness.anticheat.warm_comparisons): the first launch of each
     # kernel loads it, about 200 ms of a child's first check under the lock on an H100. Off until measured.
     warm_checks: bool = False
     # A child's first calls and checks run with the GPU lock held shared, beside other children's checks and never
@@ -169,7 +169,7 @@ class _Running:
 
 def _context():
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["kernels.harness.runner"])
+    ctx.set_forkserver_preload(["kernelcast.kernels.harness.runner"])
     _start_scrubbed_forkserver()
     return ctx
 

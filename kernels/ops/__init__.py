@@ -2,27 +2,27 @@
 
 Each module under ``kernels/ops/`` holds one ``Operation`` subclass — reference, eager
 baseline, cases, tolerances, bytes/FLOPs model — and its template space (source templates,
-parameter axes, valid rule). ``kernels.ops.base`` is the contract they share, ``kernels.ops.rows``
+parameter axes, valid rule). ``kernelcast.kernels.ops.base`` is the contract they share, ``kernelcast.kernels.ops.rows``
 what the row-wise ones share. ``OPERATIONS`` is the one registry: ``get_operation`` and
-``kernels.spaces.get_space`` both read it. Adding an operation is one new module and one line
+``kernelcast.kernels.spaces.get_space`` both read it. Adding an operation is one new module and one line
 here (docs/operations.md).
 """
 
 from __future__ import annotations
 
-from kernels.formats import is_imported_name, load_operation
-from kernels.ops.attention import Attention
-from kernels.ops.base import (DEFAULT_TOLERANCES, DTYPES, SHORT_DTYPE, Algorithm, Case, Operation, case,
+from kernelcast.kernels.formats import is_imported_name, load_operation
+from kernelcast.kernels.ops.attention import Attention
+from kernelcast.kernels.ops.base import (DEFAULT_TOLERANCES, DTYPES, SHORT_DTYPE, Algorithm, Case, Operation, case,
                               mismatch)
-from kernels.ops.bias_gelu import BiasGelu
-from kernels.ops.cross_entropy import CrossEntropy
-from kernels.ops.fp8_quant import FP8Quant
-from kernels.ops.layernorm import LayerNorm
-from kernels.ops.matmul import Matmul
-from kernels.ops.rmsnorm import RMSNorm
-from kernels.ops.row_sum import RowSum
-from kernels.ops.softmax import Softmax
-from kernels.ops.transpose import Transpose
+from kernelcast.kernels.ops.bias_gelu import BiasGelu
+from kernelcast.kernels.ops.cross_entropy import CrossEntropy
+from kernelcast.kernels.ops.fp8_quant import FP8Quant
+from kernelcast.kernels.ops.layernorm import LayerNorm
+from kernelcast.kernels.ops.matmul import Matmul
+from kernelcast.kernels.ops.rmsnorm import RMSNorm
+from kernelcast.kernels.ops.row_sum import RowSum
+from kernelcast.kernels.ops.softmax import Softmax
+from kernelcast.kernels.ops.transpose import Transpose
 
 __all__ = ["DEFAULT_TOLERANCES", "DTYPES", "OPERATIONS", "SHORT_DTYPE", "Algorithm", "Case", "Operation", "case",
            "get_operation", "mismatch"]

@@ -29,7 +29,7 @@ import math
 
 import torch
 
-from kernels.ops.base import Algorithm, Operation, case, itemsize, randn, src
+from kernelcast.kernels.ops.base import Algorithm, Operation, case, itemsize, randn, src
 
 _PRELUDE = '''
 import math

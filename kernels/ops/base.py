@@ -5,13 +5,13 @@ float32 reference (the correctness oracle), an eager PyTorch implementation (the
 baseline every speedup is measured against), input cases (GPU cases sized to fill an H100;
 tiny cases for Triton's CPU interpreter), per-dtype tolerances, a bytes/FLOPs model that
 turns a runtime into GB/s or TFLOP/s, and its template space (Triton source templates and
-their launch-parameter axes, searched by ``kernels.spaces``).
+their launch-parameter axes, searched by ``kernelcast.kernels.spaces``).
 
 Candidate kernels follow one calling convention: ``launch(*inputs, *outputs, **params)``
 writes into output tensors the harness allocates (or returns a tuple of outputs).
 
 This module sits below everything else about operations: the operation modules, the
-registry (``kernels.ops``), the template spaces and the harness import it; it imports
+registry (``kernelcast.kernels.ops``), the template spaces and the harness import it; it imports
 nothing of theirs.
 """
 
@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from kernels.records import Candidate
+from kernelcast.kernels.records import Candidate
 
 # Where models are built (Operation.configure_models): "auto" as the operation's format decides, "host" (built on
 # the CPU and then moved, as KernelBench's own eval does) or "device" (built on the measuring device).
@@ -100,7 +100,7 @@ class Operation:
     environment: dict = {}
     # The compute capability the op's code needs ({"compute_capability", "on_cpu", "why"}), or None: any device.
     requires: dict | None = None
-    # The template space (searched by ``kernels.spaces``): one Algorithm per source template.
+    # The template space (searched by ``kernelcast.kernels.spaces``): one Algorithm per source template.
     # Empty for an operation without one (an imported task: its children come from an LLM).
     algorithms: tuple[Algorithm, ...] = ()
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from kernels.ops.base import Algorithm, case, itemsize, randn, src
-from kernels.ops.rows import ROW_INTERPRET_CASES, RowOp
+from kernelcast.kernels.ops.base import Algorithm, case, itemsize, randn, src
+from kernelcast.kernels.ops.rows import ROW_INTERPRET_CASES, RowOp
 
 _PRELUDE = '''
 import math

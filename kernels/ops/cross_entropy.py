@@ -30,8 +30,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.ops.base import Algorithm, case, itemsize, randn, src
-from kernels.ops.rows import ROW_PRELUDE, RowOp
+from kernelcast.kernels.ops.base import Algorithm, case, itemsize, randn, src
+from kernelcast.kernels.ops.rows import ROW_PRELUDE, RowOp
 
 _PRELUDE = ROW_PRELUDE
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels.ops.base import Algorithm, case, itemsize, src
-from kernels.ops.rows import RowOp
+from kernelcast.kernels.ops.base import Algorithm, case, itemsize, src
+from kernelcast.kernels.ops.rows import RowOp
 
 _PRELUDE = '''
 import torch

@@ -27,7 +27,7 @@ SPLIT_K) does not divide it.
 
 from __future__ import annotations
 
-from kernels.ops.base import Algorithm, Operation, case, itemsize, randn, src
+from kernelcast.kernels.ops.base import Algorithm, Operation, case, itemsize, randn, src
 
 _PRELUDE = '''
 import os

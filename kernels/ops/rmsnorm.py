@@ -18,15 +18,15 @@ software-pipelines the loads through shared memory. ``launch`` passes N and the 
 multiples of VEC (the largest power of two <= 16 dividing both), so Triton can prove that rows
 and masks are VEC-aligned and emit 16-byte loads even for sizes such as N=3000.
 
-The template prelude and the valid rule are shared with ``layernorm`` (``kernels.ops.rows``).
+The template prelude and the valid rule are shared with ``layernorm`` (``kernelcast.kernels.ops.rows``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from kernels.ops.base import Algorithm, case, itemsize, randn, src
-from kernels.ops.rows import ROW_INTERPRET_CASES, ROW_PRELUDE, RowOp, norm_valid
+from kernelcast.kernels.ops.base import Algorithm, case, itemsize, randn, src
+from kernelcast.kernels.ops.rows import ROW_INTERPRET_CASES, ROW_PRELUDE, RowOp, norm_valid
 
 _PRELUDE = ROW_PRELUDE
 

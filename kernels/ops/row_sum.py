@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels.ops.base import Algorithm, case, itemsize, src
-from kernels.ops.rows import ROW_INTERPRET_CASES, ROW_PRELUDE, RowOp
+from kernelcast.kernels.ops.base import Algorithm, case, itemsize, src
+from kernelcast.kernels.ops.rows import ROW_INTERPRET_CASES, ROW_PRELUDE, RowOp
 
 _PRELUDE = ROW_PRELUDE
 

@@ -8,7 +8,7 @@ rule that prunes their template space (``norm_valid``).
 
 from __future__ import annotations
 
-from kernels.ops.base import Operation, case, itemsize, randn
+from kernelcast.kernels.ops.base import Operation, case, itemsize, randn
 
 # Tiny row-op cases for the CPU interpreter: odd, power-of-two and long-ish rows, three dtypes.
 ROW_INTERPRET_CASES = (case("float32", M=5, N=37), case("bfloat16", M=3, N=256), case("float16", M=4, N=300))

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels.ops.base import Algorithm, case, src
-from kernels.ops.rows import ROW_INTERPRET_CASES, RowOp
+from kernelcast.kernels.ops.base import Algorithm, case, src
+from kernelcast.kernels.ops.rows import ROW_INTERPRET_CASES, RowOp
 
 _PRELUDE = '''
 import torch

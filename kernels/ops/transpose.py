@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels.ops.base import Algorithm, case, src
-from kernels.ops.rows import RowOp
+from kernelcast.kernels.ops.base import Algorithm, case, src
+from kernelcast.kernels.ops.rows import RowOp
 
 _PRELUDE = '''
 import math

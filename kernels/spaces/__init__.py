@@ -12,7 +12,7 @@ nearest valid variant so a search never leaves the space.
 
 The algorithms and valid rule of each space are declared by its operation (each module under
 ``kernels/ops/``); this module is the machinery over them, and ``get_space`` finds an
-operation's space through the one registry, ``kernels.ops.OPERATIONS``.
+operation's space through the one registry, ``kernelcast.kernels.ops.OPERATIONS``.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from kernels.ops import OPERATIONS, get_operation
-from kernels.ops.base import Algorithm
-from kernels.records import Candidate
+from kernelcast.kernels.ops import OPERATIONS, get_operation
+from kernelcast.kernels.ops.base import Algorithm
+from kernelcast.kernels.records import Candidate
 
 __all__ = ["Algorithm", "TemplateSpace", "get_space"]
 

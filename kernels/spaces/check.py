@@ -1,4 +1,4 @@
-"""Check template variants under Triton's CPU interpreter: ``python -m kernels.spaces.check OP [N]``.
+"""Check template variants under Triton's CPU interpreter: ``python -m kernelcast.kernels.spaces.check OP [N]``.
 
 Runs a spread of N variants of OP (default: one per algorithm plus a few) on the
 operation's tiny interpreter cases and prints any that fail. For developers of spaces.
@@ -9,9 +9,9 @@ import sys
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from kernels.harness.correctness import check_once, load_launch  # noqa: E402
-from kernels.ops import get_operation  # noqa: E402
-from kernels.spaces import get_space  # noqa: E402
+from kernelcast.kernels.harness.correctness import check_once, load_launch  # noqa: E402
+from kernelcast.kernels.ops import get_operation  # noqa: E402
+from kernelcast.kernels.spaces import get_space  # noqa: E402
 
 
 def check(op_name: str, limit: int) -> int:

@@ -1,6 +1,6 @@
 """GRPO training of an LLM surrogate with calibration-shaped rewards (TRL's GRPOTrainer, LoRA via peft).
 
-The model answers the forecaster's own prompt (``surrogate.llm.build_messages``) for each
+The model answers the forecaster's own prompt (``kernelcast.surrogate.llm.build_messages``) for each
 training pair, ``num_generations`` times; each answer is parsed by the forecaster's own
 parser and scored against the pair's true bin:
 
@@ -13,7 +13,7 @@ children that failed, and saying which fail is half the forecaster's job. On a p
 an answer with P(fail) 0 scores as it would over the 8 speed bins alone (CRPS spread over 8
 steps rather than 7).
 
-Brier and CRPS are ``surrogate.metrics``'s definitions, so training optimises what
+Brier and CRPS are ``kernelcast.surrogate.metrics``'s definitions, so training optimises what
 ``kernelcast evaluate`` reports. An answer that does not parse scores 0 on those terms and
 ``PARSE_FAILURE`` on one more (``parse_failure``), so it scores below every parsed answer under
 every reward: the worst parsed answer, confident and wrong, scores -1 under ``brier``, and a
@@ -35,10 +35,10 @@ probability and a smoothed distribution around the true bin for a kernel that ra
 one and flat bins for one that failed), then GRPO continues from it.
 
 Before and after training (and after the warm-up, when there is one), the model forecasts
-held-out operations greedily (as a search would) and is scored with ``surrogate.metrics.summary``.
+held-out operations greedily (as a search would) and is scored with ``kernelcast.surrogate.metrics.summary``.
 The LoRA adapter is written under ``out_dir``; metrics go to ``out_dir/metrics.jsonl`` and, with a
-tracking URI, to MLflow through the ``storage.tracking.Tracker`` the caller passes
-(``tasks.setup.grpo_tracker``), together with the adapter. transformers, trl, peft and datasets
+tracking URI, to MLflow through the ``kernelcast.storage.tracking.Tracker`` the caller passes
+(``kernelcast.tasks.setup.grpo_tracker``), together with the adapter. transformers, trl, peft and datasets
 are imported only in this package (the ``train`` extra): the core runs without them.
 
 One module per job:
@@ -49,14 +49,14 @@ One module per job:
 - ``train``: ``train_grpo``, the warm-up, the run log and the wall-clock deadline.
 """
 
-from surrogate.grpo.answers import (ANSWER_OPENING, PARSE_FAILURE, REWARDS, SCORES, SFT_FAILED, SFT_FAILED_RANGE,
+from kernelcast.surrogate.grpo.answers import (ANSWER_OPENING, PARSE_FAILURE, REWARDS, SCORES, SFT_FAILED, SFT_FAILED_RANGE,
                                     SFT_FLAT, SFT_RAN, SFT_RAN_RANGE, SFT_TRUE_MASS, SFT_TRUE_MASS_RANGE, correctness,
                                     hundredths, one_minus_brier, one_minus_crps, outcome_reward, outcomes,
                                     parse_failure, render_prompt, reward, sft_probabilities, sft_target)
-from surrogate.grpo.model import (PRECISIONS, TransformersForecaster, evaluate_pairs, load_adapter, load_causal_lm,
+from kernelcast.surrogate.grpo.model import (PRECISIONS, TransformersForecaster, evaluate_pairs, load_adapter, load_causal_lm,
                                   load_model)
-from surrogate.grpo.settings import GRPOResult, GRPOSettings
-from surrogate.grpo.train import (ADAPTER_FOLDER, Deadline, RunLog, prompt_dataset, scored_pairs, sft_batch, train_grpo,
+from kernelcast.surrogate.grpo.settings import GRPOResult, GRPOSettings
+from kernelcast.surrogate.grpo.train import (ADAPTER_FOLDER, Deadline, RunLog, prompt_dataset, scored_pairs, sft_batch, train_grpo,
                                   warm_up)
 
 __all__ = ["ADAPTER_FOLDER", "ANSWER_OPENING", "PARSE_FAILURE", "PRECISIONS", "REWARDS", "SCORES", "SFT_FAILED",

@@ -13,8 +13,8 @@ from typing import Sequence
 
 import numpy as np
 
-from surrogate import metrics
-from surrogate.llm import AnswerError, parse_answer
+from kernelcast.surrogate import metrics
+from kernelcast.surrogate.llm import AnswerError, parse_answer
 
 # How a schema-constrained answer opens. A server that decodes under ANSWER_SCHEMA (vLLM, llama.cpp)
 # forces these tokens, so a model trained and evaluated after them reads what it reads when served.

@@ -13,11 +13,11 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from surrogate import metrics
-from surrogate.forecast import Forecast, ForecastRequest
-from surrogate.grpo.answers import render_prompt
-from surrogate.llm import build_messages, forecast_from_answer, prompt_version
-from surrogate.pairs import requests_of
+from kernelcast.surrogate import metrics
+from kernelcast.surrogate.forecast import Forecast, ForecastRequest
+from kernelcast.surrogate.grpo.answers import render_prompt
+from kernelcast.surrogate.llm import build_messages, forecast_from_answer, prompt_version
+from kernelcast.surrogate.pairs import requests_of
 
 
 PRECISIONS = ("bf16", "fp32")

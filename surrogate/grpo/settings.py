@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-from surrogate.grpo.answers import ANSWER_OPENING, REWARDS, sft_target
+from kernelcast.surrogate.grpo.answers import ANSWER_OPENING, REWARDS, sft_target
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,11 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from surrogate.grpo.answers import REWARDS, render_prompt, sft_target
-from surrogate.grpo.model import TransformersForecaster, evaluate_pairs, load_model
-from surrogate.grpo.settings import GRPOResult, GRPOSettings
-from surrogate.llm import build_messages, prompt_version
-from surrogate.pairs import request_of
+from kernelcast.surrogate.grpo.answers import REWARDS, render_prompt, sft_target
+from kernelcast.surrogate.grpo.model import TransformersForecaster, evaluate_pairs, load_model
+from kernelcast.surrogate.grpo.settings import GRPOResult, GRPOSettings
+from kernelcast.surrogate.llm import build_messages, prompt_version
+from kernelcast.surrogate.pairs import request_of
 
 ADAPTER_FOLDER = "adapter"
 
@@ -40,7 +40,7 @@ class RunLog:
     """Where a run's metrics go: ``metrics.jsonl`` under the run folder, and MLflow when a URI is given."""
 
     def __init__(self, out_dir: str, make_tracker, params: Mapping[str, object], enabled: bool = True):
-        """``make_tracker``: makes a ``storage.tracking.Tracker`` (the caller's: tracking is a layer above
+        """``make_tracker``: makes a ``kernelcast.storage.tracking.Tracker`` (the caller's: tracking is a layer above
         this one), called in the main process only; None for the run folder alone."""
         self.path = Path(out_dir) / "metrics.jsonl"
         self.enabled = enabled  # only the main process logs in a multi-GPU run
@@ -190,11 +190,11 @@ def scored_pairs(pairs: pd.DataFrame, n: int, seed: int) -> pd.DataFrame:
 def train_grpo(pairs: pd.DataFrame, settings: GRPOSettings, make_tracker=None) -> GRPOResult:
     """Train a LoRA adapter with GRPO on the 'train' pairs; score before and after on the 'eval' pairs.
 
-    ``make_tracker``: makes the MLflow experiment of ``settings.tracking_uri`` (``tasks.setup.grpo_tracker``),
+    ``make_tracker``: makes the MLflow experiment of ``settings.tracking_uri`` (``kernelcast.tasks.setup.grpo_tracker``),
     called on the main process only; the caller gives it because tracking sits a layer above the surrogates."""
     if settings.tracking_uri and make_tracker is None:
         raise ValueError(f"tracking_uri {settings.tracking_uri!r} is set but no make_tracker was given: "
-                         "pass tasks.setup.grpo_tracker(settings)")
+                         "pass kernelcast.tasks.setup.grpo_tracker(settings)")
     import torch
     from peft import LoraConfig
     from transformers import set_seed

@@ -1,4 +1,4 @@
-"""``python -m surrogate.lmhead train --pairs PAIRS.parquet --model MODEL --out DIR``: train, calibrate, score."""
+"""``python -m kernelcast.surrogate.lmhead train --pairs PAIRS.parquet --model MODEL --out DIR``: train, calibrate, score."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m surrogate.lmhead",
-                                     description="the language-model forecaster with heads (surrogate.lmhead)")
+    parser = argparse.ArgumentParser(prog="python -m kernelcast.surrogate.lmhead",
+                                     description="the language-model forecaster with heads (kernelcast.surrogate.lmhead)")
     sub = parser.add_subparsers(dest="command", required=True)
     sp = sub.add_parser("train", help="train on measured pairs with one fold of problems held out; writes DIR")
     sp.add_argument("--pairs", required=True, help="pairs file from `kernelcast pairs` (Parquet, or .jsonl)")
@@ -37,9 +37,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="weight of the within-problem ranking term; batches then hold whole problems (default 0)")
     args = parser.parse_args(argv)
 
-    from surrogate.lmhead.model import HeadConfig
-    from surrogate.lmhead.train import REQUIRED, TrainSettings, train
-    from surrogate.pairs import read_pairs
+    from kernelcast.surrogate.lmhead.model import HeadConfig
+    from kernelcast.surrogate.lmhead.train import REQUIRED, TrainSettings, train
+    from kernelcast.surrogate.pairs import read_pairs
 
     try:
         head = HeadConfig(model=args.model, max_tokens=args.max_tokens, lora_rank=args.lora_rank,

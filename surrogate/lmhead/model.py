@@ -7,7 +7,7 @@ the only one that has read both kernels), and a small network on the pooled vect
 numbers: the logit of failure, and the mean and log-variance of a Gaussian over the candidate's
 log speedup against its anchor. Calibration maps them as the other forecasters' are mapped: a
 Platt curve on the failure logit, and ``LevelSpreadCalibrator``'s spread scale on the Gaussian,
-both fit on pairs held out of training; ``surrogate.learned.bin_probabilities`` turns the
+both fit on pairs held out of training; ``kernelcast.surrogate.learned.bin_probabilities`` turns the
 Gaussian into the 8 bins.
 """
 
@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from surrogate.forecast import Forecast, ForecastRequest, gaussian_forecasts
+from kernelcast.surrogate.forecast import Forecast, ForecastRequest, gaussian_forecasts
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")  # the attention projections of Qwen2 (and Llama)
 ADAPTER_FOLDER, HEADS_FILE, CONFIG_FILE, CALIBRATION_FILE = "adapter", "heads.pt", "config.json", "calibration.json"
@@ -78,7 +78,7 @@ class PairModel:
         import torch
         from peft import LoraConfig, PeftModel, get_peft_model
 
-        from surrogate.grpo.model import load_causal_lm
+        from kernelcast.surrogate.grpo.model import load_causal_lm
 
         self.config, self.device = config, device or default_device()
         base, self.tokenizer = load_causal_lm(config.model, config.precision)
@@ -218,8 +218,8 @@ def fit_calibration(raw: np.ndarray, failed: np.ndarray, log_speedup: np.ndarray
     head was fit to these very targets' kind, and a shift would only follow the calibration problems)."""
     from sklearn.linear_model import LogisticRegression
 
-    from surrogate.bins import speedup_bin
-    from surrogate.calibration import LevelSpreadCalibrator
+    from kernelcast.surrogate.bins import speedup_bin
+    from kernelcast.surrogate.calibration import LevelSpreadCalibrator
 
     fields = {}
     if failed.any() and not failed.all():
@@ -237,7 +237,7 @@ class LMHeadForecaster:
     """The language model with heads as a ``Forecaster``: failure probability, 8 bins, expected speedup.
 
     Made empty by the registry and read from a trained folder (``load``, or ``fit(None)`` with
-    ``folder`` set); ``python -m surrogate.lmhead train`` writes such a folder.
+    ``folder`` set); ``python -m kernelcast.surrogate.lmhead train`` writes such a folder.
     """
 
     name = "lmhead"
@@ -258,13 +258,13 @@ class LMHeadForecaster:
         return cls(folder, model, device, batch_size).fit(None)
 
     def fit(self, pairs=None) -> "LMHeadForecaster":
-        """Read the trained folder. It is trained by ``python -m surrogate.lmhead train``, not here."""
+        """Read the trained folder. It is trained by ``python -m kernelcast.surrogate.lmhead train``, not here."""
         if pairs is not None:
-            raise ValueError("the lmhead forecaster is trained with `python -m surrogate.lmhead train`, "
+            raise ValueError("the lmhead forecaster is trained with `python -m kernelcast.surrogate.lmhead train`, "
                              "then read from its folder; it does not fit on a search's pairs")
         if not self.folder:
             raise ValueError("the lmhead forecaster needs the folder of a trained one "
-                             "(`python -m surrogate.lmhead train --out DIR`)")
+                             "(`python -m kernelcast.surrogate.lmhead train --out DIR`)")
         saved = read_json(self.folder, CONFIG_FILE)
         missing = [f for f in (ADAPTER_FOLDER, HEADS_FILE) if not os.path.exists(os.path.join(self.folder, f))]
         if missing:

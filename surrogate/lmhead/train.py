@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from surrogate.lmhead.model import (HeadConfig, LMHeadForecaster, PairModel, default_device, fit_calibration,
+from kernelcast.surrogate.lmhead.model import (HeadConfig, LMHeadForecaster, PairModel, default_device, fit_calibration,
                                     write_json)
 
 REQUIRED = ("op", "anchor_source", "candidate_source", "status", "speedup")
@@ -207,9 +207,9 @@ def held_out_metrics(p_fail, mean, sigma, failed, log_speedup, groups) -> dict:
     """Failure AUROC and Brier score, Spearman of predicted and measured log speedup (pooled and
     within each problem, averaged over problems with 3 or more pairs that ran), the ECE of the
     failure-aware bins (0..8), and the Gaussian NLL, on the pairs given."""
-    from surrogate import metrics
-    from surrogate.bins import speedup_bin
-    from surrogate.learned import bin_probabilities
+    from kernelcast.surrogate import metrics
+    from kernelcast.surrogate.bins import speedup_bin
+    from kernelcast.surrogate.learned import bin_probabilities
 
     ran = ~failed & np.isfinite(log_speedup)
     within = [metrics._spearman(mean[ran & (groups == g)], log_speedup[ran & (groups == g)])

@@ -1,1 +1,0 @@
-"""Parquet tables under one data-root URI (a local folder or s3://bucket/prefix), and tracking helpers."""

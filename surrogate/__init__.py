@@ -1,1 +1,0 @@
-"""Forecasting a candidate's speedup and how sure we are of it: bins, forecasters, calibration, policies."""
