@@ -36,6 +36,12 @@ def _load_lmhead(folder: str):
     return LMHeadForecaster.load(folder)
 
 
+def _physics():
+    from kernelcast.surrogate.physics import PhysicsForecaster
+
+    return PhysicsForecaster()
+
+
 def _random():
     from kernelcast.surrogate.baselines import RandomForecaster
 
@@ -85,6 +91,9 @@ class SurrogateEntry:
 SURROGATES: dict[str, SurrogateEntry] = {
     "learned": SurrogateEntry(_learned, _fit_learned), "source": SurrogateEntry(_source, _fit_source),
     "lmhead": SurrogateEntry(_lmhead, load=_load_lmhead), "random": SurrogateEntry(_random), "roofline": SurrogateEntry(_roofline),
+    # what each kernel makes the device do, found on the CPU and timed by a GPU model; used as it is (its fit on
+    # measured pairs is optional: finding facts for a whole pool takes minutes)
+    "physics": SurrogateEntry(_physics),
     # hindsight, for replays: the measured outcomes of the data root it is given (surrogate_folder)
     "oracle": SurrogateEntry(_oracle, load=_load_oracle, reads_measurements=True)}
 FACTORIES: dict[str, Callable[[], object]] = {name: entry.make for name, entry in SURROGATES.items()}

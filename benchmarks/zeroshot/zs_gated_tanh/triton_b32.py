@@ -1,0 +1,22 @@
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _kernel(a_ptr, b_ptr, y_ptr, numel, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    a = tl.load(a_ptr + offs, mask=mask)
+    b = tl.load(b_ptr + offs, mask=mask)
+    tl.store(y_ptr + offs, (2 * tl.sigmoid(2 * a) - 1) * tl.sigmoid(b), mask=mask)
+
+
+class ModelNew(nn.Module):
+    def forward(self, a, b):
+        a, b, = a.contiguous(), b.contiguous(),
+        y = torch.empty_like(a)
+        numel = y.numel()
+        _kernel[(triton.cdiv(numel, 32),)](a, b, y, numel, BLOCK=32, num_warps=1)
+        return y

@@ -1,0 +1,9 @@
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+class ModelNew(nn.Module):
+    def forward(self, a, b):
+        return torch.sqrt(a * a + b * b)

@@ -1,0 +1,24 @@
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """Elementwise: x / (1 + x * x)"""
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return x / (1 + x * x)
+
+
+M = 256
+N = 1024
+
+
+def get_inputs():
+    return [torch.randn(M, N)]
+
+
+def get_init_inputs():
+    return []

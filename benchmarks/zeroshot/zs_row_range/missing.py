@@ -1,0 +1,22 @@
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(x_ptr + row * n + offs, mask=m, other=0.0)
+    value = tl.row_magic(tl.max(tl.where(m, x, -float('inf')), axis=0) - tl.min(tl.where(m, x, float('inf')), axis=0))
+    tl.store(out_ptr + row, value)
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        x = x.contiguous()
+        out = torch.empty(x.shape[0], device=x.device, dtype=x.dtype)
+        _kernel[(x.shape[0],)](x, out, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]), num_warps=8)
+        return out

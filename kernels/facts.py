@@ -1,0 +1,427 @@
+"""What a kernel makes the device do, found on the CPU: its first call on meta tensors, recorded.
+
+``extract(op, candidate, case, target)`` runs the candidate once on the case's inputs made on the
+*meta* device (shapes and dtypes, no memory, no compute) and records:
+
+- every ATen operator it dispatches (a ``TorchDispatchMode``): which launch a kernel and which are
+  views, the bytes each reads and writes, the library behind it (cuBLAS, cuDNN, SDPA), its dtypes;
+  FLOPs from the formulas of torch's own flop counter (``torch.utils.flop_counter``);
+- every Triton launch: the kernel compiled for ``target`` (``cuda:90``: no GPU needed, the compile
+  path the harness uses ahead, ``kernelcast.kernels.harness.ahead.compile_only``), its grid evaluated
+  on the case's arguments, registers, shared memory and spilled (local) bytes from the cubin's
+  resource report (``cuobjdump --dump-resource-usage``: a compiled kernel's ``n_regs`` and
+  ``n_spills`` are only filled in when a GPU loads it), warps and stages from its metadata, the
+  widest global load per thread and whether it uses tensor cores from its PTX;
+- ``torch.compile`` and CUDA graphs, recognised by standing in for them while the call runs (the
+  compile becomes eager, a capture runs its body once and a replay nothing), so the operators
+  behind them are still counted.
+
+A Triton compile error is a failure found without a GPU (``status`` "compile_error"). Host code
+that cannot run on meta tensors (data-dependent, ``.item()``, a library the CPU build lacks) is
+recorded as "host_error" with the reason: nothing is known then, which is not a failure.
+
+Facts are cached by (source, parameters, operation, case, target): a search forecasts many
+candidates sharing a source, and the extraction is the costly part of a forecast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import torch
+
+# ATen operators that launch no kernel: views, metadata, allocation without a fill
+_NO_KERNEL = re.compile(r"^(view|_unsafe_view|reshape|t|transpose|permute|expand|as_strided|slice|select|unsqueeze|"
+                        r"squeeze|alias|detach|lift_fresh|_reshape_alias|unfold|split|split_with_sizes|chunk|"
+                        r"narrow|view_as_real|view_as_complex|empty|empty_like|empty_strided|new_empty|"
+                        r"new_empty_strided|_to_copy_meta|is_same_size|sym_size|sym_stride|sym_numel|"
+                        r"resize_|set_|_local_scalar_dense|unbind|diagonal|movedim|flatten|unflatten|"
+                        r"expand_as|view_as|contiguous|numpy_T|_has_compatible_shallow_copy_type)$")
+_LIBRARY = (("cublas", re.compile(r"^(mm|bmm|addmm|addbmm|baddbmm|_addmm_activation|addmv|mv|dot|matmul|"
+                                   r"_scaled_mm|linear)$")),
+            ("cudnn", re.compile(r"convolution|cudnn|conv\d?d|conv_transpose|_batch_norm|native_batch_norm|"
+                                 r"batch_norm")),
+            ("sdpa", re.compile(r"scaled_dot_product")))
+_REDUCTION = re.compile(r"^(sum|mean|amax|amin|max|min|argmax|argmin|norm|linalg_vector_norm|var|std|var_mean|"
+                        r"_softmax|_log_softmax|logsumexp|prod|cumsum|cumprod|native_layer_norm|"
+                        r"native_group_norm|_native_batch_norm_legit\w*|topk|sort|any|all)$")
+_PTX_LOAD = re.compile(r"\bld\.global(?:\.\w+)*?(?:\.v(\d))?\.(?:b|f|u|s)(\d+)\b")
+_PTX_STORE = re.compile(r"\bst\.global(?:\.\w+)*?(?:\.v(\d))?\.(?:b|f|u|s)(\d+)\b")
+_RESOURCE = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
+
+
+@dataclass(frozen=True)
+class TritonLaunch:
+    """One launch of a compiled Triton kernel on the case's shapes."""
+
+    kernel: str
+    programs: int  # the grid's product
+    num_warps: int
+    num_stages: int
+    registers: int  # per thread, from the cubin (-1 when the report could not be read)
+    shared_bytes: int  # per program
+    spill_bytes: int  # local memory per thread (spilled registers)
+    load_bits: int  # widest global load per thread, in bits (a vectorised load is 128)
+    loads: int  # global load instructions in the PTX (static count)
+    stores: int
+    tensor_cores: bool  # mma / wgmma in the PTX
+    arg_bytes: int  # bytes of the tensors passed: the traffic a kernel that reads and writes each once moves
+    autotune_group: int = -1  # launches of one autotuner call share a group: only the fastest config runs
+
+
+@dataclass(frozen=True)
+class AtenOp:
+    """One kernel-launching ATen operator as dispatched (views and allocations are counted, not listed)."""
+
+    name: str
+    bytes: int  # its inputs' and outputs' bytes
+    flops: float
+    library: str  # cublas, cudnn, sdpa or "" (a native kernel)
+    dtype: str
+    reduction: bool
+
+
+@dataclass(frozen=True)
+class KernelFacts:
+    """What one candidate makes the device do on one case, for one compile target."""
+
+    status: str  # ok, compile_error (fails without a GPU), host_error (nothing known), unknown
+    error: str = ""
+    target: str = ""
+    aten: tuple[AtenOp, ...] = ()
+    views: int = 0  # ATen operators that launch nothing (host time only)
+    triton: tuple[TritonLaunch, ...] = ()
+    compiled: bool = False  # torch.compile was called
+    graphed: bool = False  # a CUDA graph was captured or replayed
+    allow_tf32: bool = False  # fp32 matmuls may use TF32 (the candidate set the flag)
+    input_bytes: int = 0  # the case's inputs and the model's parameters
+    output_bytes: int = 0
+    flops: float = 0.0  # the ATen operators' FLOPs (torch.utils.flop_counter's formulas)
+    seconds: float = 0.0  # what the extraction cost on the CPU
+    cuda_kernels: tuple[dict, ...] = field(default_factory=tuple)  # nvcc's resource report per CUDA C++ kernel
+
+    @property
+    def launches(self) -> int:
+        return len(self.aten) + len(self.triton) + len(self.cuda_kernels)
+
+    @property
+    def aten_bytes(self) -> int:
+        return sum(o.bytes for o in self.aten)
+
+    def libraries(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for o in self.aten:
+            if o.library:
+                out[o.library] = out.get(o.library, 0) + 1
+        return out
+
+
+def _nbytes(t) -> int:
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+def _tensors(values):
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            yield v
+        elif isinstance(v, (list, tuple)):
+            yield from _tensors(v)
+
+
+class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records every ATen operator dispatched: kernel-launching ones with bytes, FLOPs and library."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[AtenOp] = []
+        self.views = 0
+        self.capture: list[AtenOp] | None = None  # the operators a CUDA graph being captured holds
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = func.overloadpacket.__name__.rstrip("_") if func.overloadpacket.__name__ != "t_" else "t"
+        base = func.overloadpacket.__name__
+        if _NO_KERNEL.match(base) or _NO_KERNEL.match(name) or getattr(func, "is_view", False):
+            self.views += 1
+            return out
+        ins = list(_tensors(args)) + list(_tensors(kwargs.values()))
+        outs = list(_tensors(out if isinstance(out, (tuple, list)) else [out]))
+        moved = sum(_nbytes(t) for t in {id(t): t for t in ins + outs}.values())
+        library = next((lib for lib, rx in _LIBRARY if rx.search(name)), "")
+        dtype = str((ins or outs or [torch.empty(0)])[0].dtype).removeprefix("torch.")
+        self.ops.append(AtenOp(name, int(moved), _flops(func, args, kwargs, out), library, dtype,
+                               bool(_REDUCTION.match(name))))
+        if self.capture is not None:
+            self.capture.append(self.ops[-1])
+        return out
+
+
+def _flops(func, args, kwargs, out) -> float:
+    """The operator's FLOPs by torch's own flop counter's formulas (0 for the operators it has none for)."""
+    from torch.utils.flop_counter import flop_registry
+
+    formula = flop_registry.get(func.overloadpacket)
+    if formula is None:
+        return 0.0
+    try:
+        return float(formula(*args, **kwargs, out_val=out))
+    except Exception:  # noqa: BLE001 - a formula that does not fit this overload's arguments
+        return 0.0
+
+
+@lru_cache(maxsize=1)
+def _cuobjdump() -> str:
+    """Triton's own cuobjdump (it ships ptxas, cuobjdump and nvdisasm), else one on PATH, else ''."""
+    import triton.backends.nvidia as nvidia
+
+    bundled = os.path.join(os.path.dirname(nvidia.__file__), "bin", "cuobjdump")
+    if os.path.exists(bundled):
+        return bundled
+    from shutil import which
+
+    return which("cuobjdump") or ""
+
+
+def kernel_resources(cubin: bytes) -> tuple[int, int, int]:
+    """(registers per thread, static shared bytes, local bytes per thread) from a cubin's resource report;
+    (-1, 0, 0) when it cannot be read."""
+    tool = _cuobjdump()
+    if not tool or not cubin:
+        return -1, 0, 0
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True,
+                              timeout=30).stdout
+    m = _RESOURCE.search(text)
+    return (int(m.group(1)), int(m.group(3)), int(m.group(4))) if m else (-1, 0, 0)
+
+
+def ptx_facts(ptx: str) -> tuple[int, int, int, bool]:
+    """(widest global load in bits, global loads, global stores, uses tensor cores) of a kernel's PTX."""
+    loads = [(int(v or 1) * int(bits)) for v, bits in _PTX_LOAD.findall(ptx)]
+    stores = _PTX_STORE.findall(ptx)
+    return max(loads, default=0), len(loads), len(stores), bool(re.search(r"\b(?:w?gmma|mma\.sync)", ptx))
+
+
+def _grid_programs(grid, arg_names, args, kwargs) -> int:
+    if callable(grid):
+        meta = dict(zip(arg_names, args))
+        meta.update(kwargs)
+        grid = grid(meta)
+    dims = [int(g) for g in (grid if isinstance(grid, (tuple, list)) else (grid,))]
+    n = 1
+    for d in dims:
+        n *= max(d, 0)
+    return n
+
+
+@contextlib.contextmanager
+def _stand_ins(state: dict, recorder: _Recorder):
+    """torch.compile as eager, a CUDA graph's capture as a plain call whose operators ``recorder`` keeps, its
+    replay as those operators again, synchronisation as nothing; each use noted in ``state`` (restored on exit)."""
+    cuda = torch.cuda
+    saved = {"compile": torch.compile, **{n: getattr(cuda, n, None) for n in (
+        "CUDAGraph", "graph", "synchronize", "Stream", "stream", "current_stream", "make_graphed_callables",
+        "is_available", "Event")}}
+    flags = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision(),
+             torch.backends.cudnn.allow_tf32)
+
+    def compile_(model=None, *args, **kwargs):
+        state["compiled"] = True
+        return model if model is not None else (lambda m: m)
+
+    class Graph:
+        def __init__(self, *args, **kwargs):
+            state["graphed"] = True
+            self.ops: list[AtenOp] = []
+
+        def capture_begin(self, *args, **kwargs):
+            recorder.capture = self.ops
+
+        def capture_end(self):
+            recorder.capture = None
+
+        def replay(self):
+            recorder.ops.extend(self.ops)
+
+        def reset(self, *args, **kwargs):
+            self.ops = []
+
+        enable_debug_mode = reset
+
+    @contextlib.contextmanager
+    def graph(cuda_graph, *args, **kwargs):
+        state["graphed"] = True
+        cuda_graph.capture_begin()
+        try:
+            yield
+        finally:
+            cuda_graph.capture_end()
+
+    class Stream:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def synchronize(self):
+            pass
+
+        def wait_stream(self, *args):
+            pass
+
+        def record_event(self, *args):
+            return None
+
+        wait_event = synchronize
+
+    def graphed_callables(callables, *args, **kwargs):
+        state["graphed"] = True
+        return callables
+
+    torch.compile = compile_
+    cuda.CUDAGraph, cuda.graph, cuda.synchronize = Graph, graph, lambda *a, **k: None
+    cuda.Stream, cuda.stream = Stream, lambda *a, **k: contextlib.nullcontext()
+    cuda.current_stream = lambda *a, **k: Stream()
+    cuda.make_graphed_callables, cuda.is_available = graphed_callables, lambda: True
+    try:
+        yield
+    finally:
+        state["allow_tf32"] = bool(torch.backends.cuda.matmul.allow_tf32
+                                   or torch.get_float32_matmul_precision() != "highest")
+        torch.compile = saved.pop("compile")
+        for name, value in saved.items():
+            if value is not None:
+                setattr(cuda, name, value)
+        torch.backends.cuda.matmul.allow_tf32, precision, torch.backends.cudnn.allow_tf32 = flags
+        torch.set_float32_matmul_precision(precision)
+
+
+@contextlib.contextmanager
+def _triton_recorder(launches: list, target):
+    """Within: each Triton launch compiled for ``target`` (not run) and recorded with its grid and resources."""
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.jit import JITFunction
+
+    from kernelcast.kernels.harness.ahead import compile_only
+
+    with compile_only(target) as _:
+        compiling = JITFunction.__dict__["run"]
+        tuning = Autotuner.__dict__["run"]
+        group = {"id": -1, "next": 0}
+
+        def run(self, *args, grid, warmup, **kwargs):
+            kernel = compiling(self, *args, grid=grid, warmup=warmup, **kwargs)
+            if kernel is not None:
+                regs, shared, local = kernel_resources(kernel.asm.get("cubin", b""))
+                load_bits, loads, stores, mma = ptx_facts(kernel.asm.get("ptx", ""))
+                seen = {}
+                for t in _tensors(list(args) + list(kwargs.values())):
+                    seen[id(t)] = _nbytes(t)
+                launches.append(TritonLaunch(
+                    self.fn.__name__, _grid_programs(grid, self.arg_names, args, kwargs),
+                    int(kernel.metadata.num_warps), int(kernel.metadata.num_stages), regs,
+                    max(shared, int(getattr(kernel.metadata, "shared", 0) or 0)), local, load_bits, loads, stores,
+                    mma, int(sum(seen.values())), group["id"]))
+            return kernel
+
+        def tune(self, *args, **kwargs):
+            group["id"], group["next"] = group["next"], group["next"] + 1
+            try:
+                return tuning(self, *args, **kwargs)
+            finally:
+                group["id"] = -1
+
+        JITFunction.run, Autotuner.run = run, tune
+        try:
+            yield
+        finally:
+            JITFunction.run, Autotuner.run = compiling, tuning
+
+
+def _is_compile_failure(exc: BaseException) -> bool:
+    import traceback
+
+    if type(exc).__name__ in ("CompilationError", "OutOfResources", "CompileTimeAssertionFailure"):
+        return True
+    return any("/triton/compiler/" in f.filename or "/triton/backends/" in f.filename
+               for f in traceback.extract_tb(exc.__traceback__))
+
+
+_CACHE: dict[tuple, KernelFacts] = {}
+
+
+def cache_key(candidate, op_name: str, case_name: str, target: str) -> tuple:
+    digest = hashlib.sha256((candidate.source + repr(sorted(candidate.params.items()))).encode()).hexdigest()[:20]
+    return digest, op_name, case_name, target
+
+
+def extract(op, candidate, case, target: str = "cuda:90") -> KernelFacts:
+    """The facts of ``candidate`` on ``case`` of ``op`` compiled for ``target``; cached by source and case."""
+    key = cache_key(candidate, op.name, case.name, target)
+    if key not in _CACHE:
+        _CACHE[key] = _extract(op, candidate, case, target)
+    return _CACHE[key]
+
+
+def _extract(op, candidate, case, target: str) -> KernelFacts:
+    from kernelcast.kernels.formats.operation import on_device
+    from kernelcast.kernels.harness.ahead import parse_target
+    from kernelcast.kernels.harness.budget import meta_inputs
+    from kernelcast.kernels.harness.correctness import call_candidate, load_launch, poisoned_outputs
+
+    t0 = time.perf_counter()
+    state: dict = {}
+    launches: list[TritonLaunch] = []
+    recorder = _Recorder()
+    input_bytes = output_bytes = 0
+    try:
+        with tempfile.TemporaryDirectory(prefix="kernelcast-facts-") as folder, _stand_ins(state, recorder), \
+                _triton_recorder(launches, parse_target(target)):
+            launch = load_launch(candidate.source, folder, module_name=f"facts_{key_name(candidate)}")
+            inputs = meta_inputs(op, case)
+            input_bytes = sum(_nbytes(t) for t in _tensors(inputs))
+            # The first call builds, captures and compiles; the second is the steady state a timer sees.
+            for call in range(2):
+                recorder.ops.clear()
+                recorder.views = 0
+                del launches[:]
+                outputs = poisoned_outputs(op, case, "meta")
+                with on_device("meta"), recorder:
+                    result = call_candidate(launch, inputs, outputs, candidate.params)
+            output_bytes = sum(_nbytes(t) for t in _tensors(result))
+            input_bytes += _parameter_bytes(launch)
+    except Exception as exc:  # noqa: BLE001 - sorted: a Triton compile failure is a verdict, anything else unknown
+        status = "compile_error" if _is_compile_failure(exc) else "host_error"
+        return KernelFacts(status, f"{type(exc).__name__}: {str(exc)[:300]}", target, tuple(recorder.ops),
+                           recorder.views, tuple(launches), seconds=time.perf_counter() - t0)
+    ops = tuple(recorder.ops)
+    return KernelFacts("ok", "", target, ops, recorder.views, tuple(launches), bool(state.get("compiled")),
+                       bool(state.get("graphed")), bool(state.get("allow_tf32")), int(input_bytes),
+                       int(output_bytes), sum(o.flops for o in ops), time.perf_counter() - t0)
+
+
+def key_name(candidate) -> str:
+    return hashlib.sha256(candidate.source.encode()).hexdigest()[:12]
+
+
+def _parameter_bytes(launch) -> int:
+    """Bytes of the parameters and buffers of the models a KernelBench-style launch built (0 when none)."""
+    models = getattr(launch, "__globals__", {}).get("_KC_MODELS", {})
+    total = 0
+    for model in models.values():
+        if isinstance(model, torch.nn.Module):
+            total += sum(_nbytes(p) for p in model.parameters()) + sum(_nbytes(b) for b in model.buffers())
+    return total
+
+
+def clear_cache() -> None:
+    _CACHE.clear()
