@@ -361,8 +361,15 @@ class Checker:
     def __init__(self, op: Operation, candidate: Candidate, launch: Callable, device: str,
                  on_inputs: Callable[[], None] = lambda: None, measure_precision: bool = False,
                  on_first_call: Callable[[str, float], None] = lambda case, seconds: None,
-                 on_first_call_start: Callable[[str], None] = lambda case: None):
+                 on_first_call_start: Callable[[str], None] = lambda case: None,
+                 draw: Callable[[str, int], int] | None = None, record: Callable[..., None] | None = None):
         self.op, self.candidate, self.launch, self.device = op, candidate, launch, device
+        # The protocol's seeds (0 compile, 1.. checks, 1000.. timing, 5000.. fresh, 9000 recheck) name input sets;
+        # the values are drawn when first used (by the worker, from the operating system, in a child): a candidate
+        # that has read this source still cannot make the inputs ahead of the call that gets them.
+        self._draw = draw or (lambda case, seed: int.from_bytes(os.urandom(8), "little") >> 1)
+        self.drawn: dict[tuple[str, int], int] = {}
+        self._record = record  # (case, drawn seed, role, outputs): a checked call's outputs, for the judge
         self.seeds: dict[str, list[int]] = {}  # case -> seeds of the inputs it was called with, in order
         self.wrote: dict[str, bool] = {}  # case -> some earlier call wrote into the harness outputs
         self.calls = 0
@@ -386,8 +393,20 @@ class Checker:
             self._on_inputs()
             self._on_inputs = None
         gen = torch.Generator(device=self.device)
-        gen.manual_seed(seed)
+        gen.manual_seed(self.drawn_seed(case, seed))
         return self.op.make_inputs(case, gen, self.device)
+
+    def drawn_seed(self, case: Case, seed: int) -> int:
+        """The value behind the protocol's seed ``seed`` of ``case``: drawn at its first use, the same after."""
+        key = (case.name, seed)
+        if key not in self.drawn:
+            self.drawn[key] = self._draw(case.name, seed)
+        return self.drawn[key]
+
+    def record(self, case: Case, seed: int, role: str, got) -> None:
+        """Keep a call's outputs for the judge (nothing where no judge reads them)."""
+        if self._record is not None:
+            self._record(case.name, self.drawn_seed(case, seed), role, got)
 
     def note(self, case: Case, seed: int, wrote: bool = True) -> None:
         """Record an unchecked call (compile stage, timing) made with the inputs of ``seed``."""
@@ -405,7 +424,7 @@ class Checker:
         self.note(case, seed, wrote=any(not _untouched(o) for o in outputs))
         self._aliasing(inputs, got, writable)
 
-    def check(self, case: Case, seed: int) -> str | None:
+    def check(self, case: Case, seed: int, role: str = "check") -> str | None:
         """One checked call: None when correct, a problem (``incorrect``) as text, or ``Rejected``."""
         inputs = self.inputs(case, seed)
         writable = set(self.op.writable_inputs(case))
@@ -423,6 +442,7 @@ class Checker:
         stray = stray_writes(outputs)
         if stray:
             return f"case {case.name}: {stray}"
+        self.record(case, seed, role, got)
         problem = self.op.check(case, inputs, got)
         if problem is None:
             if self.measure_precision and case.name not in self.precision:

@@ -55,7 +55,7 @@ import triton  # imported here so the fork server preloads it
 import triton.language as tl
 
 from kernelcast.kernels.formats.common import unmet_requirement
-from kernelcast.kernels.harness import ahead, budget, cores, prebuild, sandbox, verify
+from kernelcast.kernels.harness import ahead, budget, channel, cores, judge, prebuild, sandbox, verify
 from kernelcast.kernels.harness.anticheat import (CallGuard, Checker, Rejected, install_stream_guard, scan_source,
                                       warm_comparisons)
 from kernelcast.kernels.harness.correctness import CandidateLoadError, call_candidate, load_launch, poisoned_outputs
@@ -66,6 +66,7 @@ from kernelcast.kernels.records import Candidate, is_lower, strict_error
 
 # Seeds of the inputs: compile call 0, correctness 1..seeds, timing sets from 1000, recheck 9000.
 _TIMING_SEED, _RECHECK_SEED = 1000, 9000
+JUDGED = "judged"  # the child's folder of recorded outputs (judge.OutputLog), read by the judge
 
 # The timers of the formats' own harnesses (Job.protocol): KernelBench's 100 trials, GPU MODE's adaptive runs.
 _FORMAT_TIMERS = {"kernelbench": time_trials, "gpumode": time_gpumode}
@@ -152,6 +153,7 @@ class DeviceLock:
         # Opened read-only: flock needs no write access, and the sandbox allows none outside the scratch dir.
         self._file = open(self.path, "r")
         fcntl.flock(self._file, fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX)
+        _prime_thread_pools()
         self.threads_at_lock = _threads()
         return self
 
@@ -211,6 +213,14 @@ class DeviceLock:
             fcntl.flock(self._file, fcntl.LOCK_UN)
         finally:
             self._file.close()
+
+
+def _prime_thread_pools() -> None:
+    """Start torch's own worker threads now, so that the thread count taken at the lock holds them: its intra-op
+    pool starts at the first parallel operation (a reference's on the CPU, the interpreter's), which would
+    otherwise count as a thread the candidate started in its checks."""
+    if torch.get_num_threads() > 1:
+        torch.ones(1 << 18).add_(1.0)  # past the parallel grain: every intra-op thread starts
 
 
 def _threads() -> int:
@@ -351,8 +361,9 @@ def _arch(target: str) -> str:
     return f"{digits[:-1]}.{digits[-1]}" if len(digits) >= 2 and digits.isdigit() else ""
 
 
-def evaluate(job: Job, notify=lambda *msg: None) -> dict:
-    """Run the stages and return a flat result dict (status, error, per-case timings, seconds)."""
+def evaluate(job: Job, notify=lambda *msg: None, draw=None) -> dict:
+    """Run the stages and return a flat result dict (status, error, per-case timings, seconds). ``draw(case, key)``:
+    the seed of an input set, drawn when first used (the worker's, in a child; the operating system's here)."""
     cand = job.candidate
     op = get_operation(cand.op)
     gpu = job.mode == "gpu"
@@ -434,13 +445,13 @@ def evaluate(job: Job, notify=lambda *msg: None) -> dict:
         phase("locked", {"first_calls_to_compile": len(first_calls), "cpus": lock.pin(),
                          "frozen_objects": gc.get_freeze_count(), "shared": lock.shared})
         _under_lock(job, op, cases, first_calls, device, None if load_under_lock else launch, result, phase,
-                    output_bytes, lock)
+                    output_bytes, lock, draw)
     phase("released")
     return result
 
 
 def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: dict, phase,
-                output_bytes: dict[str, int], lock: DeviceLock) -> None:
+                output_bytes: dict[str, int], lock: DeviceLock, draw=None) -> None:
     """The device phase: first calls (of cases not compiled ahead), checks, then the device held alone (``lock``)
     for timing and the recheck; device memory freed before returning. ``gpu_seconds``: the time the lock was held,
     not the time waited between its shared and exclusive holds."""
@@ -461,7 +472,8 @@ def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: d
         # the worker scales a reference's limit by how long its calls take: told before the checks' own calls
         checker = Checker(op, cand, launch, device, on_inputs=lambda: phase("first_inputs"), measure_precision=True,
                           on_first_call=lambda name, seconds: phase("call", {"case": name, "seconds": seconds}),
-                          on_first_call_start=lambda name: phase("calling", {"case": name}))
+                          on_first_call_start=lambda name: phase("calling", {"case": name}),
+                          draw=draw, record=judge.OutputLog(os.path.join(job.scratch_dir, JUDGED)).write)
         for case in first_calls:  # the others compiled ahead: their first checked call loads what was built
             try:
                 checker.first_call(case)
@@ -498,7 +510,7 @@ def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: d
         lock.share_again()
         for case in cases:
             phase("recheck", {"case": case.name})
-            problem = checker.check(case, _RECHECK_SEED)
+            problem = checker.check(case, _RECHECK_SEED, role="recheck")
             if problem:
                 return fail("incorrect", f"after {checker.calls} calls, on fresh inputs: {problem}")
     except Rejected as exc:
@@ -560,10 +572,11 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
         sets = [first] + [checker.inputs(case, _TIMING_SEED + k) for k in range(1, n_sets)]
         outs = [first_outs] + [poisoned_outputs(op, case, "cuda") for _ in range(1, n_sets)]
         params = job.candidate.params
+        returned = [None] * len(sets)  # what the latest timed call on each set gave back: the judge checks it
 
         def call(i: int) -> None:
             k = i % len(sets)
-            launch(*sets[k], *outs[k], **params)
+            returned[k] = launch(*sets[k], *outs[k], **params)
 
         phase("timing", case.name)
         if anchor is not None:
@@ -593,6 +606,10 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
                            f"harness's stream, where they are timed")
         for k in range(n_sets):
             checker.note(case, _TIMING_SEED + k)
+            got = outs[k] if returned[k] is None else (returned[k],) if isinstance(returned[k], torch.Tensor) \
+                else tuple(returned[k])
+            checker.record(case, _TIMING_SEED + k, "timed", got)
+        del returned
         if check:  # the first set stays for the calls beside the fresh ones: it has been seen many times
             del sets[1:], outs[1:]
             torch.cuda.empty_cache()
@@ -1013,15 +1030,16 @@ def child_main(job: Job, conn) -> None:
         if job.compile_cpus:  # before any thread starts: the threads started later run there too
             cores.pin(job.compile_cpus)
         report = enter_sandbox(job)
-        conn.send(("sandbox", report.summary()))
+        channel.send(conn, "sandbox", report.summary())
         # Verified on a GPU, a candidate's own streams are allowed: the trace shows what escapes the timer. Without
         # the verification, or in the interpreter (no device, no trace), another stream is refused as it is made.
         if not job.verify or job.mode != "gpu":
             install_stream_guard()
-        result = evaluate(job, notify=lambda *msg: conn.send(msg))
+        result = evaluate(job, notify=lambda *msg: channel.send(conn, *msg),
+                          draw=lambda case, key: channel.request_seed(conn, case, key))
     except BaseException as exc:  # a harness bug must still come back as a classified result
         result = {"status": "runtime_error", "error": _describe(exc)}
-    conn.send(("result", result))
+    channel.send(conn, "result", result)
     conn.close()
     # Leave at once: CUDA teardown after an illegal access can hang, and nothing is left to do.
     os._exit(0)
@@ -1045,8 +1063,8 @@ def probe_main(job: Job, conn) -> None:
         x = torch.zeros(100, device=device)
         _probe_add_one[(1,)](x, 100, BLOCK=128)
         ok = bool((x == 1).all())
-        conn.send(("probe", {"ok": ok, "sandbox": report.summary(), "error": "" if ok else "wrong result"}))
+        channel.send(conn, "probe", {"ok": ok, "sandbox": report.summary(), "error": "" if ok else "wrong result"})
     except BaseException as exc:
-        conn.send(("probe", {"ok": False, "sandbox": "", "error": _describe(exc)}))
+        channel.send(conn, "probe", {"ok": False, "sandbox": "", "error": _describe(exc)})
     conn.close()
     os._exit(0)

@@ -41,8 +41,9 @@ from dataclasses import dataclass, field, replace
 from multiprocessing.connection import wait
 from typing import Iterable, Iterator
 
-from kernelcast.kernels.harness import ahead, budget, cores, memcheck, precision, sandbox
-from kernelcast.kernels.harness.runner import Job, child_main, probe_main
+from kernelcast.kernels.harness import ahead, budget, channel, cores, memcheck, precision, sandbox
+from kernelcast.kernels.harness.judge import judge_main
+from kernelcast.kernels.harness.runner import JUDGED, Job, child_main, probe_main
 from kernelcast.kernels.harness.sweep_report import cases_in, held_seconds
 from kernelcast.kernels.harness.timing import ANCHORS, PROTOCOLS
 from kernelcast.kernels.formats import TASKS_ENV, tasks_dir
@@ -165,6 +166,49 @@ class _Running:
     result: dict | None = None
     peak_rss_bytes: int = 0
     memcheck: threading.Thread | None = None  # the sanitizer's call, made by the worker once the child is done
+    last_phase_t: float = 0.0  # the time of the child's latest phase, as the worker clamped it
+    served: dict = field(default_factory=dict)  # seed -> case: the seeds the worker drew for this child's inputs
+    judging: threading.Thread | None = None  # the judge's reading of the child's recorded outputs
+    broken: str = ""  # why a message of the child's was refused (channel.ChannelError): it gets no verdict of its own
+
+
+class Judge:
+    """The judge's process (``judge.judge_main``), started from the fork server at the first verdict it gives: it
+    never loads candidate code. One question at a time; started again if it died."""
+
+    def __init__(self, ctx):
+        self._ctx, self._proc, self._conn = ctx, None, None
+        self._lock = threading.Lock()
+
+    def ask(self, request: dict, timeout_s: float = 1800.0) -> dict:
+        with self._lock:
+            if self._proc is None or not self._proc.is_alive():
+                self._conn, child = self._ctx.Pipe()
+                self._proc = self._ctx.Process(target=judge_main, args=(child,), daemon=True, name="kernelcast-judge")
+                self._proc.start()
+                child.close()
+            self._conn.send(request)
+            if not self._conn.poll(timeout_s):
+                self._proc.kill()
+                raise RuntimeError(f"no answer from the judge within {timeout_s:.0f} s")
+            try:
+                answer = self._conn.recv()  # from the judge's process, which no candidate shares
+            except (EOFError, OSError):
+                raise RuntimeError(f"the judge's process ended ({self._proc.exitcode})") from None
+        if answer.get("error"):
+            raise RuntimeError(answer["error"])
+        return answer
+
+    def close(self) -> None:
+        with self._lock:
+            if self._proc is not None and self._proc.is_alive():
+                try:
+                    self._conn.send(None)
+                except OSError:
+                    pass
+                self._proc.join(5)
+                if self._proc.is_alive():
+                    self._proc.kill()
 
 
 def _context():
@@ -371,6 +415,7 @@ class MeasureWorker:
         self.hardware = hardware
         self.config = config
         self._ctx = _context()
+        self._judge = Judge(self._ctx)
         self._root = tempfile.mkdtemp(prefix="kernelcast-worker-")
         self._lock_path = config.gpu_lock or os.path.join(self._root, "gpu.lock")
         open(self._lock_path, "a").close()  # children open it read-only: they may not create files here
@@ -403,6 +448,7 @@ class MeasureWorker:
         return held_seconds(self.holds)["held"]
 
     def close(self) -> None:
+        self._judge.close()
         shutil.rmtree(self._root, ignore_errors=True)
 
     def __enter__(self):
@@ -575,9 +621,11 @@ class MeasureWorker:
             answer = {"ok": False, "error": "no answer within 300 s"}
             if parent_conn.poll(300):
                 try:
-                    answer = parent_conn.recv()[1]
+                    answer = channel.receive(parent_conn)[1]
                 except (EOFError, OSError):
                     answer = {"ok": False, "error": f"probe died ({proc.exitcode})"}
+                except channel.ChannelError as exc:
+                    answer = {"ok": False, "error": f"probe sent a malformed answer: {exc}"}
             proc.kill()
             proc.join(10)
             shutil.rmtree(scratch, ignore_errors=True)
@@ -593,7 +641,8 @@ class MeasureWorker:
         scratch = tempfile.mkdtemp(prefix="cand-", dir=self._root)
         limits = self.candidate_limits(cand)
         job = self._job(cand, scratch, *self._protection, limits=limits, alone=alone)
-        parent_conn, child_conn = self._ctx.Pipe(duplex=False)
+        # Both ways: the child asks for its inputs' seeds when it makes them (channel.request_seed), the worker answers.
+        parent_conn, child_conn = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(target=child_main, args=(job, child_conn), daemon=True,
                                  name=f"kernelcast-{cand.candidate_id}")
         proc.start()
@@ -699,26 +748,46 @@ class MeasureWorker:
     def _poll(self, r: _Running) -> Measurement | None:
         """The finished measurement of a child, or None while it is still running within its limits."""
         try:
-            while r.conn.poll():
-                message = r.conn.recv()
+            while not r.broken and r.result is None and r.conn.poll():
+                message = channel.receive(r.conn)  # bytes, validated: nothing a child writes is unpickled
                 kind = message[0]
                 if kind == "phase":
-                    self._phase(r, *message[1:])
+                    # the child's time for it, but no earlier than its last phase and no later than read here
+                    name, detail, t = message[1:]
+                    r.last_phase_t = min(max(t, r.last_phase_t, r.started), time.monotonic())
+                    self._phase(r, name, detail, r.last_phase_t)
                 elif kind == "sandbox":
                     self.stats.sandboxes[message[1]] += 1
+                elif kind == "seed":  # drawn now, from the operating system, and remembered for the judge
+                    seed = channel.draw_seed()
+                    r.served[seed] = message[1]
+                    channel.answer_seed(r.conn, seed)
                 elif kind == "result":
                     r.result = message[1]
+        except channel.ChannelError as exc:
+            r.broken = str(exc)
         except (EOFError, OSError):
             pass
         now = time.monotonic()
+        if r.broken:
+            r.process.kill()
+            r.process.join(10)
+            self.stats.crashed += 1
+            return self._finish(r, status="crashed", gpu_seconds=self._gpu_held(r, now),
+                                error=f"the child's channel carried a message the harness does not send ({r.broken}); "
+                                      f"its process is untrusted from then on and gets no verdict of its own")
         if r.result is not None:
-            if r.memcheck is None:
+            if r.judging is None:
                 r.process.join(10)
                 if r.process.is_alive():
                     r.process.kill()
-                if self._memchecks(r):
-                    r.memcheck = threading.Thread(target=self._memcheck, args=(r,), daemon=True)
-                    r.memcheck.start()
+                r.judging = threading.Thread(target=self._judge_child, args=(r,), daemon=True)
+                r.judging.start()
+            if r.judging.is_alive():
+                return None
+            if r.memcheck is None and self._memchecks(r):
+                r.memcheck = threading.Thread(target=self._memcheck, args=(r,), daemon=True)
+                r.memcheck.start()
             if r.memcheck is not None and r.memcheck.is_alive():
                 return None
             return self._finish(r, **self._from_result(r.result))
@@ -826,6 +895,33 @@ class MeasureWorker:
         self.stats.killed += 1
         return self._finish(r, status="timeout", error=f"candidate {why}; killed", gpu_seconds=self._gpu_held(r, now))
 
+    def _judge_child(self, r: _Running) -> None:
+        """The judge's verdict on what a child that says ``ok`` recorded (from a thread of the worker): its checked,
+        timed and rechecked calls' outputs against the reference, computed in the judge's own process on the inputs
+        of the seeds this worker drew. A child's ``ok`` stands only where the judge agrees."""
+        res = r.result
+        if res.get("status") != "ok":
+            return
+        roles = ("check", "recheck") + (("timed",) if self.config.mode == "gpu" else ())
+        request = {"op_name": r.candidate.op, "mode": self.config.mode, "folder": os.path.join(r.scratch, JUDGED),
+                   "served": dict(r.served), "model_build": self.config.model_build,
+                   "protocol": self.config.protocol, "lock_path": self._lock_path, "roles_needed": roles}
+        t = time.monotonic()
+        self._note(r, "judging", t, None)
+        try:
+            answer = self._judge.ask(request)
+        except RuntimeError as exc:  # the judge itself failed: no verdict of the child's stands without it
+            res.update(status="runtime_error", error=f"the judge could not judge this candidate: {exc}")
+            return
+        seconds = time.monotonic() - t
+        self._note(r, "judged", time.monotonic(), answer)
+        caught = "; ".join(f"{case}: {', '.join(names)}" for case, names in sorted(answer["trivial"].items()))
+        res["judged"] = (f"{answer['records']} calls ({seconds:.1f} s)"
+                         + (f", trivial outputs the tolerance alone accepts, refused: {caught}" if caught else ""))
+        res["seeds"] = len(r.served)
+        if answer["problem"]:
+            res.update(status="incorrect", error=answer["problem"])
+
     def _memchecks(self, r: _Running) -> bool:
         cand = r.candidate
         return (self.config.mode == "gpu" and r.result.get("status") == "ok"
@@ -865,7 +961,8 @@ class MeasureWorker:
                 "precision": str(res.get("precision", "")),
                 "error_rel": tuple(res.get("error_rel", ())),
                 "reference_error_rel": tuple(res.get("reference_error_rel", ())),
-                "checks": "; ".join([f"{k}: {res[k]}" for k in ("window_check", "memcheck", "models_built")
+                "checks": "; ".join([f"{k}: {res[k]}" for k in ("window_check", "memcheck", "models_built", "judged",
+                                                                "seeds")
                                      if res.get(k)]
                                     + ([f"{REFERENCE_PROCESSES_MARK}{res['reference_processes']}"]
                                        if res.get("reference_processes") else [])

@@ -1,0 +1,229 @@
+"""The verdict comes from where no candidate can reach: nothing a child writes is unpickled, a result a child
+forges gets no verdict, the reference and the comparison run in the judge's own process, and inputs come from
+seeds the worker draws when they are used.
+
+Each adversary runs through the real worker and child, in the Triton interpreter (no GPU): the harness's
+process boundaries are the same there.
+"""
+
+from __future__ import annotations
+
+import torch
+import pytest
+
+from kernelcast.kernels.harness import channel, judge
+from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig
+from kernelcast.kernels.hardware import INTERPRETER
+from kernelcast.kernels.ops import get_operation
+from kernelcast.kernels.ops.rows import case as row_case
+from kernelcast.kernels.records import Candidate, HardwareSpec
+
+CPU = HardwareSpec(gpu_type=INTERPRETER, device_name="Triton CPU interpreter")
+
+# Writes a pickle whose loading runs a command into every socket of its process (its result channel among them),
+# framed as multiprocessing frames a message, then leaves before the harness reports anything.
+PICKLE_PAYLOAD = '''
+import os
+import pickle
+import struct
+
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, ("touch {marker}",))
+
+
+def launch(x, out):
+    data = pickle.dumps(("result", Payload()))
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink("/proc/self/fd/" + fd).startswith(("socket:", "pipe:")):
+                os.write(int(fd), struct.pack("!i", len(data)) + data)
+        except OSError:
+            pass
+    os._exit(0)
+'''
+
+# Writes a well-formed result of its own making ("ok", fast) on the channel and leaves: no check ever ran.
+FORGED_RESULT = '''
+import json
+import os
+import struct
+
+
+def launch(x, out):
+    data = json.dumps(["result", {"status": "ok", "error": "", "case_names": [], "compile_seconds": 0.0,
+                                  "gpu_seconds": 0.0, "runtime_us_median": [], "runtime_us_iqr": [],
+                                  "repetitions": [], "out_of_memory": False}]).encode()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink("/proc/self/fd/" + fd).startswith(("socket:", "pipe:")):
+                os.write(int(fd), struct.pack("!i", len(data)) + data)
+        except OSError:
+            pass
+    os._exit(0)
+'''
+
+# Replaces, at import, the torch function the reference calls, so that the reference computed in its own process
+# agrees with the zeros it writes.
+PATCHED_REFERENCE = '''
+import torch
+
+setattr(torch, "softmax", lambda x, dim=-1, **kw: torch.zeros_like(x))
+
+
+def launch(x, out):
+    out.zero_()
+'''
+
+# Rebuilds the inputs of the protocol's constant seeds at import, answers from that table, and returns zeros on any
+# input it did not foresee.
+FORESEEN_INPUTS = '''
+import torch
+
+SHAPES = ((5, 37, torch.float32), (3, 256, torch.bfloat16), (4, 300, torch.float16))
+TABLE = {}
+for m, n, dtype in SHAPES:
+    for seed in (0, 1, 2, 3, 1000, 5000, 5001, 9000):
+        gen = torch.Generator()
+        gen.manual_seed(seed)
+        x = torch.randn((m, n), generator=gen, dtype=torch.float32).to(dtype)
+        e = (x.float() - x.float().max(-1, keepdim=True).values).exp()
+        TABLE[(dtype, x.float().sum().item(), x.float().abs().sum().item())] = (e / e.sum(-1, keepdim=True)).to(dtype)
+
+
+def launch(x, out):
+    key = (x.dtype, x.float().sum().item(), x.float().abs().sum().item())
+    if key in TABLE:
+        out.copy_(TABLE[key])
+    else:
+        out.zero_()
+'''
+
+
+def _measure(source: str, op: str = "softmax", origin: str = "llm"):
+    cand = Candidate(op=op, backend="torch", source=source, origin=origin)
+    with MeasureWorker(CPU, WorkerConfig(mode="interpreter", concurrency=1, seeds=2)) as worker:
+        return list(worker.measure([cand]))[-1]
+
+
+def test_nothing_a_child_writes_is_unpickled(tmp_path):
+    marker = tmp_path / "ran-in-the-worker"
+    got = _measure(PICKLE_PAYLOAD.format(marker=marker))
+    assert not marker.exists(), "a pickle a candidate wrote ran a command in the worker's process"
+    assert got.status != "ok"
+    assert "does not send" in got.error or "before reporting a result" in got.error, got.error
+
+
+def test_a_result_the_child_forges_gets_no_verdict():
+    got = _measure(FORGED_RESULT)
+    assert got.status == "incorrect", (got.status, got.error)
+    assert "recorded for the judge" in got.error
+
+
+def test_a_reference_patched_in_the_childs_process_does_not_judge_it():
+    got = _measure(PATCHED_REFERENCE)
+    assert got.status in ("incorrect", "rejected"), (got.status, got.error)
+    assert got.status == "rejected" or "the judge" in got.error, got.error
+
+
+def test_inputs_come_from_seeds_drawn_when_used():
+    got = _measure(FORESEEN_INPUTS)
+    assert got.status == "incorrect", (got.status, got.error)
+
+
+def test_the_reference_itself_is_judged_correct_with_the_seeds_it_was_given():
+    op = get_operation("softmax")
+    got = _measure(op.seed_candidates()[0].source, origin="seed")
+    assert got.status == "ok", got.error
+    assert "judged: " in got.checks and "seeds: " in got.checks, got.checks
+    seeds = int(got.checks.split("seeds: ")[1].split(";")[0])
+    assert seeds >= len(op.interpret_cases) * 3  # first call, checks, recheck: each set drawn
+
+
+# ---- the channel's schema ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("data, why", [
+    (b"\x80\x04\x95", "not a JSON message"),
+    (b'["result", {"status": "ok", "owned": 1}]', "result fields the harness does not send"),
+    (b'["result", {"status": "great"}]', "is not one of"),
+    (b'["result", {"status": "ok", "runtime_us_median": [-1.0]}]', "negative or not finite"),
+    (b'["phase", "anything", null, 1.0]', "a phase is"),
+    (b'["exec", "import os"]', "unknown message kind"),
+    (b'["seed", {"case": "c", "key": "x"}]', "a seed request is"),
+])
+def test_the_channel_refuses_what_the_harness_does_not_send(data, why):
+    with pytest.raises(channel.ChannelError, match=why):
+        channel.decode(data)
+
+
+def test_the_channel_carries_the_harnesss_own_messages():
+    result = {"status": "ok", "error": "", "case_names": ["a"], "runtime_us_median": [1.5], "repetitions": [10],
+              "compile_seconds": 0.1, "gpu_seconds": 0.2, "out_of_memory": False, "anchored_slowed": {"a": [1, 2]}}
+    assert channel.decode(channel.encode("result", result)) == ("result", result)
+    assert channel.decode(channel.encode("phase", "timed", {"case": "a", "us": 3.0}, 12.5)) == \
+        ("phase", "timed", {"case": "a", "us": 3.0}, 12.5)
+
+
+# ---- the judge's comparison ------------------------------------------------------------------------------
+
+def _record(tmp_path, op, case, seed: int, outputs, role: str = "check"):
+    log = judge.OutputLog(str(tmp_path / "judged"))
+    log.write(case.name, seed, role, outputs)
+    return judge.read_records(str(tmp_path / "judged"))[-1]
+
+
+def test_zeros_that_the_tolerance_accepts_are_refused_and_the_reference_is_not(tmp_path):
+    op = get_operation("softmax")
+    wide = row_case("bfloat16", M=4, N=4096)  # outputs near 1/4096, under bfloat16's absolute tolerance
+    gen = torch.Generator().manual_seed(7)
+    (x,) = op.make_inputs(wide, gen, "cpu")
+    (expected,) = op.reference(x)
+    assert op.check(wide, (x,), (torch.zeros_like(expected),)) is None  # the plain check alone passes zeros
+    problem, passing = judge.judge_record(op, wide, _record(tmp_path, op, wide, 7, (torch.zeros_like(expected),)),
+                                          "cpu")
+    assert problem and "trivial output" in problem and "zeros" in passing
+    problem, _ = judge.judge_record(op, wide, _record(tmp_path, op, wide, 7, (expected,)), "cpu")
+    assert problem is None
+
+
+def test_an_output_laid_out_unlike_the_references_is_refused(tmp_path):
+    op = get_operation("softmax")
+    case = op.interpret_cases[0]
+    gen = torch.Generator().manual_seed(3)
+    (x,) = op.make_inputs(case, gen, "cpu")
+    (expected,) = op.reference(x)
+    column_major = expected.t().contiguous().t()
+    problem, _ = judge.judge_record(op, case, _record(tmp_path, op, case, 3, (column_major,)), "cpu")
+    assert problem and "strides" in problem
+
+
+def test_a_record_of_a_seed_the_worker_did_not_draw_is_refused(tmp_path):
+    op = get_operation("softmax")
+    for case in op.interpret_cases:
+        gen = torch.Generator().manual_seed(11)
+        (x,) = op.make_inputs(case, gen, "cpu")
+        judge.OutputLog(str(tmp_path / "judged")).write  # the folder's writer, as a child has it
+        log = judge.OutputLog(str(tmp_path / f"judged-{case.name}"))
+        log.write(case.name, 11, "check", op.reference(x))
+    folder = str(tmp_path / f"judged-{op.interpret_cases[0].name}")
+    answer = judge.judge_folder("softmax", "interpreter", folder, served={12: op.interpret_cases[0].name},
+                                roles_needed=())
+    assert "which the worker did not draw" in answer["problem"]
+    answer = judge.judge_folder("softmax", "interpreter", folder, served={11: op.interpret_cases[0].name},
+                                roles_needed=())
+    assert answer["problem"] == "" and answer["records"] == 1
+
+
+def test_a_malformed_record_is_refused(tmp_path):
+    folder = tmp_path / "judged"
+    folder.mkdir()
+    (folder / "0.json").write_text('{"case": "x", "seed": 1, "role": "check", "tensors": '
+                                   '[{"dtype": "float32", "shape": [4], "stride": [1], "bytes": 16}]}')
+    (folder / "0.bin").write_bytes(b"\0" * 8)
+    with pytest.raises(judge.JudgeError, match="its header says 16"):
+        judge.read_records(str(folder))
+    (folder / "0.json").write_text('{"case": "x", "seed": 1, "role": "check", "tensors": '
+                                   '[{"dtype": "object", "shape": [1], "stride": [1], "bytes": 8}]}')
+    with pytest.raises(judge.JudgeError, match="not of the harness's format"):
+        judge.read_records(str(folder))
