@@ -42,6 +42,17 @@ def _physics():
     return PhysicsForecaster()
 
 
+def _labels(**options):
+    from kernelcast.surrogate.labels import LabelForecaster
+
+    return LabelForecaster(**options)
+
+
+def _fit_labels(forecaster, pairs, sources):
+    """The written kernels when there are any (the labels are theirs), the template pairs otherwise."""
+    return forecaster.fit(pairs if sources is None else sources)
+
+
 def _random():
     from kernelcast.surrogate.baselines import RandomForecaster
 
@@ -94,6 +105,9 @@ SURROGATES: dict[str, SurrogateEntry] = {
     # what each kernel makes the device do, found on the CPU and timed by a GPU model; used as it is (its fit on
     # measured pairs is optional: finding facts for a whole pool takes minutes)
     "physics": SurrogateEntry(_physics),
+    # the baseline every forecaster table carries: six labels a user has for free (variant kind, the reference's
+    # runtime and operator count), boosted
+    "labels": SurrogateEntry(_labels, _fit_labels),
     # hindsight, for replays: the measured outcomes of the data root it is given (surrogate_folder)
     "oracle": SurrogateEntry(_oracle, load=_load_oracle, reads_measurements=True)}
 FACTORIES: dict[str, Callable[[], object]] = {name: entry.make for name, entry in SURROGATES.items()}
