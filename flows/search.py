@@ -8,12 +8,17 @@ so a night of runs reads clearly in the Prefect UI.
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import os
 from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.states import Completed
 
+from kernelcast.flows.nightly import start_night
 from kernelcast.tasks import steps
+from kernelcast.tasks.run_page import RunPage
 from kernelcast.tasks.config import SearchConfig
 from kernelcast.tasks.report import summary_lines
 from kernelcast.tasks.search import screened_text
@@ -33,11 +38,18 @@ def finish(search):
 
 
 def _search_name() -> str:
-    from prefect.runtime import flow_run
+    """'search softmax on h100, learned, b32, seed 0'; a deployment's run begins with the deployment and its
+    scheduled time ('nightly-matmul 2026-12-06 02:00 UTC: search matmul ...'), so last night's matmul search
+    is found by name as well as by its tags."""
+    from prefect.runtime import deployment, flow_run
 
     p = flow_run.parameters
-    return (f"search {p['op']} on {p.get('gpu_type', 'auto')}, {p.get('surrogate', 'learned')}, "
+    name = (f"search {p['op']} on {p.get('gpu_type', 'auto')}, {p.get('surrogate', 'learned')}, "
             f"b{p.get('budget', 32)}, seed {p.get('seed', 0)}")
+    when = flow_run.scheduled_start_time
+    if deployment.id and when is not None:
+        name = f"{deployment.name} {when.astimezone(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC: {name}"
+    return name
 
 
 @flow(name="kernel-search", flow_run_name=_search_name, log_prints=True)
@@ -52,13 +64,27 @@ def kernel_search(op: str, gpu_type: str = "auto", budget: int | float = 32, gen
     replay_pool, storage_options, llm_url, ...). Rerunning with the same ``run_id``
     replays the finished generations from the journal and continues after them.
     """
+    logger = get_run_logger()
+    night = start_night(run_id)  # a deployment's run: named for its schedule, or continuing an interrupted one
+    if night is not None:
+        if night.skipped:
+            logger.info(night.skipped)
+            return Completed(message=night.skipped)
+        if night.resumed_from:
+            logger.info("continuing run %s, interrupted in flow run %s", night.run_id, night.resumed_from)
+        run_id = night.run_id
     config = SearchConfig.from_mapping({
         "op": op, "gpu_type": gpu_type, "budget": budget, "budget_kind": budget_kind, "generations": generations,
         "children": children,
         "generator": generator, "surrogate": surrogate, "policy": policy, "seed": seed, "run_id": run_id,
         "data": data, "backend": backend, "tracking_uri": tracking_uri, **(options or {})})
-    logger = get_run_logger()
+    from kernelcast.kernels.harness.worker import GPU_LOCK_ENV
+
+    if os.environ.get(GPU_LOCK_ENV):
+        logger.info("GPU lock: %s (shared with every run served here: one kernel timed at a time)",
+                    os.environ[GPU_LOCK_ENV])
     search = prepare(config)
+    page = RunPage(search)
     try:
         for g in range(search.config.generations):
             stop = search.should_stop()
@@ -67,13 +93,18 @@ def kernel_search(op: str, gpu_type: str = "auto", budget: int | float = 32, gen
                 break
             if g in search.completed:
                 steps.replay(search, g)
+                page.publish()
                 continue
             gen = search.plan(g)
             steps.generate(search, gen)
             steps.forecast(search, gen)
             steps.select(search, gen)
             steps.measure(search, gen)
+            for m in gen.measurements:
+                if m.status != "ok":
+                    steps.failed_measurement(m.candidate_id, g, m.status, m.error, return_state=True)
             summary = steps.update(search, gen)
+            page.publish()
             if gen.skipped:
                 logger.info("generation %d: %d execution variants not made: %s", g, len(gen.skipped),
                             "; ".join(f"{s.variant} of {s.parent_id}: {s.reason}" for s in gen.skipped[:8]))
@@ -83,6 +114,7 @@ def kernel_search(op: str, gpu_type: str = "auto", budget: int | float = 32, gen
                 logger.info("generation %d: the model wrote %d children of %d asked; dropped before forecasting: %s",
                             g, summary.generator_children, summary.generator_asked, screened_text(summary))
         result = finish(search)
+        page.publish(finished=True)
     finally:
         search.pool.close()
     for line in summary_lines(result, search.config.data, search.tracker.uri if search.tracker else "", None):

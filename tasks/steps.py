@@ -45,3 +45,13 @@ def update(search: Search, gen: Generation):
 def replay(search: Search, g: int):
     """A generation finished by an earlier attempt of this run, rebuilt from the journal (no GPU time)."""
     return search.run_generation(g)
+
+
+class MeasurementFailed(Exception):
+    """A measured child that did not pass: its status and the harness's reason."""
+
+
+@task(name="measurement failed", task_run_name="{status} {candidate_id:.12} g{generation}", cache_policy=NO_CACHE)
+def failed_measurement(candidate_id: str, generation: int, status: str, error: str):
+    """One failed measurement as a failed task run, its reason the state's message (the search goes on)."""
+    raise MeasurementFailed(f"{status}: {error or 'no reason recorded'}"[:2000])

@@ -6,6 +6,8 @@ the flags that were given; checked once, before Prefect or any GPU starts.
 
 from __future__ import annotations
 
+import os
+
 from kernelcast.flows.commands.common import (UsageError, add_data_args, check_data_root, parse_storage_options,
                                     prefect_defaults)
 
@@ -65,26 +67,32 @@ _SEARCH_FLAGS = {
 }
 
 
+def read_config(path: str | None) -> dict:
+    """The search settings of a ``--config`` YAML file ({} without one); a bad file is one line."""
+    if not path:
+        return {}
+    import yaml
+
+    try:
+        with open(path) as f:
+            values = yaml.safe_load(f) or {}
+    except OSError as exc:
+        raise UsageError(f"cannot read --config {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:  # one line: where the file stops being YAML, and why
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UsageError(f"--config {path} is not valid YAML{where}: {problem}") from None
+    if not isinstance(values, dict):
+        raise UsageError(f"--config {path} must hold a mapping of search settings")
+    return values
+
+
 def search_config(args):
     """The SearchConfig of ``kernelcast search``: YAML file first, then flags that were given."""
     from kernelcast.tasks.config import SearchConfig
 
-    values: dict = {}
-    if args.config:
-        import yaml
-
-        try:
-            with open(args.config) as f:
-                values = yaml.safe_load(f) or {}
-        except OSError as exc:
-            raise UsageError(f"cannot read --config {args.config}: {exc.strerror}") from None
-        except yaml.YAMLError as exc:  # one line: where the file stops being YAML, and why
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-            raise UsageError(f"--config {args.config} is not valid YAML{where}: {problem}") from None
-        if not isinstance(values, dict):
-            raise UsageError(f"--config {args.config} must hold a mapping of search settings")
+    values = read_config(args.config)
     for name in _SEARCH_FLAGS:
         if getattr(args, name) is not None:
             values[name] = getattr(args, name)
@@ -163,11 +171,39 @@ def cmd_serve(args) -> int:
     check_data_root(args.data, parse_storage_options(args.storage_option))  # now, not in the first scheduled run
     from prefect.client.schemas.schedules import CronSchedule
 
-    CronSchedule(cron=args.cron)  # a malformed schedule fails here, before the deployments are built
-    prefect_defaults()
-    from kernelcast.flows.deployments import serve
+    for flag, cron in (("--cron", args.cron), ("--backfill-cron", args.backfill_cron)):
+        if cron:
+            try:
+                CronSchedule(cron=cron)  # a malformed schedule fails here, before the deployments are built
+            except ValueError as exc:
+                raise UsageError(f"{flag} {cron!r} is not a cron schedule: {str(exc).splitlines()[-1]}") from None
+    from kernelcast.flows.deployments import NIGHTLY_OPS, nightly_parameters, serve
+    from kernelcast.tasks.config import SearchConfig, validate
 
-    serve(data=args.data, cron=args.cron)
+    ops = tuple(o.strip() for o in args.ops.split(",") if o.strip()) if args.ops else NIGHTLY_OPS
+    settings = read_config(args.config)
+    for op in ops:  # every nightly search's settings checked once, now, rather than at 02:00
+        params = nightly_parameters(op, args.data, settings)
+        validate(SearchConfig.from_mapping({**{k: v for k, v in params.items() if k != "options"},
+                                            **params.get("options", {})}))
+    prefect_defaults()
+    from kernelcast.flows.server import ServerError, scheduling_server
+
+    try:
+        server = scheduling_server(port=args.port)
+    except ServerError as exc:
+        raise UsageError(str(exc)) from None
+    os.environ["PREFECT_API_URL"] = server.api_url  # for the runs, each a subprocess of the runner
+    started = f"a local server started here (log: {server.log_path})" if server.process else "the configured server"
+    print(f"Prefect UI: {server.ui_url} ({started}; its scheduler turns the schedules into runs)", flush=True)
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    try:
+        with temporary_settings({PREFECT_API_URL: server.api_url}):
+            serve(data=args.data, cron=args.cron, ops=ops, settings=settings, backfill_cron=args.backfill_cron,
+                  backfill_backend=args.backfill_backend)
+    finally:
+        server.stop()
     return 0
 
 
@@ -192,7 +228,18 @@ def register(sub) -> None:
     add_data_args(sp)
     sp.set_defaults(func=cmd_backfill)
 
-    sp = sub.add_parser("serve", help="serve the deployments (nightly search, backfill, evaluate, train)")
-    sp.add_argument("--cron", default="0 2 * * *", help="nightly search schedule (default: %(default)s)")
+    sp = sub.add_parser("serve", help="serve the deployments (nightly search, backfill, evaluate, train) against "
+                                      "PREFECT_API_URL's server, or a local one with its scheduler and UI")
+    sp.add_argument("--cron", default="0 2 * * *", help="nightly search schedule, UTC (default: %(default)s)")
+    sp.add_argument("--ops", default=None, help="operations searched nightly, comma-separated (default: "
+                                                "softmax,layernorm,rmsnorm,cross_entropy,fp8_quant,bias_gelu,"
+                                                "matmul,attention)")
+    sp.add_argument("--config", default=None, help="YAML file of the nightly searches' settings (SearchConfig "
+                                                   "fields: budget, surrogate, backend, ...)")
+    sp.add_argument("--backfill-cron", default=None, help="schedule of the backfill deployment (default: on demand)")
+    sp.add_argument("--backfill-backend", choices=["local", "replay", "ray"], default="ray",
+                    help="how the backfill deployment measures (default: %(default)s)")
+    sp.add_argument("--port", type=int, default=4200, help="port of the local Prefect server started when "
+                                                           "PREFECT_API_URL is unset (default: %(default)s)")
     add_data_args(sp)
     sp.set_defaults(func=cmd_serve)
