@@ -1,0 +1,185 @@
+"""A sandbox that keeps secrets: what a candidate can read of the worker's secrets, and where it could leave them.
+
+Each test plants a secret where a measuring machine keeps one (the environment the worker was started with,
+a credentials file in its HOME), runs a candidate through the real worker in interpreter mode, and looks for
+the secret in everything the candidate can output: its verdict's error text and files that outlive it.
+The worker runs in a fresh process started with the secret, as credentials usually arrive, so that its own
+``/proc/<pid>/environ`` and every ancestor's hold it too.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SECRET = "planted-secret-5e1d27"
+
+# Every process whose environment the candidate can read: its ancestors first (by the parent links in
+# /proc/<pid>/stat), then every other process listed in /proc.
+ENVIRON_PROBE = '''
+import os
+
+
+def _parent(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def launch(x, out):
+    pids, pid = [], os.getpid()
+    while pid > 1:
+        pid = _parent(pid)
+        pids.append(pid)
+    pids += [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in pids]
+    leaked, readable = [], 0
+    for pid in pids:
+        try:
+            with open("/proc/%d/environ" % pid, "rb") as f:
+                text = f.read()
+            readable += 1
+        except OSError:
+            continue
+        if b"{secret}" in text:
+            leaked.append("%d: %s" % (pid, text.decode(errors="replace")))
+    raise RuntimeError("PROBE " + ("leaked " + " | ".join(leaked) if leaked else "none of %d readable" % readable))
+'''
+
+FILE_PROBE = '''
+import os
+import pwd
+
+
+def launch(x, out):
+    found = []
+    for path in ({credentials!r}, os.path.expanduser("~/.aws/credentials"),
+                 os.path.join(pwd.getpwuid(os.getuid()).pw_dir, ".aws", "credentials")):
+        try:
+            with open(path) as f:
+                found.append(path + " = " + f.read())
+        except OSError as exc:
+            found.append(path + " refused (" + type(exc).__name__ + ")")
+    raise RuntimeError("PROBE " + "; ".join(found))
+'''
+
+# Writes the secret (had it read one) wherever a later process could find it: /dev/shm, the worker's
+# Triton cache (the candidate knows the worker's layout: its scratch directory's sibling), the Triton
+# cache its environment names, SysV shared memory.
+PLANT_PROBE = '''
+import ctypes
+import os
+
+
+def launch(x, out):
+    outcomes = []
+    shared = os.path.join(os.path.dirname(os.getcwd()), "triton-cache")
+    for path in ("/dev/shm/kernelcast-planted", os.path.join(shared, "planted"),
+                 os.path.join(os.environ.get("TRITON_CACHE_DIR", shared), "planted")):
+        try:
+            with open(path, "w") as f:
+                f.write("{secret}")
+            outcomes.append("wrote " + path)
+        except OSError as exc:
+            outcomes.append("refused " + path + " (" + type(exc).__name__ + ")")
+    libc = ctypes.CDLL(None, use_errno=True)
+    shmid = libc.shmget(0x6B63, 4096, 0o1666)  # IPC_CREAT | 0666: a segment that outlives this process
+    outcomes.append("shmget " + ("refused" if shmid < 0 else "made %d" % shmid))
+    raise RuntimeError("PROBE " + "; ".join(outcomes))
+'''
+
+# A later child of the same worker: what the planting child left for it.
+FIND_PROBE = '''
+import ctypes
+import os
+
+
+def launch(x, out):
+    found = []
+    shared = os.path.join(os.path.dirname(os.getcwd()), "triton-cache")
+    for path in ("/dev/shm/kernelcast-planted", os.path.join(shared, "planted"),
+                 os.path.join(os.environ.get("TRITON_CACHE_DIR", shared), "planted")):
+        if os.path.exists(path):
+            found.append(path)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.shmget(0x6B63, 0, 0) >= 0:
+        found.append("shm segment 0x6b63")
+    raise RuntimeError("PROBE " + ("found " + ", ".join(found) if found else "nothing"))
+'''
+
+WORKER_SCRIPT = '''
+import json, sys
+from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig
+from kernelcast.kernels.hardware import INTERPRETER
+from kernelcast.kernels.records import Candidate, HardwareSpec
+
+sources, config = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+cfg = WorkerConfig(**{"mode": "interpreter", "concurrency": 1, "timeout_s": 60, "seeds": 1, **config})
+with MeasureWorker(HardwareSpec(gpu_type=INTERPRETER, device_name="Triton CPU interpreter"), cfg) as worker:
+    results = [m for m in worker.measure([Candidate(op="softmax", backend="triton", source=s, origin="llm")
+                                          for s in sources])]
+    order = {c: i for i, c in enumerate(Candidate(op="softmax", backend="triton", source=s, origin="llm").candidate_id
+                                        for s in sources)}
+    results.sort(key=lambda m: order[m.candidate_id])
+    print(json.dumps({"errors": [m.status + ": " + (m.error or "") for m in results],
+                      "sandboxes": sorted(worker.stats.sandboxes)}))
+'''
+
+
+def measure_with_secrets(tmp_path, sources: list[str], **config) -> tuple[list[str], list[str]]:
+    """Run ``sources`` through a worker started with the secret in its environment and its HOME's credentials
+    file; returns each candidate's verdict (status and error) and the sandboxes its children reported."""
+    home = tmp_path / "home"
+    (home / ".aws").mkdir(parents=True)
+    (home / ".aws" / "credentials").write_text(f"[default]\naws_secret_access_key = {SECRET}\n")
+    env = {**os.environ, "HOME": str(home), "AWS_SECRET_ACCESS_KEY": SECRET, "KERNELCAST_SERVICE_TOKEN": SECRET,
+           "PYTHONPATH": ROOT}
+    done = subprocess.run([sys.executable, "-c", WORKER_SCRIPT, json.dumps(sources), json.dumps(config)], env=env,
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    return answer["errors"], answer["sandboxes"]
+
+
+def probe_text(verdict: str) -> str:
+    assert verdict.startswith("runtime_error: ") and "PROBE " in verdict, verdict
+    return verdict.split("PROBE ", 1)[1]
+
+
+@pytest.mark.parametrize("network", ["namespace", "seccomp"])
+def test_no_process_environment_holding_the_secret_is_readable_from_a_child(tmp_path, network):
+    """The seccomp fallback is what a machine without user namespaces gets: there a root child once read its
+    ancestors' environments (the worker's and its parents'), which a user namespace hides."""
+    (verdict,), sandboxes = measure_with_secrets(tmp_path, [ENVIRON_PROBE.replace("{secret}", SECRET)],
+                                                 network=network)
+    assert SECRET not in verdict
+    assert probe_text(verdict).startswith("none of"), verdict
+    assert f"network={network}" in sandboxes[0] and "environments=hidden" in sandboxes[0], sandboxes
+
+
+def test_a_credentials_file_in_the_workers_home_is_not_readable(tmp_path):
+    (verdict,), sandboxes = measure_with_secrets(tmp_path, [FILE_PROBE.format(
+        credentials=str(tmp_path / "home" / ".aws" / "credentials"))])
+    assert SECRET not in verdict
+    assert f"{tmp_path / 'home' / '.aws' / 'credentials'} refused (PermissionError)" in probe_text(verdict)
+    assert "reads=" in sandboxes[0] and "home" in sandboxes[0], sandboxes
+
+
+def test_nothing_a_child_writes_outlives_it_or_reaches_the_next_child(tmp_path):
+    """/dev/shm, the worker's shared Triton cache (a channel for a planted compiled kernel) and SysV shared
+    memory would each outlive the child and be seen by the next one."""
+    leftover = "/dev/shm/kernelcast-planted"
+    if os.path.exists(leftover):
+        os.unlink(leftover)
+    try:
+        planted, found = measure_with_secrets(tmp_path, [PLANT_PROBE.replace("{secret}", SECRET), FIND_PROBE])[0]
+        plant = probe_text(planted)
+        assert "refused /dev/shm/kernelcast-planted (PermissionError)" in plant, plant
+        assert "triton-cache/planted (PermissionError)" in plant, plant
+        assert probe_text(found) == "nothing", (plant, found)
+        assert not os.path.exists(leftover)
+    finally:
+        if os.path.exists(leftover):
+            os.unlink(leftover)
+        subprocess.run(["ipcrm", "-M", str(0x6B63)], capture_output=True)
