@@ -192,6 +192,9 @@ def cmd_measure(args) -> int:
     if stopped:
         print(stopped, file=sys.stderr)
         return 130
+    if n and not statuses["ok"]:  # a run that measured nothing usable says so, to the scheduler too
+        print(f"kernelcast measure: no candidate was ok ({n} measured); the rows say why", file=sys.stderr)
+        return 1
     return 0
 
 
