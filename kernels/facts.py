@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
 import torch
@@ -102,11 +103,14 @@ class KernelFacts:
     compiled: bool = False  # torch.compile was called
     graphed: bool = False  # a CUDA graph was captured or replayed
     allow_tf32: bool = False  # fp32 matmuls may use TF32 (the candidate set the flag)
+    autocast: str = ""  # the dtype CUDA autocast ran library calls in ("" where it was off)
     input_bytes: int = 0  # the case's inputs and the model's parameters
     output_bytes: int = 0
     flops: float = 0.0  # the ATen operators' FLOPs (torch.utils.flop_counter's formulas)
     seconds: float = 0.0  # what the extraction cost on the CPU
-    cuda_kernels: tuple[dict, ...] = field(default_factory=tuple)  # nvcc's resource report per CUDA C++ kernel
+    # per call of a CUDA C++ extension's function (load_inline, not built here): its extension, function and the
+    # bytes of its tensors and of an output shaped like its first (a guess)
+    cuda_kernels: tuple[dict, ...] = field(default_factory=tuple)
 
     @property
     def launches(self) -> int:
@@ -144,6 +148,7 @@ class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):
         self.ops: list[AtenOp] = []
         self.views = 0
         self.capture: list[AtenOp] | None = None  # the operators a CUDA graph being captured holds
+        self.autocast: str = ""  # the dtype CUDA autocast runs library calls in, while it is on
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -158,6 +163,8 @@ class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):
         moved = sum(_nbytes(t) for t in {id(t): t for t in ins + outs}.values())
         library = next((lib for lib, rx in _LIBRARY if rx.search(name)), "")
         dtype = str((ins or outs or [torch.empty(0)])[0].dtype).removeprefix("torch.")
+        if self.autocast and library and dtype == "float32":  # autocast: the library call runs in half the bytes
+            dtype, moved = self.autocast, moved // 2
         self.ops.append(AtenOp(name, int(moved), _flops(func, args, kwargs, out), library, dtype,
                                bool(_REDUCTION.match(name))))
         if self.capture is not None:
@@ -232,7 +239,8 @@ def _stand_ins(state: dict, recorder: _Recorder):
     cuda = torch.cuda
     saved = {"compile": torch.compile, **{n: getattr(cuda, n, None) for n in (
         "CUDAGraph", "graph", "synchronize", "Stream", "stream", "current_stream", "make_graphed_callables",
-        "is_available", "Event")}}
+        "is_available", "Event", "current_device", "set_device", "device_count", "get_device_properties",
+        "get_device_capability", "empty_cache", "get_device_name")}}
     flags = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision(),
              torch.backends.cudnn.allow_tf32)
 
@@ -287,22 +295,101 @@ def _stand_ins(state: dict, recorder: _Recorder):
         state["graphed"] = True
         return callables
 
+    class Extension:
+        """A CUDA C++ extension built on the CPU stands in for: each function call is noted as one kernel launch
+        moving its tensors' bytes and an output shaped like its first tensor (a guess: the code is not run)."""
+
+        def __init__(self, name):
+            self.name = name
+
+        def __getattr__(self, function):
+            def call(*args, **kwargs):
+                tensors = list(_tensors(list(args) + list(kwargs.values())))
+                out = torch.empty_like(tensors[0]) if tensors else torch.empty(0)
+                moved = sum(_nbytes(t) for t in {id(t): t for t in tensors}.values()) + _nbytes(out)
+                state.setdefault("cuda", []).append({"extension": self.name, "function": function,
+                                                     "arg_bytes": int(moved)})
+                return out
+
+            return call
+
+    class Autocast(contextlib.ContextDecorator):
+        """CUDA autocast: meta tensors are not autocast, so the library calls within are noted as its dtype."""
+
+        def __init__(self, device_type="cuda", dtype=None, enabled=True, *args, **kwargs):
+            self.device_type, self.enabled = str(device_type), enabled
+            self.dtype = str(dtype or torch.float16).removeprefix("torch.")
+
+        def __enter__(self):
+            self.before = recorder.autocast
+            if self.enabled and self.device_type.startswith("cuda"):
+                recorder.autocast = self.dtype
+                state["autocast"] = self.dtype
+            return self
+
+        def __exit__(self, *exc):
+            recorder.autocast = self.before
+            return False
+
+    class CudaAutocast(Autocast):
+        def __init__(self, enabled=True, dtype=None, *args, **kwargs):
+            super().__init__("cuda", dtype, enabled)
+
+    def load_inline(name="", *args, **kwargs):
+        state.setdefault("extensions", []).append(name)
+        return Extension(name)
+
+    from torch.utils import cpp_extension
+
+    saved_build = cpp_extension.load_inline, cpp_extension.load
+    cpp_extension.load_inline = cpp_extension.load = load_inline
+    saved_autocast = torch.autocast, torch.cuda.amp.autocast, torch.amp.autocast
+    torch.autocast = torch.amp.autocast = Autocast
+    torch.cuda.amp.autocast = CudaAutocast
     torch.compile = compile_
     cuda.CUDAGraph, cuda.graph, cuda.synchronize = Graph, graph, lambda *a, **k: None
     cuda.Stream, cuda.stream = Stream, lambda *a, **k: contextlib.nullcontext()
     cuda.current_stream = lambda *a, **k: Stream()
     cuda.make_graphed_callables, cuda.is_available = graphed_callables, lambda: True
+    cuda.current_device, cuda.set_device, cuda.device_count = (lambda: 0), (lambda *a: None), (lambda: 1)
+    cuda.get_device_capability, cuda.empty_cache = (lambda *a: (9, 0)), (lambda: None)
+    cuda.get_device_name = lambda *a: "NVIDIA H100 80GB HBM3"
+
+    class Properties:  # what candidates read of the device: an H100's
+        name, major, minor, multi_processor_count = "NVIDIA H100 80GB HBM3", 9, 0, 132
+        total_memory, max_threads_per_multi_processor, L2_cache_size = 80 << 30, 2048, 50 << 20
+        shared_memory_per_block, shared_memory_per_multiprocessor, regs_per_multiprocessor = 49152, 233472, 65536
+        warp_size = 32
+
+    cuda.get_device_properties = lambda *a: Properties()
     try:
         yield
     finally:
         state["allow_tf32"] = bool(torch.backends.cuda.matmul.allow_tf32
                                    or torch.get_float32_matmul_precision() != "highest")
+        cpp_extension.load_inline, cpp_extension.load = saved_build
+        torch.autocast, torch.cuda.amp.autocast, torch.amp.autocast = saved_autocast
         torch.compile = saved.pop("compile")
         for name, value in saved.items():
             if value is not None:
                 setattr(cuda, name, value)
         torch.backends.cuda.matmul.allow_tf32, precision, torch.backends.cudnn.allow_tf32 = flags
         torch.set_float32_matmul_precision(precision)
+
+
+@contextlib.contextmanager
+def _compiled_triton():
+    """``@triton.jit`` makes compiled kernels within, even in a process that runs Triton's interpreter (a
+    forecast is about the GPU, whatever this process runs kernels on)."""
+    before = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = before
 
 
 @contextlib.contextmanager
@@ -357,6 +444,7 @@ def _is_compile_failure(exc: BaseException) -> bool:
 
 
 _CACHE: dict[tuple, KernelFacts] = {}
+SLOW_FIRST_CALL_S = 2.0
 
 
 def cache_key(candidate, op_name: str, case_name: str, target: str) -> tuple:
@@ -365,11 +453,63 @@ def cache_key(candidate, op_name: str, case_name: str, target: str) -> tuple:
 
 
 def extract(op, candidate, case, target: str = "cuda:90") -> KernelFacts:
-    """The facts of ``candidate`` on ``case`` of ``op`` compiled for ``target``; cached by source and case."""
+    """The facts of ``candidate`` on ``case`` of ``op`` compiled for ``target``; cached by source and case.
+
+    In a process whose Triton runs its interpreter (its own library functions are interpreted then, and cannot
+    be compiled), the facts are found in a child process that compiles."""
     key = cache_key(candidate, op.name, case.name, target)
     if key not in _CACHE:
-        _CACHE[key] = _extract(op, candidate, case, target)
+        _CACHE[key] = _extract_in_child(op, candidate, case, target) if _interpreting() else \
+            _extract(op, candidate, case, target)
     return _CACHE[key]
+
+
+def _interpreting() -> bool:
+    import triton.language.standard as standard
+    from triton.runtime.jit import JITFunction
+
+    return not isinstance(standard.cdiv, JITFunction)
+
+
+def to_json(facts: KernelFacts) -> str:
+    return json.dumps(asdict(facts))
+
+
+def from_json(text: str) -> KernelFacts:
+    d = json.loads(text)
+    d["aten"] = tuple(AtenOp(**o) for o in d["aten"])
+    d["triton"] = tuple(TritonLaunch(**t) for t in d["triton"])
+    d["cuda_kernels"] = tuple(d.get("cuda_kernels", ()))
+    return KernelFacts(**d)
+
+
+def _extract_in_child(op, candidate, case, target: str) -> KernelFacts:
+    """``_extract`` in a fresh Python that compiles Triton kernels (``python -m kernelcast.kernels.facts``)."""
+    import sys
+
+    request = json.dumps({"op": op.name, "case": case.name, "target": target, "source": candidate.source,
+                          "params": dict(candidate.params), "backend": candidate.backend, "origin": candidate.origin})
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    done = subprocess.run([sys.executable, "-m", "kernelcast.kernels.facts"], input=request, capture_output=True,
+                          text=True, env=env, timeout=600)
+    if done.returncode != 0 or not done.stdout.strip():
+        return KernelFacts("unknown", f"the facts child failed: {done.stderr.strip()[-300:]}", target)
+    return from_json(done.stdout.strip().splitlines()[-1])
+
+
+def _child() -> None:
+    """Read one request (JSON on stdin), print its facts as JSON: ``extract`` for an interpreting parent."""
+    import sys
+
+    from kernelcast.kernels.ops import get_operation
+    from kernelcast.kernels.records import Candidate
+
+    r = json.loads(sys.stdin.read())
+    op = get_operation(r["op"])
+    case = next(c for c in op.cases if c.name == r["case"])
+    candidate = Candidate(op=r["op"], backend=r["backend"], source=r["source"], params=r["params"],
+                          origin=r["origin"])
+    print(to_json(_extract(op, candidate, case, r["target"])))
 
 
 def _extract(op, candidate, case, target: str) -> KernelFacts:
@@ -384,16 +524,20 @@ def _extract(op, candidate, case, target: str) -> KernelFacts:
     recorder = _Recorder()
     input_bytes = output_bytes = 0
     try:
-        with tempfile.TemporaryDirectory(prefix="kernelcast-facts-") as folder, _stand_ins(state, recorder), \
-                _triton_recorder(launches, parse_target(target)):
+        with tempfile.TemporaryDirectory(prefix="kernelcast-facts-") as folder, _compiled_triton(), \
+                _stand_ins(state, recorder), _triton_recorder(launches, parse_target(target)):
             launch = load_launch(candidate.source, folder, module_name=f"facts_{key_name(candidate)}")
             inputs = meta_inputs(op, case)
             input_bytes = sum(_nbytes(t) for t in _tensors(inputs))
             # The first call builds, captures and compiles; the second is the steady state a timer sees.
+            first = time.perf_counter()
             for call in range(2):
+                if call and time.perf_counter() - first > SLOW_FIRST_CALL_S and not launches:
+                    break  # host code this slow (no Triton compile in it): its first call stands for the second
                 recorder.ops.clear()
                 recorder.views = 0
                 del launches[:]
+                state.pop("cuda", None)
                 outputs = poisoned_outputs(op, case, "meta")
                 with on_device("meta"), recorder:
                     result = call_candidate(launch, inputs, outputs, candidate.params)
@@ -405,8 +549,9 @@ def _extract(op, candidate, case, target: str) -> KernelFacts:
                            recorder.views, tuple(launches), seconds=time.perf_counter() - t0)
     ops = tuple(recorder.ops)
     return KernelFacts("ok", "", target, ops, recorder.views, tuple(launches), bool(state.get("compiled")),
-                       bool(state.get("graphed")), bool(state.get("allow_tf32")), int(input_bytes),
-                       int(output_bytes), sum(o.flops for o in ops), time.perf_counter() - t0)
+                       bool(state.get("graphed")), bool(state.get("allow_tf32")), str(state.get("autocast", "")),
+                       int(input_bytes), int(output_bytes), sum(o.flops for o in ops), time.perf_counter() - t0,
+                       tuple(state.get("cuda", ())))
 
 
 def key_name(candidate) -> str:
@@ -425,3 +570,7 @@ def _parameter_bytes(launch) -> int:
 
 def clear_cache() -> None:
     _CACHE.clear()
+
+
+if __name__ == "__main__":
+    _child()

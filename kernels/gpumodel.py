@@ -190,7 +190,11 @@ def estimate(facts: KernelFacts, gpu: GPUModel, reference_flops: float = 0.0) ->
         device[bound] += t
         if t > longest:
             longest, occ, waves = t, fraction, w
-    host += gpu.triton_launch_us * len(groups) + (gpu.eager_op_us if facts.cuda_kernels else 0.0)
+    host += gpu.triton_launch_us * len(groups)
+    for call in facts.cuda_kernels:  # a CUDA C++ extension's function: one launch moving its tensors (no more known)
+        host += gpu.eager_op_us
+        device["memory"] += call["arg_bytes"] / (gpu.bandwidth_gbps * gpu.achievable_bandwidth * 1e3) \
+            + gpu.device_gap_us
     if facts.graphed:  # a replay launches the captured kernels back to back, with no host dispatch each
         host = gpu.module_call_us + gpu.graph_replay_us
         busiest = max(device, key=device.get)

@@ -92,14 +92,15 @@ def request_facts(request: ForecastRequest) -> dict:
             continue
         out["candidate_us"] += c_est.runtime_us
         out["anchor_us"] += a_est.runtime_us
-        out["bytes"] += c_facts.aten_bytes + sum(t.arg_bytes for t in c_facts.triton)
-        out["anchor_bytes"] += a_facts.aten_bytes + sum(t.arg_bytes for t in a_facts.triton)
+        out["bytes"] += _bytes(c_facts)
+        out["anchor_bytes"] += _bytes(a_facts)
         out["flops"] += c_facts.flops or a_facts.flops
-        out["launches"] += c_facts.launches
-        out["anchor_launches"] += a_facts.launches
+        out["launches"] += _launches(c_facts)
+        out["anchor_launches"] += _launches(a_facts)
         out["triton_launches"] += len(c_facts.triton)
         out["compiled"] |= c_facts.compiled
         out["graphed"] |= c_facts.graphed
+        out["autocast"] = c_facts.autocast or out.get("autocast", "")
         for lib, n in c_facts.libraries().items():
             out["libraries"][lib] = out["libraries"].get(lib, 0) + n
         if c_facts.triton:
@@ -109,6 +110,21 @@ def request_facts(request: ForecastRequest) -> dict:
             out["tensor_cores"] |= any(t.tensor_cores for t in c_facts.triton)
         out["occupancy"], out["waves"], out["bound"] = c_est.occupancy, c_est.waves, c_est.bound
     return out
+
+
+def _bytes(facts) -> float:
+    """The bytes a call moves: under torch.compile its inputs and outputs once and its library calls' own."""
+    moved = sum(t.arg_bytes for t in facts.triton) + sum(c["arg_bytes"] for c in facts.cuda_kernels)
+    if facts.compiled:
+        return moved + facts.input_bytes + facts.output_bytes + sum(o.bytes for o in facts.aten if o.library)
+    return moved + facts.aten_bytes
+
+
+def _launches(facts) -> int:
+    """Kernel launches per call: under torch.compile one per reduction plus one, and the library calls."""
+    if facts.compiled:
+        return 1 + sum(1 for o in facts.aten if o.library or o.reduction) + len(facts.triton)
+    return facts.launches
 
 
 def facts_features(f: dict) -> list[float]:
@@ -135,7 +151,8 @@ def facts_features(f: dict) -> list[float]:
 def why(f: dict) -> str:
     """One line of what the forecast rests on: bytes, FLOPs, launches, registers, occupancy, the bound."""
     if f["status"] == "compile_error":
-        return f"does not compile for the target: {f['error'][:160]}"
+        last = [line.strip() for line in f["error"].splitlines() if line.strip()]
+        return f"does not compile for the target: {(last[-1] if last else '')[:200]}"
     if f["status"] != "ok":
         return f"what it does is unknown ({f['error'][:160]})"
     libs = ", ".join(f"{k} x{v}" for k, v in sorted(f["libraries"].items())) or "none"
@@ -143,8 +160,9 @@ def why(f: dict) -> str:
               f"{f['spill_bytes']} B spilled, {f['load_bits']}-bit loads, occupancy {f['occupancy']:.0%}, "
               f"{f['waves']:.1f} waves" if f["triton_launches"] else "")
     how = " (torch.compile)" if f["compiled"] else ""
+    how += f" (autocast {f['autocast']})" if f.get("autocast") else ""
     how += " (CUDA graph)" if f["graphed"] else ""
-    return (f"moves {f['bytes'] / 1e6:.1f} MB, {f['flops'] / 1e9:.2f} GFLOP, {f['launches']} launches{how}; "
+    return (f"moves {f['bytes'] / 1e6:.1f} MB, {f['flops'] / 1e9:.2f} GFLOP, launches {f['launches']}{how}; "
             f"libraries: {libs}{triton}; modelled {f['candidate_us']:.1f} us vs the anchor's {f['anchor_us']:.1f} us, "
             f"{f['bound']}-bound")
 

@@ -42,6 +42,11 @@ def _physics():
     return PhysicsForecaster()
 
 
+def _fit_physics(forecaster, pairs, sources):
+    """The correction of the GPU model on the written kernels when there are any, the template pairs otherwise."""
+    return forecaster.fit(pairs if sources is None else sources)
+
+
 def _labels(**options):
     from kernelcast.surrogate.labels import LabelForecaster
 
@@ -105,6 +110,8 @@ SURROGATES: dict[str, SurrogateEntry] = {
     # what each kernel makes the device do, found on the CPU and timed by a GPU model; used as it is (its fit on
     # measured pairs is optional: finding facts for a whole pool takes minutes)
     "physics": SurrogateEntry(_physics),
+    # the same with its learned correction fit on the measured pairs (facts found for at most max_fit of them)
+    "physics-fit": SurrogateEntry(_physics, _fit_physics),
     # the baseline every forecaster table carries: six labels a user has for free (variant kind, the reference's
     # runtime and operator count), boosted
     "labels": SurrogateEntry(_labels, _fit_labels),

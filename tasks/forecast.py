@@ -52,6 +52,9 @@ class KernelForecast:
     confidence: float = math.nan  # the largest bin probability: what the trust threshold is compared with
     log_speedup_sigma: float = math.nan  # spread of the forecast log speedup against the anchor (NaN: no Gaussian)
     bins_against: str = "anchor"  # "reference" where a forecast without a Gaussian cannot be moved to the anchor
+    # what the kernel makes the device do, found on the CPU (kernelcast.surrogate.physics.why): bytes, FLOPs, launches,
+    # registers, occupancy, the bound; whichever surrogate forecast it
+    why: str = ""
 
 
 @dataclass(frozen=True)
@@ -159,12 +162,26 @@ def forecast_files(config: SearchConfig, root: DataRoot, forecaster, files: Sequ
         if reason:
             kernels.append(KernelForecast(path, candidate.candidate_id, "drop", reason, detail))
             continue
-        kernels.append(_against_anchor(path, by_id[candidate.candidate_id], decided[candidate.candidate_id],
-                                       anchor_log, anchor_within, anchor_speedup, anchor_name == "reference"))
+        kernels.append(dataclasses.replace(
+            _against_anchor(path, by_id[candidate.candidate_id], decided[candidate.candidate_id], anchor_log,
+                            anchor_within, anchor_speedup, anchor_name == "reference"),
+            why=_why(op, reference, candidate, hardware)))
     return ForecastReport(config.op, config.gpu_type, config.surrogate, anchor_name, anchor_speedup,
                           anchor_measured, best, budget, kernels, fit_on=DataRoot(config.prior_data).uri,
                           fit_operations=_prior_operations(config), prior_scope=config.prior_scope, data_root=root.uri,
                           corrected_by=len(measured))
+
+
+def _why(op, reference: Candidate, candidate: Candidate, hardware: HardwareSpec) -> str:
+    """What ``candidate`` makes the device do against the reference, found on the CPU; why not, where it cannot be."""
+    from kernelcast.surrogate.forecast import ForecastRequest
+    from kernelcast.surrogate.physics import request_facts, why
+
+    try:
+        return why(request_facts(ForecastRequest(reference, candidate, op.name, hardware,
+                                                 case_names=tuple(c.name for c in op.cases))))
+    except Exception as exc:  # noqa: BLE001 - the forecast stands without its facts
+        return f"facts not found: {type(exc).__name__}: {str(exc)[:160]}"
 
 
 def _prior_operations(config: SearchConfig) -> tuple[str, ...]:

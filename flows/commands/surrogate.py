@@ -139,8 +139,8 @@ def _forecast_config(args):
     try:
         check_settings(config)
         if config.surrogate in ("llm", "none"):
-            raise ConfigError(f"--surrogate {config.surrogate}: forecast with learned, source, lmhead, roofline or "
-                              "random")
+            raise ConfigError(f"--surrogate {config.surrogate}: forecast with learned, source, lmhead, physics, labels, "
+                              "roofline or random")
         check_operation(config.replace(generator="freeform"))  # an imported task too: no template space is needed
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
@@ -200,6 +200,8 @@ def cmd_forecast(args) -> int:
               f"its likeliest bin{spread}")
         print(f"  bins against the {k.bins_against}: "
               + ", ".join(f"{label} {100 * p:.0f}%" for label, p in zip(labels, k.probabilities) if p >= 0.005))
+        if k.why:
+            print(f"  why: {k.why}")
     return 0
 
 
@@ -244,7 +246,8 @@ def register(sub) -> None:
     sp.add_argument("--anchor", default=None, help="what speedups are against: a candidate id measured under "
                                                    "--data, or a kernel file (default: the eager reference)")
     sp.add_argument("--gpu-type", default="h100", help="GPU type to forecast for (default: %(default)s)")
-    sp.add_argument("--surrogate", default="learned", help="learned (default), source, lmhead, roofline or random")
+    sp.add_argument("--surrogate", default="learned", help="learned (default), source, lmhead, physics, labels, roofline "
+                                                            "or random")
     sp.add_argument("--surrogate-folder", default=None, help="--surrogate lmhead: the folder its training wrote "
                                                             "(python -m kernelcast.surrogate.lmhead train --out DIR)")
     sp.add_argument("--prior-data", default=None, help="measurements the surrogate is fit on (default: the "
