@@ -79,4 +79,6 @@ def serve(data: str = "kernelcast-data", cron: str = "0 2 * * *", ops: tuple[str
         print(f"flow run {name!r} was left running by a process that is gone: marked Crashed; the next run of its "
               "deployment continues it", flush=True)
     print(f"GPU lock shared by the served runs: {lock}", flush=True)
-    prefect_serve(*served)
+    # Schedules stay active when serving stops: the nights due meanwhile are caught up once on the next start
+    # (kernelcast.flows.nightly), where Prefect's default pauses them until someone resumes them by hand.
+    prefect_serve(*served, pause_on_shutdown=False)

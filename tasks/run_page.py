@@ -11,6 +11,7 @@ The contents are plain functions of the ``Search`` and its journal; ``RunPage`` 
 
 from __future__ import annotations
 
+import json
 import posixpath
 
 from kernelcast.tasks.search import Search
@@ -119,11 +120,12 @@ def links_markdown(search: Search, finished: bool = False) -> str:
 
 
 class RunPage:
-    """The run's artifacts on its flow run page: created at the first publish, updated at each one after."""
+    """The run's artifacts on its flow run page: created at the first publish and updated in place after it, so
+    the page holds one of each, showing the latest generation (earlier states are in the logs and the journal)."""
 
     def __init__(self, search: Search):
         self.search = search
-        self._progress_id = None
+        self._ids: dict[str, object] = {}  # artifact kind -> its id, once created
         slug = search.config.op.replace("_", "-").replace(".", "-").lower()
         self.table_key = f"{slug}-best-kernels"
         self.summary_key = f"{slug}-search"
@@ -133,19 +135,31 @@ class RunPage:
                                        update_progress_artifact)
 
         s, c = self.search, self.search.config
-        progress = budget_progress(s)
-        if self._progress_id is None:
-            self._progress_id = create_progress_artifact(progress, key=f"{self.summary_key}-budget",
-                                                         description=f"budget of {c.run_id}: {budget_text(s)}")
+        budget = f"budget of {c.run_id}: {budget_text(s)}"
+        if "progress" in self._ids:
+            update_progress_artifact(self._ids["progress"], budget_progress(s), description=budget)
         else:
-            update_progress_artifact(self._progress_id, progress, description=f"budget of {c.run_id}: "
-                                                                            f"{budget_text(s)}")
+            self._ids["progress"] = create_progress_artifact(budget_progress(s), key=f"{self.summary_key}-budget",
+                                                             description=budget)
         rows = best_kernels(s)
+        table = f"best kernels of {c.run_id} so far ({len(s.summaries)} generations)"
         if rows:
-            create_table_artifact(rows, key=self.table_key,
-                                  description=f"best kernels of {c.run_id} so far ({len(s.summaries)} generations)")
-        create_markdown_artifact(links_markdown(s, finished), key=self.summary_key,
-                                 description=f"{c.run_id}: progress, forecaster accuracy and links")
+            self._put("table", lambda: create_table_artifact(rows, key=self.table_key, description=table),
+                      json.dumps(rows), table)
+        summary = f"{c.run_id}: progress, forecaster accuracy and links"
+        text = links_markdown(s, finished)
+        self._put("markdown", lambda: create_markdown_artifact(text, key=self.summary_key, description=summary),
+                  text, summary)
+
+    def _put(self, kind: str, create, data: str, description: str) -> None:
+        if kind not in self._ids:
+            self._ids[kind] = create()
+            return
+        from prefect import get_client
+        from prefect.client.schemas.actions import ArtifactUpdate
+
+        with get_client(sync_client=True) as client:
+            client.update_artifact(self._ids[kind], ArtifactUpdate(data=data, description=description))
 
 
 def _number(x) -> bool:

@@ -25,7 +25,9 @@ import pytest
 from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[1]
-FAST = {"gpu_type": "h100", "budget": 6, "generations": 2, "children": 8, "surrogate": "roofline", "backend": "replay"}
+# Replayed from the committed corpus of model-written children, some of which fail: 6 measurements, 2 failed.
+FAST = {"gpu_type": "h100", "budget": 6, "generations": 2, "generator": "replay", "surrogate": "roofline",
+        "backend": "replay"}
 DRILL = {"gpu_type": "h100", "budget": 24, "generations": 6, "children": 32, "surrogate": "roofline", "seed": 7,
          "backend": "replay"}
 
@@ -178,6 +180,7 @@ def test_serve_without_a_server_starts_one_whose_scheduler_fires_the_nightly_sea
         assert "local server started here" in log.read_text()
         with client_of(api_url) as client:
             artifacts = _artifacts(client, search.id)
+            task_runs = _task_runs(client, search.id, failed=2)
             deployment = client.read_deployment(search.deployment_id)
     run_id = run_tag(search)
     root = DataRoot(str(data))
@@ -201,6 +204,7 @@ def test_serve_without_a_server_starts_one_whose_scheduler_fires_the_nightly_sea
     assert search.name.startswith(f"nightly-softmax {search.expected_start_time:%Y-%m-%d %H:%M} UTC: search softmax")
     assert run_id == f"nightly-softmax-{search.expected_start_time:%Y%m%d-%H%M}"
     assert sorted(generations["generation"]) == [0, 1] and generations["measured"].sum() == 6
+    assert search.state_type.value == "COMPLETED"
     assert set(decided.loc[decided["decision"] == "measure", "candidate_id"]) <= set(measured["candidate_id"])
     assert len(tracked) == 1 and tracked[0].info.status == "FINISHED"
     assert {"best_kernel.py", "search_curve.png"} <= {a.path for a in mlflow.list_artifacts(tracked[0].info.run_id)}
@@ -214,8 +218,15 @@ def test_serve_without_a_server_starts_one_whose_scheduler_fires_the_nightly_sea
     assert finished and "Forecaster accuracy so far" in finished[0].data
     assert tracked[0].info.run_id in finished[0].data and "search_curve.png" in finished[0].data
     tables = [a for a in artifacts if a.type == "table"]
-    assert len(tables) == 3  # one per generation, and the finished run's
-    assert {"measured speedup", "forecast speedup", "how sure", "decision"} <= set(_rows(tables[-1])[0])
+    assert len(tables) == 1 and "(2 generations)" in tables[0].description  # one table, updated in place
+    assert {"measured speedup", "forecast speedup", "how sure", "decision"} <= set(_rows(tables[0])[0])
+    assert len([a for a in artifacts if a.type == "markdown"]) == 1
+    failed = [t for t in task_runs if t.state_type.value == "FAILED"]
+    print("failed tasks: " + "; ".join(f"{t.name}: {t.state.message[:90]}" for t in failed))
+    assert len(failed) == generations["failed"].sum() == 2
+    assert all(t.name.split()[0] in ("compile_error", "runtime_error", "incorrect", "timeout", "crashed")
+               and "MeasurementFailed" in t.state.message for t in failed)
+    assert f"GPU lock: {tmp_path / 'gpu.lock'}" in log.read_text()  # every served run takes the one lock
 
 
 def _artifacts(client, flow_run_id) -> list:
@@ -224,6 +235,19 @@ def _artifacts(client, flow_run_id) -> list:
 
     return client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(
         any_=[flow_run_id])), sort=ArtifactSort.CREATED_DESC)
+
+
+def _task_runs(client, flow_run_id, failed: int = 0, timeout: float = 30.0) -> list:
+    """A flow run's task runs, once ``failed`` of them are recorded as failed or the timeout passes (task run
+    states reach the API as events, a moment after the flow run ends)."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    deadline = time.monotonic() + timeout
+    while True:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        if sum(r.state_type.value == "FAILED" for r in runs) >= failed or time.monotonic() > deadline:
+            return runs
+        time.sleep(0.5)
 
 
 def _rows(table_artifact) -> list[dict]:
