@@ -7,12 +7,18 @@ The worker runs in a fresh process started with the secret, as credentials usual
 ``/proc/<pid>/environ`` and every ancestor's hold it too.
 """
 
+import ctypes
+import errno
 import json
 import os
+import socket
 import subprocess
 import sys
 
 import pytest
+
+from kernelcast.kernels.harness import memcheck, sandbox
+from kernelcast.kernels.records import Candidate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECRET = "planted-secret-5e1d27"
@@ -166,20 +172,117 @@ def test_a_credentials_file_in_the_workers_home_is_not_readable(tmp_path):
     assert "reads=" in sandboxes[0] and "home" in sandboxes[0], sandboxes
 
 
-def test_nothing_a_child_writes_outlives_it_or_reaches_the_next_child(tmp_path):
+@pytest.mark.parametrize("network", ["namespace", "seccomp"])
+def test_nothing_a_child_writes_outlives_it_or_reaches_the_next_child(tmp_path, network):
     """/dev/shm, the worker's shared Triton cache (a channel for a planted compiled kernel) and SysV shared
     memory would each outlive the child and be seen by the next one."""
     leftover = "/dev/shm/kernelcast-planted"
     if os.path.exists(leftover):
         os.unlink(leftover)
     try:
-        planted, found = measure_with_secrets(tmp_path, [PLANT_PROBE.replace("{secret}", SECRET), FIND_PROBE])[0]
+        (planted, found), sandboxes = measure_with_secrets(
+            tmp_path, [PLANT_PROBE.replace("{secret}", SECRET), FIND_PROBE], network=network)
         plant = probe_text(planted)
         assert "refused /dev/shm/kernelcast-planted (PermissionError)" in plant, plant
         assert "triton-cache/planted (PermissionError)" in plant, plant
         assert probe_text(found) == "nothing", (plant, found)
         assert not os.path.exists(leftover)
+        assert "writes=scratch+devices" in sandboxes[0] and "triton-cache=private" in sandboxes[0], sandboxes
+        assert "ipc=namespace" in sandboxes[0] or "ipc=seccomp" in sandboxes[0], sandboxes
     finally:
         if os.path.exists(leftover):
             os.unlink(leftover)
         subprocess.run(["ipcrm", "-M", str(0x6B63)], capture_output=True)
+
+
+HOLDER = """
+import ctypes, os, sys, time
+header = (ctypes.c_uint32 * 2)(0x20080522, 0)
+ctypes.CDLL(None).capset(header, (ctypes.c_uint32 * 6)())  # as a process of the worker's user holds none
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_child_that_could_read_an_environment_holding_a_secret_refuses_to_load_the_candidate(tmp_path):
+    """Where neither a user namespace nor Landlock hides a process (one of the worker's user, holding no capability,
+    as every process of an ordinary user does; dropped capabilities hide only those that hold some), the child says
+    so and never loads the candidate."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER], env={**os.environ, "DEPLOY_TOKEN": SECRET},
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        ran = tmp_path / "ran"
+        source = f"open({str(ran)!r}, 'w').close()\n" + ENVIRON_PROBE.replace("{secret}", SECRET)
+        (verdict,), _ = measure_with_secrets(tmp_path, [source], network="seccomp", filesystem="off")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert SECRET not in verdict
+    assert "refuses to load the candidate" in verdict and f"{holder.pid} (python" in verdict, verdict
+    assert "DEPLOY_TOKEN" in verdict and not ran.exists()
+
+
+def test_a_refused_read_names_the_hidden_place(monkeypatch):
+    monkeypatch.setattr(sandbox, "_confined_to", ("/scratch/c1",))
+    monkeypatch.setattr(sandbox, "_hidden", ("/root", "/run/secrets"))
+    clause = sandbox.denied_write(PermissionError(13, "Permission denied", "/root/.aws/credentials"))
+    assert "hides the files of homes" in clause and "/root/.aws/credentials is among them" in clause
+    assert "write only beneath" in sandbox.denied_write(PermissionError(13, "Permission denied", "/tmp/x"))
+
+
+def test_the_worker_is_not_dumpable_so_no_child_of_its_user_reads_its_proc_entries():
+    script = ("import ctypes\n"
+              "from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig\n"
+              "from kernelcast.kernels.hardware import INTERPRETER\n"
+              "from kernelcast.kernels.records import HardwareSpec\n"
+              "MeasureWorker(HardwareSpec(gpu_type=INTERPRETER, device_name='cpu'), WorkerConfig(mode='interpreter'))"
+              ".close()\n"
+              "print(ctypes.CDLL(None).prctl(3, 0, 0, 0, 0))\n")  # PR_GET_DUMPABLE
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "0"
+
+
+def test_the_sanitized_process_starts_without_credentials(tmp_path, monkeypatch):
+    """memcheck's process is started by the worker, not forked from the scrubbed fork server: its own
+    /proc/self/environ and the sanitizer's, its parent's, would hold whatever it was given."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    seen = tmp_path / "sanitizer-environment"
+    (tools / "compute-sanitizer").write_text(f"#!/bin/sh\nenv > {seen}\n")
+    (tools / "compute-sanitizer").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    policy = sandbox.SandboxPolicy(scratch_dir=str(scratch), triton_cache_dir=str(scratch), gpu=True)
+    cand = Candidate(op="softmax", backend="triton", source="def launch(x, out):\n    pass\n", origin="llm")
+    with pytest.raises(RuntimeError, match="did not finish under the sanitizer"):
+        memcheck.run(cand, "small", policy, {}, str(tmp_path), timeout_s=30)
+    assert seen.exists() and "PATH=" in seen.read_text() and SECRET not in seen.read_text()
+
+
+def test_the_seccomp_fallback_refuses_sysv_ipc_where_no_ipc_namespace_could_be_made():
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the filter is for good: a process of its own
+        try:
+            sandbox._refuse_sockets(refuse_ipc=True)
+            libc = ctypes.CDLL(None, use_errno=True)
+            made = libc.shmget(0, 4096, 0o1600)  # IPC_PRIVATE | IPC_CREAT
+            err = ctypes.get_errno()
+            try:
+                socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                inet = "allowed"
+            except OSError as exc:
+                inet = str(exc.errno)
+            socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close()
+            os.write(write, f"{made} {err} {inet}".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    answer = os.read(read, 100).decode()
+    os.waitpid(pid, 0)
+    assert answer == f"-1 {errno.EACCES} {errno.EACCES}", answer

@@ -25,6 +25,7 @@ import subprocess
 import sys
 
 from kernelcast.kernels.formats import TASKS_ENV
+from kernelcast.kernels.harness import sandbox
 
 MODES = ("auto", "all", "off")
 _SANITIZERS = ("compute-sanitizer", "/usr/local/cuda/bin/compute-sanitizer")
@@ -69,7 +70,10 @@ def run(candidate, case: str, policy, environment: dict, tasks: str, timeout_s: 
                    "lock": lock_path}, f)
     project = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     path = os.pathsep.join(p for p in (project, os.environ.get("PYTHONPATH", "")) if p)
-    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1", TMPDIR=folder, TRITON_INTERPRET="0", PYTHONPATH=path,
+    # No credentials: the sanitized process's /proc/self/environ, and its parent's (the sanitizer), are the candidate's
+    # to read, whatever the sandbox deletes from os.environ later.
+    clean = {name: value for name, value in os.environ.items() if not sandbox.is_secret_name(name)}
+    env = dict(clean, PYTORCH_NO_CUDA_MEMORY_CACHING="1", TMPDIR=folder, TRITON_INTERPRET="0", PYTHONPATH=path,
                **{TASKS_ENV: tasks})
     cmd = [tool, "--tool", "memcheck", "--print-limit", "8", "--leak-check", "no", "--report-api-errors", "no",
            sys.executable, "-m", "kernelcast.kernels.harness.memcheck", request]

@@ -546,7 +546,7 @@ def enter(policy: SandboxPolicy) -> SandboxReport:
                            environments=environments, triton_cache="private")
     if exposed and policy.exposed_environments == "refuse":
         raise SandboxError(f"the sandbox refuses to load the candidate: the environment of process {exposed[0]} is "
-                           f"readable from the child ({report.summary()}); start the worker without credentials in "
-                           f"its ancestors' environments, or where user namespaces or root let the child drop out of "
-                           f"reach (docs/harness.md, 'What a child can read and write')")
+                           f"readable from the child ({report.summary()}); a user namespace or Landlock would hide it: "
+                           f"measure where one works, or keep credentials out of the environments of the worker's "
+                           f"user's processes (docs/harness.md, 'What a child can read and write')")
     return report

@@ -227,6 +227,9 @@ def _start_scrubbed_forkserver() -> None:
     one whose tasks folder (``KERNELCAST_TASKS``) is not this process's: its children would look
     for imported tasks where the caller did not install them.
     """
+    # This process's environment and memory hold the credentials: non-dumpable, no child of its user can read them
+    # through /proc/<pid> (environ, mem, maps) without a capability it has dropped (kernelcast.kernels.harness.sandbox).
+    sandbox.hide_this_process()
     server = forkserver._forkserver
     pid = getattr(server, "_forkserver_pid", None)
     if pid:
@@ -962,7 +965,7 @@ class MeasureWorker:
                 "error_rel": tuple(res.get("error_rel", ())),
                 "reference_error_rel": tuple(res.get("reference_error_rel", ())),
                 "checks": "; ".join([f"{k}: {res[k]}" for k in ("window_check", "memcheck", "models_built", "judged",
-                                                                "seeds")
+                                                                "seeds", "state")
                                      if res.get(k)]
                                     + ([f"{REFERENCE_PROCESSES_MARK}{res['reference_processes']}"]
                                        if res.get("reference_processes") else [])
