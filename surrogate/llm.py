@@ -122,12 +122,14 @@ def code_fence(*sources: str) -> str:
     return "`" * max(3, longest + 1)
 
 
-def build_messages(request: ForecastRequest) -> list[dict[str, str]]:
+def build_messages(request: ForecastRequest, facts: str = "") -> list[dict[str, str]]:
     """The chat messages (system, user) that ask for ``request``'s bin probabilities.
 
     What varies least comes first (system prompt, task, anchor code, candidate code) and the
     launch parameters, case and hardware last, so that a server with prefix caching (vLLM,
     llama.cpp) reuses the encoded kernels across a template's variants, cases and GPUs.
+    ``facts`` (``kernelcast.surrogate.physics.why``: what the candidate makes the device do, found on the
+    CPU) go in a section of their own before the hardware; without them the prompt is as it was.
     """
     from kernelcast.kernels.ops import get_operation
 
@@ -135,15 +137,37 @@ def build_messages(request: ForecastRequest) -> list[dict[str, str]]:
     system, user = _templates()
     case_names = list(request.case_names) or [c.name for c in op.cases]
     params = lambda c: canonical_params(c.params) if c.params else "none"  # noqa: E731
+    prompt = user.render(
+        op=op.name, summary=op.summary, case_names=case_names,
+        anchor_runtime_us=[f"{t:.2f}" for t in request.anchor_runtime_us],
+        anchor=request.anchor, anchor_params=params(request.anchor),
+        candidate=request.candidate, candidate_params=params(request.candidate),
+        fence=code_fence(request.anchor.source, request.candidate.source), hw=request.hardware)
     return [
         {"role": "system", "content": system.render(bins=_bin_rows(), factors=FACTORS)},
-        {"role": "user", "content": user.render(
-            op=op.name, summary=op.summary, case_names=case_names,
-            anchor_runtime_us=[f"{t:.2f}" for t in request.anchor_runtime_us],
-            anchor=request.anchor, anchor_params=params(request.anchor),
-            candidate=request.candidate, candidate_params=params(request.candidate),
-            fence=code_fence(request.anchor.source, request.candidate.source), hw=request.hardware)},
+        {"role": "user", "content": _with_facts(prompt, facts)},
     ]
+
+
+def _facts_of(request: ForecastRequest) -> str:
+    """``kernelcast.surrogate.physics.why`` of the request's facts; what went wrong, where they cannot be found."""
+    from kernelcast.surrogate.physics import request_facts, why
+
+    try:
+        return why(request_facts(request))
+    except Exception as exc:  # noqa: BLE001 - the prompt stands without them
+        return f"not found ({type(exc).__name__})"
+
+
+def _with_facts(text: str, facts: str) -> str:
+    """The user prompt with a facts section before its (last) hardware section: after the kernels' code, so
+    that text planted in a kernel cannot pose as facts."""
+    if not facts:
+        return text
+    head, mark, tail = text.rpartition("## Hardware\n")
+    section = ("## What the candidate makes the device do (found on the CPU: its operators on meta tensors, its "
+               f"kernels compiled for the target, timed by a model of the GPU)\n{facts}\n\n")
+    return head + section + mark + tail if mark else text + "\n" + section
 
 
 def _json_objects(text: str):
@@ -302,8 +326,10 @@ class OpenAIForecaster(OpenAIChat):
 
     def __init__(self, base_url: str, model: str, *, concurrency: int = 8, timeout_s: float = 60.0,
                  retries: int = 3, backoff_s: float = 0.5, cache_dir: str | os.PathLike | None = None,
-                 temperature: float = 0.0, max_tokens: int = 256, schema_style: str = "json_schema"):
+                 temperature: float = 0.0, max_tokens: int = 256, schema_style: str = "json_schema",
+                 facts: bool = False):
         super().__init__(base_url, model, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s)
+        self.facts = facts  # put what each candidate makes the device do (found on the CPU) in its prompt
         if schema_style not in SCHEMA_STYLES:
             raise ValueError(f"unknown schema_style {schema_style!r}; known: {', '.join(SCHEMA_STYLES)}")
         if concurrency < 1:
@@ -317,7 +343,7 @@ class OpenAIForecaster(OpenAIChat):
 
     @property
     def version(self) -> str:
-        return f"{self.model}/{prompt_version()}"
+        return f"{self.model}/{prompt_version()}" + ("+facts" if self.facts else "")
 
     def forecast(self, requests: Sequence[ForecastRequest]) -> list[Forecast]:
         """One forecast per request, in order; failures become ``unparsed`` forecasts."""
@@ -325,7 +351,7 @@ class OpenAIForecaster(OpenAIChat):
             return []
         import httpx
 
-        prompts = [build_messages(r) for r in requests]
+        prompts = [build_messages(r, _facts_of(r) if self.facts else "") for r in requests]
         with httpx.Client(timeout=self.timeout_s) as client:
             if self.concurrency == 1 or len(requests) == 1:
                 return [self._forecast_one(client, r, m) for r, m in zip(requests, prompts)]

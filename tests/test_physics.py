@@ -223,3 +223,18 @@ def test_forecast_command_prints_why(task, tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0
     assert out.count("why:") == 2 and "launches" in out and "registers" in out and "-bound" in out
+
+
+def test_language_model_prompt_carries_the_facts_beside_the_code_only_when_asked(task):
+    from kernelcast.surrogate.llm import build_messages
+    from kernelcast.surrogate.physics import request_facts, why
+
+    op, kernels, _ = task
+    (request,) = _requests(op, [kernels["b32"]])
+    facts = why(request_facts(request))
+    plain, with_facts = build_messages(request)[1]["content"], build_messages(request, facts)[1]["content"]
+    assert "What the candidate makes the device do" not in plain
+    section = with_facts.index("What the candidate makes the device do")
+    assert with_facts.index(kernels["b32"].source.strip()[:60]) < section < with_facts.rindex("## Hardware")
+    assert "latency-bound" in with_facts and with_facts.replace(with_facts[section - 3:with_facts.rindex(
+        "## Hardware")], "") == plain
