@@ -13,6 +13,7 @@ and OUT/summary.json. Needs torch, triton, pandas and pyarrow; kernelcast runs f
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -31,6 +32,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-seconds", type=float, default=420.0, help="stop starting problems after this long")
     p.add_argument("--concurrency", type=int, default=8, help="children loading and compiling at once")
     p.add_argument("--seeds", type=int, default=2)
+    p.add_argument("--dry-run", action="store_true", help="import every problem and kernel, measure nothing (CPU)")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -43,16 +45,27 @@ def main(argv=None) -> int:
     from kernelcast.kernels.hardware import detect
     from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig
 
-    if not torch.cuda.is_available():
-        print("no GPU: nothing measured", file=sys.stderr)
-        return 2
     t0 = time.perf_counter()
     folder = Path(args.set)
     manifest = json.loads((folder / "manifest.json").read_text())
+    if args.dry_run:
+        n = 0
+        for problem in manifest["problems"]:
+            where = folder / problem["name"]
+            _, kernels = import_task("kernelbench", str(where / "reference.py"),
+                                     [str(where / f"{k}.py") for k in problem["kernels"]], name=problem["name"])
+            n += len(kernels)
+        print(f"{len(manifest['problems'])} problems and {n} kernels import ({time.perf_counter() - t0:.0f} s)")
+        return 0
+    if not torch.cuda.is_available():
+        print("no GPU: nothing measured", file=sys.stderr)
+        return 2
     hardware = detect()
     print(f"measuring on {hardware.device_name} ({hardware.gpu_type})", flush=True)
-    config = WorkerConfig(mode="gpu", concurrency=args.concurrency, seeds=args.seeds, max_seconds_per_case=0.5,
-                          memcheck="off", verify=False, fresh_calls=1)
+    wanted = dict(mode="gpu", concurrency=args.concurrency, seeds=args.seeds, max_seconds_per_case=0.5,
+                  memcheck="off", verify=False, fresh_calls=1)
+    known = {f.name for f in dataclasses.fields(WorkerConfig)}  # the harness's settings of the day
+    config = WorkerConfig(**{k: v for k, v in wanted.items() if k in known})
     rows, skipped = [], []
     with MeasureWorker(hardware, config) as worker:
         for problem in manifest["problems"]:
