@@ -62,6 +62,7 @@ def configured_api_url() -> str:
 
 def _port_free(host: str, port: int) -> bool:
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: a port just left is free
         try:
             s.bind((host, port))
         except OSError:

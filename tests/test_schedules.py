@@ -351,3 +351,22 @@ def test_a_night_killed_mid_search_is_continued_by_the_next_scheduled_run_measur
     assert problems == [], problems
     assert counts["duplicated"] == 0 and counts["missing"] == 0
     assert after["measured"].sum() == result["budget_used"] == DRILL["budget"]
+
+
+def test_a_retried_run_keeps_its_run_id_and_a_new_one_is_named_for_its_schedule(prefect_api, tmp_path):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.states import Scheduled
+
+    from kernelcast.flows.nightly import plan_night, run_id_for
+    from kernelcast.flows.search import kernel_search
+
+    with temporary_settings({PREFECT_API_URL: prefect_api}):
+        deployment_id = kernel_search.to_deployment(name="nightly-retried", parameters={"op": "softmax"}).apply()
+    at = dt.datetime(2026, 12, 6, 2, 0, tzinfo=dt.timezone.utc)
+    with client_of(prefect_api) as client:
+        fresh = client.create_flow_run_from_deployment(deployment_id, state=Scheduled(scheduled_time=at))
+        retried = client.create_flow_run_from_deployment(deployment_id, tags=["run:nightly-retried-20261205-0200"],
+                                                         state=Scheduled(scheduled_time=at))
+        assert plan_night(client, retried, "nightly-retried", now=at).run_id == "nightly-retried-20261205-0200"
+        assert plan_night(client, fresh, "nightly-retried", now=at).run_id == "nightly-retried-20261206-0200"
+    assert run_id_for("nightly-cross-entropy", at) == "nightly-cross-entropy-20261206-0200"
