@@ -54,8 +54,11 @@ _LIBRARY = (("cublas", re.compile(r"^(mm|bmm|addmm|addbmm|baddbmm|_addmm_activat
 _REDUCTION = re.compile(r"^(sum|mean|amax|amin|max|min|argmax|argmin|norm|linalg_vector_norm|var|std|var_mean|"
                         r"_softmax|_log_softmax|logsumexp|prod|cumsum|cumprod|native_layer_norm|"
                         r"native_group_norm|_native_batch_norm_legit\w*|topk|sort|any|all)$")
-_PTX_LOAD = re.compile(r"\bld\.global(?:\.\w+)*?(?:\.v(\d))?\.(?:b|f|u|s)(\d+)\b")
-_PTX_STORE = re.compile(r"\bst\.global(?:\.\w+)*?(?:\.v(\d))?\.(?:b|f|u|s)(\d+)\b")
+_PTX_LOAD = re.compile(r"\bld\.global(?:\.[\w:]+?)*?(?:\.v(\d))?\.(?:b|f|u|s)(\d+)\b")
+_PTX_ASYNC = re.compile(r"\bcp\.async(?!\.bulk)(?:\.\w+)*\.shared(?:::\w+)?\.global(?:\.\w+)*\s+\[[^\]]+\],\s*\[[^\]]+\],"
+                        r"\s*(\d+)")
+_PTX_BULK = re.compile(r"\bcp\.async\.bulk")
+_PTX_STORE = re.compile(r"\bst\.global(?:\.[\w:]+?)*?(?:\.v(\d))?\.(?:b|f|u|s)(\d+)\b")
 _RESOURCE = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
 
 
@@ -76,6 +79,7 @@ class TritonLaunch:
     tensor_cores: bool  # mma / wgmma in the PTX
     arg_bytes: int  # bytes of the tensors passed: the traffic a kernel that reads and writes each once moves
     autotune_group: int = -1  # launches of one autotuner call share a group: only the fastest config runs
+    loop: bool = False  # a loop in the kernel (scf.for / scf.while in its TTGIR): its loads are pipelined by stages
 
 
 @dataclass(frozen=True)
@@ -214,8 +218,10 @@ def kernel_resources(cubin: bytes) -> tuple[int, int, int]:
 
 
 def ptx_facts(ptx: str) -> tuple[int, int, int, bool]:
-    """(widest global load in bits, global loads, global stores, uses tensor cores) of a kernel's PTX."""
+    """(widest global load in bits, global loads, global stores, uses tensor cores) of a kernel's PTX; asynchronous
+    copies to shared memory count as loads (``cp.async`` of their width, TMA's bulk copies as 128-bit)."""
     loads = [(int(v or 1) * int(bits)) for v, bits in _PTX_LOAD.findall(ptx)]
+    loads += [8 * int(n) for n in _PTX_ASYNC.findall(ptx)] + [128] * len(_PTX_BULK.findall(ptx))
     stores = _PTX_STORE.findall(ptx)
     return max(loads, default=0), len(loads), len(stores), bool(re.search(r"\b(?:w?gmma|mma\.sync)", ptx))
 
@@ -411,13 +417,17 @@ def _triton_recorder(launches: list, target):
                 regs, shared, local = kernel_resources(kernel.asm.get("cubin", b""))
                 load_bits, loads, stores, mma = ptx_facts(kernel.asm.get("ptx", ""))
                 seen = {}
-                for t in _tensors(list(args) + list(kwargs.values())):
+                values = list(args) + list(kwargs.values())
+                # a tensor descriptor (TMA) carries its tensor as ``base``
+                values += [v.base for v in values if isinstance(getattr(v, "base", None), torch.Tensor)]
+                for t in _tensors(values):
                     seen[id(t)] = _nbytes(t)
                 launches.append(TritonLaunch(
                     self.fn.__name__, _grid_programs(grid, self.arg_names, args, kwargs),
                     int(kernel.metadata.num_warps), int(kernel.metadata.num_stages), regs,
                     max(shared, int(getattr(kernel.metadata, "shared", 0) or 0)), local, load_bits, loads, stores,
-                    mma, int(sum(seen.values())), group["id"]))
+                    mma, int(sum(seen.values())), group["id"],
+                    bool(re.search(r"\bscf\.(?:for|while)\b", kernel.asm.get("ttgir", "")))))
             return kernel
 
         def tune(self, *args, **kwargs):
@@ -444,7 +454,7 @@ def _is_compile_failure(exc: BaseException) -> bool:
 
 
 _CACHE: dict[tuple, KernelFacts] = {}
-SLOW_FIRST_CALL_S = 2.0
+MANY_OPERATORS = 2000
 
 
 def cache_key(candidate, op_name: str, case_name: str, target: str) -> tuple:
@@ -530,10 +540,9 @@ def _extract(op, candidate, case, target: str) -> KernelFacts:
             inputs = meta_inputs(op, case)
             input_bytes = sum(_nbytes(t) for t in _tensors(inputs))
             # The first call builds, captures and compiles; the second is the steady state a timer sees.
-            first = time.perf_counter()
             for call in range(2):
-                if call and time.perf_counter() - first > SLOW_FIRST_CALL_S and not launches:
-                    break  # host code this slow (no Triton compile in it): its first call stands for the second
+                if call and len(recorder.ops) + recorder.views > MANY_OPERATORS:
+                    break  # host code this long (a loop of thousands of operators): its first call stands for both
                 recorder.ops.clear()
                 recorder.views = 0
                 del launches[:]

@@ -129,7 +129,10 @@ def triton_time(launch: TritonLaunch, gpu: GPUModel, flops: float, dtype: str) -
     memory = launch.arg_bytes / (gpu.bandwidth_gbps * gpu.achievable_bandwidth * 1e3)
     peak = _peak(gpu, dtype, launch.tensor_cores, True)  # tl.dot runs fp32 inputs in TF32 by default
     compute = flops / (peak * gpu.achievable_compute * 1e6) if flops else 0.0
-    in_flight = launch.num_warps * 32 * max(launch.load_bits, 32) / 8 * min(max(launch.loads, 1), 4)
+    # bytes a program keeps in flight: per thread its widest load times its independent loads, and in a loop the
+    # loads of the stages Triton pipelines ahead
+    stages = max(launch.num_stages - 1, 1) if launch.loop else 1
+    in_flight = launch.num_warps * 32 * max(launch.load_bits, 32) / 8 * min(max(launch.loads, 1), 8) * stages
     per_program = launch.arg_bytes / launch.programs
     program_us = gpu.dram_latency_us * (1.0 + per_program / in_flight)
     if launch.spill_bytes:  # spilled registers go to local memory: another round trip per spill
