@@ -286,3 +286,45 @@ def test_the_seccomp_fallback_refuses_sysv_ipc_where_no_ipc_namespace_could_be_m
     answer = os.read(read, 100).decode()
     os.waitpid(pid, 0)
     assert answer == f"-1 {errno.EACCES} {errno.EACCES}", answer
+
+
+# Both run at import, which children do at once (outside the GPU lock): the first leaves a note in its scratch
+# directory and stays a while; the second looks for it in its siblings' scratch directories.
+LEAVE_NOTE = '''
+import os
+import time
+
+with open("note.txt", "w") as f:
+    f.write("for my sibling")
+time.sleep(6)
+
+
+def launch(x, out):
+    raise RuntimeError("PROBE left a note")
+'''
+
+READ_NOTES = '''
+import os
+import time
+
+time.sleep(3)
+_root = os.path.dirname(os.getcwd())
+_read = []
+for name in os.listdir(_root):
+    try:
+        with open(os.path.join(_root, name, "note.txt")) as f:
+            _read.append(name + ": " + f.read())
+    except OSError:
+        pass
+
+
+def launch(x, out):
+    raise RuntimeError("PROBE " + ("read " + "; ".join(_read) if _read else "read nothing"))
+'''
+
+
+def test_a_child_cannot_read_a_running_siblings_scratch_directory(tmp_path):
+    """Concurrent children of one worker: a scratch directory its sibling can read is a channel between them."""
+    (_, found), sandboxes = measure_with_secrets(tmp_path, [LEAVE_NOTE, READ_NOTES], concurrency=2)
+    assert probe_text(found) == "read nothing", found
+    assert "other-children" in sandboxes[0], sandboxes

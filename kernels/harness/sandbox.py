@@ -86,7 +86,10 @@ _DEVICE_PREFIXES = ("nvidia",)
 # Places whose files a child may not read: homes (credentials files, keys, tokens, caches of other tools), the
 # secrets a container runtime mounts, the password hashes and host keys. The worker's own HOME is added.
 _HIDDEN = ("/root", "/home", "/run/secrets", "/run/credentials", "/run/user", "/var/run/secrets",
-           "/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/ssh")
+           "/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/ssh", "/dev/shm", "/dev/mqueue")
+# The folders of a worker (``tempfile.mkdtemp`` prefixes in kernelcast.kernels.harness.worker) and of its children:
+# another child's scratch directory, read while that child runs, would be a channel between the two.
+_WORKER_PREFIX, _CHILD_PREFIXES = "kernelcast-worker-", ("cand-", "probe-")
 # Variables naming folders of tools a child runs or libraries it loads: readable even inside a hidden place.
 _TOOL_VARIABLES = ("CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "CUDNN_HOME", "TRITON_PTXAS_PATH", "TRITON_CUOBJDUMP_PATH",
                    "TRITON_NVDISASM_PATH", "TRITON_LIBDEVICE_PATH", "TRITON_CUDACRT_PATH", "TRITON_CUDART_PATH",
@@ -287,9 +290,27 @@ def _devices() -> list[str]:
     return found
 
 
-def _hidden_places(home: str) -> list[str]:
-    """The places whose files a child may not read, as real paths: ``_HIDDEN``, the worker's HOME and its user's."""
-    places = list(_HIDDEN)
+def _worker_folders(scratch_dir: str) -> tuple[list[str], list[str]]:
+    """The scratch directories of this worker's other children and the folders of other workers on this machine
+    (hidden), and the two folders holding them (never readable whole, so those made after the child entered its
+    sandbox are hidden too: a split folder's later entries fall under no rule)."""
+    scratch = os.path.realpath(scratch_dir)
+    root = scratch
+    while root != "/" and not os.path.basename(root).startswith(_WORKER_PREFIX):
+        root = os.path.dirname(root)
+    if root == "/":
+        return [], []
+    found = [os.path.join(root, n) for n in os.listdir(root) if n.startswith(_CHILD_PREFIXES)]
+    parent = os.path.dirname(root)
+    found += [os.path.join(parent, n) for n in os.listdir(parent) if n.startswith(_WORKER_PREFIX)]
+    # its own scratch directory (and, for memcheck's process, the child's it lies in) and worker stay readable
+    return [p for p in found if not _beneath(scratch, p) and p != root], [root, parent]
+
+
+def _hidden_places(home: str, others: list[str]) -> list[str]:
+    """The places whose files a child may not read, as real paths: ``_HIDDEN``, the worker's HOME and its user's,
+    and ``others`` (other children's and workers' folders)."""
+    places = list(_HIDDEN) + others
     try:
         places.append(pwd.getpwuid(os.getuid()).pw_dir)
     except KeyError:
@@ -322,12 +343,13 @@ def _needed(policy: SandboxPolicy) -> list[str]:
     return [p for p in paths if p and os.path.isabs(p)]
 
 
-def _read_rules(hidden: list[str], needed: list[str]) -> list[str]:
+def _read_rules(hidden: list[str], needed: list[str], split: list[str] = ()) -> list[str]:
     """The paths under which reading is allowed: everything but ``hidden``, as Landlock (which only allows) needs
-    it said, plus what of ``needed`` lies in a hidden place. A folder on the way to a hidden place is split into
-    its entries; a path that is, holds or leads to a hidden place is never allowed whole."""
+    it said, plus what of ``needed`` lies in a hidden place. A folder on the way to a hidden place, or in ``split``,
+    is split into its entries; a path that is, holds or leads to a hidden place is never allowed whole."""
     def clear(real: str) -> bool:
-        return not any(_beneath(real, h) or _beneath(h, real) for h in hidden)
+        return not any(_beneath(real, h) or _beneath(h, real) for h in hidden) \
+            and not any(_beneath(f, real) for f in split)
 
     rules: list[str] = []
 
@@ -378,8 +400,8 @@ def _landlock(rules: dict[str, int], abi: int, reads: bool) -> list[str]:
                     continue
                 rule = ctypes.create_string_buffer(struct.pack("=Qi", allowed, fd), 12)
                 if _libc.syscall(_SYS_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_LANDLOCK_RULE_PATH_BENEATH),
-                                 rule, ctypes.c_uint32(0)) != 0:
-                    raise _oserror(f"landlock_add_rule({path})")
+                                 rule, ctypes.c_uint32(0)) != 0 and allowed & ~_FS_READ_FILE:
+                    raise _oserror(f"landlock_add_rule({path})")  # a read refused (a pipe, /dev/stderr) stays refused
             finally:
                 os.close(fd)
         _no_new_privs()
@@ -521,9 +543,10 @@ def enter(policy: SandboxPolicy) -> SandboxReport:
             # error 304); the entries of other processes stay read-only.
             own_proc = f"/proc/{os.getpid()}" if policy.gpu else ""
             writable = [p for p in (policy.scratch_dir, own_proc) if p and os.path.isdir(p)]
-            hidden = _hidden_places(home)
+            others, split = _worker_folders(policy.scratch_dir)
+            hidden = _hidden_places(home, others)
             everything = -1 & ((1 << 64) - 1)
-            rules = {p: _FS_READ_FILE for p in _read_rules(hidden, _needed(policy))}
+            rules = {p: _FS_READ_FILE for p in _read_rules(hidden, _needed(policy), split)}
             rules.update({p: _FS_WRITE_FILE | _FS_TRUNCATE | _FS_READ_FILE for p in _devices()})
             rules.update({p: everything for p in writable})
             try:
@@ -534,7 +557,8 @@ def enter(policy: SandboxPolicy) -> SandboxReport:
                 if extra:
                     filesystem += "+" + "+".join(extra)
                 writes = "scratch+devices" + ("+own-proc" if own_proc else "")
-                reads = "all-but:" + ",".join(hidden)
+                reads = "all-but:" + ",".join([h for h in hidden if h not in others]
+                                              + (["other-children"] if split else []))
             except OSError as exc:
                 notes.append(f"landlock failed: {exc.strerror or exc}")
     capabilities = _drop_capabilities()
