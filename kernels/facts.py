@@ -462,16 +462,27 @@ def cache_key(candidate, op_name: str, case_name: str, target: str) -> tuple:
     return digest, op_name, case_name, target
 
 
-def extract(op, candidate, case, target: str = "cuda:90") -> KernelFacts:
+def extract(op, candidate, case, target: str = "cuda:90", isolated: bool = False) -> KernelFacts:
     """The facts of ``candidate`` on ``case`` of ``op`` compiled for ``target``; cached by source and case.
+    ``isolated``: found in a child process (``extract_many``)."""
+    return extract_many([(op, candidate, case, target)], isolated)[0]
 
-    In a process whose Triton runs its interpreter (its own library functions are interpreted then, and cannot
-    be compiled), the facts are found in a child process that compiles."""
-    key = cache_key(candidate, op.name, case.name, target)
-    if key not in _CACHE:
-        _CACHE[key] = _extract_in_child(op, candidate, case, target) if _interpreting() else \
-            _extract(op, candidate, case, target)
-    return _CACHE[key]
+
+def extract_many(jobs, isolated: bool = False) -> list[KernelFacts]:
+    """The facts of each (op, candidate, case, target) of ``jobs``, cached by source and case.
+
+    The candidate's host code runs to find them. ``isolated`` runs every job not cached in one child process
+    (``python -m kernelcast.kernels.facts``, a bare environment: what a candidate does to its process, patching
+    torch, setting flags, crashing, stays there), at the cost of one start of Python and torch per batch. A
+    process whose Triton runs its interpreter (its library functions are interpreted then, and cannot be
+    compiled) always finds them in a child."""
+    keys = [cache_key(c, op.name, case.name, target) for op, c, case, target in jobs]
+    todo = {k: job for k, job in zip(keys, jobs) if k not in _CACHE}
+    if todo:
+        found = (_extract_in_child(list(todo.values())) if isolated or _interpreting()
+                 else [_extract(*job) for job in todo.values()])
+        _CACHE.update(zip(todo, found))
+    return [_CACHE[k] for k in keys]
 
 
 def _interpreting() -> bool:
@@ -493,33 +504,55 @@ def from_json(text: str) -> KernelFacts:
     return KernelFacts(**d)
 
 
-def _extract_in_child(op, candidate, case, target: str) -> KernelFacts:
-    """``_extract`` in a fresh Python that compiles Triton kernels (``python -m kernelcast.kernels.facts``)."""
+_CHILD_ENV = ("PATH", "HOME", "TMPDIR", "LANG", "PYTHONPATH", "KERNELCAST_TASKS", "TRITON_CACHE_DIR",
+              "TRITON_HOME", "CUDA_HOME", "VIRTUAL_ENV")
+
+
+def _extract_in_child(jobs) -> list[KernelFacts]:
+    """``_extract`` of each job in one fresh Python that compiles Triton kernels (``python -m kernelcast.kernels.facts``),
+    given only the environment it needs."""
     import sys
 
-    request = json.dumps({"op": op.name, "case": case.name, "target": target, "source": candidate.source,
-                          "params": dict(candidate.params), "backend": candidate.backend, "origin": candidate.origin})
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    done = subprocess.run([sys.executable, "-m", "kernelcast.kernels.facts"], input=request, capture_output=True,
-                          text=True, env=env, timeout=600)
-    if done.returncode != 0 or not done.stdout.strip():
-        return KernelFacts("unknown", f"the facts child failed: {done.stderr.strip()[-300:]}", target)
-    return from_json(done.stdout.strip().splitlines()[-1])
+    request = json.dumps([{"op": op.name, "case": case.name, "target": target, "source": c.source,
+                           "params": dict(c.params), "backend": c.backend, "origin": c.origin}
+                          for op, c, case, target in jobs])
+    import kernelcast
+
+    env = {k: os.environ[k] for k in _CHILD_ENV if k in os.environ}
+    # kernelcast importable there as here (a checkout run from its root is not installed)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(kernelcast.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    env.update(TRITON_INTERPRET="0", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    try:
+        done = subprocess.run([sys.executable, "-m", "kernelcast.kernels.facts"], input=request, capture_output=True,
+                              text=True, env=env, timeout=120 + 30 * len(jobs))
+        lines = done.stdout.strip().splitlines()
+        if done.returncode == 0 and lines:
+            return [from_json(json.dumps(d)) for d in json.loads(lines[-1])]
+        why = f"the facts child failed (exit {done.returncode}): {done.stderr.strip()[-300:]}"
+    except subprocess.TimeoutExpired:
+        why = "the facts child timed out"
+    return [KernelFacts("unknown", why, target) for _, _, _, target in jobs]
 
 
 def _child() -> None:
-    """Read one request (JSON on stdin), print its facts as JSON: ``extract`` for an interpreting parent."""
+    """Read a list of jobs (JSON on stdin), print their facts as one JSON list: ``extract_many`` isolated."""
     import sys
 
     from kernelcast.kernels.ops import get_operation
     from kernelcast.kernels.records import Candidate
 
-    r = json.loads(sys.stdin.read())
-    op = get_operation(r["op"])
-    case = next(c for c in op.cases if c.name == r["case"])
-    candidate = Candidate(op=r["op"], backend=r["backend"], source=r["source"], params=r["params"],
-                          origin=r["origin"])
-    print(to_json(_extract(op, candidate, case, r["target"])))
+    out = []
+    for r in json.loads(sys.stdin.read()):
+        try:
+            op = get_operation(r["op"])
+            case = next(c for c in op.cases if c.name == r["case"])
+            candidate = Candidate(op=r["op"], backend=r["backend"], source=r["source"], params=r["params"],
+                                  origin=r["origin"])
+            out.append(asdict(_extract(op, candidate, case, r["target"])))
+        except Exception as exc:  # noqa: BLE001 - this job's facts are unknown, the others stand
+            out.append(asdict(KernelFacts("unknown", f"{type(exc).__name__}: {str(exc)[:300]}", r["target"])))
+    sys.stdout.write("\n" + json.dumps(out) + "\n")
 
 
 def _extract(op, candidate, case, target: str) -> KernelFacts:

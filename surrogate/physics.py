@@ -53,12 +53,12 @@ def target_of_gpu(hardware) -> str:
     return target_of(hardware.compute_capability) or known.get(hardware.gpu_type, "cuda:90")
 
 
-def modelled(op, candidate, case, hardware, reference_flops: float = 0.0):
+def modelled(op, candidate, case, hardware, reference_flops: float = 0.0, isolated: bool = False):
     """(facts, estimate) of ``candidate`` on ``case`` for ``hardware``'s GPU type."""
     from kernelcast.kernels.facts import extract
     from kernelcast.kernels.gpumodel import estimate, gpu_model
 
-    facts = extract(op, candidate, case, target_of_gpu(hardware))
+    facts = extract(op, candidate, case, target_of_gpu(hardware), isolated)
     gpu = gpu_model(hardware.gpu_type if hardware.gpu_type in _known_gpus() else "h100")
     return facts, estimate(facts, gpu, reference_flops)
 
@@ -69,7 +69,22 @@ def _known_gpus():
     return MODELS
 
 
-def request_facts(request: ForecastRequest) -> dict:
+def find_facts(requests: Sequence[ForecastRequest], isolated: bool = False) -> None:
+    """Find (and cache) the facts of every anchor and candidate of ``requests`` at once: one child process for
+    the whole batch where ``isolated``."""
+    from kernelcast.kernels.facts import extract_many
+    from kernelcast.kernels.ops import get_operation
+
+    jobs = []
+    for r in requests:
+        op = get_operation(r.op)
+        for case in _cases(op, r):
+            jobs += [(op, r.anchor, case, target_of_gpu(r.hardware)), (op, r.candidate, case, target_of_gpu(r.hardware))]
+    if jobs:
+        extract_many(jobs, isolated)
+
+
+def request_facts(request: ForecastRequest, isolated: bool = False) -> dict:
     """The facts and modelled times of one request, summed (times, bytes, launches) or taken from the longest
     Triton launch (occupancy, registers) over its cases; ``status`` the candidate's worst."""
     from kernelcast.kernels.ops import get_operation
@@ -81,8 +96,8 @@ def request_facts(request: ForecastRequest) -> dict:
            "graphed": False, "libraries": {}, "tensor_cores": False, "bound": "unknown", "seconds": 0.0}
     worst = {"ok": 0, "host_error": 1, "unknown": 1, "compile_error": 2}
     for case in _cases(op, request):
-        a_facts, a_est = modelled(op, request.anchor, case, request.hardware)
-        c_facts, c_est = modelled(op, request.candidate, case, request.hardware, a_facts.flops)
+        a_facts, a_est = modelled(op, request.anchor, case, request.hardware, isolated=isolated)
+        c_facts, c_est = modelled(op, request.candidate, case, request.hardware, a_facts.flops, isolated)
         out["seconds"] += a_facts.seconds + c_facts.seconds
         if worst.get(c_facts.status, 1) > worst[out["status"]]:
             out["status"], out["error"] = c_facts.status, c_facts.error
@@ -172,8 +187,10 @@ class PhysicsForecaster:
 
     name = "physics"
 
-    def __init__(self, max_fit: int = 600, max_iter: int = 150, random_state: int = 0):
+    def __init__(self, max_fit: int = 600, max_iter: int = 150, random_state: int = 0, isolated: bool = True):
         self.max_fit = max_fit
+        # find facts in a child process per batch: the candidate's host code runs to find them, and it is untrusted
+        self.isolated = isolated
         self.max_iter = max_iter
         self.random_state = random_state
 
@@ -199,8 +216,9 @@ class PhysicsForecaster:
         failed = rows["failed"].to_numpy(dtype=bool) if "failed" in rows.columns else ~(speedup > 0)
         self.base_failure_ = float(np.clip(failed.mean(), 0.02, 0.6))
         X, y = [], []
+        find_facts(requests, self.isolated)
         for req, s, bad in zip(requests, speedup, failed):
-            f = request_facts(req)
+            f = request_facts(req, self.isolated)
             if bad or not s > 0 or f["status"] != "ok" or not f["candidate_us"] > 0:
                 continue
             X.append(facts_features(f))
@@ -222,7 +240,8 @@ class PhysicsForecaster:
 
     def _predict(self, requests: Sequence[ForecastRequest]):
         self._ready()
-        facts = [request_facts(r) for r in requests]
+        find_facts(requests, self.isolated)
+        facts = [request_facts(r, self.isolated) for r in requests]
         mu = np.zeros(len(requests))
         sigma = np.full(len(requests), UNKNOWN_SIGMA)
         p_fail = np.full(len(requests), self.base_failure_)

@@ -152,6 +152,7 @@ def forecast_files(config: SearchConfig, root: DataRoot, forecaster, files: Sequ
         anchor_speedup = fa.expected_speedup
 
     forecasts = surrogate.forecast(runnable)
+    _find_facts(op, reference, runnable, hardware)
     budget = config.generation_budgets()[0]
     selection = select_children(config, forecasts, best, 0, budget)
     decided = {i: d for d, ids in (("measure", selection.measure), ("trust", selection.trust),
@@ -172,6 +173,19 @@ def forecast_files(config: SearchConfig, root: DataRoot, forecaster, files: Sequ
                           corrected_by=len(measured))
 
 
+def _find_facts(op, reference: Candidate, candidates: Sequence[Candidate], hardware: HardwareSpec) -> None:
+    """Find what every kernel makes the device do at once, in one child process (cached: a physics surrogate's
+    forecast has found them already)."""
+    from kernelcast.surrogate.forecast import ForecastRequest
+    from kernelcast.surrogate.physics import find_facts
+
+    try:
+        find_facts([ForecastRequest(reference, c, op.name, hardware, case_names=tuple(x.name for x in op.cases))
+                    for c in candidates], isolated=True)
+    except Exception:  # noqa: BLE001 - each kernel's why says what went wrong
+        pass
+
+
 def _why(op, reference: Candidate, candidate: Candidate, hardware: HardwareSpec) -> str:
     """What ``candidate`` makes the device do against the reference, found on the CPU; why not, where it cannot be."""
     from kernelcast.surrogate.forecast import ForecastRequest
@@ -179,7 +193,7 @@ def _why(op, reference: Candidate, candidate: Candidate, hardware: HardwareSpec)
 
     try:
         return why(request_facts(ForecastRequest(reference, candidate, op.name, hardware,
-                                                 case_names=tuple(c.name for c in op.cases))))
+                                                 case_names=tuple(c.name for c in op.cases)), isolated=True))
     except Exception as exc:  # noqa: BLE001 - the forecast stands without its facts
         return f"facts not found: {type(exc).__name__}: {str(exc)[:160]}"
 

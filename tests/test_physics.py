@@ -238,3 +238,19 @@ def test_language_model_prompt_carries_the_facts_beside_the_code_only_when_asked
     assert with_facts.index(kernels["b32"].source.strip()[:60]) < section < with_facts.rindex("## Hardware")
     assert "latency-bound" in with_facts and with_facts.replace(with_facts[section - 3:with_facts.rindex(
         "## Hardware")], "") == plain
+
+
+def test_isolated_facts_leave_what_a_candidate_patches_in_its_child(task, tmp_path):
+    import torch
+
+    from kernelcast.kernels.facts import extract
+    from kernelcast.kernels.records import Candidate
+
+    op, kernels, _ = task
+    b1024 = kernels["b1024"]
+    patching = Candidate(op=op.name, backend=b1024.backend, origin="import",
+                         source=b1024.source + "\ntorch.backends.cudnn.benchmark = 'patched'\ntorch.exp = None\n")
+    exp = torch.exp
+    facts = extract(op, patching, op.cases[0], "cuda:90", isolated=True)
+    assert facts.status == "ok" and len(facts.triton) == 1
+    assert torch.exp is exp and torch.backends.cudnn.benchmark != "patched"
