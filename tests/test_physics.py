@@ -249,8 +249,8 @@ def test_isolated_facts_leave_what_a_candidate_patches_in_its_child(task, tmp_pa
     op, kernels, _ = task
     b1024 = kernels["b1024"]
     patching = Candidate(op=op.name, backend=b1024.backend, origin="import",
-                         source=b1024.source + "\ntorch.backends.cudnn.benchmark = 'patched'\ntorch.exp = None\n")
-    exp = torch.exp
+                         source=b1024.source + "\ntorch.backends.cudnn.deterministic = True\ntorch.nn.functional.gelu = print\n")
+    gelu, deterministic = torch.nn.functional.gelu, torch.backends.cudnn.deterministic
     facts = extract(op, patching, op.cases[0], "cuda:90", isolated=True)
-    assert facts.status == "ok" and len(facts.triton) == 1
-    assert torch.exp is exp and torch.backends.cudnn.benchmark != "patched"
+    assert facts.status == "ok" and len(facts.triton) == 1, facts.error
+    assert torch.nn.functional.gelu is gelu and torch.backends.cudnn.deterministic == deterministic
