@@ -11,6 +11,7 @@ import ctypes
 import errno
 import json
 import os
+import platform
 import socket
 import subprocess
 import sys
@@ -189,6 +190,7 @@ def test_nothing_a_child_writes_outlives_it_or_reaches_the_next_child(tmp_path, 
         assert not os.path.exists(leftover)
         assert "writes=scratch+devices" in sandboxes[0] and "triton-cache=private" in sandboxes[0], sandboxes
         assert "ipc=namespace" in sandboxes[0] or "ipc=seccomp" in sandboxes[0], sandboxes
+        assert "keyrings=refused" in sandboxes[0], sandboxes
     finally:
         if os.path.exists(leftover):
             os.unlink(leftover)
@@ -264,7 +266,7 @@ def test_the_sanitized_process_starts_without_credentials(tmp_path, monkeypatch)
     assert seen.exists() and "PATH=" in seen.read_text() and SECRET not in seen.read_text()
 
 
-def test_the_seccomp_fallback_refuses_sysv_ipc_where_no_ipc_namespace_could_be_made():
+def test_the_seccomp_fallback_refuses_sysv_ipc_and_the_kernel_keyrings():
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the filter is for good: a process of its own
@@ -279,13 +281,17 @@ def test_the_seccomp_fallback_refuses_sysv_ipc_where_no_ipc_namespace_could_be_m
             except OSError as exc:
                 inet = str(exc.errno)
             socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close()
-            os.write(write, f"{made} {err} {inet}".encode())
+            libc.syscall.restype = ctypes.c_long
+            key = libc.syscall(248 if platform.machine() == "x86_64" else 217, b"user", b"kernelcast-probe", b"x", 1,
+                               ctypes.c_int(-4))  # add_key to the user keyring, which outlives the process
+            key_err = ctypes.get_errno()
+            os.write(write, f"{made} {err} {inet} {key} {key_err}".encode())
         finally:
             os._exit(0)
     os.close(write)
     answer = os.read(read, 100).decode()
     os.waitpid(pid, 0)
-    assert answer == f"-1 {errno.EACCES} {errno.EACCES}", answer
+    assert answer == f"-1 {errno.EACCES} {errno.EACCES} -1 {errno.EACCES}", answer
 
 
 # Both run at import, which children do at once (outside the GPU lock): the first leaves a note in its scratch

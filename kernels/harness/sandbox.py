@@ -72,10 +72,11 @@ _FS_WRITE_FILE, _FS_READ_FILE = 1 << 1, 1 << 2
 _FS_REFER, _FS_TRUNCATE = 1 << 13, 1 << 14  # ABI 2, ABI 3
 _NET_BIND_TCP, _NET_CONNECT_TCP = 1 << 0, 1 << 1  # ABI 4
 _SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1 << 0, 1 << 1  # ABI 6
-# seccomp: the architecture tag, the socket(2) / io_uring_setup(2) syscall numbers, and those that make SysV
-# IPC objects or POSIX message queues (shmget, semget, msgget, mq_open), which outlive the process, per machine.
-_SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 425, (29, 64, 68, 240)),
-                 "aarch64": (0xC00000B7, 198, 425, (194, 190, 186, 180))}
+# seccomp: the architecture tag, the socket(2) / io_uring_setup(2) syscall numbers, those that make SysV IPC
+# objects or POSIX message queues (shmget, semget, msgget, mq_open), which outlive the process, and the kernel
+# keyrings' (add_key, request_key, keyctl: the user keyring outlives the process too), per machine.
+_SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 425, (29, 64, 68, 240), (248, 249, 250)),
+                 "aarch64": (0xC00000B7, 198, 425, (194, 190, 186, 180), (217, 218, 219))}
 _AF_UNIX = 1
 
 # Device files a child may write: CUDA's (/dev/nvidia*, /dev/nvidia-caps/..., /dev/nvidia-uvm...) and the
@@ -137,6 +138,7 @@ class SandboxReport:
     scrubbed: tuple[str, ...]  # names of the environment variables removed
     notes: tuple[str, ...] = ()
     ipc: str = ""  # "namespace" (SysV IPC and message queues of its own) | "seccomp" (refused) | "shared"
+    keyrings: str = ""  # "refused" (seccomp) | "shared" (the user keyring outlives the child)
     writes: str = ""  # where Landlock lets it write: "scratch+devices" (+"+own-proc" in GPU mode) | "anywhere"
     reads: str = ""  # "all-but:<hidden places>" | "all"
     capabilities: str = ""  # "none" | "kept: <why>"
@@ -145,7 +147,7 @@ class SandboxReport:
 
     def summary(self) -> str:
         text = f"network={self.network} filesystem={self.filesystem} limits={','.join(self.limits)}"
-        for name in ("ipc", "writes", "reads", "capabilities", "environments", "triton_cache"):
+        for name in ("ipc", "keyrings", "writes", "reads", "capabilities", "environments", "triton_cache"):
             if getattr(self, name):
                 text += f" {name.replace('_', '-')}={getattr(self, name)}"
         return text + (f" ({'; '.join(self.notes)})" if self.notes else "")
@@ -247,14 +249,16 @@ def _no_new_privs() -> None:
         raise _oserror("prctl(PR_SET_NO_NEW_PRIVS)")
 
 
-def _refuse_sockets(refuse_ipc: bool = False) -> None:
-    """A seccomp filter: socket(2) fails with EACCES for every family but AF_UNIX; io_uring too, and with
-    ``refuse_ipc`` the calls that make SysV IPC objects or POSIX message queues."""
+def _refuse_sockets(refuse_ipc: bool = False, sockets: bool = True) -> None:
+    """A seccomp filter: socket(2) fails with EACCES for every family but AF_UNIX (unless not ``sockets``);
+    io_uring and the kernel keyrings too, and with ``refuse_ipc`` the calls that make SysV IPC objects or POSIX
+    message queues."""
     machine = platform.machine()
     if machine not in _SECCOMP_ARCH:
         raise OSError(errno.ENOSYS, f"no seccomp socket filter for machine {machine!r}")
-    arch, nr_socket, nr_io_uring, nr_ipc = _SECCOMP_ARCH[machine]
-    refused = (nr_io_uring,) + (nr_ipc if refuse_ipc else ())
+    arch, nr_socket, nr_io_uring, nr_ipc, nr_keys = _SECCOMP_ARCH[machine]
+    refused = (nr_io_uring,) + nr_keys + (nr_ipc if refuse_ipc else ())
+    nr_socket = nr_socket if sockets else 0xFFFFFFFF  # a number no call has: every socket allowed
     ld_w_abs, jeq_k, jge_k, ret_k = 0x20, 0x15, 0x35, 0x06
     allow, deny = 0x7FFF0000, 0x00050000 | errno.EACCES
     n = len(refused)
@@ -531,6 +535,13 @@ def enter(policy: SandboxPolicy) -> SandboxReport:
             notes.append(f"{choice} unavailable: {exc.strerror or exc}")
     if ipc == "shared" and _libc.unshare(ctypes.c_int(_CLONE_NEWIPC)) == 0:
         ipc = "namespace"
+    keyrings = "refused" if network == "seccomp" else "shared"
+    if network == "namespace":  # the keyrings alone: the session keyring it inherits is the worker's
+        try:
+            _refuse_sockets(sockets=False)
+            keyrings = "refused"
+        except OSError as exc:
+            notes.append(f"keyrings shared: {exc.strerror or exc}")
 
     filesystem, writes, reads = "off", "anywhere", "all"
     if policy.filesystem == "landlock":
@@ -566,7 +577,7 @@ def enter(policy: SandboxPolicy) -> SandboxReport:
     exposed = exposed_environments()
     environments = "exposed: " + "; ".join(exposed) if exposed else "hidden"
     report = SandboxReport(network=network, filesystem=filesystem, limits=tuple(limits), scrubbed=scrubbed,
-                           notes=tuple(notes), ipc=ipc, writes=writes, reads=reads, capabilities=capabilities,
+                           notes=tuple(notes), ipc=ipc, keyrings=keyrings, writes=writes, reads=reads, capabilities=capabilities,
                            environments=environments, triton_cache="private")
     if exposed and policy.exposed_environments == "refuse":
         raise SandboxError(f"the sandbox refuses to load the candidate: the environment of process {exposed[0]} is "
