@@ -10,14 +10,16 @@ can say which protections actually took effect on its platform:
   network     — a new user + network + IPC namespace (only a loopback that is down: no
                 route anywhere; SysV shared memory and message queues of its own), else a
                 seccomp filter that refuses every socket except AF_UNIX (and SysV IPC
-                where no IPC namespace could be made), else nothing (reported as such).
+                where no IPC namespace could be made), else nothing (reported as such). The
+                kernel keyrings are refused either way (seccomp).
   filesystem  — Landlock: writes only beneath the scratch directory, to the device
                 files CUDA and Python use (nothing can be made in /dev: no /dev/shm) and in
                 GPU mode the child's own /proc entries (the CUDA driver writes there);
                 reads everywhere except the homes (/root, /home, the worker's HOME), the
-                container's secrets (/run/secrets, /run/credentials, /run/user) and the
-                password hashes and host keys in /etc, less the Python installation, the
-                imported packages and tools found there. Where the ABI allows it also refuses
+                container's secrets (/run/secrets, /run/credentials, /run/user), the
+                password hashes and host keys in /etc, /dev/shm, and other children's
+                scratch directories (other workers' folders), less the Python installation,
+                the imported packages and tools found there. Where the ABI allows it also refuses
                 TCP bind/connect and signals or abstract-socket connects to processes
                 outside the sandbox (the worker among them).
   capabilities — every capability dropped (bounding and ambient sets included), so a
