@@ -158,6 +158,11 @@ def run(args) -> int:
                **own_properties(table, name)}
         if measured is not None:
             out.update(measured_figures(table, measured, name, args.draws, ranking, metrics))
+            spent = measured[measured["kernel"] != "reference"]
+            spent = (spent["compile_seconds"] + spent["gpu_seconds"])[spent["status"] != "not_measured"]
+            if len(spent):  # what a forecast costs beside what a measurement charges (its compile and GPU seconds)
+                out["measurement_seconds_median"] = float(spent.median())
+                out["forecast_to_measurement_cost"] = per_kernel_s / float(spent.median())
         results["forecasters"][name] = out
         say(f"{name}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in out.items()))
     if args.out:
