@@ -5,7 +5,8 @@
   UI) keeps its scheduled time and so its run id: it resumes from the journal, no measurement taken twice.
 * **An interrupted night continues.** When the deployment's previous run ended without finishing
   (crashed, as when the machine restarted, or failed) and no later flow run finished its search, this run
-  takes that run id over and resumes it rather than starting a new search beside it.
+  takes that run id over and resumes it rather than starting a new search beside it; unless the deployment's
+  settings changed since, which a resume refuses: then it starts anew.
 * **A missed night is caught up once.** Every scheduled run that was due while nothing served it starts
   when a server and ``kernelcast serve`` are back; the latest of them searches and the older ones end at
   once, Completed with the message "skipped: ...". Late by minutes or by days, one search runs.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from dataclasses import dataclass
+from typing import Callable
 
 RUN_TAG = "run:"  # flow run tag naming the search run id it ran
 SKIPPED = "skipped"  # first word of the message of a run skipped by the missed-run policy
@@ -43,10 +45,12 @@ def _run_tag(flow_run) -> str:
     return next((t[len(RUN_TAG):] for t in flow_run.tags if t.startswith(RUN_TAG)), "")
 
 
-def plan_night(client, flow_run, deployment_name: str, now: dt.datetime | None = None) -> Night:
-    """The run id (or the skip) of ``flow_run``, a run of deployment ``deployment_name``, read from the server."""
+def plan_night(client, flow_run, deployment_name: str, now: dt.datetime | None = None,
+               can_continue: Callable[[str], bool] = lambda run_id: True) -> Night:
+    """The run id (or the skip) of ``flow_run``, a run of deployment ``deployment_name``, read from the server.
+    ``can_continue(run_id)``: whether this run's settings may resume that interrupted run (else it starts anew)."""
     from prefect.client.schemas.filters import (DeploymentFilter, DeploymentFilterId, FlowRunFilter,
-                                                FlowRunFilterTags)
+                                                FlowRunFilterExpectedStartTime, FlowRunFilterTags)
     from prefect.client.schemas.sorting import FlowRunSort
 
     own = _run_tag(flow_run)
@@ -55,8 +59,9 @@ def plan_night(client, flow_run, deployment_name: str, now: dt.datetime | None =
     now = now or dt.datetime.now(dt.timezone.utc)
     mine = flow_run.expected_start_time or flow_run.start_time or now
     of_deployment = DeploymentFilter(id=DeploymentFilterId(any_=[flow_run.deployment_id]))
-    runs = client.read_flow_runs(deployment_filter=of_deployment, sort=FlowRunSort.EXPECTED_START_TIME_DESC,
-                                 limit=200)
+    due = FlowRunFilter(expected_start_time=FlowRunFilterExpectedStartTime(before_=now))  # not the nights to come
+    runs = client.read_flow_runs(deployment_filter=of_deployment, flow_run_filter=due,
+                                 sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=100)
     later_due = [r for r in runs if r.id != flow_run.id and r.expected_start_time is not None
                  and mine < r.expected_start_time <= now]
     if later_due:
@@ -72,12 +77,13 @@ def plan_night(client, flow_run, deployment_name: str, now: dt.datetime | None =
         if last.state_type.value in _ENDED_UNFINISHED:
             tagged = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(
                 all_=[RUN_TAG + previous])), limit=50)
-            if not any(r.state_type is not None and r.state_type.value == "COMPLETED" for r in tagged):
+            finished = any(r.state_type is not None and r.state_type.value == "COMPLETED" for r in tagged)
+            if not finished and can_continue(previous):
                 return Night(previous, resumed_from=str(last.id))
     return Night(run_id_for(deployment_name, mine))
 
 
-def start_night(run_id: str) -> Night | None:
+def start_night(run_id: str, can_continue: Callable[[str], bool] = lambda run_id: True) -> Night | None:
     """Inside a flow run: its ``Night`` when a deployment started it without a run id, its run id tag set;
     None otherwise (the run goes on as it was called)."""
     from prefect import get_client
@@ -87,7 +93,7 @@ def start_night(run_id: str) -> Night | None:
         return None
     with get_client(sync_client=True) as client:
         me = client.read_flow_run(flow_run.id)
-        night = plan_night(client, me, deployment.name or "deployment")
+        night = plan_night(client, me, deployment.name or "deployment", can_continue=can_continue)
         if night.run_id and RUN_TAG + night.run_id not in me.tags:
             client.update_flow_run(me.id, tags=[*me.tags, RUN_TAG + night.run_id])
     return night

@@ -52,6 +52,22 @@ def _search_name() -> str:
     return name
 
 
+def _can_resume(values: dict) -> bool:
+    """Whether a search of these settings may resume the run id among them (``check_resume`` accepts it)."""
+    from kernelcast.storage.dataset import DataRoot
+    from kernelcast.tasks.config import ConfigError
+    from kernelcast.tasks.search import check_resume
+    from kernelcast.tasks.setup import resolve
+
+    try:
+        config = resolve(SearchConfig.from_mapping(values))
+        check_resume(DataRoot(config.data, storage_options=dict(config.storage_options)), config)
+    except ConfigError as exc:
+        get_run_logger().warning("not continuing the interrupted run: %s", exc)
+        return False
+    return True
+
+
 @flow(name="kernel-search", flow_run_name=_search_name, log_prints=True)
 def kernel_search(op: str, gpu_type: str = "auto", budget: int | float = 32, generations: int = 4,
                   children: int = 256, budget_kind: str = "measurements", generator: str = "template", surrogate: str = "learned", policy: str = "budget", seed: int = 0,
@@ -65,7 +81,11 @@ def kernel_search(op: str, gpu_type: str = "auto", budget: int | float = 32, gen
     replays the finished generations from the journal and continues after them.
     """
     logger = get_run_logger()
-    night = start_night(run_id)  # a deployment's run: named for its schedule, or continuing an interrupted one
+    settings = {"op": op, "gpu_type": gpu_type, "budget": budget, "budget_kind": budget_kind, "generations": generations,
+                "children": children, "generator": generator, "surrogate": surrogate, "policy": policy, "seed": seed,
+                "data": data, "backend": backend, "tracking_uri": tracking_uri, **(options or {})}
+    # A deployment's run: named for its schedule, or continuing an interrupted night that has the same settings.
+    night = start_night(run_id, lambda interrupted: _can_resume({**settings, "run_id": interrupted}))
     if night is not None:
         if night.skipped:
             logger.info(night.skipped)
@@ -73,11 +93,7 @@ def kernel_search(op: str, gpu_type: str = "auto", budget: int | float = 32, gen
         if night.resumed_from:
             logger.info("continuing run %s, interrupted in flow run %s", night.run_id, night.resumed_from)
         run_id = night.run_id
-    config = SearchConfig.from_mapping({
-        "op": op, "gpu_type": gpu_type, "budget": budget, "budget_kind": budget_kind, "generations": generations,
-        "children": children,
-        "generator": generator, "surrogate": surrogate, "policy": policy, "seed": seed, "run_id": run_id,
-        "data": data, "backend": backend, "tracking_uri": tracking_uri, **(options or {})})
+    config = SearchConfig.from_mapping({**settings, "run_id": run_id})
     from kernelcast.kernels.harness.worker import GPU_LOCK_ENV
 
     if os.environ.get(GPU_LOCK_ENV):

@@ -316,15 +316,26 @@ def test_a_night_killed_mid_search_is_continued_by_the_next_scheduled_run_measur
     data = tmp_path / "data"
     config = _config(tmp_path, DRILL, "drill.yaml")
     generations_of = lambda run_id: DataRoot(str(data)).read_run_rows("generations", run_id, op="softmax")  # noqa: E731
+
+    def forecast_generations(run_id: str) -> set[int]:
+        if not (data / "forecasts").exists():
+            return set()
+        return set(DataRoot(str(data)).read_run_rows("forecasts", run_id, op="softmax")["generation"])
+    since = dt.datetime.now(dt.timezone.utc)  # the server's earlier runs of nightly-softmax are other tests'
     with serving(tmp_path, data, config, api_url=prefect_api, log_name="serve-1.log") as (first, log):
         started = _wait_for("the first scheduled search to start", lambda: [
-            r for r in runs_of(prefect_api, "nightly-softmax") if any(t.startswith("run:") for t in r.tags)], 200,
-            log, every=0.5)[0]
+            r for r in runs_of(prefect_api, "nightly-softmax") if any(t.startswith("run:") for t in r.tags)
+            and r.expected_start_time >= since], 200, log, every=0.5)[0]
         run_id = run_tag(started)
-        _wait_for("its first generation", lambda: len(generations_of(run_id)) >= 1, 120, log, every=0.2)
+        # Killed as soon as a generation after the first has forecast: inside it, before its commit (the generation
+        # row written last), unless that generation outran the poll.
+        _wait_for("a forecast of its second generation", lambda: (forecast_generations(run_id) or {0}) - {0}, 120,
+                  log, every=0.05)
         kill_everything(first)  # the machine restarts mid-search
     before = generations_of(run_id)
+    forecast_before = forecast_generations(run_id)
     measured_before = physical_rows(data, "measurements")[0]
+    inside = sorted(forecast_before - set(before["generation"]))
     assert 1 <= len(before) < DRILL["generations"], "the kill came after the search had finished"
     with client_of(prefect_api) as client:
         assert client.read_flow_run(started.id).state_type.value == "RUNNING"  # as the dead process left it
@@ -343,7 +354,8 @@ def test_a_night_killed_mid_search_is_continued_by_the_next_scheduled_run_measur
     reference, _, result = reference_run(tmp_path / "reference", {**DRILL, "op": "softmax", "run_id": run_id})
     problems, counts = compare(reference, data, {**DRILL, "op": "softmax", "run_id": run_id})
     after = generations_of(run_id)
-    print(f"\nkilled flow run {started.id} ({run_id}) after {len(before)} of {DRILL['generations']} generations, "
+    print(f"\nkilled flow run {started.id} ({run_id}) with {len(before)} of {DRILL['generations']} generations "
+          f"committed, inside generation {inside or 'none (between two)'} (forecast, not committed), "
           f"{measured_before['candidate_id'].nunique()} candidates measured; state now {crashed.state_type.value}")
     print(f"continued by flow run {continued.id} scheduled {continued.expected_start_time}: "
           f"{continued.state_type.value}, {len(after)} generations, reused {int(after['reused'].sum())}")
