@@ -39,7 +39,7 @@ import pandas as pd  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
-FORECASTERS = ("learned", "source", "roofline", "random")
+FORECASTERS = ("learned", "labels", "source", "physics", "roofline", "random")  # labels: the baseline every table carries
 PROTOCOLS = ("kernelcast", "kernelbench")
 TARGET_GPUS = ("a100", "l40", "h20", "rtx3090")
 COLUMNS = ("spearman", "top1_within_10pct", "select_top10_within_20pct", "select_top20_within_20pct",

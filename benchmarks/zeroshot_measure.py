@@ -48,14 +48,15 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     folder = Path(args.set)
     manifest = json.loads((folder / "manifest.json").read_text())
+    imported = {}  # every task installed before the worker's fork server starts, as its children must find them
+    for problem in manifest["problems"]:
+        where = folder / problem["name"]
+        imported[problem["name"]] = import_task("kernelbench", str(where / "reference.py"),
+                                                [str(where / f"{k}.py") for k in problem["kernels"]],
+                                                name=problem["name"])
     if args.dry_run:
-        n = 0
-        for problem in manifest["problems"]:
-            where = folder / problem["name"]
-            _, kernels = import_task("kernelbench", str(where / "reference.py"),
-                                     [str(where / f"{k}.py") for k in problem["kernels"]], name=problem["name"])
-            n += len(kernels)
-        print(f"{len(manifest['problems'])} problems and {n} kernels import ({time.perf_counter() - t0:.0f} s)")
+        n = sum(len(kernels) for _, kernels in imported.values())
+        print(f"{len(imported)} problems and {n} kernels import ({time.perf_counter() - t0:.0f} s)")
         return 0
     if not torch.cuda.is_available():
         print("no GPU: nothing measured", file=sys.stderr)
@@ -73,9 +74,7 @@ def main(argv=None) -> int:
                 skipped.append(problem["name"])
                 continue
             names = list(problem["kernels"])
-            where = folder / problem["name"]
-            op, kernels = import_task("kernelbench", str(where / "reference.py"),
-                                      [str(where / f"{k}.py") for k in names], name=problem["name"])
+            op, kernels = imported[problem["name"]]
             reference = op.seed_candidates()[0]
             t = time.perf_counter()
             found = {m.candidate_id: m for m in worker.measure([reference, *kernels])}
