@@ -181,8 +181,8 @@ def denied_write(exc: BaseException) -> str:
             if any(_beneath(path, d) for d in _confined_to):
                 return ""
             if any(_beneath(path, d) for d in _hidden):
-                return (f" (the sandbox hides the files of homes and of the machine's secrets from a candidate; "
-                        f"{path} is among them)")
+                return (f" (the sandbox hides the files of homes, of the machine's secrets and of other children from "
+                        f"a candidate; {path} is among them)")
             return (f" (the sandbox lets a candidate write only beneath its scratch directory, which TMPDIR, HOME, "
                     f"tempfile and torch's extension builds use; {path} is outside it)")
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
@@ -558,7 +558,7 @@ def enter(policy: SandboxPolicy) -> SandboxReport:
             writable = [p for p in (policy.scratch_dir, own_proc) if p and os.path.isdir(p)]
             others, split = _worker_folders(policy.scratch_dir)
             hidden = _hidden_places(home, others)
-            everything = -1 & ((1 << 64) - 1)
+            everything = (1 << 64) - 1  # masked to the handled rights by _landlock
             rules = {p: _FS_READ_FILE for p in _read_rules(hidden, _needed(policy), split)}
             rules.update({p: _FS_WRITE_FILE | _FS_TRUNCATE | _FS_READ_FILE for p in _devices()})
             rules.update({p: everything for p in writable})
