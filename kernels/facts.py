@@ -444,6 +444,22 @@ def _triton_recorder(launches: list, target):
             JITFunction.run, Autotuner.run = compiling, tuning
 
 
+# The most shared memory one block may use (opt-in), by compute capability: Hopper and Blackwell 227 KiB, Ampere
+# A100 163 KiB, the consumer parts 99 KiB
+_MAX_SHARED = {90: 232448, 100: 232448, 80: 166912, 86: 101376, 89: 101376}
+
+
+def _over_limits(launch: TritonLaunch, target: str) -> str:
+    """Why the driver would refuse ``launch`` on ``target`` (shared memory, registers per block), or ''."""
+    arch = int(target.partition(":")[2] or 90)
+    limit = _MAX_SHARED.get(arch, 232448)
+    if launch.shared_bytes > limit:
+        return f"{launch.kernel} needs {launch.shared_bytes} bytes of shared memory, the target allows {limit}"
+    if launch.registers > 0 and launch.registers * 32 * launch.num_warps > 65536:
+        return f"{launch.kernel} needs {launch.registers} registers x {32 * launch.num_warps} threads, over 65536"
+    return ""
+
+
 def _is_compile_failure(exc: BaseException) -> bool:
     import traceback
 
@@ -590,6 +606,10 @@ def _extract(op, candidate, case, target: str) -> KernelFacts:
         return KernelFacts(status, f"{type(exc).__name__}: {str(exc)[:300]}", target, tuple(recorder.ops),
                            recorder.views, tuple(launches), seconds=time.perf_counter() - t0)
     ops = tuple(recorder.ops)
+    refused = next((why for why in (_over_limits(t, target) for t in launches) if why), "")
+    if refused:  # the driver refuses such a launch: a failure found without a GPU, as a compile error is
+        return KernelFacts("compile_error", f"OutOfResources: {refused}", target, ops, recorder.views,
+                           tuple(launches), seconds=time.perf_counter() - t0)
     return KernelFacts("ok", "", target, ops, recorder.views, tuple(launches), bool(state.get("compiled")),
                        bool(state.get("graphed")), bool(state.get("allow_tf32")), str(state.get("autocast", "")),
                        int(input_bytes), int(output_bytes), sum(o.flops for o in ops), time.perf_counter() - t0,

@@ -254,3 +254,12 @@ def test_isolated_facts_leave_what_a_candidate_patches_in_its_child(task, tmp_pa
     facts = extract(op, patching, op.cases[0], "cuda:90", isolated=True)
     assert facts.status == "ok" and len(facts.triton) == 1, facts.error
     assert torch.nn.functional.gelu is gelu and torch.backends.cudnn.deterministic == deterministic
+
+
+def test_a_kernel_needing_more_shared_memory_than_the_target_has_is_a_failure_found_without_a_gpu():
+    from kernelcast.kernels.facts import TritonLaunch, _over_limits
+
+    huge = TritonLaunch("k", 132, 4, 4, 64, 300 * 1024, 0, 128, 2, 1, True, 1 << 20)
+    fits = TritonLaunch("k", 132, 4, 4, 64, 100 * 1024, 0, 128, 2, 1, True, 1 << 20)
+    assert "shared memory" in _over_limits(huge, "cuda:90") and not _over_limits(fits, "cuda:90")
+    assert _over_limits(fits, "cuda:86")  # 100 KiB is over a consumer part's 99 KiB
