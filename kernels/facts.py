@@ -603,7 +603,8 @@ def _extract(op, candidate, case, target: str) -> KernelFacts:
             input_bytes += _parameter_bytes(launch)
     except Exception as exc:  # noqa: BLE001 - sorted: a Triton compile failure is a verdict, anything else unknown
         status = "compile_error" if _is_compile_failure(exc) else "host_error"
-        return KernelFacts(status, f"{type(exc).__name__}: {str(exc)[:300]}", target, tuple(recorder.ops),
+        # the end of the message: a compile error ends with what went wrong, after the code it points at
+        return KernelFacts(status, f"{type(exc).__name__}: {str(exc)[-400:]}", target, tuple(recorder.ops),
                            recorder.views, tuple(launches), seconds=time.perf_counter() - t0)
     ops = tuple(recorder.ops)
     refused = next((why for why in (_over_limits(t, target) for t in launches) if why), "")
