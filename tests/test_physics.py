@@ -3,6 +3,8 @@ forecaster (kernelcast.surrogate.physics): what a kernel makes the device do, wi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.formats_for_tests import _src
@@ -263,3 +265,20 @@ def test_a_kernel_needing_more_shared_memory_than_the_target_has_is_a_failure_fo
     fits = TritonLaunch("k", 132, 4, 4, 64, 100 * 1024, 0, 128, 2, 1, True, 1 << 20)
     assert "shared memory" in _over_limits(huge, "cuda:90") and not _over_limits(fits, "cuda:90")
     assert _over_limits(fits, "cuda:86")  # 100 KiB is over a consumer part's 99 KiB
+
+
+def test_zero_shot_set_is_what_its_generator_writes_with_a_sealed_third(tmp_path):
+    import json
+    import math
+
+    from benchmarks import zeroshot_tasks
+
+    written = zeroshot_tasks.write(tmp_path)
+    committed = Path(zeroshot_tasks.__file__).parent / "zeroshot"
+    assert json.loads((committed / "manifest.json").read_text()) == json.loads(json.dumps(written))
+    for problem in written["problems"]:
+        for name in ["reference", *problem["kernels"]]:
+            assert (committed / problem["name"] / f"{name}.py").read_text() == \
+                (tmp_path / problem["name"] / f"{name}.py").read_text()
+    assert len(written["problems"]) >= 30 and all(len(p["kernels"]) >= 4 for p in written["problems"])
+    assert sum(p["sealed"] for p in written["problems"]) == math.ceil(len(written["problems"]) / 3)
