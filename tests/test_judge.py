@@ -104,7 +104,8 @@ def launch(x, out):
 def _measure(source: str, op: str = "softmax", origin: str = "llm"):
     cand = Candidate(op=op, backend="torch", source=source, origin=origin)
     with MeasureWorker(CPU, WorkerConfig(mode="interpreter", concurrency=1, seeds=2)) as worker:
-        return list(worker.measure([cand]))[-1]
+        [got] = [m for m in worker.measure([cand]) if m.candidate_id == cand.candidate_id]  # the reference comes too
+        return got
 
 
 def test_nothing_a_child_writes_is_unpickled(tmp_path):
@@ -227,3 +228,45 @@ def test_a_malformed_record_is_refused(tmp_path):
                                    '[{"dtype": "object", "shape": [1], "stride": [1], "bytes": 8}]}')
     with pytest.raises(judge.JudgeError, match="not of the harness's format"):
         judge.read_records(str(folder))
+
+
+# ---- the guard of built-in operations, past torch.ops and disabled dispatch ------------------------------
+
+@pytest.mark.parametrize("body, why", [
+    ("out.copy_(torch.ops.aten._softmax.default(x, -1, False))", "torch's own operator for the softmax"),
+    ("out.copy_(getattr(torch.ops.aten, '_softmax')(x, -1, False))", "a route to the softmax"),
+    ("with torch._C.DisableTorchFunction():\n        out.copy_(getattr(torch, 'soft' + 'max')(x, -1))",
+     "turns off torch's function dispatch"),
+    ("torch._C._disabled_torch_function_impl\n    out.zero_()", "turns off torch's function dispatch"),
+])
+def test_the_forbidden_call_guard_covers_torch_ops_and_disabled_dispatch(body, why):
+    from kernelcast.kernels.harness.anticheat import scan_source
+
+    op = get_operation("softmax")
+    source = f"import torch\n\n\ndef launch(x, out):\n    {body}\n"
+    refused = scan_source(Candidate(op="softmax", backend="torch", source=source, origin="llm"), op)
+    if "getattr(torch.ops.aten" in body:  # a name built at run time: the runtime guard's to refuse
+        got = _measure(source)
+        assert got.status in ("rejected", "incorrect"), (got.status, got.error)
+        return
+    assert refused and why in refused, refused
+
+
+def test_a_switch_set_at_import_is_put_back_for_the_reference_and_said():
+    from kernelcast.kernels.harness import state
+
+    harness = state.snapshot()
+    try:
+        torch.backends.cudnn.enabled = not harness["torch.backends.cudnn.enabled"]
+        torch.backends.cudnn.benchmark = not harness["torch.backends.cudnn.benchmark"]
+        mine = state.snapshot()
+        assert set(state.differing(harness, mine)) == {"torch.backends.cudnn.enabled",
+                                                       "torch.backends.cudnn.benchmark"}
+        to_harness, to_candidate = state.swap(harness, mine)
+        to_harness()
+        assert state.snapshot() == harness
+        to_candidate()
+        assert state.snapshot() == mine
+    finally:
+        assert state.restore(harness)
+    assert state.snapshot() == harness

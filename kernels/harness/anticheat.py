@@ -123,6 +123,12 @@ def scan_source(candidate: Candidate, op: Operation) -> str | None:
             return f"line {node.lineno}: uses {_INTROSPECTION[node.attr]}, which reaches into the harness"
         if isinstance(node, ast.Attribute) and node.attr == "modules" and getattr(node.value, "id", "") == "sys":
             return f"line {node.lineno}: uses sys.modules, which reaches into the harness"
+        if isinstance(node, ast.Attribute) and node.attr in _DISPATCH_OFF:
+            return (f"line {node.lineno}: uses {ast.unparse(node)}, which turns off torch's function dispatch, "
+                    f"where the harness's guard of forbidden calls stands")
+        if isinstance(node, ast.Attribute) and forbidden and _aten_name(node) in forbidden:
+            return (f"line {node.lineno}: uses {ast.unparse(node)}, torch's own operator for the {op.name} it "
+                    f"should compute itself")
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult) and "matmul" in forbidden:
             return f"line {node.lineno}: computes with torch's '@' (matmul), the operation it should replace"
         if isinstance(node, ast.Call):
@@ -138,6 +144,28 @@ def scan_source(candidate: Candidate, op: Operation) -> str | None:
                 return (f"line {node.lineno}: calls {func.id} (torch's {torch_names[func.id]}), a route to the "
                         f"{op.name} it should compute itself")
     return None
+
+
+# Ways to switch off __torch_function__ (and with it ``CallGuard``) for the calls made under them.
+_DISPATCH_OFF = {"DisableTorchFunction", "DisableTorchFunctionSubclass", "_disabled_torch_function_impl",
+                 "_DisableTorchDispatch", "_DisableFuncTorch", "_ExcludeDispatchKeyGuard", "_unset_torch_function_mode",
+                 "_pop_torch_function_stack", "_pop_mode", "_pop_torch_dispatch_stack"}
+
+
+def _aten_name(node: ast.Attribute) -> str:
+    """The operator an ``ops.aten.<name>[.<overload>]`` expression names ("" for anything else), without the
+    leading underscore ATen's internal variants carry (``_softmax``)."""
+    chain = []
+    value = node
+    while isinstance(value, ast.Attribute):
+        chain.append(value.attr)
+        value = value.value
+    chain.reverse()  # e.g. ops, aten, _softmax, default
+    for i in range(len(chain) - 1):
+        if chain[i] == "ops" and chain[i + 1] == "aten" and len(chain) > i + 2:
+            name = chain[i + 2]
+            return name if len(chain) == i + 3 or node.attr == chain[-1] else ""
+    return ""
 
 
 def _torch_imports(tree: ast.AST) -> dict[str, str]:

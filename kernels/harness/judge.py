@@ -256,15 +256,19 @@ def _recordable(op, case) -> bool:
 
 def judge_main(conn) -> None:
     """The judge's process: answers ``judge_folder`` requests from its worker until told to stop (None)."""
+    fields = {"op_name", "mode", "folder", "served", "model_build", "protocol", "lock_path", "roles_needed"}
     while True:
         try:
-            request = conn.recv()  # from the worker, which is trusted: no candidate writes this pipe
-        except EOFError:
+            request = json.loads(conn.recv_bytes(1 << 24))  # JSON, never pickle: nothing reaching it runs here
+        except (EOFError, OSError, ValueError):
             return
         if request is None:
             return
         try:
+            if not isinstance(request, dict) or set(request) - fields:
+                raise ValueError("a request the worker does not send")
+            request["served"] = {int(seed): case for seed, case in request["served"].items()}
             answer = judge_folder(**request)
         except Exception as exc:  # noqa: BLE001 - the judge's own failure is a verdict it cannot give
             answer = {"problem": "", "records": 0, "trivial": {}, "error": f"{type(exc).__name__}: {exc}"}
-        conn.send(answer)
+        conn.send_bytes(json.dumps(answer).encode())

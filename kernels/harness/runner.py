@@ -55,7 +55,7 @@ import triton  # imported here so the fork server preloads it
 import triton.language as tl
 
 from kernelcast.kernels.formats.common import unmet_requirement
-from kernelcast.kernels.harness import ahead, budget, channel, cores, judge, prebuild, sandbox, verify
+from kernelcast.kernels.harness import ahead, budget, channel, cores, judge, prebuild, sandbox, state, verify
 from kernelcast.kernels.harness.anticheat import (CallGuard, Checker, Rejected, install_stream_guard, scan_source,
                                       warm_comparisons)
 from kernelcast.kernels.harness.correctness import CandidateLoadError, call_candidate, load_launch, poisoned_outputs
@@ -385,8 +385,9 @@ def evaluate(job: Job, notify=lambda *msg: None, draw=None) -> dict:
     if refused:
         return fail("rejected", refused)
     op.configure_models(job.model_build, job.protocol)  # the reference's models and every loaded launch's alike
-    global _TORCH_AT_START, _HARNESS_AT_START
+    global _TORCH_AT_START, _HARNESS_AT_START, _STATE_AT_START
     _TORCH_AT_START = torch_fingerprint()  # before any candidate code runs (see _anchored)
+    _STATE_AT_START = state.snapshot()  # torch's process-wide switches, as the reference is timed under them
     _HARNESS_AT_START = verify.harness_fingerprint() if job.verify else {}
     # Outside the lock: CPU only.
     if gpu and "load_inline" in cand.source:  # CUDA extensions whose text says what they build: built now
@@ -578,14 +579,26 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
             k = i % len(sets)
             returned[k] = launch(*sets[k], *outs[k], **params)
 
+        # The candidate's calls run under the switches it set; the reference's beside them under the harness's own.
+        own = state.snapshot()
+        changed = state.differing(_STATE_AT_START, own)
+        l2 = state.reset_persisting_l2()
+        if changed or l2:
+            result["state"] = "; ".join(([f"set otherwise by the candidate, put back for the reference's calls: "
+                                          f"{', '.join(changed)}"] if changed else []) + ([l2] if l2 else []))
         phase("timing", case.name)
         if anchor is not None:
             ref_launch, ref_params = anchor
             ref_outs = [poisoned_outputs(op, case, "cuda") for _ in range(n_sets)]
+            to_harness, to_candidate = state.swap(_STATE_AT_START, own)
 
             def call_reference(i: int) -> None:
                 k = i % len(sets)
+                if to_harness is not None:
+                    to_harness()
                 ref_launch(*sets[k], *ref_outs[k], **ref_params)
+                if to_candidate is not None:
+                    to_candidate()
 
             if job.protocol in FORMAT_PROTOCOLS:  # their harnesses: the reference's trials, then the candidate's
                 ref_timing = _FORMAT_TIMERS[job.protocol](call_reference, flush)
@@ -821,6 +834,7 @@ class _NoControl(Exception):
 
 _HARNESS_AT_START: dict[str, tuple[int, int]] = {}
 _TORCH_AT_START: dict[str, int] = {}
+_STATE_AT_START: dict[str, object] = {}
 _REWRAPPED = {"torch.manual_seed"}  # torch._dynamo wraps it when first imported (torch.compile)
 
 

@@ -27,6 +27,7 @@ and Triton working and uses the strongest such set.
 
 from __future__ import annotations
 
+import json
 import math
 import multiprocessing as mp
 import multiprocessing.forkserver as forkserver
@@ -173,28 +174,39 @@ class _Running:
 
 
 class Judge:
-    """The judge's process (``judge.judge_main``), started from the fork server at the first verdict it gives: it
+    """The judge's process (``judge.judge_main``), started from the fork server with the worker, before any child: it
     never loads candidate code. One question at a time; started again if it died."""
 
     def __init__(self, ctx):
         self._ctx, self._proc, self._conn = ctx, None, None
         self._lock = threading.Lock()
 
+    def start(self) -> None:
+        """Start the judge's process if it is not running (before any candidate: no child's doing can stop it
+        from starting, as a fork server that a child broke would)."""
+        if self._proc is None or not self._proc.is_alive():
+            self._conn, child = self._ctx.Pipe()
+            self._proc = self._ctx.Process(target=judge_main, args=(child,), daemon=True, name="kernelcast-judge")
+            self._proc.start()
+            child.close()
+
     def ask(self, request: dict, timeout_s: float = 1800.0) -> dict:
         with self._lock:
-            if self._proc is None or not self._proc.is_alive():
-                self._conn, child = self._ctx.Pipe()
-                self._proc = self._ctx.Process(target=judge_main, args=(child,), daemon=True, name="kernelcast-judge")
-                self._proc.start()
-                child.close()
-            self._conn.send(request)
+            self.start()
+            # JSON both ways, as with a child: whatever reaches this socket is never unpickled on either side.
+            self._conn.send_bytes(json.dumps(request).encode())
             if not self._conn.poll(timeout_s):
                 self._proc.kill()
                 raise RuntimeError(f"no answer from the judge within {timeout_s:.0f} s")
             try:
-                answer = self._conn.recv()  # from the judge's process, which no candidate shares
-            except (EOFError, OSError):
-                raise RuntimeError(f"the judge's process ended ({self._proc.exitcode})") from None
+                answer = json.loads(self._conn.recv_bytes(channel.MAX_MESSAGE_BYTES))
+            except (EOFError, OSError, ValueError) as exc:
+                self._proc.kill()
+                raise RuntimeError(f"the judge's answer could not be read ({exc}; exit {self._proc.exitcode})") \
+                    from None
+        if not isinstance(answer, dict) or set(answer) - {"problem", "records", "trivial", "error"} \
+                or not isinstance(answer.get("problem"), str):
+            raise RuntimeError("the judge's answer is not of its schema")
         if answer.get("error"):
             raise RuntimeError(answer["error"])
         return answer
@@ -203,7 +215,7 @@ class Judge:
         with self._lock:
             if self._proc is not None and self._proc.is_alive():
                 try:
-                    self._conn.send(None)
+                    self._conn.send_bytes(b"null")
                 except OSError:
                     pass
                 self._proc.join(5)
@@ -419,6 +431,7 @@ class MeasureWorker:
         self.config = config
         self._ctx = _context()
         self._judge = Judge(self._ctx)
+        self._judge.start()
         self._root = tempfile.mkdtemp(prefix="kernelcast-worker-")
         self._lock_path = config.gpu_lock or os.path.join(self._root, "gpu.lock")
         open(self._lock_path, "a").close()  # children open it read-only: they may not create files here
@@ -913,7 +926,7 @@ class MeasureWorker:
         self._note(r, "judging", t, None)
         try:
             answer = self._judge.ask(request)
-        except RuntimeError as exc:  # the judge itself failed: no verdict of the child's stands without it
+        except Exception as exc:  # noqa: BLE001 - the judge failed: no verdict of the child's stands without it
             res.update(status="runtime_error", error=f"the judge could not judge this candidate: {exc}")
             return
         seconds = time.monotonic() - t
