@@ -79,8 +79,12 @@ def launch(x, out):
             outcomes.append("wrote " + path)
         except OSError as exc:
             outcomes.append("refused " + path + " (" + type(exc).__name__ + ")")
-    shmid = ctypes.CDLL(None, use_errno=True).shmget(0x6B64, 4096, 0o1666)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    shmid = libc.shmget(0x6B64, 4096, 0o1666)
     outcomes.append("shmget " + ("refused" if shmid < 0 else "made"))
+    key = libc.syscall(248, b"user", b"kernelcast-gpu-planted", b"x", 1, ctypes.c_int(-4))  # x86_64 add_key, @u
+    outcomes.append("add_key " + ("refused" if key < 0 else "made"))
     raise RuntimeError("PROBE " + "; ".join(outcomes))
 '''
 
@@ -92,8 +96,12 @@ import os
 def launch(x, out):
     found = [p for p in ("/dev/shm/kernelcast-gpu-planted",
                          os.path.join(os.path.dirname(os.getcwd()), "triton-cache", "planted")) if os.path.exists(p)]
-    if ctypes.CDLL(None).shmget(0x6B64, 0, 0) >= 0:
+    libc = ctypes.CDLL(None)
+    libc.syscall.restype = ctypes.c_long
+    if libc.shmget(0x6B64, 0, 0) >= 0:
         found.append("shm segment")
+    if libc.syscall(250, 10, ctypes.c_int(-4), b"user", b"kernelcast-gpu-planted", 0) >= 0:  # KEYCTL_SEARCH
+        found.append("user key")
     raise RuntimeError("PROBE " + ("found " + ", ".join(found) if found else "nothing"))
 '''
 
@@ -272,7 +280,9 @@ def inner(args) -> int:
         honest["cuda_graph_softmax"] = GRAPHED_SOFTMAX
         probes["device_files"] = DEVICE_PROBE
     config = dict(mode=args.mode, concurrency=1, timeout_s=600, seeds=1)
-    for label, extra in (("sandbox", {}), ("landlock_off", {"filesystem": "off"})):
+    # the default ladder (namespace first); the seccomp fallback alone (no user namespace, as on hosts that refuse
+    # one); Landlock off, so that an honest kernel failing only with it on shows
+    for label, extra in (("sandbox", {}), ("seccomp", {"network": "seccomp"}), ("landlock_off", {"filesystem": "off"})):
         with MeasureWorker(hardware, WorkerConfig(**config, **extra)) as worker:
             if gpu:
                 result[f"{label}_probe_log"] = (worker.probe_sandbox(), list(getattr(worker, "probe_log", [])))
@@ -280,9 +290,12 @@ def inner(args) -> int:
             if label == "sandbox":
                 measured = _measure(worker, probes)
                 measured.update(_measure(worker, {"find": FIND_PROBE}))  # a later child: what the others left
+                measured.update(_measure(worker, honest))
+            elif label == "seccomp":
+                measured = _measure(worker, {k: probes[k] for k in ("environments", "credentials_file")}
+                                    | {"triton_softmax": TRITON_SOFTMAX})
             else:
-                measured = {}
-            measured.update(_measure(worker, honest))
+                measured = _measure(worker, honest)
             result[label] = {"measured": measured, "sandboxes": sorted(worker.stats.sandboxes),
                              "wall_s": round(time.monotonic() - started, 1)}
     result["triton_cache_cost_s"] = _triton_cache_cost("cuda" if gpu else "cpu")
@@ -292,7 +305,7 @@ def inner(args) -> int:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "sandbox_gpu_check.json"), "w") as f:
         json.dump(result, f, indent=1, default=str)
-    for label in ("sandbox", "landlock_off"):
+    for label in ("sandbox", "seccomp", "landlock_off"):
         for name, m in result[label]["measured"].items():
             print(f"{label:13s} {name:22s} {m['status']:14s} {m['error'][:300]}")
         print(f"{label:13s} sandboxes: {result[label]['sandboxes']}")
