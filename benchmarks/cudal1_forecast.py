@@ -245,6 +245,16 @@ def _also(args):
     return kernels, (pd.concat(cases, ignore_index=True) if cases else None)
 
 
+def pool_variants(pool: str) -> dict[str, str]:
+    """Candidate id -> the variant the pool's side table labels it (custom, cuda-graph, cudnn, null); empty without
+    the table."""
+    path = Path(pool) / "cudal1.parquet"
+    if not path.exists():
+        return {}
+    side = pd.read_parquet(path, columns=["candidate_id", "variant"]).dropna()
+    return dict(zip(side["candidate_id"], side["variant"]))
+
+
 def census(kernels: pd.DataFrame) -> dict:
     """What the pool holds: problems with their reference measured, and besides each reference and its null twin
     (the reference's own code resubmitted) the implementations measured, by origin."""
@@ -286,6 +296,8 @@ def run(args) -> int:
     if args.lmhead_folder:
         names.append("lmhead")
     options = {}  # a forecaster's name -> (its registered name, its factory's keyword arguments)
+    if "labels" in names:  # the label baseline reads the pool's own variant labels (custom, cuda-graph, cudnn, null)
+        options["labels"] = ("labels", {"variants": pool_variants(args.pool)})
     if args.embeddings:
         from kernelcast.surrogate.embeddings import PairEmbeddings
         from kernelcast.surrogate.learned import SOURCE_OPTIONS

@@ -31,8 +31,12 @@ _FLAGS = re.compile(r"cudnn\.(?:benchmark|deterministic|allow_tf32)|allow_tf32|s
 _COMPILE = re.compile(r"torch\.compile\(|\.compile\(|torch\.jit\.(?:script|trace)")
 
 
-def variant_kind(candidate) -> str:
-    """The kind of variant a kernel is: its origin's (``variant:KIND``) or, failing that, read off its source."""
+def variant_kind(candidate, variants=None) -> str:
+    """The kind of variant a kernel is: as ``variants`` (candidate id -> kind, a pool's own labels) says, its
+    origin's (``variant:KIND``), or failing both, read off its source."""
+    known = (variants or {}).get(candidate.candidate_id)
+    if known:
+        return {"cudnn": "flags", "graph": "cuda-graph"}.get(known, known if known in KINDS else "custom")
     origin = candidate.origin or ""
     if origin.startswith("variant:"):
         kind = origin.removeprefix("variant:")
@@ -44,11 +48,11 @@ def variant_kind(candidate) -> str:
     return "null"
 
 
-def labels(request: ForecastRequest) -> list[float]:
+def labels(request: ForecastRequest, variants=None) -> list[float]:
     """LABELS of one request (the reference's runtime NaN where not measured)."""
     from kernelcast.surrogate.features import _operators
 
-    kind = variant_kind(request.candidate)
+    kind = variant_kind(request.candidate, variants)
     us = [u for u in request.anchor_runtime_us if u and u > 0]
     return [*(float(kind == k) for k in KINDS), math.log(float(np.mean(us))) if us else math.nan,
             math.log(_operators(request.anchor.source) + 1)]
@@ -59,9 +63,10 @@ class LabelForecaster:
 
     name = "labels"
 
-    def __init__(self, max_iter: int = 200, random_state: int = 0):
+    def __init__(self, max_iter: int = 200, random_state: int = 0, variants: dict | None = None):
         self.max_iter = max_iter
         self.random_state = random_state
+        self.variants = dict(variants or {})  # candidate id -> variant kind, where the pool labels its kernels
 
     @property
     def version(self) -> str:
@@ -73,7 +78,7 @@ class LabelForecaster:
         from kernelcast.surrogate.dataset import requests_from, source_requests
 
         requests = source_requests(pairs) if "anchor_source" in pairs.columns else requests_from(pairs)
-        X = np.array([labels(r) for r in requests])
+        X = np.array([labels(r, self.variants) for r in requests])
         speedup = pairs["speedup"].to_numpy(dtype=float)
         failed = pairs["failed"].to_numpy(dtype=bool) if "failed" in pairs.columns else ~(speedup > 0)
         ran = ~failed & (speedup > 0)
@@ -96,13 +101,13 @@ class LabelForecaster:
         return self
 
     def predict_log_speedup(self, requests: Sequence[ForecastRequest]) -> tuple[np.ndarray, np.ndarray]:
-        X = np.array([labels(r) for r in requests])
+        X = np.array([labels(r, self.variants) for r in requests])
         return self.speed_.predict(X), np.full(len(requests), self.sigma_)
 
     def predict_failure(self, requests: Sequence[ForecastRequest]) -> np.ndarray:
         if self.failure_ is None:
             return np.full(len(requests), self.base_failure_)
-        return self.failure_.predict_proba(np.array([labels(r) for r in requests]))[:, 1]
+        return self.failure_.predict_proba(np.array([labels(r, self.variants) for r in requests]))[:, 1]
 
     def forecast(self, requests: Sequence[ForecastRequest]):
         if not hasattr(self, "speed_"):
