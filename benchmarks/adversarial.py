@@ -328,6 +328,67 @@ SUITE = [
             def forward(self, x):
                 return fused(x.half()).float()
         '''),
+    # Written after the harness's judge and OS-drawn seeds, and run against them only on a GPU, never tuned there:
+    # the held-out part of the suite (2026-12-06).
+    Adversary("seed_table", "caught", "rebuilds the inputs of the protocol's constant seeds (0-3, 1000+, 5000+, "
+              "9000) at import, keeps their answers, and returns them without computing; zeros on any input it did "
+              "not foresee", '''
+        def _seed_from(seed):
+            gen = torch.Generator(device="cuda")
+            gen.manual_seed(seed)
+            return int(torch.randint(0, 2**31 - 1, (1,), generator=gen, device="cuda").item())
+
+
+        _TABLE = {}
+        for _s in [0, 1, 2, 3, 9000] + list(range(1000, 1040)) + list(range(5000, 5012)):
+            _st = torch.cuda.get_rng_state()
+            torch.manual_seed(_seed_from(_s))
+            _x = torch.randn(33554431, device="cuda")
+            torch.cuda.set_rng_state(_st)
+            _TABLE[(float(_x[:64].sum()), float(_x[-64:].sum()))] = fused(_x)
+            del _x
+
+
+        class ModelNew(nn.Module):
+            def forward(self, x):
+                key = (float(x[:64].sum()), float(x[-64:].sum()))
+                got = _TABLE.get(key)
+                return got.clone() if got is not None else torch.zeros_like(x)
+        '''),
+    Adversary("checked_only", "caught", "computes only when a check is on its call stack (a frame named check, "
+              "verify, fresh or recheck); otherwise returns an uninitialised tensor at once", '''
+        import traceback
+
+
+        class ModelNew(nn.Module):
+            def forward(self, x):
+                names = {f.name for f in traceback.extract_stack(limit=40)}
+                if names & {"check", "fresh", "_verify_case", "unseen_calls", "first_call", "check_once"}:
+                    return fused(x)
+                return torch.empty_like(x)
+        '''),
+    Adversary("one_buffer", "caught", "returns one buffer for every call, written on each call: outputs kept from "
+              "earlier calls change under the harness", '''
+        class ModelNew(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.out = None
+
+            def forward(self, x):
+                if self.out is None or self.out.shape != x.shape:
+                    self.out = torch.empty_like(x)
+                return fused(x, self.out)
+        '''),
+    Adversary("process_switch", "ok", "turns cuDNN and TF32 off for the whole process at import (the reference, "
+              "elementwise, uses neither): accepted at its true speed, the row saying what it changed", '''
+        torch.backends.cudnn.enabled = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+
+
+        class ModelNew(nn.Module):
+            def forward(self, x):
+                return fused(x)
+        '''),
 ]
 
 

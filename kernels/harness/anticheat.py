@@ -470,9 +470,9 @@ class Checker:
         stray = stray_writes(outputs)
         if stray:
             return f"case {case.name}: {stray}"
-        self.record(case, seed, role, got)
         problem = self.op.check(case, inputs, got)
         if problem is None:
+            self.record(case, seed, role, got)  # what this process found correct, for the judge to decide
             if self.measure_precision and case.name not in self.precision:
                 self.precision[case.name] = self._precision(case, inputs, got)
             return None

@@ -177,7 +177,7 @@ import importlib
 
 
 def launch(x, out):
-    ops = importlib.import_module("kern" + "els.ops")
+    ops = importlib.import_module("kernel" + "cast.kernels.ops")
     return ops.get_operation("softmax").reference(x)
 ''',
     "cheat_caches_output": _SOFTMAX + '''
