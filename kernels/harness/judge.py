@@ -220,7 +220,8 @@ def judge_folder(op_name: str, mode: str, folder: str, served: dict[int, str], m
     lock = open(lock_path) if (lock_path and device == "cuda") else None
     try:
         if lock is not None:
-            fcntl.flock(lock, fcntl.LOCK_SH)  # beside other children's checks, never inside a timing window
+            # alone: never inside a timing window, and never short of device memory beside other children's checks
+            fcntl.flock(lock, fcntl.LOCK_EX)
         with torch.no_grad() if device == "cuda" else nullcontext():
             for r in records:
                 if r.case not in cases:
