@@ -109,3 +109,14 @@ def test_an_imported_tasks_submission_is_forecast_and_its_problem_file_has_no_en
 def test_a_surrogate_that_needs_a_server_or_none_is_refused_by_name(capsys, tmp_path, files):
     assert main(["forecast", "--op", OP, "--surrogate", "none", "--data", str(tmp_path), files["malformed"]]) == 2
     assert "--surrogate none: forecast with learned, source, lmhead, roofline or random" in capsys.readouterr().err
+
+
+def test_the_report_says_what_the_forecasts_were_fit_on_and_what_corrected_them(capsys, data, files, tmp_path):
+    report = forecast(capsys, data, files["out_of_bounds"])
+    assert report["fit_on"] == data and report["fit_operations"] == ["rmsnorm"]  # other-ops: not softmax itself
+    assert report["data_root"] == data and report["corrected_by"] > 100  # the root's measured softmax variants
+    empty = str(tmp_path / "empty")
+    assert main(["forecast", "--op", OP, "--data", empty, "--prior-data", data, files["out_of_bounds"]]) == 0
+    text = capsys.readouterr().out
+    assert f"fit on: {data} (1 operations on h100: rmsnorm; prior scope other-ops)" in text
+    assert f"corrected by no measurement of {OP} on h100 under {DataRoot(empty).uri}" in text
