@@ -108,7 +108,8 @@ def test_an_imported_tasks_submission_is_forecast_and_its_problem_file_has_no_en
 
 def test_a_surrogate_that_needs_a_server_or_none_is_refused_by_name(capsys, tmp_path, files):
     assert main(["forecast", "--op", OP, "--surrogate", "none", "--data", str(tmp_path), files["malformed"]]) == 2
-    assert "--surrogate none: forecast with learned, source, lmhead, roofline or random" in capsys.readouterr().err
+    assert ("--surrogate none: forecast with learned, source, lmhead, physics, labels, roofline or random"
+            in capsys.readouterr().err)
 
 
 def test_the_report_says_what_the_forecasts_were_fit_on_and_what_corrected_them(capsys, data, files, tmp_path):
