@@ -20,7 +20,7 @@ per operation what the corpus's tree allows: children per parent, how many beat 
 and the headroom (best kernel in the tree over the best of its roots).
 
     python -m benchmarks.llm_search --seeds 3 --budgets 16 32 64 --surrogates learned source roofline \\
-        --json docs/measured/llm_search_replay.json --markdown docs/measured/llm_search_replay.md
+        --json docs/measured/llm_search/llm_search_replay.json --markdown docs/measured/llm_search/llm_search_replay.md
 
 ``--live URL`` runs the same comparison live: the children come from a model behind that
 OpenAI-compatible endpoint (``--generator freeform``: whole rewritten sources, each search asking
