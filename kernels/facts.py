@@ -534,14 +534,17 @@ def _extract_in_child(jobs) -> list[KernelFacts]:
                           for op, c, case, target in jobs])
     import kernelcast
 
-    env = {k: os.environ[k] for k in _CHILD_ENV if k in os.environ}
+    env = {k: os.path.abspath(os.environ[k]) if k in ("KERNELCAST_TASKS", "TRITON_CACHE_DIR") else os.environ[k]
+           for k in _CHILD_ENV if k in os.environ}
     # kernelcast importable there as here (a checkout run from its root is not installed)
     root = os.path.dirname(os.path.dirname(os.path.abspath(kernelcast.__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     env.update(TRITON_INTERPRET="0", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     try:
-        done = subprocess.run([sys.executable, "-m", "kernelcast.kernels.facts"], input=request, capture_output=True,
-                              text=True, env=env, timeout=120 + 30 * len(jobs))
+        # in a scratch folder of its own: what the candidates write where they stand lands there
+        with tempfile.TemporaryDirectory(prefix="kernelcast-facts-child-") as scratch:
+            done = subprocess.run([sys.executable, "-m", "kernelcast.kernels.facts"], input=request,
+                                  capture_output=True, text=True, env=env, cwd=scratch, timeout=120 + 30 * len(jobs))
         lines = done.stdout.strip().splitlines()
         if done.returncode == 0 and lines:
             return [from_json(json.dumps(d)) for d in json.loads(lines[-1])]
