@@ -31,7 +31,7 @@ PHASES = frozenset({
 _NUMBERS = ("runtime_us_median", "runtime_us_iqr", "error_rel", "reference_error_rel", "host_us")
 _TEXTS = ("error", "precision", "window_check", "memcheck", "reference_processes", "state")
 _FLOATS = ("compile_seconds", "gpu_seconds")
-_NAMES = ("case_names", "host_sensitive_cases", "anchored_cases", "unseen_control")
+_NAMES = ("case_names", "host_sensitive_cases", "anchored_cases", "unseen_control", "timed_outputs")
 _PLAIN = ("prebuilt", "models_built", "anchored_slowed", "rotation_sets", "traced_busy_us", "fastest_call_us",
           "outputs")
 RESULT_FIELDS = frozenset(("status", "out_of_memory", "repetitions") + _NUMBERS + _TEXTS + _FLOATS + _NAMES

@@ -577,10 +577,12 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
         outs = [first_outs] + [poisoned_outputs(op, case, "cuda") for _ in range(1, n_sets)]
         params = job.candidate.params
         returned = [None] * len(sets)  # what the latest timed call on each set gave back: the judge checks it
+        last = [0]  # the set of the latest timed call
 
         def call(i: int) -> None:
             k = i % len(sets)
             returned[k] = launch(*sets[k], *outs[k], **params)
+            last[0] = k
 
         # The candidate's calls run under the switches it set; the reference's beside them under the harness's own.
         own = state.snapshot()
@@ -622,11 +624,7 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
                            f"harness's stream, where they are timed")
         for k in range(n_sets):
             checker.note(case, _TIMING_SEED + k)
-        # The judge reads the last timed call's outputs on up to TIMED_RECORDS sets, chosen now that the calls are made.
-        for k in sorted(random.SystemRandom().sample(range(n_sets), min(n_sets, TIMED_RECORDS))):
-            got = outs[k] if returned[k] is None else (returned[k],) if isinstance(returned[k], torch.Tensor) \
-                else tuple(returned[k])
-            checker.record(case, _TIMING_SEED + k, "timed", got)
+        _record_timed(checker, case, outs, returned, last[0], result)
         del returned
         if check:  # the first set stays for the calls beside the fresh ones: it has been seen many times
             del sets[1:], outs[1:]
@@ -701,6 +699,33 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
         result.setdefault("rotation_sets", []).append(rotation[case.name])
     del flush
     torch.cuda.empty_cache()
+
+
+def _record_timed(checker: Checker, case, outs, returned, last: int, result: dict) -> None:
+    """The timed calls' outputs for the judge: the latest call's, and those of up to ``TIMED_RECORDS - 1`` other input
+    sets chosen now that the calls are made. An output the latest call overwrote (one buffer returned for every call,
+    as a CUDA graph's static outputs are) cannot show an earlier call's work: its set is left out, and the row says
+    so; so is one whose earlier outputs can no longer be read (torch.compile's CUDA-graph trees refuse it)."""
+    def got_of(k):
+        r = returned[k]
+        return outs[k] if r is None else (r,) if isinstance(r, torch.Tensor) else tuple(r)
+
+    latest = got_of(last)
+    checker.record(case, _TIMING_SEED + last, "timed", latest)
+    others = [k for k in range(len(outs)) if k != last]
+    mine = {t.untyped_storage().data_ptr() for t in latest if isinstance(t, torch.Tensor) and t.numel()}
+    for k in sorted(random.SystemRandom().sample(others, min(len(others), TIMED_RECORDS - 1))):
+        try:
+            got = got_of(k)
+            if any(isinstance(t, torch.Tensor) and t.numel() and t.untyped_storage().data_ptr() in mine for t in got):
+                result.setdefault("timed_outputs", []).append(f"{case.name}: one buffer returned for every call; its "
+                                                              f"latest call's outputs judged")
+                break
+            checker.record(case, _TIMING_SEED + k, "timed", got)
+        except RuntimeError as exc:  # an output a later call overwrote and torch now refuses to read
+            result.setdefault("timed_outputs", []).append(f"{case.name}: earlier calls' outputs unreadable "
+                                                          f"({_describe(exc)[:120]}); its latest call's judged")
+            break
 
 
 def _check_timed(case_name: str, timing: Timing, here: Timing, traced_us: float | None, floor_us: float) -> None:

@@ -980,6 +980,8 @@ class MeasureWorker:
                 "checks": "; ".join([f"{k}: {res[k]}" for k in ("window_check", "memcheck", "models_built", "judged",
                                                                 "seeds", "state")
                                      if res.get(k)]
+                                    + ([f"timed outputs: {'; '.join(res['timed_outputs'])}"]
+                                       if res.get("timed_outputs") else [])
                                     + ([f"{REFERENCE_PROCESSES_MARK}{res['reference_processes']}"]
                                        if res.get("reference_processes") else [])
                                     + _anchoring(res) + _host_sensitive(res) + _controlled(res))}
