@@ -2,7 +2,7 @@
 
     PYTHONPATH=$PWD python benchmarks/cudal1_forecast.py [--pool data/pools/cudal1] [--protocol kernelcast]
         [--forecasters learned,source,roofline,random] [--folds 5] [--draws 1000] [--also-data data/pools ...]
-        [--lmhead-folder DIR] [--corpus CUDA-L1 JSON Lines folder] [--out docs/measured/cudal1_forecast]
+        [--lmhead-folder DIR] [--corpus CUDA-L1 JSON Lines folder] [--out docs/measured/cudal1_forecast/cudal1_forecast]
 
 Each problem of the pool (op ``kb.cudal1-lX-NNN``: its eager reference, the anchor, and its CUDA-L1
 implementations) is forecast by each registered forecaster fit on other problems only, two ways:

@@ -19,7 +19,7 @@ related code cheaper. The reference's ``compile-default`` child is measured once
 kernel found is reported against eager and against torch.compile.
 
     python -m benchmarks.headroom_search --budgets 8 16 32 --seeds 2 --shard 0/4 --data /tmp/hs0 --json hs0.json
-    python -m benchmarks.headroom_search --summary-only --json hs0.json hs1.json --markdown docs/measured/X.md
+    python -m benchmarks.headroom_search --summary-only --json hs0.json hs1.json --markdown docs/measured/headroom_search/X.md
 
 ``--problems`` names problems (``l2-017,...``); the default is the pool report's headroom list in the order
 ``--order-seed`` shuffles it into. ``--backend replay --replay-pool data/pools/headroom`` replays the live runs'

@@ -1,7 +1,7 @@
 """Forecasters of written kernels, failure included, held out by operation: source, learned, roofline, random.
 
     python benchmarks/source_forecasters.py --data data/pools --llm data/pools/llm --gpu-type h100 \
-        [--draws 1000] [--out docs/measured/source_forecasters]
+        [--draws 1000] [--out docs/measured/source_forecasters/source_forecasters]
 
 Every measured kernel of the corpus with source (``kernelcast.surrogate.dataset.source_pairs``: the template
 variants against the op's eager reference, the language model's children against the parent they
