@@ -92,7 +92,10 @@ def start_local_server(host: str = "127.0.0.1", port: int = DEFAULT_PORT, timeou
     with open(log_path, "ab") as log:
         process = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", host,
                                     "--port", str(port), "--scheduler", "--late-runs", "--ui"],
-                                   stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+                                   stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                   # Ctrl+C reaches the serving process alone, which stops its runner while the
+                                   # server still answers, then the server (PrefectServer.stop).
+                                   start_new_session=True)
     server = PrefectServer(api_url, process, log_path)
     deadline = time.monotonic() + timeout_s
     while not answers(api_url, timeout=2.0):

@@ -54,7 +54,8 @@ def _config(tmp_path: Path, settings: dict, name: str) -> Path:
 def serving(tmp_path: Path, data: Path, config: Path, api_url: str | None = None, port: int | None = None,
             extra: tuple[str, ...] = (), log_name: str = "serve.log"):
     """``kernelcast serve --cron '* * * * *' --ops softmax`` running in a session of its own; yields the
-    process and its log path; stopped with SIGINT (Ctrl+C) at the end unless already gone."""
+    process and its log path; stopped with SIGTERM at the end unless already gone (Prefect's runner shuts down
+    gracefully on it; SIGINT is ignored by a process a non-interactive shell started in the background)."""
     log = tmp_path / log_name
     command = [sys.executable, "-m", "kernelcast.flows.cli", "serve", "--cron", "* * * * *", "--ops", "softmax",
                "--config", str(config), "--data", str(data), *extra]
@@ -67,7 +68,7 @@ def serving(tmp_path: Path, data: Path, config: Path, api_url: str | None = None
         yield process, log
     finally:
         if process.poll() is None:
-            os.killpg(process.pid, signal.SIGINT)
+            process.terminate()
             try:
                 process.wait(timeout=60)
             except subprocess.TimeoutExpired:
@@ -76,16 +77,30 @@ def serving(tmp_path: Path, data: Path, config: Path, api_url: str | None = None
 
 def kill_everything(process: subprocess.Popen) -> None:
     """SIGKILL a process and every process it started, wherever their sessions: what a machine restart does."""
-    import psutil
-
-    try:
-        family = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    for p in family:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.kill()
+    family = [process.pid, *_descendants(process.pid)]  # found first, while every parent is alive
+    for pid in family:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     process.wait(timeout=30)
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid``, read from /proc (each one's parent id)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
 
 
 def _wait_for(what: str, check, timeout: float, log: Path | None = None, every: float = 1.0):
@@ -123,7 +138,7 @@ def ended(runs, state: str = "COMPLETED") -> list:
 
 
 def run_tag(flow_run) -> str:
-    return next(t[4:] for t in flow_run.tags if t.startswith("run:"))
+    return next((t[4:] for t in flow_run.tags if t.startswith("run:")), "")
 
 
 @pytest.fixture(scope="module")
