@@ -175,8 +175,10 @@ def cmd_serve(args) -> int:
         if cron:
             try:
                 CronSchedule(cron=cron)  # a malformed schedule fails here, before the deployments are built
-            except ValueError as exc:
-                raise UsageError(f"{flag} {cron!r} is not a cron schedule: {str(exc).splitlines()[-1]}") from None
+            except ValueError as exc:  # pydantic's ValidationError: its first error's message, without its prefix
+                errors = exc.errors() if hasattr(exc, "errors") else [{"msg": str(exc)}]
+                why = errors[0]["msg"].removeprefix("Value error, ") if errors else str(exc)
+                raise UsageError(f"{flag} {cron!r} is not a cron schedule: {why}") from None
     from kernelcast.flows.deployments import NIGHTLY_OPS, nightly_parameters, serve
     from kernelcast.tasks.config import SearchConfig, validate
 
