@@ -52,6 +52,8 @@ def parse(argv=None):
     p.add_argument("--problems", default="dev", choices=("dev", "sealed", "all"))
     p.add_argument("--forecasters", default="physics,labels,learned")
     p.add_argument("--gpu-type", default="h100")
+    p.add_argument("--cudal1-pool", default=str(REPO / "data" / "pools" / "cudal1"),
+                   help="CUDA-L1's pool, whose kernels the label baseline and learned are fit on")
     p.add_argument("--draws", type=int, default=1000)
     p.add_argument("--out", default=None, help="path stem of the .txt and .json results")
     return p.parse_args(argv)
@@ -74,7 +76,7 @@ def imported(folder: Path, problem: dict):
     return op, dict(zip(names, kernels))
 
 
-def fitted(name: str, gpu_type: str):
+def fitted(name: str, gpu_type: str, cudal1_pool: str):
     """Forecaster ``name`` as it would forecast an operation it has never seen: physics as it is, the others fit on
     the packaged pools (template pairs; CUDA-L1's kernels, its written ones)."""
     from kernelcast.surrogate import registry
@@ -86,15 +88,15 @@ def fitted(name: str, gpu_type: str):
     from kernelcast.surrogate.dataset import case_pairs
 
     pairs = case_pairs(DataRoot(str(REPO / "data" / "pools")), gpu_type=gpu_type)
-    sources = cudal1_kernels(gpu_type)
+    sources = cudal1_kernels(gpu_type, cudal1_pool)
     return registry.fit_prior(name, forecaster, pairs, sources)
 
 
-def cudal1_kernels(gpu_type: str) -> pd.DataFrame:
+def cudal1_kernels(gpu_type: str, pool: str) -> pd.DataFrame:
     """CUDA-L1's measured kernels (kernelcast protocol) with their references, their tasks installed here."""
     from benchmarks.cudal1_forecast import _measured
 
-    args = argparse.Namespace(pool=str(REPO / "data" / "pools" / "cudal1"), protocol="kernelcast", gpu_type=gpu_type,
+    args = argparse.Namespace(pool=pool, protocol="kernelcast", gpu_type=gpu_type,
                               spaces=[], drop_verdicts=None)
     kernels, _ = _measured(args)
     return kernels
@@ -145,7 +147,7 @@ def run(args) -> int:
     results = {"problems": args.problems, "n_problems": len(problems), "n_kernels": len(table), "forecasters": {}}
     for name in [n for n in args.forecasters.split(",") if n]:
         t = time.perf_counter()
-        forecaster = fitted(name, args.gpu_type)
+        forecaster = fitted(name, args.gpu_type, args.cudal1_pool)
         fit_s = time.perf_counter() - t
         t = time.perf_counter()
         forecasts = forecaster.forecast(list(table["request"]))
