@@ -20,21 +20,14 @@ from kernelcast.kernels.records import Candidate, HardwareSpec
 
 CPU = HardwareSpec(gpu_type=INTERPRETER, device_name="Triton CPU interpreter")
 
-# Writes a pickle whose loading runs a command into every socket of its process (its result channel among them),
-# framed as multiprocessing frames a message, then leaves before the harness reports anything.
-PICKLE_PAYLOAD = '''
+# Writes ``data`` framed as multiprocessing frames a message into every socket and pipe of its process (its result
+# channel among them), then leaves before the harness reports anything.
+WRITE_EVERYWHERE = '''
 import os
-import pickle
 import struct
 
 
-class Payload:
-    def __reduce__(self):
-        return (os.system, ("touch {marker}",))
-
-
-def launch(x, out):
-    data = pickle.dumps(("result", Payload()))
+def write_everywhere(data):
     for fd in os.listdir("/proc/self/fd"):
         try:
             if os.readlink("/proc/self/fd/" + fd).startswith(("socket:", "pipe:")):
@@ -44,24 +37,31 @@ def launch(x, out):
     os._exit(0)
 '''
 
+# A pickle whose loading runs a command, written everywhere.
+PICKLE_PAYLOAD = WRITE_EVERYWHERE + '''
+import pickle
+
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, ("touch {marker}",))
+
+
+def launch(x, out):
+    data = pickle.dumps(("result", Payload()))
+    write_everywhere(data)
+'''
+
 # Writes a well-formed result of its own making ("ok", fast) on the channel and leaves: no check ever ran.
-FORGED_RESULT = '''
+FORGED_RESULT = WRITE_EVERYWHERE + '''
 import json
-import os
-import struct
 
 
 def launch(x, out):
     data = json.dumps(["result", {"status": "ok", "error": "", "case_names": [], "compile_seconds": 0.0,
                                   "gpu_seconds": 0.0, "runtime_us_median": [], "runtime_us_iqr": [],
                                   "repetitions": [], "out_of_memory": False}]).encode()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink("/proc/self/fd/" + fd).startswith(("socket:", "pipe:")):
-                os.write(int(fd), struct.pack("!i", len(data)) + data)
-        except OSError:
-            pass
-    os._exit(0)
+    write_everywhere(data)
 '''
 
 # Replaces, at import, the torch function the reference calls, so that the reference computed in its own process
