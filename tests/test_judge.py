@@ -296,3 +296,11 @@ def test_the_timed_calls_latest_outputs_are_always_judged_and_a_reused_buffer_is
     runner._record_timed(reused, case, outs, [shared] * 6, 2, result)
     assert [seed - runner._TIMING_SEED for seed, _, _ in reused.records] == [2]
     assert "one buffer returned for every call" in result["timed_outputs"][0]
+
+
+def test_a_zero_dimensional_output_is_recorded_and_read_back(tmp_path):
+    log = judge.OutputLog(str(tmp_path / "judged"))
+    log.write("c", 5, "check", (torch.tensor(7, dtype=torch.int64), torch.tensor(2.5)))
+    [record] = judge.read_records(str(tmp_path / "judged"))
+    assert [t.shape for t in record.outputs] == [torch.Size([]), torch.Size([])]
+    assert int(record.outputs[0]) == 7 and float(record.outputs[1]) == 2.5

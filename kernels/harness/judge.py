@@ -68,7 +68,7 @@ class OutputLog:
                 data = t.detach().contiguous().cpu()
                 head["tensors"].append({"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
                                         "stride": list(t.stride()), "bytes": data.numel() * data.element_size()})
-                f.write(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+                f.write(data.reshape(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b"")
         with open(path + ".json", "w") as f:
             json.dump(head, f)
         self.count += 1
