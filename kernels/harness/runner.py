@@ -68,7 +68,7 @@ from kernelcast.kernels.records import Candidate, is_lower, strict_error
 # Seeds of the inputs: compile call 0, correctness 1..seeds, timing sets from 1000, recheck 9000.
 _TIMING_SEED, _RECHECK_SEED = 1000, 9000
 JUDGED = "judged"  # the child's folder of recorded outputs (judge.OutputLog), read by the judge
-TIMED_RECORDS = 4  # timed input sets per case whose outputs the judge checks
+TIMED_RECORDS = 2  # timed input sets per case whose outputs the judge checks: the latest call's and one other
 
 # The timers of the formats' own harnesses (Job.protocol): KernelBench's 100 trials, GPU MODE's adaptive runs.
 _FORMAT_TIMERS = {"kernelbench": time_trials, "gpumode": time_gpumode}
@@ -625,7 +625,7 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
         for k in range(n_sets):
             checker.note(case, _TIMING_SEED + k)
         _record_timed(checker, case, outs, returned, last[0], result)
-        del returned
+        returned[:] = [None] * len(returned)  # kept for the verification's calls, which ``call`` still makes
         if check:  # the first set stays for the calls beside the fresh ones: it has been seen many times
             del sets[1:], outs[1:]
             torch.cuda.empty_cache()
