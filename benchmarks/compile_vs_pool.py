@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from kernelcast.storage.dataset import DataRoot  # noqa: E402
 
-REPORT = ROOT / "docs" / "measured" / "cudal1_pool_h100_2026-11-26.json"
+REPORT = ROOT / "docs" / "measured" / "cudal1_pool" / "cudal1_pool_h100_2026-11-26.json"
 MODES = ("compile-default", "compile-reduce-overhead", "compile-max-autotune-no-cudagraphs", "compile-max-autotune")
 
 

@@ -72,7 +72,7 @@ from kernelcast.tasks.config import SearchConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 POOL = ROOT / "data" / "pools" / "cudal1"
-REPORT = ROOT / "docs" / "measured" / "cudal1_pool_h100_2026-11-26.json"
+REPORT = ROOT / "docs" / "measured" / "cudal1_pool" / "cudal1_pool_h100_2026-11-26.json"
 MODES = ("measurements", "gpu-compile-seconds")
 TORCH_COMPILE = "variant:compile-default"
 

@@ -85,7 +85,7 @@ def test_a_replayed_search_counts_its_roots_first(tmp_path, monkeypatch):
 def test_a_summary_says_whether_its_searches_were_replayed_or_live():
     from benchmarks.headroom_search import summary
 
-    rows = json.loads((REPO / "docs" / "measured" /
+    rows = json.loads((REPO / "docs" / "measured" / "headroom_space" /
                        "headroom_space_replay_h200_depth2_heldout2_late_2026-11-28.json").read_text())["runs"][:8]
     assert summary([{**r, "backend": "replay"} for r in rows])[0].startswith("Replayed searches, generator variants")
     assert summary([{**r, "backend": "local"} for r in rows])[0].startswith("Live searches")
