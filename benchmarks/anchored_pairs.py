@@ -9,7 +9,7 @@ one run a file. Prints: how many anchored figures met a reference slowed past ``
 (``runner.ANCHOR_SLOWED``), the quantiles of that ratio, each candidate's own host time in its pairs (beside a
 reference within 1.5x of its stored runtime, and past it), and, for the cases anchored in two or more runs, the range
 of their speedups (largest over smallest) over all their figures and over those made beside an unslowed reference.
-Reads the timelines only: no GPU. (docs/harness.md, "Fresh problems".)
+Reads the timelines only: no GPU. (docs/measured/harness_repeatability/README.md, "Fresh problems".)
 """
 
 from __future__ import annotations

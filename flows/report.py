@@ -43,7 +43,7 @@ def reference_host_bound(rows: pd.DataFrame) -> str:
     """What the op's latest reference measurement here says of its cases' host time: the cases whose host side came
     near the flush's head start ("host-sensitive: ..." in its checks), "no" where none did, "" where the row predates
     the mark. A speedup over a host-bound reference is the host's as much as the GPU's: the same kernel measured
-    1.2x-4.2x over the same reference in runs on one kind of GPU (docs/harness.md, "Why the small problems' figures
+    1.2x-4.2x over the same reference in runs on one kind of GPU (docs/measured/harness_repeatability/README.md, "Why the small problems' figures
     move"). Where the reference was measured in several processes (its fastest stored), it says how many and how far
     their figures spread (the largest over the fastest, of its widest case)."""
     if "origin" not in rows or "checks" not in rows:
@@ -68,7 +68,7 @@ def timed_how(checks: str) -> str:
     """How a measurement's cases were timed, from its checks: "alone" (in its own windows), "paired: CASES" (beside the
     reference, reported as the reference's stored runtime times their ratio), and for pairs whose reference ran well
     past its stored runtime, by how much ("beside a slowed reference 2.98x: CASE"): the ratio of such a pair carries to
-    the stored figure only where both calls follow the host alike (docs/harness.md, "Fresh problems"). "" where the
+    the stored figure only where both calls follow the host alike (docs/measured/harness_repeatability/README.md, "Fresh problems"). "" where the
     row predates the mark."""
     from kernelcast.kernels.harness.sweep_report import cases_in
     from kernelcast.kernels.harness.worker import anchored_slowed_in

@@ -472,7 +472,7 @@ def _adopt_references(pool, todo: Sequence[Candidate], gpu_type: str, frames: di
     """Give the pool each op's reference as the data root stored it (its latest ok row timed on a GPU), before it
     measures that op's candidates: every run and every worker of one root then sets its candidates against the same
     reference runtime and times the same cases beside it, where each measuring its own reference would decide its
-    paired cases afresh and take that moment's host speed (docs/harness.md, "Repeatability both ways"). A pool that
+    paired cases afresh and take that moment's host speed (docs/measured/harness_repeatability/README.md, "Repeatability both ways"). A pool that
     cannot adopt it (a replay, a row from other hardware or from before rows said which cases were host-sensitive)
     measures its own, as before; the reference itself asked for is measured, not adopted."""
     adopt = getattr(pool, "adopt_reference", None)

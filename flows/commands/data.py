@@ -347,7 +347,7 @@ def register(sub) -> None:
     sp.add_argument("--model-build", choices=["auto", "host", "device"], default="auto",
                     help="where a KernelBench task's Model and ModelNew are built: auto (on the CPU and then moved, as "
                          "KernelBench's eval does; a model over 2 GiB of parameters on the GPU under kernelcast's "
-                         "timing), host, or device (docs/harness.md, \"Models built on the host\")")
+                         "timing), host, or device (docs/measured/task_sweep/README.md, \"Models built on the host\")")
     add_data_args(sp)
     sp.set_defaults(func=cmd_measure)
 

@@ -15,7 +15,7 @@ whenever they create the same parameters in the same order. They are built as Ke
 on the CPU, then moved to the device. There a parameter made with the legacy ``torch.Tensor(out, in)``
 constructor and initialised by hand draws from the same generator as the reference's ``nn.Linear``; built on the
 GPU, the two draw from different generators (that constructor ignores the default device) and such a kernel was
-judged incorrect where KernelBench accepts it (docs/harness.md, "Models built on the host"). Under kernelcast's
+judged incorrect where KernelBench accepts it (docs/measured/task_sweep/README.md, "Models built on the host"). Under kernelcast's
 protocol a model whose parameters pass ``HOST_BUILD_BYTES`` is still built on the device (no host memory or time
 for a gigabyte-sized model), and a plain tensor attribute made in ``__init__`` is moved along with the parameters;
 under KernelBench's protocol every model is built on the CPU and only its parameters and buffers move, as there.

@@ -1,7 +1,7 @@
 """What a timed verdict must withstand, checked after a case is timed and before its figure is kept.
 
 The candidate runs in the process that times it, so every timing figure is only as good as
-these checks (docs/harness.md, "What a verdict must withstand"):
+these checks (docs/harness.md, "Checks of a timed window"):
 
   window     — a trusted profile of one call (CUDA's activity tracing, through torch.profiler):
                every kernel, copy and fill the device ran after the call began lies between two

@@ -129,7 +129,7 @@ class WorkerConfig:
     # H200 host, one run: a reference of 19.9, 59.1 and 135.1 us in three processes), so such a reference's stored
     # runtime per case is its fastest process's (``combine_reference_takes``); its row keeps every process's figure.
     # Stopping the worker's other children while one times was tried and taken out: with them stopped, host-paced
-    # references ran slower and spread more over runs (2.3x against 1.05x; docs/harness.md, "Quiet timing, measured").
+    # references ran slower and spread more over runs (2.3x against 1.05x; docs/measured/harness_repeatability/README.md, "Quiet timing, measured").
     reference_processes: int = 3
 
 
