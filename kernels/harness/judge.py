@@ -17,6 +17,7 @@ reference than that trivial output is, and its outputs must be laid out as the r
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import math
 import os
@@ -25,6 +26,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
+
+from kernelcast.kernels.ops import Operation, get_operation, mismatch
 
 RECORD_CAP_BYTES = 256 << 20  # one call's outputs written whole up to this; a bigger call is left to the child
 TOTAL_CAP_BYTES = 4 << 30  # all of one child's records
@@ -147,8 +150,6 @@ def _rel_error(got: torch.Tensor, expected: torch.Tensor) -> float:
 def trivial_passes(op, case, inputs, expected) -> dict[str, float]:
     """The trivial outputs the operation's own check would accept on these inputs, each with its relative error:
     zeros, the outputs' means (a constant), and any input of the outputs' shape and dtype passed through."""
-    from kernelcast.kernels.ops import mismatch
-
     expected = tuple(expected)
     if not expected or not all(isinstance(e, torch.Tensor) and e.dtype.is_floating_point for e in expected):
         return {}
@@ -172,11 +173,14 @@ def judge_record(op, case, record: Record, device: str, trivial: bool = True) ->
     gen.manual_seed(record.seed)
     inputs = op.make_inputs(case, gen, device)
     got = tuple(o.to(device) for o in record.outputs)
-    problem = op.check(case, inputs, got)
-    if problem:
-        return f"the judge, on the {record.role} call's outputs (seed {record.seed}): {problem}", {}
     expected = op.reference(*inputs)
     expected = (expected,) if isinstance(expected, torch.Tensor) else tuple(expected)
+    # The operation's own check where it has one (a GPU MODE task's); else the reference's comparison, on the
+    # reference computed once here for it and for the checks below.
+    own_check = type(op).check is not Operation.check
+    problem = op.check(case, inputs, got) if own_check else mismatch(op, case, got, expected)
+    if problem:
+        return f"the judge, on the {record.role} call's outputs (seed {record.seed}): {problem}", {}
     for i, (stride, e) in enumerate(zip(record.strides, expected)):
         if isinstance(e, torch.Tensor) and e.numel() > 1 and tuple(stride) != tuple(e.stride()):
             return (f"the judge, on the {record.role} call: output {i} has strides {tuple(stride)}, the reference's "
@@ -199,8 +203,6 @@ def judge_folder(op_name: str, mode: str, folder: str, served: dict[int, str], m
 
     ``served``: the seeds the worker drew for this child (seed -> case); a record of any other seed was not made on
     inputs the harness chose. ``roles_needed``: the roles every case must have a record of."""
-    from kernelcast.kernels.ops import get_operation
-
     op = get_operation(op_name)
     op.configure_models(model_build, protocol)
     device = "cuda" if mode == "gpu" else "cpu"
@@ -211,7 +213,7 @@ def judge_folder(op_name: str, mode: str, folder: str, served: dict[int, str], m
         return {"problem": f"the judge cannot read the child's outputs: {exc}", "records": 0, "trivial": {}}
     seen = {(r.case, r.role) for r in records}
     for case in cases:
-        if not _recordable(op, cases[case]):
+        if not _recordable(op_name, mode, case):
             continue  # a call too big to write whole (or of a size nobody can tell) is left to the child's check
         for role in roles_needed:
             if (case, role) not in seen:
@@ -251,10 +253,14 @@ def judge_folder(op_name: str, mode: str, folder: str, served: dict[int, str], m
     return {"problem": "", "records": len(records), "trivial": trivial}
 
 
-def _recordable(op, case) -> bool:
-    """Whether a call's outputs fit a record, as far as the case's outputs' size can be told without running it."""
+@functools.lru_cache(maxsize=4096)
+def _recordable(op_name: str, mode: str, case_name: str) -> bool:
+    """Whether a call's outputs fit a record, as far as the case's outputs' size can be told without running it (once
+    a case for the judge's life: it depends on the case alone)."""
     from kernelcast.kernels.harness import budget
 
+    op = get_operation(op_name)
+    case = next(c for c in (op.cases if mode == "gpu" else op.interpret_cases) if c.name == case_name)
     try:
         size = budget.footprint(op, case).output_bytes
     except Exception:  # noqa: BLE001 - inputs meta tensors cannot describe

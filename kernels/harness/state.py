@@ -10,6 +10,7 @@ which it found changed. What a candidate sets inside its own call lasts only as 
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 
 import torch
@@ -94,8 +95,9 @@ def restore(taken: dict[str, object]) -> list[str]:
     return changed
 
 
+@functools.lru_cache(maxsize=1)
 def _cudart():
-    """The CUDA runtime library this process loaded (torch's), or None."""
+    """The CUDA runtime library this process loaded (torch's), or None; found once a process."""
     try:
         with open("/proc/self/maps") as f:
             paths = {line.split()[-1] for line in f if "libcudart.so" in line}
