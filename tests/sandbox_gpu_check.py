@@ -251,14 +251,19 @@ def _triton_cache_cost(device: str) -> dict:
 
 
 def _measure(worker, named: dict[str, str]) -> dict:
+    """{name: verdict} for each named source measured as a softmax candidate; rows the worker yields for candidates
+    it was not given (in GPU mode, the op's reference, measured first in each worker) under ``reference <id>``."""
     from kernelcast.kernels.records import Candidate
 
     cands = {name: Candidate(op="softmax", backend="triton", source=src, origin="llm") for name, src in named.items()}
     by_id = {c.candidate_id: name for name, c in cands.items()}
     found = {}
     for m in worker.measure(list(cands.values())):
-        found[by_id[m.candidate_id]] = {"status": m.status, "error": (m.error or "")[:1500],
-                                        "speedup": m.speedup}
+        name = by_id.get(m.candidate_id, f"reference {m.candidate_id}")
+        found[name] = {"status": m.status, "error": (m.error or "")[:1500], "speedup": m.speedup}
+    missing = sorted(set(named) - set(found))
+    if missing:
+        raise RuntimeError(f"the worker gave no verdict for {', '.join(missing)}")
     return found
 
 
