@@ -98,7 +98,8 @@ def parse(argv=None) -> argparse.Namespace:
                         "problems (kernelcast.surrogate.ranking.recalibrated; ranking and failure AUROC unchanged); repeatable")
     p.add_argument("--versus", default="learned",
                    help="pair every other forecaster against this one (the first split's held-out forecasts, and any "
-                        "--forecasts): the difference of each figure with a bootstrap interval over the same problems")
+                        "--forecasts): the difference of each figure with a bootstrap interval over the same problems; "
+                        "several, comma-separated (labels,learned), give a table each")
     p.add_argument("--drop-verdicts", default=None, metavar="FILE",
                    help="a file of candidate ids (one a line, # comments) whose stored verdicts are known to be the "
                         "harness's faults, not the kernels': left out of training and scoring")
@@ -390,11 +391,11 @@ def run(args) -> int:
     if skipped:
         say(f"not run: {', '.join(skipped)}")
     paired = versus(args, kernels, first)
-    if not paired.empty:
+    for against, table_of in (paired.groupby("versus", sort=False) if not paired.empty else ()):
         say()
-        say(f"Paired against {args.versus} (each forecaster's figure less {args.versus}'s on the kernels both forecast; "
+        say(f"Paired against {against} (each forecaster's figure less {against}'s on the kernels both forecast; "
             "95% bootstrap over problems, the same problems for both; * where the interval excludes a tie):")
-        say(_versus_table(paired))
+        say(_versus_table(table_of))
     measured = measured_rankers(args, kernels, first, next(iter(splits))) if args.measured_rankers else pd.DataFrame()
     if not measured.empty:
         say()
@@ -524,15 +525,16 @@ def as_truth(kernels: pd.DataFrame, worth: pd.Series) -> pd.DataFrame:
 
 
 def versus(args, kernels: pd.DataFrame, forecasts: dict) -> pd.DataFrame:
-    """Each forecaster of ``forecasts`` (the first split's, and any stored ones) against ``--versus``'s, paired on
-    the kernels both forecast (``kernelcast.surrogate.ranking.paired_difference``); empty when that one was not run."""
+    """Each forecaster of ``forecasts`` (the first split's, and any stored ones) against each of ``--versus``'s
+    (comma-separated), paired on the kernels both forecast (``kernelcast.surrogate.ranking.paired_difference``); a
+    ``--versus`` forecaster that was not run gives no rows."""
     from kernelcast.surrogate import ranking
 
-    if args.versus not in forecasts:
-        return pd.DataFrame()
-    return pd.DataFrame([{"forecaster": name, "versus": args.versus,
-                          **ranking.paired_difference(kernels, theirs, forecasts[args.versus], args.draws, args.seed)}
-                         for name, theirs in forecasts.items() if name != args.versus])
+    rows = [{"forecaster": name, "versus": against,
+             **ranking.paired_difference(kernels, theirs, forecasts[against], args.draws, args.seed)}
+            for against in (a for a in args.versus.split(",") if a in forecasts)
+            for name, theirs in forecasts.items() if name != against]
+    return pd.DataFrame(rows)
 
 
 def _versus_table(table: pd.DataFrame) -> str:

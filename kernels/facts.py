@@ -21,7 +21,10 @@ that cannot run on meta tensors (data-dependent, ``.item()``, a library the CPU 
 recorded as "host_error" with the reason: nothing is known then, which is not a failure.
 
 Facts are cached by (source, parameters, operation, case, target): a search forecasts many
-candidates sharing a source, and the extraction is the costly part of a forecast.
+candidates sharing a source, and the extraction is the costly part of a forecast. In memory always, and
+with ``cache_dir`` in one JSON file a job there too (``DEFAULT_CACHE_DIR``: a pool's facts take minutes on
+two cores), under a folder named by this module's own text and the installed torch and Triton, so facts
+found by other code are never read back.
 """
 
 from __future__ import annotations
@@ -471,6 +474,9 @@ def _is_compile_failure(exc: BaseException) -> bool:
 
 _CACHE: dict[tuple, KernelFacts] = {}
 MANY_OPERATORS = 2000
+DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "kernelcast", "facts")
+CHILD_BATCH = 32  # jobs a child finds before it reports: a crash or a timeout loses no more, and each is saved
+_KEPT = ("ok", "compile_error", "host_error")  # verdicts of the code itself; "unknown" (a child lost) is found again
 
 
 def cache_key(candidate, op_name: str, case_name: str, target: str) -> tuple:
@@ -478,27 +484,95 @@ def cache_key(candidate, op_name: str, case_name: str, target: str) -> tuple:
     return digest, op_name, case_name, target
 
 
-def extract(op, candidate, case, target: str = "cuda:90", isolated: bool = False) -> KernelFacts:
+def extract(op, candidate, case, target: str = "cuda:90", isolated: bool = False,
+            cache_dir: str | None = None) -> KernelFacts:
     """The facts of ``candidate`` on ``case`` of ``op`` compiled for ``target``; cached by source and case.
     ``isolated``: found in a child process (``extract_many``)."""
-    return extract_many([(op, candidate, case, target)], isolated)[0]
+    return extract_many([(op, candidate, case, target)], isolated, cache_dir)[0]
 
 
-def extract_many(jobs, isolated: bool = False) -> list[KernelFacts]:
-    """The facts of each (op, candidate, case, target) of ``jobs``, cached by source and case.
+def extract_many(jobs, isolated: bool = False, cache_dir: str | None = None, workers: int = 0) -> list[KernelFacts]:
+    """The facts of each (op, candidate, case, target) of ``jobs``, cached by source and case (in memory, and in
+    ``cache_dir`` when given).
 
-    The candidate's host code runs to find them. ``isolated`` runs every job not cached in one child process
+    The candidate's host code runs to find them. ``isolated`` runs the jobs not cached in child processes
     (``python -m kernelcast.kernels.facts``, a bare environment: what a candidate does to its process, patching
-    torch, setting flags, crashing, stays there), at the cost of one start of Python and torch per batch. A
-    process whose Triton runs its interpreter (its library functions are interpreted then, and cannot be
-    compiled) always finds them in a child."""
+    torch, setting flags, crashing, stays there), ``CHILD_BATCH`` jobs a child and ``workers`` children at once
+    (0: one a CPU core, at most 4), at the cost of one start of Python and torch per batch. A process whose Triton
+    runs its interpreter (its library functions are interpreted then, and cannot be compiled) always finds them
+    in a child."""
     keys = [cache_key(c, op.name, case.name, target) for op, c, case, target in jobs]
     todo = {k: job for k, job in zip(keys, jobs) if k not in _CACHE}
+    folder = _cache_folder(cache_dir) if cache_dir else None
+    if folder and todo:
+        for key in list(todo):
+            found = _read_cached(folder, key)
+            if found is not None:
+                _CACHE[key] = found
+                del todo[key]
     if todo:
-        found = (_extract_in_child(list(todo.values())) if isolated or _interpreting()
-                 else [_extract(*job) for job in todo.values()])
-        _CACHE.update(zip(todo, found))
+        def done(batch_keys, found):
+            _CACHE.update(zip(batch_keys, found))
+            if folder:
+                for key, facts in zip(batch_keys, found):
+                    if facts.status in _KEPT:
+                        _write_cached(folder, key, facts)
+
+        if isolated or _interpreting():
+            _in_children(todo, done, workers)
+        else:
+            for key, job in todo.items():
+                done([key], [_extract(*job)])
     return [_CACHE[k] for k in keys]
+
+
+def _in_children(todo: dict, done, workers: int) -> None:
+    """``_extract_in_child`` of ``todo``'s jobs in batches of ``CHILD_BATCH``, ``workers`` children at once, each
+    batch handed to ``done(keys, facts)`` as it finishes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    items = list(todo.items())
+    batches = [items[i:i + CHILD_BATCH] for i in range(0, len(items), CHILD_BATCH)]
+    workers = workers or min(4, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(batches)))) as pool:
+        futures = [(pool.submit(_extract_in_child, [job for _, job in batch]), [key for key, _ in batch])
+                   for batch in batches]
+        for future, batch_keys in futures:
+            done(batch_keys, future.result())
+
+
+@lru_cache(maxsize=None)
+def _cache_folder(cache_dir: str) -> str:
+    """``cache_dir``'s folder for facts found by this code: named by this module's text and torch's and Triton's
+    versions (what decides the facts), so a change to any of them starts a fresh folder."""
+    import triton
+
+    with open(__file__, "rb") as f:
+        code = f.read()
+    stamp = hashlib.sha256(code + torch.__version__.encode() + triton.__version__.encode()).hexdigest()[:16]
+    folder = os.path.join(cache_dir, stamp)
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+def _cache_path(folder: str, key: tuple) -> str:
+    return os.path.join(folder, hashlib.sha256(repr(key).encode()).hexdigest()[:32] + ".json")
+
+
+def _read_cached(folder: str, key: tuple) -> KernelFacts | None:
+    try:
+        with open(_cache_path(folder, key)) as f:
+            return from_json(f.read())
+    except (OSError, ValueError, TypeError, KeyError):  # not there, or cut short: found again
+        return None
+
+
+def _write_cached(folder: str, key: tuple, facts: KernelFacts) -> None:
+    """One job's facts into its file, whole or not at all (written aside, then renamed)."""
+    path = _cache_path(folder, key)
+    with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".part", delete=False) as f:
+        f.write(to_json(facts))
+    os.replace(f.name, path)
 
 
 def _interpreting() -> bool:

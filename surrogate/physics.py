@@ -21,6 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
+from kernelcast.kernels.facts import DEFAULT_CACHE_DIR
 from kernelcast.surrogate.forecast import ForecastRequest, gaussian_forecasts
 
 COMPILE_FAILURE = 0.97  # P(fails) of a kernel that does not compile for the target: a compiler's verdict
@@ -32,6 +33,11 @@ FACT_FEATURES = ("model_log_speedup", "log_candidate_us", "log_anchor_us", "log_
                  "candidate_launches", "triton_launches", "occupancy", "log_waves", "registers", "spill_bytes",
                  "load_bits", "compiled", "graphed", "cublas", "cudnn", "sdpa", "tensor_cores",
                  *(f"bound_{b}" for b in _BOUNDS))
+# What the learned forecaster's source part reads of the facts (``facts_matrix``): FACT_FEATURES, and what a
+# kernel's facts say outright, absolute bytes and FLOPs, extension calls, and whether the facts are a compile
+# error (a failure found without a GPU) or unknown (host code that does not run on meta tensors)
+LEARNED_FACT_FEATURES = (*FACT_FEATURES, "log_bytes", "log_flops", "log_anchor_launches", "cuda_calls",
+                         "compile_error", "facts_unknown")
 
 
 def _case_of(op, name: str):
@@ -53,12 +59,13 @@ def target_of_gpu(hardware) -> str:
     return target_of(hardware.compute_capability) or known.get(hardware.gpu_type, "cuda:90")
 
 
-def modelled(op, candidate, case, hardware, reference_flops: float = 0.0, isolated: bool = False):
+def modelled(op, candidate, case, hardware, reference_flops: float = 0.0, isolated: bool = False,
+             cache_dir: str | None = None):
     """(facts, estimate) of ``candidate`` on ``case`` for ``hardware``'s GPU type."""
     from kernelcast.kernels.facts import extract
     from kernelcast.kernels.gpumodel import estimate, gpu_model
 
-    facts = extract(op, candidate, case, target_of_gpu(hardware), isolated)
+    facts = extract(op, candidate, case, target_of_gpu(hardware), isolated, cache_dir)
     gpu = gpu_model(hardware.gpu_type if hardware.gpu_type in _known_gpus() else "h100")
     return facts, estimate(facts, gpu, reference_flops)
 
@@ -69,9 +76,9 @@ def _known_gpus():
     return MODELS
 
 
-def find_facts(requests: Sequence[ForecastRequest], isolated: bool = False) -> None:
-    """Find (and cache) the facts of every anchor and candidate of ``requests`` at once: one child process for
-    the whole batch where ``isolated``."""
+def find_facts(requests: Sequence[ForecastRequest], isolated: bool = False, cache_dir: str | None = None) -> None:
+    """Find (and cache, in ``cache_dir`` too when given) the facts of every anchor and candidate of ``requests`` at
+    once: in child processes where ``isolated`` (``kernelcast.kernels.facts.extract_many``)."""
     from kernelcast.kernels.facts import extract_many
     from kernelcast.kernels.ops import get_operation
 
@@ -81,10 +88,10 @@ def find_facts(requests: Sequence[ForecastRequest], isolated: bool = False) -> N
         for case in _cases(op, r):
             jobs += [(op, r.anchor, case, target_of_gpu(r.hardware)), (op, r.candidate, case, target_of_gpu(r.hardware))]
     if jobs:
-        extract_many(jobs, isolated)
+        extract_many(jobs, isolated, cache_dir)
 
 
-def request_facts(request: ForecastRequest, isolated: bool = False) -> dict:
+def request_facts(request: ForecastRequest, isolated: bool = False, cache_dir: str | None = None) -> dict:
     """The facts and modelled times of one request, summed (times, bytes, launches) or taken from the longest
     Triton launch (occupancy, registers) over its cases; ``status`` the candidate's worst."""
     from kernelcast.kernels.ops import get_operation
@@ -93,11 +100,12 @@ def request_facts(request: ForecastRequest, isolated: bool = False) -> dict:
     out = {"status": "ok", "error": "", "candidate_us": 0.0, "anchor_us": 0.0, "bytes": 0.0, "anchor_bytes": 0.0,
            "flops": 0.0, "launches": 0, "anchor_launches": 0, "triton_launches": 0, "registers": -1,
            "spill_bytes": 0, "load_bits": 0, "occupancy": math.nan, "waves": math.nan, "compiled": False,
-           "graphed": False, "libraries": {}, "tensor_cores": False, "bound": "unknown", "seconds": 0.0}
+           "graphed": False, "libraries": {}, "tensor_cores": False, "bound": "unknown", "seconds": 0.0,
+           "cuda_calls": 0}
     worst = {"ok": 0, "host_error": 1, "unknown": 1, "compile_error": 2}
     for case in _cases(op, request):
-        a_facts, a_est = modelled(op, request.anchor, case, request.hardware, isolated=isolated)
-        c_facts, c_est = modelled(op, request.candidate, case, request.hardware, a_facts.flops, isolated)
+        a_facts, a_est = modelled(op, request.anchor, case, request.hardware, isolated=isolated, cache_dir=cache_dir)
+        c_facts, c_est = modelled(op, request.candidate, case, request.hardware, a_facts.flops, isolated, cache_dir)
         out["seconds"] += a_facts.seconds + c_facts.seconds
         if worst.get(c_facts.status, 1) > worst[out["status"]]:
             out["status"], out["error"] = c_facts.status, c_facts.error
@@ -113,6 +121,7 @@ def request_facts(request: ForecastRequest, isolated: bool = False) -> dict:
         out["launches"] += _launches(c_facts)
         out["anchor_launches"] += _launches(a_facts)
         out["triton_launches"] += len(c_facts.triton)
+        out["cuda_calls"] += len(c_facts.cuda_kernels)
         out["compiled"] |= c_facts.compiled
         out["graphed"] |= c_facts.graphed
         out["autocast"] = c_facts.autocast or out.get("autocast", "")
@@ -163,6 +172,23 @@ def facts_features(f: dict) -> list[float]:
     return [values[n] for n in FACT_FEATURES]
 
 
+def learned_facts_features(f: dict) -> list[float]:
+    """LEARNED_FACT_FEATURES of one request's facts (NaN where unknown)."""
+    ok = f["status"] == "ok" and f["candidate_us"] > 0 and f["anchor_us"] > 0
+    nan = math.nan
+    return [*facts_features(f), math.log1p(f["bytes"]) if ok else nan, math.log1p(f["flops"]) if ok else nan,
+            math.log1p(f["anchor_launches"]) if ok else nan, float(f.get("cuda_calls", 0)),
+            float(f["status"] == "compile_error"), float(f["status"] not in ("ok", "compile_error"))]
+
+
+def facts_matrix(requests: Sequence[ForecastRequest], isolated: bool = True, cache_dir: str | None = None) -> np.ndarray:
+    """(n, len(LEARNED_FACT_FEATURES)) facts of ``requests``, found at once (``find_facts``) and cached."""
+    if not requests:
+        return np.empty((0, len(LEARNED_FACT_FEATURES)))
+    find_facts(requests, isolated, cache_dir)
+    return np.array([learned_facts_features(request_facts(r, isolated, cache_dir)) for r in requests], dtype=float)
+
+
 def why(f: dict) -> str:
     """One line of what the forecast rests on: bytes, FLOPs, launches, registers, occupancy, the bound."""
     if f["status"] == "compile_error":
@@ -187,10 +213,12 @@ class PhysicsForecaster:
 
     name = "physics"
 
-    def __init__(self, max_fit: int = 600, max_iter: int = 150, random_state: int = 0, isolated: bool = True):
+    def __init__(self, max_fit: int = 600, max_iter: int = 150, random_state: int = 0, isolated: bool = True,
+                 facts_cache: str | None = DEFAULT_CACHE_DIR):
         self.max_fit = max_fit
         # find facts in a child process per batch: the candidate's host code runs to find them, and it is untrusted
         self.isolated = isolated
+        self.facts_cache = facts_cache  # a folder the facts are kept in between runs (None: in memory only)
         self.max_iter = max_iter
         self.random_state = random_state
 
@@ -216,9 +244,9 @@ class PhysicsForecaster:
         failed = rows["failed"].to_numpy(dtype=bool) if "failed" in rows.columns else ~(speedup > 0)
         self.base_failure_ = float(np.clip(failed.mean(), 0.02, 0.6))
         X, y = [], []
-        find_facts(requests, self.isolated)
+        find_facts(requests, self.isolated, self.facts_cache)
         for req, s, bad in zip(requests, speedup, failed):
-            f = request_facts(req, self.isolated)
+            f = request_facts(req, self.isolated, self.facts_cache)
             if bad or not s > 0 or f["status"] != "ok" or not f["candidate_us"] > 0:
                 continue
             X.append(facts_features(f))
@@ -240,8 +268,8 @@ class PhysicsForecaster:
 
     def _predict(self, requests: Sequence[ForecastRequest]):
         self._ready()
-        find_facts(requests, self.isolated)
-        facts = [request_facts(r, self.isolated) for r in requests]
+        find_facts(requests, self.isolated, self.facts_cache)
+        facts = [request_facts(r, self.isolated, self.facts_cache) for r in requests]
         mu = np.zeros(len(requests))
         sigma = np.full(len(requests), UNKNOWN_SIGMA)
         p_fail = np.full(len(requests), self.base_failure_)

@@ -18,6 +18,15 @@ def _learned(**options):
     return LearnedForecaster(**options)
 
 
+def _learned_facts(**options):
+    """The learned forecaster whose source part also reads each kernel's facts (``kernelcast.surrogate.physics.
+    facts_matrix``)."""
+    from kernelcast.surrogate.learned import SOURCE_OPTIONS, LearnedForecaster
+
+    source = {**SOURCE_OPTIONS, **options.pop("source_options", {}), "facts": True}
+    return LearnedForecaster(source_options=source, **options)
+
+
 def _source(**options):
     from kernelcast.surrogate.source import SourceForecaster
 
@@ -106,6 +115,8 @@ class SurrogateEntry:
 
 SURROGATES: dict[str, SurrogateEntry] = {
     "learned": SurrogateEntry(_learned, _fit_learned), "source": SurrogateEntry(_source, _fit_source),
+    # the same, its source part (every written kernel's speed, every kernel's failure) reading the physics facts too
+    "learned-facts": SurrogateEntry(_learned_facts, _fit_learned),
     "lmhead": SurrogateEntry(_lmhead, load=_load_lmhead), "random": SurrogateEntry(_random), "roofline": SurrogateEntry(_roofline),
     # what each kernel makes the device do, found on the CPU and timed by a GPU model; used as it is (its fit on
     # measured pairs is optional: finding facts for a whole pool takes minutes)

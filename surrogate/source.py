@@ -51,6 +51,7 @@ from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostin
 from sklearn.linear_model import LinearRegression, LogisticRegression
 from sklearn.model_selection import GroupKFold
 
+from kernelcast.kernels.facts import DEFAULT_CACHE_DIR
 from kernelcast.kernels.screen import fingerprint, undefined_name
 
 # Both parse the source; an anchor is the anchor of many kernels, so each source is parsed once.
@@ -262,7 +263,7 @@ class SourceForecaster:
 
     def __init__(self, max_iter: int = 200, learning_rate: float = 0.05, max_leaf_nodes: int = 15,
                  folds: int = 5, random_state: int = 0, speed_loss: str = "squared_error", stack_centred: bool = False,
-                 embeddings=None):
+                 embeddings=None, facts: bool = False, facts_cache: str | None = DEFAULT_CACHE_DIR):
         if speed_loss not in ("squared_error", "absolute_error"):
             raise ValueError(f"speed_loss must be 'squared_error' or 'absolute_error', got {speed_loss!r}")
         self.max_iter = max_iter
@@ -282,12 +283,18 @@ class SourceForecaster:
         # embeddings: a kernelcast.surrogate.embeddings.PairEmbeddings, whose projection (fit on the training kernels) adds
         # a code language model's reading of each pair to the features
         self.embeddings = embeddings
+        # facts: what each kernel makes the device do and its time by the GPU model (``kernelcast.surrogate.physics.
+        # facts_matrix``: bytes, FLOPs, launches, registers, occupancy, the bound, a compile error), found on the CPU
+        # in child processes and kept in ``facts_cache`` (None: in memory only), among the features
+        self.facts = facts
+        self.facts_cache = facts_cache
 
     @property
     def version(self) -> str:
         stacked = "-stacked" if getattr(self, "stack_centred", False) else ""
         loss = "-median" if getattr(self, "speed_loss", "squared_error") == "absolute_error" else ""
         emb = f"-{self.embeddings.version}" if getattr(self, "embeddings", None) is not None else ""
+        emb += "-facts" if getattr(self, "facts", False) else ""
         return f"hgb-source{stacked}{loss}{emb}-{self.max_iter}-{self.learning_rate}-{getattr(self, 'n_train_', 0)}"
 
     def _features(self, requests: Sequence[ForecastRequest], base: np.ndarray | None = None) -> np.ndarray:
@@ -296,6 +303,10 @@ class SourceForecaster:
         fitted = getattr(self, "embeddings_", None)
         if fitted is not None:
             X = np.hstack([X, fitted.matrix(list(requests))])
+        if getattr(self, "facts", False):
+            from kernelcast.surrogate.physics import facts_matrix
+
+            X = np.hstack([X, facts_matrix(list(requests), True, self.facts_cache)])
         return _encode(X)
 
     def _params(self) -> dict:
