@@ -8,8 +8,10 @@ process boundaries are the same there.
 
 from __future__ import annotations
 
-import torch
+import json
+
 import pytest
+import torch
 
 from kernelcast.kernels.harness import channel, judge
 from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig
@@ -176,7 +178,7 @@ def _record(tmp_path, op, case, seed: int, outputs, role: str = "check"):
 
 def test_zeros_that_the_tolerance_accepts_are_refused_and_the_reference_is_not(tmp_path):
     op = get_operation("softmax")
-    wide = row_case("bfloat16", M=4, N=4096)  # outputs near 1/4096, under bfloat16's absolute tolerance
+    wide = row_case("bfloat16", M=4, N=4096)  # outputs near 1/8192, under bfloat16's absolute tolerance
     gen = torch.Generator().manual_seed(7)
     (x,) = op.make_inputs(wide, gen, "cpu")
     (expected,) = op.reference(x)
@@ -304,3 +306,65 @@ def test_a_zero_dimensional_output_is_recorded_and_read_back(tmp_path):
     [record] = judge.read_records(str(tmp_path / "judged"))
     assert [t.shape for t in record.outputs] == [torch.Size([]), torch.Size([])]
     assert int(record.outputs[0]) == 7 and float(record.outputs[1]) == 2.5
+
+
+# ---- records of timed calls: sampled after the call, written where the device is not held alone ------------
+
+def _wide_softmax():
+    op = get_operation("softmax")
+    case = row_case("bfloat16", M=256, N=8192)  # 2M elements, over SAMPLE_ELEMENTS: a timed record is sampled;
+    # outputs near 1/8192, under bfloat16's absolute tolerance: zeros pass the plain check
+    (x,) = op.make_inputs(case, torch.Generator().manual_seed(21), "cpu")
+    return op, case, x, op.reference(x)[0]
+
+
+def test_a_timed_record_is_a_sample_the_judge_checks_where_it_was_drawn(tmp_path):
+    op, case, x, expected = _wide_softmax()
+    log = judge.OutputLog(str(tmp_path / "judged"), deferred=True, sample=True)
+    wrong = expected.clone()
+    wrong.view(-1)[::20] += 1.0  # 5% of the elements wrong: a sample of a million finds them
+    for got in (expected, wrong, torch.zeros_like(expected)):
+        log.write(case.name, 21, "timed", (got,))
+    log.write(case.name, 21, "check", (expected,))
+    assert not (tmp_path / "judged").exists()  # nothing written before the flush
+    log.flush()
+    good, bad, zeros, whole = judge.read_records(str(tmp_path / "judged"))
+    assert good.outputs[0].numel() == judge.SAMPLE_ELEMENTS and good.samples[0] is not None
+    assert whole.outputs[0].shape == expected.shape and whole.samples == (None,)
+    assert good.samples[0] != bad.samples[0]  # places drawn from the operating system, a record each
+    assert judge.judge_record(op, case, good, "cpu")[0] is None
+    assert "differs from the reference" in judge.judge_record(op, case, bad, "cpu")[0]
+    assert "trivial output" in judge.judge_record(op, case, zeros, "cpu")[0]
+
+
+def test_a_sample_where_the_harness_records_whole_is_refused(tmp_path):
+    op, case, x, expected = _wide_softmax()
+    judge.OutputLog(str(tmp_path / "judged"), sample=True).write(case.name, 21, "timed", (expected,))
+    head_path = tmp_path / "judged" / "0.json"
+    head = json.loads(head_path.read_text())
+    head["role"] = "check"  # a checked call's outputs are judged whole: a child may not send a sample of them
+    head_path.write_text(json.dumps(head))
+    with pytest.raises(judge.JudgeError, match="a sample where the harness writes none"):
+        judge.read_records(str(tmp_path / "judged"))
+
+
+def test_a_workers_judges_answer_side_by_side():
+    import multiprocessing as mp
+    import threading
+    import time as _time
+    from kernelcast.kernels.harness.worker import Judges
+
+    judges = Judges(mp.get_context("spawn"), 2)
+    judges.start()
+    try:
+        bodies = [dict(op_name="softmax", mode="interpreter", folder="/nonexistent", served={}, roles_needed=())] * 2
+        started, answers = _time.monotonic(), []
+        threads = [threading.Thread(target=lambda b=b: answers.append(judges.ask(b))) for b in bodies]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert [a["problem"] for a in answers] == ["", ""] and len({id(j._proc) for j in judges._all}) == 2
+        assert all(j._proc.is_alive() for j in judges._all)
+    finally:
+        judges.close()

@@ -21,6 +21,7 @@ import functools
 import json
 import math
 import os
+import random
 import re
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from kernelcast.kernels.ops import Operation, get_operation, mismatch
 
 RECORD_CAP_BYTES = 256 << 20  # one call's outputs written whole up to this; a bigger call is left to the child
 TOTAL_CAP_BYTES = 4 << 30  # all of one child's records
+SAMPLE_ELEMENTS = 1 << 20  # a timed call's output of more elements is judged on this many, at places drawn after it
 TRIVIAL_MARGIN = 0.5  # where a trivial output passes the tolerance, the candidate's error must be under this share of it
 _DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16, torch.int8,
@@ -47,35 +49,68 @@ class JudgeError(Exception):
 
 class OutputLog:
     """Writes each judged call's outputs under ``folder``: ``N.json`` (case, seed, role, each tensor's dtype, shape and
-    strides) and ``N.bin`` (the tensors' elements, in order, contiguous)."""
+    strides) and ``N.bin`` (the tensors' elements, in order, contiguous).
 
-    def __init__(self, folder: str):
-        self.folder = folder
+    ``deferred``: a call's outputs are copied to host memory at once (a later call may overwrite them) but written to
+    files only at ``flush``, which the child calls where it does not hold the device alone: the files of one softmax
+    candidate's records are about a gigabyte (measured on an H100: writing them inside the timing hold made a child
+    hold the device 2.7 s against 0.6 s). ``sample``: a timed call's output of more than ``SAMPLE_ELEMENTS`` elements
+    is recorded as that many of its elements, at places drawn from the operating system after the call (the judge
+    draws the same places from the seed kept in the header); checked and rechecked calls are recorded whole."""
+
+    def __init__(self, folder: str, deferred: bool = False, sample: bool = False):
+        self.folder, self.deferred, self.sample = folder, deferred, sample
         self.count = 0
         self.bytes = 0
         self.skipped: list[str] = []  # calls too big to write: left to the child's own comparison
+        self._pending: list[tuple[dict, list[torch.Tensor]]] = []
 
     def write(self, case: str, seed: int, role: str, outputs) -> None:
         tensors = [o for o in outputs if isinstance(o, torch.Tensor)]
         if len(tensors) != len(tuple(outputs)):
             return  # not tensors: the child's own check says so
-        size = sum(t.numel() * t.element_size() for t in tensors)
+        head = {"case": case, "seed": int(seed), "role": role, "tensors": []}
+        kept = []
+        for t in tensors:
+            spec = {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "stride": list(t.stride())}
+            data = t.detach()
+            if self.sample and role == "timed" and data.numel() > SAMPLE_ELEMENTS:
+                spec["sample"] = random.SystemRandom().randrange(1 << 62)
+                where = sample_places(spec["sample"], data.numel()).to(data.device)
+                data = data.reshape(-1)[where]
+            kept.append(data)
+            spec["bytes"] = data.numel() * data.element_size()
+            head["tensors"].append(spec)
+        size = sum(spec["bytes"] for spec in head["tensors"])
         if size > RECORD_CAP_BYTES or self.bytes + size > TOTAL_CAP_BYTES:
             self.skipped.append(f"{case}/{role}")
             return
-        os.makedirs(self.folder, exist_ok=True)
-        head = {"case": case, "seed": int(seed), "role": role, "tensors": []}
-        path = os.path.join(self.folder, f"{self.count}")
-        with open(path + ".bin", "wb") as f:
-            for t in tensors:
-                data = t.detach().contiguous().cpu()
-                head["tensors"].append({"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
-                                        "stride": list(t.stride()), "bytes": data.numel() * data.element_size()})
-                f.write(data.reshape(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b"")
-        with open(path + ".json", "w") as f:
-            json.dump(head, f)
-        self.count += 1
         self.bytes += size
+        self._pending.append((head, [d.contiguous().cpu() for d in kept]))
+        if not self.deferred:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write every call kept in memory to its files."""
+        if self._pending:
+            os.makedirs(self.folder, exist_ok=True)
+        for head, kept in self._pending:
+            path = os.path.join(self.folder, f"{self.count}")
+            with open(path + ".bin", "wb") as f:
+                for data in kept:
+                    if data.numel():
+                        f.write(memoryview(data.reshape(-1).view(torch.uint8).numpy()))
+            with open(path + ".json", "w") as f:
+                json.dump(head, f)
+            self.count += 1
+        self._pending.clear()
+
+
+def sample_places(seed: int, numel: int) -> torch.Tensor:
+    """The ``SAMPLE_ELEMENTS`` places of a flat output a sampled record keeps: drawn from ``seed`` on the CPU, the same
+    in the child that writes the record and in the judge that reads it."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, numel, (SAMPLE_ELEMENTS,), generator=gen)
 
 
 # ---- the judge's side: reading and judging ----------------------------------------------------------
@@ -85,8 +120,10 @@ class Record:
     case: str
     seed: int
     role: str
-    outputs: tuple[torch.Tensor, ...]
+    outputs: tuple[torch.Tensor, ...]  # a sampled output: its sampled elements, flat
     strides: tuple[tuple[int, ...], ...]
+    shapes: tuple[tuple[int, ...], ...] = ()
+    samples: tuple[int | None, ...] = ()  # per output: the seed of its sampled places, or None (recorded whole)
 
 
 def read_records(folder: str, limit_bytes: int = TOTAL_CAP_BYTES) -> list[Record]:
@@ -116,26 +153,39 @@ def read_records(folder: str, limit_bytes: int = TOTAL_CAP_BYTES) -> list[Record
                     or not all(isinstance(x, int) for x in spec.get("stride", [None])) \
                     or len(spec["stride"]) != len(spec["shape"]):
                 raise JudgeError(f"output record {name}: a tensor's description is not of the harness's format")
+            if set(spec) - {"dtype", "shape", "stride", "bytes", "sample"}:
+                raise JudgeError(f"output record {name}: a tensor's description is not of the harness's format")
             dtype = _DTYPES[spec["dtype"]]
-            n = math.prod(spec["shape"]) * torch.empty((), dtype=dtype).element_size()
+            sample = spec.get("sample")
+            if sample is not None and not (isinstance(sample, int) and head["role"] == "timed"
+                                           and math.prod(spec["shape"]) > SAMPLE_ELEMENTS):
+                raise JudgeError(f"output record {name}: a sample where the harness writes none")
+            count = SAMPLE_ELEMENTS if sample is not None else math.prod(spec["shape"])
+            n = count * torch.empty((), dtype=dtype).element_size()
             if spec.get("bytes") != n:
                 raise JudgeError(f"output record {name}: a tensor's size does not match its shape")
-            specs.append((dtype, tuple(spec["shape"]), tuple(spec["stride"]), n))
+            specs.append((dtype, tuple(spec["shape"]), tuple(spec["stride"]), n, sample))
             expected += n
         if expected != blob_size:
             raise JudgeError(f"output record {name}: {blob_size} bytes of elements, its header says {expected}")
         total += blob_size
         if total > limit_bytes:
             raise JudgeError(f"output records over {limit_bytes} bytes")
+        blob = bytearray(blob_size)  # read once, into memory the tensors then use as it is
         with open(stem + ".bin", "rb") as f:
-            blob = f.read()
+            f.readinto(blob)
         outs, at = [], 0
-        for dtype, shape, _, n in specs:
-            raw = torch.frombuffer(bytearray(blob[at:at + n]), dtype=torch.uint8) if n else torch.empty(0, dtype=torch.uint8)
-            outs.append(raw.view(dtype).reshape(shape) if n else torch.empty(shape, dtype=dtype))
+        for dtype, shape, _, n, sample in specs:
+            if not n:
+                outs.append(torch.empty(shape, dtype=dtype))
+                continue
+            aligned = at % torch.empty((), dtype=dtype).element_size() == 0
+            raw = (torch.frombuffer(blob, dtype=torch.uint8, count=n, offset=at) if aligned  # no copy
+                   else torch.frombuffer(bytearray(blob[at:at + n]), dtype=torch.uint8)).view(dtype)
+            outs.append(raw if sample is not None else raw.reshape(shape))
             at += n
         records.append(Record(head["case"], head["seed"], head["role"], tuple(outs),
-                              tuple(s for _, _, s, _ in specs)))
+                              tuple(s[2] for s in specs), tuple(s[1] for s in specs), tuple(s[4] for s in specs)))
     return records
 
 
@@ -175,16 +225,29 @@ def judge_record(op, case, record: Record, device: str, trivial: bool = True) ->
     got = tuple(o.to(device) for o in record.outputs)
     expected = op.reference(*inputs)
     expected = (expected,) if isinstance(expected, torch.Tensor) else tuple(expected)
-    # The operation's own check where it has one (a GPU MODE task's); else the reference's comparison, on the
-    # reference computed once here for it and for the checks below.
-    own_check = type(op).check is not Operation.check
-    problem = op.check(case, inputs, got) if own_check else mismatch(op, case, got, expected)
-    if problem:
-        return f"the judge, on the {record.role} call's outputs (seed {record.seed}): {problem}", {}
     for i, (stride, e) in enumerate(zip(record.strides, expected)):
         if isinstance(e, torch.Tensor) and e.numel() > 1 and tuple(stride) != tuple(e.stride()):
             return (f"the judge, on the {record.role} call: output {i} has strides {tuple(stride)}, the reference's "
                     f"{tuple(e.stride())}: outputs are laid out as the reference's, dense, one element each"), {}
+    own_check = type(op).check is not Operation.check
+    if any(s is not None for s in record.samples):
+        # judged where the record's places are: the reference's elements there, and the inputs' where one has the
+        # outputs' shape (the trivial output "an input passed through")
+        if own_check or len(record.shapes) != len(expected) \
+                or any(tuple(sh) != tuple(e.shape) for sh, e in zip(record.shapes, expected)):
+            return (f"the judge, on the {record.role} call: outputs sampled where the harness records them whole, "
+                    f"or of shapes {list(record.shapes)} unlike the reference's"), {}
+        places = [None if s is None else sample_places(s, e.numel()).to(device)
+                  for s, e in zip(record.samples, expected)]
+        expected = tuple(e if w is None else e.reshape(-1)[w] for e, w in zip(expected, places))
+        if len(places) == 1 and places[0] is not None:
+            inputs = tuple(x.reshape(-1)[places[0]] if isinstance(x, torch.Tensor) and x.shape == record.shapes[0]
+                           else x for x in inputs)
+    # The operation's own check where it has one (a GPU MODE task's); else the reference's comparison, on the
+    # reference computed once here for it and for the checks below.
+    problem = op.check(case, inputs, got) if own_check else mismatch(op, case, got, expected)
+    if problem:
+        return f"the judge, on the {record.role} call's outputs (seed {record.seed}): {problem}", {}
     passing = trivial_passes(op, case, inputs, expected) if trivial else {}
     if passing:
         err = max(_rel_error(g, e) for g, e in zip(got, expected))

@@ -62,7 +62,7 @@ from kernelcast.kernels.harness.anticheat import (CallGuard, Checker, Rejected, 
 from kernelcast.kernels.harness.correctness import CandidateLoadError, call_candidate, load_launch, poisoned_outputs
 from kernelcast.kernels.harness.timing import (FORMAT_PROTOCOLS, Timing, fastest, flush_us, l2_flush_buffer, time_again, time_call,
                                     time_gpumode, time_pair, time_trials)
-from kernelcast.kernels.ops import get_operation
+from kernelcast.kernels.ops import Operation, get_operation
 from kernelcast.kernels.records import Candidate, is_lower, strict_error
 
 # Seeds of the inputs: compile call 0, correctness 1..seeds, timing sets from 1000, recheck 9000.
@@ -467,6 +467,9 @@ def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: d
         result.update(status=status, error=message)
 
     checker = None
+    # the outputs the judge reads: written to files only where the device is not held alone (``flush``)
+    log = judge.OutputLog(os.path.join(job.scratch_dir, JUDGED), deferred=True,
+                          sample=type(op).check is Operation.check)
     try:
         if launch is None:
             launch = load_launch(cand.source, job.scratch_dir)
@@ -477,7 +480,7 @@ def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: d
         checker = Checker(op, cand, launch, device, on_inputs=lambda: phase("first_inputs"), measure_precision=True,
                           on_first_call=lambda name, seconds: phase("call", {"case": name, "seconds": seconds}),
                           on_first_call_start=lambda name: phase("calling", {"case": name}),
-                          draw=draw, record=judge.OutputLog(os.path.join(job.scratch_dir, JUDGED)).write)
+                          draw=draw, record=log.write)
         for case in first_calls:  # the others compiled ahead: their first checked call loads what was built
             try:
                 checker.first_call(case)
@@ -501,6 +504,7 @@ def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: d
         if lower and job.precision == "strict":
             return fail("incorrect", strict_error(lower))
         phase("checked")
+        log.flush()
         lock.exclusive()
         if gpu:
             try:
@@ -512,6 +516,7 @@ def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: d
         # a child whose checks shared the device shares it again (measured on an H200, 2026-11-29: the recheck was
         # 2-4% of the time KernelBench tasks' children held the device, about 6% on the template batch).
         lock.share_again()
+        log.flush()
         for case in cases:
             phase("recheck", {"case": case.name})
             problem = checker.check(case, _RECHECK_SEED, role="recheck")
@@ -526,6 +531,10 @@ def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: d
         return fail("runtime_error", _describe(exc))
     finally:
         checker = None
+        try:
+            log.flush()
+        except OSError as exc:  # the judge then finds records missing: no verdict of the child's stands
+            result.setdefault("timed_outputs", []).append(f"outputs not written for the judge: {exc}")
         try:
             left = _release_device(launch, op, gpu)
         except Exception:  # noqa: BLE001 - a broken context (illegal address): the process exit frees it

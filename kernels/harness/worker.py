@@ -32,6 +32,7 @@ import math
 import multiprocessing as mp
 import multiprocessing.forkserver as forkserver
 import os
+import queue
 import shutil
 import signal
 import tempfile
@@ -63,6 +64,7 @@ GPU_LOCK_ENV = "KERNELCAST_GPU_LOCK"
 class WorkerConfig:
     mode: str = "gpu"  # "gpu" or "interpreter"
     concurrency: int = 4  # children loading/compiling at once
+    judges: int = 2  # judge processes deciding children's verdicts at once
     timeout_s: float = 300.0  # loading and compiling ahead, outside the lock (waiting for it not counted)
     gpu_timeout_s: float = 60.0  # holding the GPU lock, for the smallest case; grows with case size and runtime
     seeds: int = 3  # seeded correctness inputs per case
@@ -221,6 +223,34 @@ class Judge:
                 self._proc.join(5)
                 if self._proc.is_alive():
                     self._proc.kill()
+
+
+class Judges:
+    """A few judges, each a process of its own, answering children's requests as they come: one judge answered one
+    candidate at a time, and judging (reading a child's records, recomputing the reference) took 2-6 s a candidate
+    against a child's 0.6 s of the device alone (H100, template kernels): one judge held every child's verdict up."""
+
+    def __init__(self, ctx, count: int):
+        self._all = [Judge(ctx) for _ in range(max(1, count))]
+        self._free: queue.Queue[Judge] = queue.Queue()
+        for j in self._all:
+            self._free.put(j)
+
+    def start(self) -> None:
+        for j in self._all:
+            j.start()
+
+    def ask(self, request: dict) -> dict:
+        j = self._free.get()
+        try:
+            return j.ask(request)
+        finally:
+            self._free.put(j)
+
+    def close(self) -> None:
+        for j in self._all:
+            j.close()
+
 
 
 def _context():
@@ -430,7 +460,7 @@ class MeasureWorker:
         self.hardware = hardware
         self.config = config
         self._ctx = _context()
-        self._judge = Judge(self._ctx)
+        self._judge = Judges(self._ctx, config.judges)
         self._judge.start()
         self._root = tempfile.mkdtemp(prefix="kernelcast-worker-")
         self._lock_path = config.gpu_lock or os.path.join(self._root, "gpu.lock")
