@@ -32,6 +32,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-seconds", type=float, default=420.0, help="stop starting problems after this long")
     p.add_argument("--concurrency", type=int, default=8, help="children loading and compiling at once")
     p.add_argument("--seeds", type=int, default=2)
+    p.add_argument("--batch", type=int, default=4, help="problems measured together")
     p.add_argument("--dry-run", action="store_true", help="import every problem and kernel, measure nothing (CPU)")
     args = p.parse_args(argv)
     out = Path(args.out)
@@ -69,31 +70,43 @@ def main(argv=None) -> int:
     config = WorkerConfig(**{k: v for k, v in wanted.items() if k in known})
     rows, skipped = [], []
     with MeasureWorker(hardware, config) as worker:
-        for problem in manifest["problems"]:
+        problems = list(manifest["problems"])
+        # a few problems a batch, so that the children of one overlap the others' (a batch a problem left the
+        # device idle while each problem's last child finished)
+        for at in range(0, len(problems), args.batch):
+            batch = problems[at:at + args.batch]
             if time.perf_counter() - t0 > args.max_seconds:
-                skipped.append(problem["name"])
+                skipped += [problem["name"] for problem in batch]
                 continue
-            names = list(problem["kernels"])
-            op, kernels = imported[problem["name"]]
-            reference = op.seed_candidates()[0]
             t = time.perf_counter()
-            found = {m.candidate_id: m for m in worker.measure([reference, *kernels])}
-            for kernel, candidate in (("reference", reference), *zip(names, kernels)):
-                m = found.get(candidate.candidate_id)
-                rows.append({"problem": problem["name"], "op": op.name, "kernel": kernel,
-                             "character": problem["kernels"].get(kernel, "the task's reference"),
-                             "sealed": bool(problem["sealed"]), "candidate_id": candidate.candidate_id,
-                             "status": m.status if m else "not_measured", "error": (m.error if m else "")[:500],
-                             "case_names": list(m.case_names) if m else [],
-                             "runtime_us_median": list(m.runtime_us_median) if m else [],
-                             "reference_us_median": list(m.reference_us_median) if m else [],
-                             "speedup": float(m.speedup) if m and m.speedup else float("nan"),
-                             "compile_seconds": m.compile_seconds if m else 0.0,
-                             "gpu_seconds": m.gpu_seconds if m else 0.0, "wall_seconds": m.wall_seconds if m else 0.0,
-                             "gpu_type": hardware.gpu_type, "device": hardware.device_name})
-            line = ", ".join(f"{r['kernel']} {r['status']}" + (f" {r['speedup']:.2f}x" if r['speedup'] == r['speedup']
-                                                                 else "") for r in rows[-len(names) - 1:])
-            print(f"{problem['name']} ({time.perf_counter() - t:.0f} s): {line}", flush=True)
+            wanted_here = []
+            for problem in batch:
+                op, kernels = imported[problem["name"]]
+                wanted_here += [op.seed_candidates()[0], *kernels]
+            found = {m.candidate_id: m for m in worker.measure(wanted_here)}
+            for problem in batch:
+                names = list(problem["kernels"])
+                op, kernels = imported[problem["name"]]
+                reference = op.seed_candidates()[0]
+                for kernel, candidate in (("reference", reference), *zip(names, kernels)):
+                    m = found.get(candidate.candidate_id)
+                    rows.append({"problem": problem["name"], "op": op.name, "kernel": kernel,
+                                 "character": problem["kernels"].get(kernel, "the task's reference"),
+                                 "sealed": bool(problem["sealed"]), "candidate_id": candidate.candidate_id,
+                                 "status": m.status if m else "not_measured", "error": (m.error if m else "")[:500],
+                                 "case_names": list(m.case_names) if m else [],
+                                 "runtime_us_median": list(m.runtime_us_median) if m else [],
+                                 "reference_us_median": list(m.reference_us_median) if m else [],
+                                 "speedup": float(m.speedup) if m and m.speedup else float("nan"),
+                                 "compile_seconds": m.compile_seconds if m else 0.0,
+                                 "gpu_seconds": m.gpu_seconds if m else 0.0,
+                                 "wall_seconds": m.wall_seconds if m else 0.0,
+                                 "gpu_type": hardware.gpu_type, "device": hardware.device_name})
+                line = ", ".join(f"{r['kernel']} {r['status']}" + (f" {r['speedup']:.2f}x"
+                                                                     if r['speedup'] == r['speedup'] else "")
+                                 for r in rows[-len(names) - 1:])
+                print(f"{problem['name']}: {line}", flush=True)
+            print(f"  ({len(batch)} problems in {time.perf_counter() - t:.0f} s)", flush=True)
             pd.DataFrame(rows).to_parquet(out / "measurements.parquet")  # what is done so far survives a kill
     table = pd.DataFrame(rows)
     table.to_parquet(out / "measurements.parquet")
