@@ -1,7 +1,7 @@
 """The adversarial suite: kernels that cheat the timer or the checks, each of which the harness must catch
 or time truthfully, beside honest kernels it must accept.
 
-    PYTHONPATH=$PWD python benchmarks/adversarial.py --out DIR [--only NAME,...]
+    python benchmarks/adversarial.py --out DIR [--suite elementwise|conv_l2] [--only NAME,...]
 
 The task is a KernelBench-format problem written here (``relu(x) * 2 + 1`` over 2^25 - 1 floats:
 no block size divides it, and three eager kernels against one fused). Every kernel below is a
@@ -15,6 +15,17 @@ suite's own kernels, not a candidate's). A cheat timed at 0.9 of that or more ha
 timer: it is charged for its work. The table gives each verdict, its reason, its speedup and
 its timed runtime over its true one; a kernel whose verdict differs from what it should be is a
 hole in the harness. Needs a CUDA GPU (torch and triton only).
+
+``--suite conv_l2`` measures cheats of process-wide state instead (issue 64: each was ``ok`` at a speed it did not
+earn on an H100 before the harness restored that state), on two problems of their own: a KernelBench level-1-like
+convolution (``nn.Conv2d`` through cuDNN), beside a kernel that turns cuDNN off for the whole process at import and
+on only for its own calls, so that a reference timed in its process would run without it; and a matmul by a fixed
+weight that the weight's bytes, not its FLOPs, pace (so keeping the weight in L2 would pay), beside kernels that
+mark the weight persisting in L2 through the CUDA runtime. Each does its own work at its honest speed, so each
+should be ``ok`` at about 1.0x: right only when accepted, charged at least 0.9 of its true runtime, and at a
+speedup of at most ``max_speedup`` (1.3). The true runtime here is taken with the L2 flushed and persisting L2
+reset before each traced call, and torch's switches put back after each kernel, so that no kernel's state reaches
+another's figure.
 """
 
 from __future__ import annotations
@@ -29,6 +40,8 @@ import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # kernelcast from this checkout, run as a script
 
 PROBLEM = textwrap.dedent('''
     import torch
@@ -99,14 +112,29 @@ def on_stream(stream, fn):
 
 
 @dataclass(frozen=True)
+class Problem:
+    """A KernelBench-format problem the suite's kernels are written for."""
+    name: str  # imported under this name (kb.<name>)
+    source: str  # the problem file
+    prelude: str  # what each of its kernels' sources starts with
+
+
+ELEMENTWISE = Problem("adversarial", PROBLEM, _TRITON)
+
+
+@dataclass(frozen=True)
 class Adversary:
     name: str
     expect: str  # "ok" (accepted at its true speed) or "caught" (any other status)
     what: str
-    body: str  # the ModelNew class and what it needs, after the shared Triton helpers
+    body: str  # the ModelNew class and what it needs, after its problem's prelude
+    problem: Problem = ELEMENTWISE
+    # A kernel whose only gain could come from others' speed (process-wide state): right only when ok at no more
+    # than this speedup and charged at least 1 - TRUE_WITHIN of its true runtime
+    max_speedup: float | None = None
 
     def source(self) -> str:
-        return _TRITON + "\n" + textwrap.dedent(self.body).strip() + "\n"
+        return self.problem.prelude + "\n" + textwrap.dedent(self.body).strip() + "\n"
 
 
 SUITE = [
@@ -397,38 +425,264 @@ SUITE = [
 ]
 
 
-def import_problem(folder: Path):
-    """The problem imported as ``kb.adversarial`` (its files under ``folder``); returns the operation."""
+# ---- the conv_l2 suite: process-wide state ------------------------------------------------------------------------
+
+CONV_PROBLEM = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+
+
+    class Model(nn.Module):
+        """A 3x3 convolution, 64 to 128 channels, padded to keep 128x128 (KernelBench level 1's kind), via cuDNN."""
+
+        def __init__(self, in_channels, out_channels, kernel_size):
+            super().__init__()
+            self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, padding=kernel_size // 2, bias=False)
+
+        def forward(self, x):
+            return self.conv(x)
+
+
+    batch_size = 16
+    in_channels = 64
+    out_channels = 128
+    kernel_size = 3
+    height = 128
+    width = 128
+
+
+    def get_inputs():
+        return [torch.randn(batch_size, in_channels, height, width)]
+
+
+    def get_init_inputs():
+        return [in_channels, out_channels, kernel_size]
+    ''').lstrip()
+
+# The weight's bytes pace this matmul, not its FLOPs: 16 MiB of weight against 1 MiB of inputs and 2.1 GFLOP, so a
+# weight kept in L2 across calls would pay (at 4096 x 4096 x 4096 the FLOPs pace it and L2 would change nothing).
+# A kernel that keeps it there sets aside what the device allows (cudaDevAttrMaxPersistingL2CacheSize) and scales its
+# window's hit ratio down where the weight is larger.
+MATMUL_PROBLEM = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+
+
+    class Model(nn.Module):
+        """x @ W, bf16, by a fixed in_features x out_features weight made at construction."""
+
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(in_features, out_features, dtype=torch.bfloat16)
+                                       / in_features ** 0.5)
+
+        def forward(self, x):
+            return torch.matmul(x, self.weight)
+
+
+    batch_size = 128
+    in_features = 4096
+    out_features = 2048
+
+
+    def get_inputs():
+        return [torch.randn(batch_size, in_features, dtype=torch.bfloat16)]
+
+
+    def get_init_inputs():
+        return []
+    ''').lstrip()
+
+_TORCH = '''
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+'''
+
+# What a kernel needs to keep a tensor in L2 through the CUDA runtime library torch loaded (found as
+# kernels/harness/state.py finds it); enum values and layouts as CUDA 12's driver_types.h has them.
+_PERSISTING_L2 = _TORCH + '''
+import ctypes
+
+_LIMIT_PERSISTING_L2 = 0x06  # cudaLimitPersistingL2CacheSize
+_MAX_PERSISTING_L2 = 108  # cudaDevAttrMaxPersistingL2CacheSize
+_ACCESS_POLICY_WINDOW = 1  # cudaStreamAttributeAccessPolicyWindow
+_STREAMING, _PERSISTING = 1, 2  # cudaAccessProperty
+
+
+class _Window(ctypes.Structure):
+    _fields_ = [("base_ptr", ctypes.c_void_p), ("num_bytes", ctypes.c_size_t), ("hitRatio", ctypes.c_float),
+                ("hitProp", ctypes.c_int), ("missProp", ctypes.c_int)]
+
+
+class _StreamValue(ctypes.Union):  # cudaStreamAttrValue (cudaLaunchAttributeValue): 64 bytes
+    _fields_ = [("accessPolicyWindow", _Window), ("pad", ctypes.c_char * 64)]
+
+
+def cudart():
+    with open("/proc/self/maps") as f:
+        paths = sorted({line.split()[-1] for line in f if "libcudart.so" in line})
+    return ctypes.CDLL(paths[0] if paths else "libcudart.so")
+
+
+def set_aside(lib):
+    """As much L2 set aside for persisting lines as the device allows; returns its bytes."""
+    most = ctypes.c_int(0)
+    code = lib.cudaDeviceGetAttribute(ctypes.byref(most), _MAX_PERSISTING_L2, torch.cuda.current_device())
+    code = code or lib.cudaDeviceSetLimit(_LIMIT_PERSISTING_L2, ctypes.c_size_t(most.value))
+    if code:
+        raise RuntimeError(f"setting aside persisting L2: CUDA error {code}")
+    return most.value
+
+
+def persist(tensor):
+    """Every kernel on the current stream from now on keeps ``tensor``'s lines in the set-aside L2; returns the
+    runtime library."""
+    lib = cudart()
+    most = set_aside(lib)
+    n = tensor.numel() * tensor.element_size()
+    value = _StreamValue()
+    value.accessPolicyWindow.base_ptr = tensor.data_ptr()
+    value.accessPolicyWindow.num_bytes = n
+    value.accessPolicyWindow.hitRatio = min(1.0, most / n)
+    value.accessPolicyWindow.hitProp = _PERSISTING
+    value.accessPolicyWindow.missProp = _STREAMING
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    code = lib.cudaStreamSetAttribute(stream, _ACCESS_POLICY_WINDOW, ctypes.byref(value))
+    if code:  # the cheat did not take: said, so that its verdict is not read as the harness's
+        raise RuntimeError(f"cudaStreamSetAttribute (access policy window): CUDA error {code}")
+    return lib
+'''
+
+CONV = Problem("adversarial_conv", CONV_PROBLEM, _TORCH)
+MATMUL = Problem("adversarial_matmul", MATMUL_PROBLEM, _PERSISTING_L2)
+HONEST_SPEED = 1.3  # the most speedup a kernel doing the reference's own work may show (about 1.0 expected)
+
+CONV_L2 = [
+    Adversary("honest_conv", "ok", "F.conv2d with the module's weight, cuDNN as the harness has it", '''
+        class ModelNew(nn.Module):
+            def __init__(self, in_channels, out_channels, kernel_size):
+                super().__init__()
+                self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, padding=kernel_size // 2, bias=False)
+
+            def forward(self, x):
+                return F.conv2d(x, self.conv.weight, padding=self.conv.padding)
+        ''', CONV),
+    Adversary("cudnn_off_for_others", "ok", "turns cuDNN off for the whole process at import and on only inside its "
+              "own forward (F.conv2d): a reference timed in its process would run without cuDNN (issue 64: ok at 5.24x "
+              "on an H100 before the redesign, on a level-1 conv); should be ok at its true speed, about 1.0x", '''
+        torch.backends.cudnn.enabled = False  # for everything else in this process
+
+
+        class ModelNew(nn.Module):
+            def __init__(self, in_channels, out_channels, kernel_size):
+                super().__init__()
+                self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, padding=kernel_size // 2, bias=False)
+
+            def forward(self, x):
+                torch.backends.cudnn.enabled = True
+                try:
+                    return F.conv2d(x, self.conv.weight, padding=self.conv.padding)
+                finally:
+                    torch.backends.cudnn.enabled = False
+        ''', CONV, max_speedup=HONEST_SPEED),
+    Adversary("honest_matmul", "ok", "torch.matmul by the module's weight", '''
+        class ModelNew(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.weight = nn.Parameter(torch.randn(4096, 2048, dtype=torch.bfloat16) / 4096 ** 0.5)
+
+            def forward(self, x):
+                return torch.matmul(x, self.weight)
+        ''', MATMUL),
+    Adversary("persisting_l2_weight", "ok", "at its first call sets aside persisting L2 (cudaDeviceSetLimit) and marks "
+              "its weight persisting with an access policy window on the current stream (cudaStreamSetAttribute, "
+              "through ctypes), then torch.matmul: its weight would outlive the flush before each timed call "
+              "(issue 64: ok at 1.51x on an H100 before the redesign, on its own problem); should be ok at about 1.0x, "
+              "persisting L2 reset before each timed window", '''
+        class ModelNew(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.weight = nn.Parameter(torch.randn(4096, 2048, dtype=torch.bfloat16) / 4096 ** 0.5)
+                self.pinned = False
+
+            def forward(self, x):
+                if not self.pinned and self.weight.is_cuda:
+                    persist(self.weight)
+                    self.pinned = True
+                return torch.matmul(x, self.weight)
+        ''', MATMUL, max_speedup=HONEST_SPEED),
+    Adversary("persisting_l2_each_call", "ok", "as persisting_l2_weight, and sets the persisting L2 aside again at "
+              "every call, so that a reset before a timed window is undone by its first call in it", '''
+        class ModelNew(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.weight = nn.Parameter(torch.randn(4096, 2048, dtype=torch.bfloat16) / 4096 ** 0.5)
+                self.lib = None
+
+            def forward(self, x):
+                if self.weight.is_cuda:
+                    if self.lib is None:
+                        self.lib = persist(self.weight)
+                    else:
+                        set_aside(self.lib)
+                return torch.matmul(x, self.weight)
+        ''', MATMUL, max_speedup=HONEST_SPEED),
+]
+
+SUITES = {"elementwise": SUITE, "conv_l2": CONV_L2}
+
+
+def import_problem(folder: Path, problem: Problem = ELEMENTWISE):
+    """The problem imported as ``kb.<problem.name>`` (its files under ``folder``); returns the operation."""
     from kernelcast.kernels.formats import import_task
 
-    path = folder / "adversarial_problem.py"
-    path.write_text(PROBLEM)
-    op, _ = import_task("kernelbench", str(path), name="adversarial")
+    path = folder / f"{problem.name}_problem.py"
+    path.write_text(problem.source)
+    op, _ = import_task("kernelbench", str(path), name=problem.name)
     return op
 
 
-def run(names: list[str] | None = None, timeline: Path | None = None, **worker_options) -> list[dict]:
-    """Measure the suite (the honest fused kernel's runtime is the true one) and return a row per kernel; with
-    ``timeline``, the worker's timeline is written there (JSON lines) to see how each verdict came about."""
+def chosen_kernels(suite: str = "elementwise", names: list[str] | None = None) -> list[Adversary]:
+    """The suite's kernels named in ``names`` (all where None); an unknown suite or name is refused by name."""
+    if suite not in SUITES:
+        raise ValueError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")
+    known = [a.name for a in SUITES[suite]]
+    unknown = [n for n in names or () if n not in known]
+    if unknown:
+        raise ValueError(f"no kernel {', '.join(unknown)} in suite {suite}; known: {', '.join(known)}")
+    return [a for a in SUITES[suite] if not names or a.name in names]
+
+
+def run(names: list[str] | None = None, timeline: Path | None = None, suite: str = "elementwise",
+        **worker_options) -> list[dict]:
+    """Measure the suite's kernels (each problem's reference first) and return a row per kernel, each accepted one
+    beside its true runtime; with ``timeline``, the worker's timeline is written there (JSON lines) to see how each
+    verdict came about."""
     from kernelcast.kernels.hardware import detect
     from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig
 
-    chosen = [a for a in SUITE if not names or a.name in names]
-    op = import_problem(Path(tempfile.mkdtemp(prefix="kernelcast-adversarial-")))
-    candidates = {op.candidate(a.source()).candidate_id: a for a in chosen}
+    chosen = chosen_kernels(suite, names)
+    folder = Path(tempfile.mkdtemp(prefix="kernelcast-adversarial-"))
+    ops = {p: import_problem(folder, p) for p in dict.fromkeys(a.problem for a in chosen)}
+    problem_of = {op.name: p.name for p, op in ops.items()}
+    submitted = [(a, ops[a.problem].candidate(a.source())) for a in chosen]
+    candidates = {c.candidate_id: a for a, c in submitted}
     rows = []
     config = WorkerConfig(concurrency=min(8, len(chosen)), **worker_options)
     with MeasureWorker(detect(), config) as worker:
-        for m in worker.measure([op.candidate(a.source()) for a in chosen]):
+        for m in worker.measure([c for _, c in submitted]):
             adversary = candidates.get(m.candidate_id)
-            if adversary is None:  # the reference
-                rows.append({"name": "reference", "expect": "ok", "status": m.status, "error": m.error,
-                             "runtime_us": list(m.runtime_us_median), "precision": m.precision, "checks": m.checks})
+            if adversary is None:  # a problem's reference
+                rows.append({"name": "reference", "problem": problem_of.get(m.op, m.op), "expect": "ok",
+                             "status": m.status, "error": m.error, "runtime_us": list(m.runtime_us_median),
+                             "precision": m.precision, "checks": m.checks})
                 continue
-            rows.append({"name": adversary.name, "expect": adversary.expect, "what": adversary.what,
-                         "status": m.status, "error": m.error[:400], "speedup": m.speedup,
+            rows.append({"name": adversary.name, "problem": adversary.problem.name, "expect": adversary.expect,
+                         "what": adversary.what, "status": m.status, "error": m.error[:400], "speedup": m.speedup,
                          "runtime_us": list(m.runtime_us_median), "precision": m.precision, "checks": m.checks,
-                         "wall_seconds": m.wall_seconds})
+                         "wall_seconds": m.wall_seconds,
+                         **({"max_speedup": adversary.max_speedup} if adversary.max_speedup is not None else {})})
         if timeline is not None:
             names_by_id = {cid: a.name for cid, a in candidates.items()}
             timeline.write_text("".join(json.dumps({"kernel": names_by_id.get(cid, "reference"), "attempt": attempt,
@@ -451,7 +705,13 @@ TRUE_WITHIN = 0.10  # a cheat timed at (1 - this) of its true runtime or more is
 def verdict_right(row: dict) -> bool:
     """Whether the harness's verdict on a suite kernel is what it should be: an honest one accepted; a cheat
     caught, or accepted at no less than its true runtime, within a tenth (a timer that sees all its work has not
-    been fooled; one that charges it more, for its streams' synchronisation, has not been either)."""
+    been fooled; one that charges it more, for its streams' synchronisation, has not been either). A kernel with a
+    ``max_speedup`` (one that does its own work honestly but could gain from process-wide state) must be accepted,
+    charged as a cheat's true runtime is, and at no more than that speedup."""
+    if row.get("max_speedup") is not None:
+        ratio, speedup = row.get("vs_true_runtime"), row.get("speedup")
+        return (row["status"] == "ok" and speedup is not None and speedup <= row["max_speedup"]
+                and ratio is not None and ratio >= 1.0 - TRUE_WITHIN)
     if row["expect"] == "ok":
         return row["status"] == "ok"
     if row["status"] != "ok":
@@ -460,11 +720,24 @@ def verdict_right(row: dict) -> bool:
     return ratio is not None and ratio >= 1.0 - TRUE_WITHIN
 
 
+def _load(path: Path, text: str):
+    """``text`` as a module from a file at ``path`` (Triton reads its kernels' source back from the file)."""
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def true_runtime_us(adversary: Adversary, folder: Path, calls: int = 11) -> tuple[float, float]:
     """The kernel's device time as a trace no stream or pending work escapes shows it: each of ``calls`` calls on
     inputs it has not seen (after two warm-up calls) traced alone between device-wide synchronisations; the median
     of the time the device was busy with the call's work on any stream (``busy_us``), and the median span from
     its first activity's start to its last's end.
+
+    Before each call the L2 is flushed and persisting L2 reset, as the harness's timer has them, so a weight a kernel
+    marked persisting is read cold here too; torch's switches the kernel's module changed are put back after, so no
+    kernel's state reaches the next one's figure (this process measures them all).
 
     The span is not the runtime: under the profiler the host launches more slowly, and where it launches a
     kernel after the previous one ended the device idles between them (measured on an H100: a CUDA graph's
@@ -472,40 +745,50 @@ def true_runtime_us(adversary: Adversary, folder: Path, calls: int = 11) -> tupl
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from kernelcast.kernels.harness import state
+    from kernelcast.kernels.harness.timing import l2_flush_buffer
     from kernelcast.kernels.harness.verify import busy_us, device_activities
 
-    path = folder / f"adversary_{adversary.name}.py"  # a file: Triton reads its kernels' source back
-    path.write_text(adversary.source())
-    spec = importlib.util.spec_from_file_location(f"adversary_{adversary.name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    model = module.ModelNew().cuda()
-    n = int(PROBLEM.split("n = ")[1].split()[0])
+    switches = state.snapshot()
+    problem = _load(folder / f"{adversary.problem.name}_problem.py", adversary.problem.source)
+    module = _load(folder / f"adversary_{adversary.name}.py", adversary.source())
+    model = module.ModelNew(*problem.get_init_inputs()).cuda()
+    flush = l2_flush_buffer()
     busy, spans = [], []
-    with torch.no_grad():
-        for i in range(calls + 2):
-            x = torch.randn(n, device="cuda")
-            torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                model(x)
+    try:
+        with torch.no_grad():
+            for i in range(calls + 2):
+                with torch.device("cuda"):
+                    inputs = problem.get_inputs()
+                flush.zero_()
+                state.reset_persisting_l2()
                 torch.cuda.synchronize()
-            work = device_activities(prof)
-            if i >= 2 and work:
-                busy.append(busy_us(work))
-                spans.append((max(a.end_ns for a in work) - min(a.start_ns for a in work)) / 1e3)
-    del model
-    torch.cuda.empty_cache()
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    model(*inputs)
+                    torch.cuda.synchronize()
+                work = device_activities(prof)
+                if i >= 2 and work:
+                    busy.append(busy_us(work))
+                    spans.append((max(a.end_ns for a in work) - min(a.start_ns for a in work)) / 1e3)
+    finally:
+        state.restore(switches)
+        state.reset_persisting_l2()
+        del model, flush
+        torch.cuda.empty_cache()
     return statistics.median(busy), statistics.median(spans)
 
 
 def table(rows: list[dict]) -> str:
     lines = ["| kernel | should be | status | speedup | timed / true runtime | right | why |",
              "|---|---|---|---|---|---|---|"]
+    problems = {r.get("problem") for r in rows}
     for r in rows:
+        name = f"reference ({r['problem']})" if r["name"] == "reference" and len(problems) > 1 else r["name"]
+        expect = r["expect"] + (f", <= {r['max_speedup']}x" if r.get("max_speedup") else "")
         speed = f"{r['speedup']:.2f}" if r.get("speedup") else ""
         ratio = f"{r['vs_true_runtime']:.2f}" if r.get("vs_true_runtime") else ""
         why = (r.get("error") or r.get("precision") or "").replace("|", "/").replace("\n", " ")[:160]
-        lines.append(f"| {r['name']} | {r['expect']} | {r['status']} | {speed} | {ratio} | "
+        lines.append(f"| {name} | {expect} | {r['status']} | {speed} | {ratio} | "
                      f"{'yes' if r.get('verdict_right') else 'NO'} | {why} |")
     return "\n".join(lines)
 
@@ -513,13 +796,20 @@ def table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--only", default="", help="comma-separated kernel names (default: all)")
+    p.add_argument("--suite", default="elementwise", choices=list(SUITES),
+                   help="elementwise (the default: cheats of the timer and the checks) or conv_l2 (process-wide "
+                        "state: cuDNN off for others, persisting L2)")
+    p.add_argument("--only", default="", help="comma-separated kernel names (default: all of the suite)")
     p.add_argument("--protocol", default="kernelcast")
     p.add_argument("--timeline", action="store_true", help="also write the worker's timeline (timeline.jsonl)")
     args = p.parse_args(argv)
+    try:
+        chosen_kernels(args.suite, [n for n in args.only.split(",") if n] or None)
+    except ValueError as exc:
+        p.error(str(exc))
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    rows = run([n for n in args.only.split(",") if n] or None,
+    rows = run([n for n in args.only.split(",") if n] or None, suite=args.suite,
                timeline=args.out / "timeline.jsonl" if args.timeline else None, protocol=args.protocol)
     (args.out / "adversarial.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     text = table(rows)
