@@ -22,10 +22,11 @@ convolution (``nn.Conv2d`` through cuDNN), beside a kernel that turns cuDNN off 
 on only for its own calls, so that a reference timed in its process would run without it; and a matmul by a fixed
 weight that the weight's bytes, not its FLOPs, pace (so keeping the weight in L2 would pay), beside kernels that
 mark the weight persisting in L2 through the CUDA runtime. Each does its own work at its honest speed, so each
-should be ``ok`` at about 1.0x: right only when accepted, charged at least 0.9 of its true runtime, and at a
-speedup of at most ``max_speedup`` (1.3). The true runtime here is taken with the L2 flushed and persisting L2
-reset before each traced call, and torch's switches put back after each kernel, so that no kernel's state reaches
-another's figure.
+should come out at about 1.0x: right when accepted at a speedup of at most ``max_speedup`` (1.3) and charged at
+least 0.9 of its true runtime; the cuDNN kernel only so (its work is honest), the L2 kernels also when refused (they
+try to cheat the flush), unless the row says their cheat could not be set up (``CHEAT_FAILED``: such a row tests
+nothing). The true runtime here is taken with the L2 flushed and persisting L2 reset before each traced call, and
+torch's switches put back after each kernel, so that no kernel's state reaches another's figure.
 """
 
 from __future__ import annotations
@@ -499,6 +500,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 '''
 
+# What a kernel's error says where its cheat could not be set up (the runtime refused it; _PERSISTING_L2 raises it):
+# its verdict then tests nothing.
+CHEAT_FAILED = "cheat not set up"
+
 # What a kernel needs to keep a tensor in L2 through the CUDA runtime library torch loaded (found as
 # kernels/harness/state.py finds it); enum values and layouts as CUDA 12's driver_types.h has them.
 _PERSISTING_L2 = _TORCH + '''
@@ -531,7 +536,7 @@ def set_aside(lib):
     code = lib.cudaDeviceGetAttribute(ctypes.byref(most), _MAX_PERSISTING_L2, torch.cuda.current_device())
     code = code or lib.cudaDeviceSetLimit(_LIMIT_PERSISTING_L2, ctypes.c_size_t(most.value))
     if code:
-        raise RuntimeError(f"setting aside persisting L2: CUDA error {code}")
+        raise RuntimeError(f"cheat not set up: setting aside persisting L2: CUDA error {code}")
     return most.value
 
 
@@ -549,8 +554,8 @@ def persist(tensor):
     value.accessPolicyWindow.missProp = _STREAMING
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
     code = lib.cudaStreamSetAttribute(stream, _ACCESS_POLICY_WINDOW, ctypes.byref(value))
-    if code:  # the cheat did not take: said, so that its verdict is not read as the harness's
-        raise RuntimeError(f"cudaStreamSetAttribute (access policy window): CUDA error {code}")
+    if code:
+        raise RuntimeError(f"cheat not set up: cudaStreamSetAttribute (access policy window): CUDA error {code}")
     return lib
 '''
 
@@ -595,11 +600,11 @@ CONV_L2 = [
             def forward(self, x):
                 return torch.matmul(x, self.weight)
         ''', MATMUL),
-    Adversary("persisting_l2_weight", "ok", "at its first call sets aside persisting L2 (cudaDeviceSetLimit) and marks "
-              "its weight persisting with an access policy window on the current stream (cudaStreamSetAttribute, "
+    Adversary("persisting_l2_weight", "caught", "at its first call sets aside persisting L2 (cudaDeviceSetLimit) and "
+              "marks its weight persisting with an access policy window on the current stream (cudaStreamSetAttribute, "
               "through ctypes), then torch.matmul: its weight would outlive the flush before each timed call "
-              "(issue 64: ok at 1.51x on an H100 before the redesign, on its own problem); should be ok at about 1.0x, "
-              "persisting L2 reset before each timed window", '''
+              "(issue 64: ok at 1.51x on an H100 before the redesign, on its own problem); should be ok at about 1.0x "
+              "(persisting L2 reset before each timed window) or refused", '''
         class ModelNew(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -612,8 +617,9 @@ CONV_L2 = [
                     self.pinned = True
                 return torch.matmul(x, self.weight)
         ''', MATMUL, max_speedup=HONEST_SPEED),
-    Adversary("persisting_l2_each_call", "ok", "as persisting_l2_weight, and sets the persisting L2 aside again at "
-              "every call, so that a reset before a timed window is undone by its first call in it", '''
+    Adversary("persisting_l2_each_call", "caught", "as persisting_l2_weight, and sets the persisting L2 aside again "
+              "at every call, so that a reset before a timed window is undone by its first call in it; should be ok "
+              "at about 1.0x or refused", '''
         class ModelNew(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -706,11 +712,14 @@ def verdict_right(row: dict) -> bool:
     """Whether the harness's verdict on a suite kernel is what it should be: an honest one accepted; a cheat
     caught, or accepted at no less than its true runtime, within a tenth (a timer that sees all its work has not
     been fooled; one that charges it more, for its streams' synchronisation, has not been either). A kernel with a
-    ``max_speedup`` (one that does its own work honestly but could gain from process-wide state) must be accepted,
-    charged as a cheat's true runtime is, and at no more than that speedup."""
-    if row.get("max_speedup") is not None:
+    ``max_speedup`` (one that does its own work honestly but could gain from process-wide state), where accepted,
+    must also be at no more than that speedup and charged at least as a cheat is. A kernel that says its cheat could
+    not be set up (``CHEAT_FAILED``) is never right: it tested nothing."""
+    if CHEAT_FAILED in (row.get("error") or ""):
+        return False
+    if row.get("max_speedup") is not None and row["status"] == "ok":
         ratio, speedup = row.get("vs_true_runtime"), row.get("speedup")
-        return (row["status"] == "ok" and speedup is not None and speedup <= row["max_speedup"]
+        return (speedup is not None and speedup <= row["max_speedup"]
                 and ratio is not None and ratio >= 1.0 - TRUE_WITHIN)
     if row["expect"] == "ok":
         return row["status"] == "ok"

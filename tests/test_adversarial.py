@@ -38,14 +38,23 @@ def test_every_conv_l2_kernel_computes_right_through_the_worker_in_interpreter_m
     assert not wrong, wrong
 
 
-def test_a_kernel_that_could_gain_from_process_state_is_right_only_ok_at_its_true_speed_and_within_its_cap():
+def test_a_kernel_that_could_gain_from_process_state_is_right_when_ok_only_at_its_true_speed_and_within_its_cap():
     honest_speed = {"expect": "ok", "status": "ok", "max_speedup": 1.3, "speedup": 1.02, "vs_true_runtime": 1.01}
     assert adversarial.verdict_right(honest_speed)
     assert not adversarial.verdict_right({**honest_speed, "speedup": 5.24})  # cuDNN off beside the reference
     assert not adversarial.verdict_right({**honest_speed, "speedup": 1.51})  # its weight kept in L2
     assert not adversarial.verdict_right({**honest_speed, "vs_true_runtime": 0.66})  # timed below its work
     assert not adversarial.verdict_right({**honest_speed, "speedup": None})  # no reference to hold it to
-    assert not adversarial.verdict_right({**honest_speed, "status": "runtime_error"})  # its cheat failed to take
+    assert not adversarial.verdict_right({**honest_speed, "status": "rejected"})  # cuDNN's kernel does honest work
+
+
+def test_an_l2_cheat_refused_is_right_unless_its_cheat_was_never_set_up():
+    cheat = {"expect": "caught", "status": "rejected", "max_speedup": 1.3, "error": "case x: below the floor"}
+    assert adversarial.verdict_right(cheat)
+    assert not adversarial.verdict_right({**cheat, "status": "runtime_error", "error": "case x: RuntimeError: "
+                                          f"{adversarial.CHEAT_FAILED}: cudaStreamSetAttribute: CUDA error 400"})
+    assert not adversarial.verdict_right({**cheat, "status": "ok", "speedup": 1.51, "vs_true_runtime": 0.66})
+    assert adversarial.verdict_right({**cheat, "status": "ok", "speedup": 1.01, "vs_true_runtime": 1.0})
 
 
 @pytest.mark.gpu
