@@ -282,3 +282,98 @@ def test_zero_shot_set_is_what_its_generator_writes_with_a_sealed_third(tmp_path
                 (tmp_path / problem["name"] / f"{name}.py").read_text()
     assert len(written["problems"]) >= 30 and all(len(p["kernels"]) >= 4 for p in written["problems"])
     assert sum(p["sealed"] for p in written["problems"]) == math.ceil(len(written["problems"]) / 3)
+
+
+# ---- the facts kept on disk, and read by the learned forecaster -----------------------------------
+
+def test_facts_kept_on_disk_are_read_back_without_running_the_kernel_again(task, tmp_path, monkeypatch):
+    from kernelcast.kernels import facts as facts_module
+
+    op, kernels, _ = task
+    jobs = [(op, kernels["b1024"], op.cases[0], "cuda:90"), (op, kernels["missing"], op.cases[0], "cuda:90")]
+    found = facts_module.extract_many(jobs, cache_dir=str(tmp_path))
+    assert [f.status for f in found] == ["ok", "compile_error"]
+    assert len(list(tmp_path.rglob("*.json"))) == 2
+    facts_module.clear_cache()
+
+    def never(*job):
+        raise AssertionError("the facts were found again, not read back")
+
+    monkeypatch.setattr(facts_module, "_extract", never)
+    assert facts_module.extract_many(jobs, cache_dir=str(tmp_path)) == found
+
+
+def test_facts_a_lost_child_leaves_unknown_are_not_kept(task, tmp_path, monkeypatch):
+    from kernelcast.kernels import facts as facts_module
+
+    op, kernels, _ = task
+    lost = lambda jobs: [facts_module.KernelFacts("unknown", "the facts child timed out", t) for *_, t in jobs]  # noqa: E731
+    monkeypatch.setattr(facts_module, "_extract_in_child", lost)
+    facts_module.clear_cache()
+    (found,) = facts_module.extract_many([(op, kernels["b32"], op.cases[0], "cuda:90")], True, str(tmp_path))
+    assert found.status == "unknown" and not list(tmp_path.rglob("*.json"))
+    facts_module.clear_cache()
+
+
+def test_facts_found_in_several_children_come_back_in_the_order_asked(task, monkeypatch):
+    from kernelcast.kernels import facts as facts_module
+
+    op, kernels, _ = task
+    monkeypatch.setattr(facts_module, "CHILD_BATCH", 1)
+    facts_module.clear_cache()
+    names = ["b32", "missing", "b1024"]
+    found = facts_module.extract_many([(op, kernels[n], op.cases[0], "cuda:90") for n in names], True, workers=2)
+    assert [f.status for f in found] == ["ok", "compile_error", "ok"]
+    assert found[0].triton[0].programs == 32 * found[2].triton[0].programs
+
+
+def _bump_corpus(op) -> "pd.DataFrame":
+    """Kernels of the bump task at blocks 32-2048 and 1 or 4 warps, "measured" faster the larger their block, and
+    two that call a Triton function that does not exist, failed: rows as source_pairs gives them."""
+    import math
+
+    import pandas as pd
+
+    from tests.test_source_forecaster import HARDWARE
+
+    reference = op.seed_candidates()[0]
+    rows = []
+    for i, (block, warps, call) in enumerate([(b, w, "tl.exp(-x * x) + x") for b in (32, 64, 128, 256, 512, 1024, 2048)
+                                              for w in (1, 4)] + [(1024, 4, "tl.fast_bump(x)"), (64, 1, "tl.nope(x)")]):
+        candidate = op.candidate(_triton(block, warps, call))
+        failed = call != "tl.exp(-x * x) + x"
+        rows.append({"op": op.name, "gpu_type": "h100", "candidate_id": candidate.candidate_id,
+                     "source": candidate.source, "params": {}, "template": None, "origin": "import",
+                     "backend": candidate.backend, "status": "compile_error" if failed else "ok", "failed": failed,
+                     "case_names": tuple(c.name for c in op.cases), "anchor_runtime_us": (1000.0,),
+                     "anchor_source": reference.source, "anchor_params": {}, "anchor_template": reference.template,
+                     "anchor_origin": "seed", "anchor_backend": reference.backend, "anchor_speedup": 1.0,
+                     "speedup": math.nan if failed else math.log2(block) / 8, **HARDWARE})
+    return pd.DataFrame(rows)
+
+
+def test_learned_facts_source_part_reads_each_kernels_facts_beside_its_text(task, tmp_path):
+    import numpy as np
+
+    from kernelcast.surrogate.dataset import source_requests
+    from kernelcast.surrogate.physics import LEARNED_FACT_FEATURES, facts_matrix
+    from kernelcast.surrogate.registry import get_forecaster_factory
+    from kernelcast.surrogate.source import SOURCE_FEATURE_NAMES
+
+    op, _, _ = task
+    corpus = _bump_corpus(op)
+    learned = get_forecaster_factory("learned-facts")(source_max_iter=30)
+    assert learned.source_options["facts"] is True and learned.source_options["stack_centred"] is True
+    source = get_forecaster_factory("source")(max_iter=30, folds=3, facts=True, facts_cache=str(tmp_path)).fit(corpus)
+    requests = source_requests(corpus)
+    X = source._features(requests)
+    facts = np.nan_to_num(facts_matrix(requests, True, str(tmp_path)), nan=-1e9)
+    assert X.shape[1] == len(SOURCE_FEATURE_NAMES) + len(LEARNED_FACT_FEATURES)
+    assert np.array_equal(X[:, len(SOURCE_FEATURE_NAMES):], facts)
+    compile_error = facts[:, LEARNED_FACT_FEATURES.index("compile_error")]
+    assert compile_error.tolist() == corpus["failed"].astype(float).tolist()
+    modelled = facts[~corpus["failed"].to_numpy(), LEARNED_FACT_FEATURES.index("model_log_speedup")]
+    assert len(set(np.round(modelled, 6))) >= 7  # a block of 32 is not a block of 2048 to the GPU model
+    forecasts = source.forecast(requests)
+    assert "facts" in forecasts[0].surrogate_version
+    assert all(f.parsed and 0 <= f.failure_probability <= 1 and f.expected_speedup > 0 for f in forecasts)
