@@ -88,8 +88,10 @@ def base_parents(args) -> list:
 
 
 def _imported(out: str) -> set[str]:
-    path = Path(out) / "tasks"
-    return {p.name for p in path.iterdir()} if path.is_dir() else set()
+    from kernelcast.kernels.formats import stored_task_names
+    from kernelcast.storage.dataset import DataRoot
+
+    return set(stored_task_names(DataRoot(out)))
 
 
 def _feedback(root, gpu_type: str, op: str) -> dict[str, tuple[str, ...]]:

@@ -88,6 +88,13 @@ def _first_of_each_key(table: pa.Table, key: tuple[str, ...]) -> pa.Table:
     return table.take(pc.take(first, pc.sort_indices(first)))  # those row numbers, in table order
 
 
+def parquet_bytes(spec: TableSpec, rows: pa.Table) -> bytes:
+    """``rows`` as one Parquet file of ``spec``: its file columns (partition values live in the path)."""
+    buffer = pa.BufferOutputStream()
+    pq.write_table(rows.select(spec.file_schema.names).cast(spec.file_schema), buffer, compression=spec.compression)
+    return buffer.getvalue().to_pybytes()
+
+
 class DataRoot:
     """All tables under one URI; ``storage_options`` go to fsspec (e.g. an S3 ``endpoint_url``).
 
@@ -96,12 +103,14 @@ class DataRoot:
 
     def __init__(self, uri: str, storage_options: dict | None = None, retry: RetryPolicy | None = None) -> None:
         self.uri = str(uri)
-        self.fs, self.path = fsspec.core.url_to_fs(self.uri, **(storage_options or {}))
+        self.storage_options = dict(storage_options or {})
+        self.fs, self.path = fsspec.core.url_to_fs(self.uri, **self.storage_options)
         self.path = self.path.rstrip("/")
         self.is_local = isinstance(self.fs, LocalFileSystem)
         self.retry = retry if retry is not None else RetryPolicy()
         self.retried = 0
         self.retry_wait_s = 0.0
+        self._sources_root: DataRoot | None = None
 
     def __repr__(self) -> str:
         return f"DataRoot({self.uri!r})"
@@ -214,9 +223,7 @@ class DataRoot:
         keys = list(zip(*(rows[c].to_pylist() for c in spec.key)))
         folder = posixpath.join(self._table_path(spec), *(f"{c}={v}" for c, v in partition.items()))
         path = posixpath.join(folder, f"part-{_keys_digest(keys)}.parquet")
-        buffer = pa.BufferOutputStream()
-        pq.write_table(rows.select(spec.file_schema.names).cast(spec.file_schema), buffer)
-        self._put(path, buffer.getvalue().to_pybytes())
+        self._put(path, parquet_bytes(spec, rows))
         return path
 
     def write(self, table: str, rows: pa.Table) -> int:
@@ -252,7 +259,14 @@ class DataRoot:
                 raise ValueError(f"{table} is partitioned by {', '.join(spec.partition_by)}, not {column!r}")
             check_partition_value(column, value)
         wanted = None if columns is None else list(dict.fromkeys([*spec.key, *columns]))
+        moved = spec.name == "candidates" and (columns is None or "source" in columns)
+        if moved and wanted is not None:
+            wanted = list(dict.fromkeys([*wanted, "op", "source_sha256"]))
         rows = _first_of_each_key(self._read_where(spec, where, wanted), spec.key)
+        if moved:  # sources moved into the sources table are put back: readers see the rows as written
+            from kernelcast.storage.sources import fill_candidate_sources
+
+            rows = fill_candidate_sources(self, rows)
         return rows if columns is None else rows.select(columns)
 
     def read(self, table: str, **where: str) -> pd.DataFrame:
@@ -357,6 +371,50 @@ class DataRoot:
     def put_object(self, relative: str, data: bytes) -> None:
         """Store bytes (a fitted model, say) at ``relative`` under the root, visible whole or not at all."""
         self._put(posixpath.join(self.path, relative), data)
+
+    def list_objects(self, relative: str) -> list[str]:
+        """Paths (relative to ``relative``) of the files under the folder ``relative``, sorted; [] if there is none."""
+        base = posixpath.join(self.path, relative)
+
+        def find() -> list[str]:
+            self.fs.invalidate_cache()
+            return self.fs.find(base)
+
+        return sorted(posixpath.relpath(p, base) for p in self._call("list", base, find))
+
+    def remove_objects(self, relative: str) -> None:
+        """Remove the file or folder ``relative`` under the root, if it is there."""
+        path = posixpath.join(self.path, relative)
+
+        def remove() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm(path, recursive=True)
+            self.fs.invalidate_cache()
+
+        self._call("remove", path, remove)
+
+    # ---- sources stored once (storage/sources.py) --------------------------------------------
+
+    def sources_root(self) -> DataRoot:
+        """The root whose ``sources`` table keeps this root's sources: the one its ``sources.json`` names, else
+        itself."""
+        if self._sources_root is None:
+            from kernelcast.storage.sources import resolve_sources_root
+
+            self._sources_root = resolve_sources_root(self)
+        return self._sources_root
+
+    def put_sources(self, op: str, contents: list[bytes]) -> list[str]:
+        """Store each content once, keyed by its SHA-256, in the sources table (under ``op``); returns the hashes."""
+        from kernelcast.storage.sources import put_sources
+
+        return put_sources(self, op, contents)
+
+    def get_sources(self, hashes_by_op: dict[str, list[str]]) -> dict[str, bytes]:
+        """The stored contents of these hashes (each op's under it); a missing one is a StorageError naming it."""
+        from kernelcast.storage.sources import get_sources
+
+        return get_sources(self, hashes_by_op)
 
     def get_object(self, relative: str) -> bytes | None:
         """The bytes at ``relative`` under the root, or None when there is nothing there."""

@@ -26,12 +26,14 @@ TIMESTAMP = pa.timestamp("us", tz="UTC")
 
 @dataclass(frozen=True)
 class TableSpec:
-    """A table: its full schema, the columns that identify a row, and the Hive partition columns."""
+    """A table: its full schema, the columns that identify a row, the Hive partition columns, and the Parquet
+    compression its files are written with."""
 
     name: str
     schema: pa.Schema
     key: tuple[str, ...]
     partition_by: tuple[str, ...]
+    compression: str = "snappy"
 
     def __post_init__(self) -> None:
         missing = [c for c in (*self.key, *self.partition_by) if c not in self.schema.names]
@@ -60,9 +62,25 @@ CANDIDATES = TableSpec(
         ("parent_id", pa.string()),
         ("origin", pa.string()),
         ("created_at", TIMESTAMP),
+        # Set where the source was moved into the sources table (storage/sources.py): ``source`` is then null on
+        # disk and DataRoot.read_table puts it back. Null where the source is inline (every row a search writes).
+        ("source_sha256", pa.string()),
     ]),
     key=("candidate_id",),
     partition_by=("op",),
+)
+
+# Contents stored once, by SHA-256: imported tasks' files and moved candidate sources (storage/sources.py).
+SOURCES = TableSpec(
+    name="sources",
+    schema=pa.schema([
+        ("sha256", pa.string()),
+        ("op", pa.string()),  # the task the content was stored for, or the candidate's operation
+        ("content", pa.binary()),
+    ]),
+    key=("sha256",),
+    partition_by=("op",),
+    compression="zstd",  # source text: a third of snappy's size
 )
 
 # HardwareSpec is flattened under its own field names; its gpu_type is the measurement's.
@@ -232,7 +250,7 @@ PROVENANCE = TableSpec(
 )
 
 TABLES: dict[str, TableSpec] = {t.name: t for t in (CANDIDATES, MEASUREMENTS, FORECASTS, DECISIONS,
-                                                    GENERATIONS, RUNS, PROVENANCE)}
+                                                    GENERATIONS, RUNS, PROVENANCE, SOURCES)}
 # Flat records stored one field per column, under the table named here.
 RECORD_TABLES = {Decision: DECISIONS, GenerationSummary: GENERATIONS, SearchRun: RUNS, Provenance: PROVENANCE}
 

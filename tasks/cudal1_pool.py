@@ -33,7 +33,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kernelcast.kernels.formats import MANIFEST, ROOT_FOLDER, install, load_operation, save_to_root, task_files, tasks_dir
+from kernelcast.kernels.formats import MANIFEST, install, load_operation, save_to_root, stored_task, task_files, tasks_dir
 from kernelcast.kernels.formats import kernelbench
 from kernelcast.kernels.harness.sweep import shard  # noqa: F401 - the pool's shards are the sweep's (benchmarks/cudal1_pool)
 from kernelcast.kernels.formats.cudal1 import (COMMIT, GPUS, REPOSITORY, SCORES, SOURCE_GPU, VARIANTS, Built, KernelBenchMatch,
@@ -144,11 +144,9 @@ def prepare(problems: Sequence[Problem], variants: Sequence[str], kernelbench_fo
                 skipped = tuple(Built(problem, v, None, f"the problem was not imported: {error}") for v in variants)
                 out.append(Prepared(problem, None, error, skipped, match))
                 continue
-            files = None
+            files = task_files(op.name) if roots else None
             for root in roots:
-                stored = root.get_object(f"{ROOT_FOLDER}/{op.name}/{MANIFEST}")
-                files = files or task_files(op.name)
-                if stored != files[MANIFEST]:
+                if stored_task(root, op.name) != files:
                     save_to_root(root, op.name, files)
             out.append(Prepared(problem, op, "", tuple(build(op, problem, variants)), match))
     return out

@@ -20,6 +20,7 @@ from kernelcast.autotune import PACKAGED_POOL, ForecastPruner, forecast_pruner, 
 from kernelcast.kernels.spaces import get_space
 from kernelcast.storage.dataset import DataRoot
 from kernelcast.storage.schema import measurements_from_frame
+from kernelcast.storage.sources import share_sources
 
 ROW_OPS = ("softmax", "layernorm", "rmsnorm", "row_sum")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -30,6 +31,7 @@ def _pool(dst: Path, ops) -> str:
         shutil.copytree(Path(PACKAGED_POOL) / "candidates" / f"op={op}", dst / "candidates" / f"op={op}")
         shutil.copytree(Path(PACKAGED_POOL) / "measurements" / f"op={op}" / "gpu_type=h100",
                         dst / "measurements" / f"op={op}" / "gpu_type=h100")
+    share_sources(DataRoot(str(dst)), DataRoot(PACKAGED_POOL))  # the copied rows' sources stay in the pool's table
     return str(dst)
 
 

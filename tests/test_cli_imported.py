@@ -6,6 +6,8 @@ import pandas as pd
 import pytest
 
 from kernelcast.flows.cli import main
+from kernelcast.kernels.formats import stored_task
+from kernelcast.storage.dataset import DataRoot
 from tests.formats_for_tests import KB_ROW_SUM, KB_ROW_SUM_NEW, write_kernelbench
 
 # The problem at the size of KernelBench's level1/19_ReLU: 6.4 GB of fp32 inputs, far beyond a CPU's interpreter.
@@ -18,7 +20,7 @@ def test_an_imported_problem_too_big_for_the_interpreter_gets_a_scaled_down_case
     assert main(["import", "--format", "kernelbench", "--reference", str(ref), "--data", str(root)]) == 0
     out = capsys.readouterr().out
     assert "interpreter case scaled down from the problem's sizes: " in out and "(inputs 6.4 GB -> " in out
-    manifest = json.loads((root / "tasks" / "kb.row_sum" / "manifest.json").read_text())
+    manifest = json.loads(stored_task(DataRoot(str(root)), "kb.row_sum")["manifest.json"])
     (case,) = manifest["interpret_cases"]
     scaling = manifest["interpret_scaling"]
     (shape, dtype), = case["signature"]
@@ -33,7 +35,7 @@ def test_a_problem_that_fits_keeps_its_own_sizes_for_the_interpreter(tmp_path, c
     root = tmp_path / "data"
     assert main(["import", "--format", "kernelbench", "--reference", str(ref), "--data", str(root)]) == 0
     assert "scaled down" not in capsys.readouterr().out
-    manifest = json.loads((root / "tasks" / "kb.row_sum" / "manifest.json").read_text())
+    manifest = json.loads(stored_task(DataRoot(str(root)), "kb.row_sum")["manifest.json"])
     assert manifest["interpret_cases"] == manifest["cases"] and "interpret_scaling" not in manifest
 
 

@@ -100,6 +100,15 @@ def _pool(folder, monkeypatch):
     return folder / "pool"
 
 
+def _needs_a_missing_package(root, op):
+    """Store task ``op``'s reference under ``root`` again, importing a package no machine has."""
+    from kernelcast.kernels.formats import save_to_root, stored_task
+
+    files = stored_task(DataRoot(str(root)), op)
+    save_to_root(DataRoot(str(root)), op, {**files, "reference.py": b"import a_package_this_machine_lacks\n"
+                                           + files["reference.py"]})
+
+
 def _build_pool(folder, monkeypatch):
     from kernelcast.kernels.formats import import_task
 
@@ -204,8 +213,7 @@ def test_a_problem_whose_reference_does_not_load_here_is_left_out_by_name_and_th
     from benchmarks import cudal1_forecast
 
     pool = _pool(tmp_path, monkeypatch)
-    stored = pool / "kernelcast" / "tasks" / "kb.cudal1-l2-003" / "reference.py"
-    stored.write_text("import a_package_this_machine_lacks\n" + stored.read_text())
+    _needs_a_missing_package(pool / "kernelcast", "kb.cudal1-l2-003")
     out = tmp_path / "out" / "forecast"
     assert cudal1_forecast.main(["--pool", str(pool), "--folds", "3", "--draws", "20", "--corpus", str(tmp_path),
                                  "--forecasters", "random", "--out", str(out)]) == 0
@@ -552,8 +560,7 @@ def test_a_prior_holding_a_task_that_does_not_load_here_is_fit_on_the_rest_with_
 
     pool = _pool(tmp_path, monkeypatch)
     root = DataRoot(str(pool / "kernelcast"))
-    stored = pool / "kernelcast" / "tasks" / "kb.cudal1-l2-003" / "reference.py"
-    stored.write_text("import a_package_this_machine_lacks\n" + stored.read_text())
+    _needs_a_missing_package(pool / "kernelcast", "kb.cudal1-l2-003")
     for op in sorted(root.read_candidates()["op"].unique()):
         install_from_root(root, op)
     pairs = case_pairs(root)

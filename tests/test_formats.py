@@ -16,7 +16,7 @@ import torch
 from tests.formats_for_tests import (GPUMODE_REFERENCE, GPUMODE_SUBMISSION, GPUMODE_WRONG, KB_ROW_SUM,
                                      KB_ROW_SUM_NEW, KB_ROW_SUM_WRONG, write_gpumode, write_kernelbench)
 
-from kernelcast.kernels.formats import TaskFormatError, import_task, submission_of, tasks_dir
+from kernelcast.kernels.formats import TaskFormatError, import_task, stored_task, submission_of, tasks_dir
 from kernelcast.kernels.hardware import INTERPRETER
 from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig
 from kernelcast.kernels.ops import get_operation
@@ -326,7 +326,7 @@ def test_the_import_command_stores_the_task_and_writes_its_candidates(tmp_path, 
     assert "imported gpumode.vadd_cli" in capsys.readouterr().out
     table = DataRoot(data).read_candidates(op="gpumode.vadd_cli")
     assert sorted(table["origin"]) == ["import", "seed"]
-    assert DataRoot(data).get_object("tasks/gpumode.vadd_cli/manifest.json") is not None
+    assert json.loads(stored_task(DataRoot(data), "gpumode.vadd_cli")["manifest.json"])["name"] == "gpumode.vadd_cli"
 
 
 # ---------------------------------------------------------------- forecasts

@@ -18,6 +18,8 @@ pytest.importorskip("peft")
 pytest.importorskip("gguf")
 
 from kernelcast.kernels.records import Candidate, HardwareSpec  # noqa: E402
+from kernelcast.storage.dataset import DataRoot  # noqa: E402
+from kernelcast.storage.sources import share_sources  # noqa: E402
 from kernelcast.surrogate.forecast import ForecastRequest  # noqa: E402
 from tests.test_engine import write_tiny_qwen2_gguf  # noqa: E402
 
@@ -374,6 +376,7 @@ def test_pairs_from_two_data_roots_are_the_pairs_of_their_union(tmp_path):
         for table in ("candidates", "measurements", "provenance"):
             for op in part:
                 shutil.copytree(CORPUS / table / f"op={op}", tmp_path / name / table / f"op={op}")
+        share_sources(DataRoot(str(tmp_path / name)), DataRoot(str(CORPUS)))
     common = ["--corpus", "--eval-ops", "softmax,transpose", "--max-failure-share", "1"]
     assert main(["pairs", "--data", str(CORPUS), "--out", str(tmp_path / "one.parquet"), *common]) == 0
     assert main(["pairs", "--data", str(tmp_path / "a"), "--also-data", str(tmp_path / "b"),
@@ -419,7 +422,6 @@ def test_kernelcast_forecast_reads_the_folder_and_asks_for_it_when_missing(train
 
 
 def test_template_pairs_from_two_data_roots_are_the_pairs_of_the_whole_pool(tmp_path):
-    from kernelcast.storage.dataset import DataRoot
     from kernelcast.surrogate.pairs import PairSettings, build_pairs
 
     pool = ROOT / "data" / "pools"
@@ -428,6 +430,7 @@ def test_template_pairs_from_two_data_roots_are_the_pairs_of_the_whole_pool(tmp_
         for table in ("candidates", "measurements"):
             for op in part:
                 shutil.copytree(pool / table / f"op={op}", tmp_path / name / table / f"op={op}")
+        share_sources(DataRoot(str(tmp_path / name)), DataRoot(str(pool)))
     settings = PairSettings(per_op=16, gpu_type="h100", eval_ops=("rmsnorm",))
     whole = build_pairs(DataRoot(str(pool)), settings)
     split = build_pairs(DataRoot(str(tmp_path / "a")), settings, also=[DataRoot(str(tmp_path / "b"))])

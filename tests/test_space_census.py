@@ -101,8 +101,11 @@ def test_a_space_measured_over_two_calls_is_named_with_each_calls_reference_and_
 
     from benchmarks.headroom_search import CALLS
     from kernelcast.storage.dataset import DataRoot
+    from kernelcast.storage.sources import share_sources
 
-    shutil.copytree(REPO / "data" / "pools" / "spaces-h200" / "kb.cudal1-l2-076", tmp_path / "kb.cudal1-l2-076")
+    space = REPO / "data" / "pools" / "spaces-h200" / "kb.cudal1-l2-076"
+    shutil.copytree(space, tmp_path / "kb.cudal1-l2-076")
+    share_sources(DataRoot(str(tmp_path / "kb.cudal1-l2-076")), DataRoot(str(space)))
     assert not any("several calls" in line for line in space_census(str(tmp_path)))  # one call: no note
     calls = [{"started": "2026-11-29T01:00:00+00:00", "measured": 20, "reference_us": [100.0, 300.0], "anchors": []},
              {"started": "2026-11-29T01:20:00+00:00", "measured": 8, "reference_us": [102.0, 306.0],

@@ -15,7 +15,7 @@ from __future__ import annotations
 from kernelcast.flows.commands import data, model, report, search, surrogate
 
 GROUPS = (
-    data,        # ops, measure, sweep, show, pairs, import, compact
+    data,        # ops, measure, sweep, show, pairs, import, compact, dedup
     surrogate,   # evaluate, train, forecast
     search,      # search, backfill, serve
     model,       # model pull | list | path | split

@@ -1,9 +1,10 @@
-"""``kernelcast ops | measure | sweep | show | import | compact | pairs``: the operations and the measured data.
+"""``kernelcast ops | measure | sweep | show | import | compact | dedup | pairs``: the operations and the measured data.
 
 ``measure`` times template variants, or the candidates stored for an imported task (or checks them
 on Triton's CPU interpreter), into the data root; ``sweep`` imports and measures every public task
 under a folder (``kernelcast.kernels.harness.sweep``); ``show`` prints the best measured ones; ``import`` turns
 a KernelBench problem or GPU MODE task into an operation; ``compact`` merges Parquet files;
+``dedup`` stores every source under a tree of data roots once (``kernelcast.storage.sources``);
 ``pairs`` draws surrogate training pairs.
 """
 
@@ -218,6 +219,16 @@ def cmd_compact(args) -> int:
     return 0
 
 
+def cmd_dedup(args) -> int:
+    check_data_root(args.tree, parse_storage_options(args.storage_option))
+    from kernelcast.storage.sources import store_once
+
+    report = store_once(args.tree, parse_storage_options(args.storage_option), log=print)
+    print(f"{args.tree}: {len(report.roots)} data roots share {args.tree}/sources ({report.contents} contents); "
+          f"{report.task_folders} task folders and {report.candidate_files} candidates files rewritten")
+    return 0
+
+
 def cmd_import(args) -> int:
     from kernelcast.kernels.formats import TaskFormatError, import_task, save_to_root, task_files
 
@@ -259,7 +270,7 @@ def cmd_import(args) -> int:
               "; --interpret-case NAME=INT,... to choose")
     for c in op.seed_candidates() + candidates:
         print(f"  candidate {c.candidate_id} ({c.origin}, {c.backend})")
-    print(f"stored under {args.data}/tasks/{op.name}; search it with: kernelcast search --op {op.name} "
+    print(f"stored under {args.data}/tasks/{op.name}.json; search it with: kernelcast search --op {op.name} "
           f"--generator llm --generator-url URL --generator-model MODEL --data {args.data}")
     return 0
 
@@ -309,7 +320,8 @@ def cmd_sweep(args) -> int:
 
 
 def register(sub) -> None:
-    """Add ``ops``, ``measure``, ``sweep``, ``show``, ``import``, ``compact`` and ``pairs`` to the CLI's subparsers."""
+    """Add ``ops``, ``measure``, ``sweep``, ``show``, ``import``, ``compact``, ``dedup`` and ``pairs`` to the CLI's
+    subparsers."""
     sp = sub.add_parser("ops", help="list operations and their template spaces")
     sp.set_defaults(func=cmd_ops)
 
@@ -410,3 +422,12 @@ def register(sub) -> None:
     sp = sub.add_parser("compact", help="merge each partition's Parquet files into one")
     add_data_args(sp)
     sp.set_defaults(func=cmd_compact)
+
+    sp = sub.add_parser("dedup", help="store the sources of every data root under a folder once, by content, in "
+                                      "the folder's sources table (tasks' files, candidates' sources); idempotent, "
+                                      "each root checked to load as before")
+    sp.add_argument("tree", metavar="TREE", help="the folder (local or s3://) whose data roots share one sources "
+                                                 "table, e.g. data")
+    sp.add_argument("--storage-option", action="append", metavar="KEY=VALUE",
+                    help="fsspec storage option, e.g. endpoint_url=http://127.0.0.1:9000")
+    sp.set_defaults(func=cmd_dedup)

@@ -2,10 +2,13 @@
 
 An imported task is a folder of files: the task's own reference module (kept verbatim),
 any helper modules it imports, the candidate files that came with it, and a
-``manifest.json`` that says which format it is, its cases and tolerances. The folder is
-stored twice: under the data root (``tasks/<op name>/``, the record that travels with
-the data, local or on S3) and in this machine's *tasks directory*, where
-``get_operation`` finds it by name.
+``manifest.json`` that says which format it is, its cases and tolerances. It is stored
+under the data root (the record that travels with the data, local or on S3) and installed
+as a folder in this machine's *tasks directory*, where ``get_operation`` finds it by name.
+Under a data root each file is stored once, by content, in the root's ``sources`` table
+(``kernelcast.storage.sources``: pools of one tree share it), and ``tasks/<op name>.json``
+names the task's files by their SHA-256; roots written before then hold a folder of files,
+``tasks/<op name>/``, which is still read.
 
 Why a directory and not an in-memory registry: the measurement harness resolves an op
 by name inside a fresh process forked from a fork server that started before the import
@@ -36,7 +39,8 @@ from kernelcast.kernels.formats.common import (FORMAT_PREFIX, FORMATS, MANIFEST,
 __all__ = ["FORMAT_PREFIX", "FORMATS", "MANIFEST", "ROOT_FOLDER", "TASKS_ENV", "WRAPPER_MARK", "TaskFormatError",
            "backend_of", "default_task_name", "import_task", "install", "install_from_root", "installed",
            "is_imported_name", "load_module", "load_operation", "op_name", "read_required", "read_source", "require",
-           "save_to_root", "submission_of", "task_files", "tasks_dir", "top_level_names"]
+           "save_to_root", "stored_task", "stored_task_names", "submission_of", "task_files", "tasks_dir",
+           "top_level_names"]
 
 TASKS_ENV = "KERNELCAST_TASKS"
 ROOT_FOLDER = "tasks"  # under a data root
@@ -96,25 +100,51 @@ def task_files(name: str, directory: Path | None = None) -> dict[str, bytes]:
 
 
 def save_to_root(root, name: str, files: Mapping[str, bytes]) -> None:
-    """Store a task's files under the data root; the manifest last, as the commit mark."""
-    for rel, data in files.items():
-        if rel != MANIFEST:
-            root.put_object(f"{ROOT_FOLDER}/{name}/{rel}", data)
-    root.put_object(f"{ROOT_FOLDER}/{name}/{MANIFEST}", files[MANIFEST])
+    """Store a task under the data root: its files once, by content, in the root's sources table, then
+    ``tasks/<name>.json`` naming each by its SHA-256, written last as the commit mark."""
+    names = sorted(files)
+    hashes = root.put_sources(name, [bytes(files[rel]) for rel in names])
+    index = {"name": name, "files": dict(zip(names, hashes))}
+    root.put_object(f"{ROOT_FOLDER}/{name}.json", (json.dumps(index, indent=1, sort_keys=True) + "\n").encode())
 
 
-def install_from_root(root, name: str) -> bool:
-    """Install task ``name`` from the data root into this machine's tasks directory; False if it is not there."""
+def stored_task(root, name: str) -> dict[str, bytes] | None:
+    """Task ``name``'s files as stored under the data root, or None if it is not there. A task stored by hash
+    (``tasks/<name>.json``) is read before a folder of files (``tasks/<name>/``, as roots were written before)."""
+    raw = root.get_object(f"{ROOT_FOLDER}/{name}.json")
+    if raw is not None:
+        hashes = json.loads(raw)["files"]
+        contents = root.get_sources({name: list(hashes.values())})
+        return {rel: contents[sha] for rel, sha in hashes.items()}
     raw = root.get_object(f"{ROOT_FOLDER}/{name}/{MANIFEST}")
     if raw is None:
-        return False
-    manifest = json.loads(raw)
+        return None
     files = {MANIFEST: raw}
-    for rel in manifest["files"]:
+    for rel in json.loads(raw)["files"]:
         data = root.get_object(f"{ROOT_FOLDER}/{name}/{rel}")
         if data is None:
             raise TaskFormatError(f"task {name} under {root.uri} lists {rel} but the file is missing")
         files[rel] = data
+    return files
+
+
+def stored_task_names(root) -> list[str]:
+    """Names of the tasks stored under the data root, in either layout."""
+    names = set()
+    for rel in root.list_objects(ROOT_FOLDER):
+        folder, _, file = rel.rpartition("/")
+        if not folder and file.endswith(".json"):
+            names.add(file[:-len(".json")])
+        elif folder and "/" not in folder and file == MANIFEST:
+            names.add(folder)
+    return sorted(n for n in names if is_imported_name(n))
+
+
+def install_from_root(root, name: str) -> bool:
+    """Install task ``name`` from the data root into this machine's tasks directory; False if it is not there."""
+    files = stored_task(root, name)
+    if files is None:
+        return False
     install(name, files)
     return True
 
