@@ -406,13 +406,20 @@ class SourceForecaster:
             raise RuntimeError("SourceForecaster used before fit")
         if not requests:
             return np.empty(0), np.empty(0), np.empty(0)
-        if not speed and self.failure_model_ is None:  # fit where nothing (or everything) failed: no features needed
+        facts = getattr(self, "facts", False)
+        if not speed and self.failure_model_ is None and not facts:  # nothing (or everything) failed: no features
             return (np.full(len(requests), self.failure_rate_),)
         X = self._features(requests, base)
         if self.failure_model_ is None:
             p_fail = np.full(len(X), self.failure_rate_)
         else:
             p_fail = self.platt_.predict_proba(_logit(self.failure_model_.predict_proba(X)[:, 1])[:, None])[:, 1]
+        if facts:  # a kernel that does not compile for the target fails: a compiler's verdict, not a pattern to learn
+            # (the pools hold no such kernel to learn it from: none of CUDA-L1's measured kernels has a compile error)
+            from kernelcast.surrogate.physics import COMPILE_FAILURE, LEARNED_FACT_FEATURES
+
+            column = X.shape[1] - len(LEARNED_FACT_FEATURES) + LEARNED_FACT_FEATURES.index("compile_error")
+            p_fail = np.where(X[:, column] == 1.0, np.maximum(p_fail, COMPILE_FAILURE), p_fail)
         if not speed:
             return (p_fail,)
         sigma = np.maximum(self.spread_model_.predict(X), _MIN_SIGMA)

@@ -377,3 +377,6 @@ def test_learned_facts_source_part_reads_each_kernels_facts_beside_its_text(task
     forecasts = source.forecast(requests)
     assert "facts" in forecasts[0].surrogate_version
     assert all(f.parsed and 0 <= f.failure_probability <= 1 and f.expected_speedup > 0 for f in forecasts)
+    p_fail = np.array([f.failure_probability for f in forecasts])
+    assert (p_fail[corpus["failed"].to_numpy()] >= 0.95).all()  # the compiler's verdict, whatever was learned
+    assert (p_fail[~corpus["failed"].to_numpy()] < 0.5).all()
