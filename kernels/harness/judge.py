@@ -32,7 +32,7 @@ from kernelcast.kernels.ops import Operation, get_operation, mismatch
 
 RECORD_CAP_BYTES = 256 << 20  # one call's outputs written whole up to this; a bigger call is left to the child
 TOTAL_CAP_BYTES = 4 << 30  # all of one child's records
-SAMPLE_ELEMENTS = 1 << 20  # a timed call's output of more elements is judged on this many, at places drawn after it
+SAMPLE_ELEMENTS = 1 << 20  # an output of more elements is judged on this many, at places drawn after the call
 TRIVIAL_MARGIN = 0.5  # where a trivial output passes the tolerance, the candidate's error must be under this share of it
 _DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16, torch.int8,
@@ -54,9 +54,11 @@ class OutputLog:
     ``deferred``: a call's outputs are copied to host memory at once (a later call may overwrite them) but written to
     files only at ``flush``, which the child calls where it does not hold the device alone: the files of one softmax
     candidate's records are about a gigabyte (measured on an H100: writing them inside the timing hold made a child
-    hold the device 2.7 s against 0.6 s). ``sample``: a timed call's output of more than ``SAMPLE_ELEMENTS`` elements
-    is recorded as that many of its elements, at places drawn from the operating system after the call (the judge
-    draws the same places from the seed kept in the header); checked and rechecked calls are recorded whole."""
+    hold the device 2.7 s against 0.6 s). ``sample``: an output of more than ``SAMPLE_ELEMENTS`` elements is recorded
+    as that many of its elements, at places drawn from the operating system after the call (the judge draws the same
+    places from the seed kept in the header). A sample of a million finds an output wrong in one element in 100,000
+    or more with a probability over 0.9999; the child's own comparison of every element still fails what its
+    candidate got wrong honestly, and a candidate that silenced it and is wrong in fewer places gains no time."""
 
     def __init__(self, folder: str, deferred: bool = False, sample: bool = False):
         self.folder, self.deferred, self.sample = folder, deferred, sample
@@ -74,7 +76,7 @@ class OutputLog:
         for t in tensors:
             spec = {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "stride": list(t.stride())}
             data = t.detach()
-            if self.sample and role == "timed" and data.numel() > SAMPLE_ELEMENTS:
+            if self.sample and data.numel() > SAMPLE_ELEMENTS:
                 spec["sample"] = random.SystemRandom().randrange(1 << 62)
                 where = sample_places(spec["sample"], data.numel()).to(data.device)
                 data = data.reshape(-1)[where]
@@ -157,8 +159,7 @@ def read_records(folder: str, limit_bytes: int = TOTAL_CAP_BYTES) -> list[Record
                 raise JudgeError(f"output record {name}: a tensor's description is not of the harness's format")
             dtype = _DTYPES[spec["dtype"]]
             sample = spec.get("sample")
-            if sample is not None and not (isinstance(sample, int) and head["role"] == "timed"
-                                           and math.prod(spec["shape"]) > SAMPLE_ELEMENTS):
+            if sample is not None and not (isinstance(sample, int) and math.prod(spec["shape"]) > SAMPLE_ELEMENTS):
                 raise JudgeError(f"output record {name}: a sample where the harness writes none")
             count = SAMPLE_ELEMENTS if sample is not None else math.prod(spec["shape"])
             n = count * torch.empty((), dtype=dtype).element_size()
