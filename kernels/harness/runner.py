@@ -625,8 +625,9 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
         else:
             timing = time_call(call, flush, max_seconds=max_seconds)
         phase("timed", {"case": case.name, "us": (timing[0] if anchor else timing).runtime_us_median,
+                        "reps": (timing[0] if anchor else timing).repetitions,
                         "host_us": (timing[0] if anchor else timing).host_us_median, "flush_us": head_start_us,
-                        **({"reference_us": timing[1].runtime_us_median,
+                        **({"reference_us": timing[1].runtime_us_median, "reference_reps": timing[1].repetitions,
                             "reference_host_us": timing[1].host_us_median} if anchor else {})})
         if torch.cuda.current_stream() != stream:
             raise Rejected(f"case {case.name}: left another CUDA stream current; kernels must run on the "
