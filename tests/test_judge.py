@@ -370,3 +370,48 @@ def test_a_workers_judges_answer_side_by_side():
         assert all(j._proc.is_alive() for j in judges._all)
     finally:
         judges.close()
+
+
+# ---- a child's figures against what the worker itself saw -----------------------------------------------------
+
+def _running(op_name: str = "softmax"):
+    from kernelcast.kernels.harness.worker import _Running
+    return _Running(candidate=get_operation(op_name).seed_candidates()[0], process=None, conn=None, scratch="",
+                    started=0.0, limits=None)
+
+
+def test_calls_claimed_beyond_the_window_the_worker_saw_are_refused():
+    from kernelcast.kernels.harness.worker import _observe_window
+
+    honest, inflated, unopened = _running(), _running(), _running()
+    for r, reference_us in ((honest, 50.0), (inflated, 5000.0)):
+        _observe_window(r, "timing", "4096x4096", 100.0)
+        # 400 calls of 20 us and 400 of the reference beside them, in a window of 0.25 s by the worker's clock
+        _observe_window(r, "timed", {"case": "4096x4096", "us": 20.0, "reps": 400, "reference_us": reference_us,
+                                     "reference_reps": 400}, 100.25)
+    assert honest.claim_problem == "" and honest.windows == {"4096x4096": [(0.25, 400 * 70.0 / 2e6)]}
+    assert "the worker saw the window take 0.250 s" in inflated.claim_problem  # a reference said to take 2 s there
+    _observe_window(unopened, "timed", {"case": "4096x4096", "us": 1.0, "reps": 10}, 5.0)
+    assert "never saw open" in unopened.claim_problem
+
+
+def test_a_figure_under_the_floor_or_of_no_window_is_refused_by_the_worker():
+    from types import SimpleNamespace
+    from kernelcast.kernels.harness.worker import MeasureWorker
+
+    h100 = HardwareSpec(gpu_type="h100", device_name="NVIDIA H100 80GB HBM3", compute_capability="9.0",
+                        sm_count=132, mem_clock_mhz=2619, bus_width_bits=5120, l2_mib=50.0)
+    worker = SimpleNamespace(config=SimpleNamespace(mode="gpu"), hardware=h100)
+    op = get_operation("softmax")
+    names = [c.name for c in op.cases]
+    r = _running()
+    r.windows = {name: [(0.1, 0.01)] for name in names}
+    r.result = {"status": "ok", "case_names": names, "runtime_us_median": [500.0] * len(names)}
+    assert MeasureWorker._refuted_figures(worker, r) == ""
+    r.result["runtime_us_median"] = [0.5] * len(names)  # under a microsecond for 100+ MiB: impossible
+    assert "below the case's floor" in MeasureWorker._refuted_figures(worker, r)
+    r.result["runtime_us_median"] = [500.0] * len(names)
+    del r.windows[names[-1]]
+    assert "no timing window of that case" in MeasureWorker._refuted_figures(worker, r)
+    worker.config.mode = "interpreter"  # no device timing to check
+    assert MeasureWorker._refuted_figures(worker, r) == ""

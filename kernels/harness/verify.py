@@ -194,7 +194,10 @@ def check_traced_work(case_name: str, runtime_us: float, traced_us: float | None
                        f"work (a stream the timed stream never waits for, or work left pending at return)")
 
 
-def check_physics(case_name: str, runtime_us: float, floor: float, margin: float = 0.9) -> None:
+FLOOR_MARGIN = 0.9  # a runtime under this share of the case's floor is impossible, not fast
+
+
+def check_physics(case_name: str, runtime_us: float, floor: float, margin: float = FLOOR_MARGIN) -> None:
     """Refuse a runtime below ``margin`` times the case's floor: impossible, not fast."""
     if floor > 0 and runtime_us < margin * floor:
         raise Rejected(f"case {case_name}: {runtime_us:.2f} us is below the case's floor of {floor:.2f} us "

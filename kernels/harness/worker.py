@@ -43,7 +43,7 @@ from dataclasses import dataclass, field, replace
 from multiprocessing.connection import wait
 from typing import Iterable, Iterator
 
-from kernelcast.kernels.harness import ahead, budget, channel, cores, memcheck, precision, sandbox
+from kernelcast.kernels.harness import ahead, budget, channel, cores, memcheck, precision, sandbox, verify
 from kernelcast.kernels.harness.judge import judge_main
 from kernelcast.kernels.harness.runner import JUDGED, Job, child_main, probe_main
 from kernelcast.kernels.harness.sweep_report import cases_in, held_seconds
@@ -172,6 +172,9 @@ class _Running:
     last_phase_t: float = 0.0  # the time of the child's latest phase, as the worker clamped it
     served: dict = field(default_factory=dict)  # seed -> case: the seeds the worker drew for this child's inputs
     judging: threading.Thread | None = None  # the judge's reading of the child's recorded outputs
+    window_open: tuple[str, float] | None = None  # the case whose timing window the child opened, read at (worker's)
+    windows: dict = field(default_factory=dict)  # case -> [(seconds by the worker's clock, seconds the calls claim)]
+    claim_problem: str = ""  # a child's figures that the worker's own observations refute
     broken: str = ""  # why a message of the child's was refused (channel.ChannelError): it gets no verdict of its own
 
 
@@ -223,6 +226,38 @@ class Judge:
                 self._proc.join(5)
                 if self._proc.is_alive():
                     self._proc.kill()
+
+
+WINDOW_SLACK_S = 0.05  # the worker reads a child's phases as its loop comes to them: up to this late, and 10%
+
+
+def _observe_window(r: _Running, name: str, detail, read_at: float) -> None:
+    """A timing window's opening and closing as the worker reads them, and what the child says it timed there: the
+    calls of each series (the candidate's, and the reference's beside it) at half their count times their median,
+    the least time calls with that median can have taken. A child whose claims need more time than the worker saw
+    the window take made its figures up (a reference said to be slower than it was, to inflate the speedup)."""
+    if name == "timing":
+        r.window_open = (detail, read_at) if isinstance(detail, str) else None
+        return
+    opened, r.window_open = r.window_open, None
+    case = detail.get("case") if isinstance(detail, dict) else None
+    if opened is None or case != opened[0]:
+        r.claim_problem = r.claim_problem or f"a timed window of case {str(case)[:60]!r} that the worker never saw open"
+        return
+    claimed = 0.0
+    for reps, us in ((detail.get("reps"), detail.get("us")), (detail.get("reference_reps"), detail.get("reference_us"))):
+        if reps is None and us is None:
+            continue
+        if not (isinstance(reps, int) and isinstance(us, (int, float)) and reps >= 0 and us >= 0):
+            r.claim_problem = r.claim_problem or f"case {case}: a timed window without its calls' count and runtime"
+            return
+        claimed += reps * us / 2e6
+    wall = read_at - opened[1]
+    r.windows.setdefault(case, []).append((wall, claimed))
+    if claimed > wall * 1.1 + WINDOW_SLACK_S:
+        r.claim_problem = r.claim_problem or (
+            f"case {case}: the calls it says it timed need at least {claimed:.3f} s; the worker saw the window take "
+            f"{wall:.3f} s: its figures are not what its calls took")
 
 
 class Judges:
@@ -800,8 +835,11 @@ class MeasureWorker:
                 if kind == "phase":
                     # the child's time for it, but no earlier than its last phase and no later than read here
                     name, detail, t = message[1:]
-                    r.last_phase_t = min(max(t, r.last_phase_t, r.started), time.monotonic())
+                    read_at = time.monotonic()
+                    r.last_phase_t = min(max(t, r.last_phase_t, r.started), read_at)
                     self._phase(r, name, detail, r.last_phase_t)
+                    if name in ("timing", "timed"):
+                        _observe_window(r, name, detail, read_at)
                 elif kind == "sandbox":
                     self.stats.sandboxes[message[1]] += 1
                 elif kind == "seed":  # drawn now, from the operating system, and remembered for the judge
@@ -948,6 +986,10 @@ class MeasureWorker:
         res = r.result
         if res.get("status") != "ok":
             return
+        problem = self._refuted_figures(r)
+        if problem:
+            res.update(status="rejected", error=problem)
+            return
         roles = ("check", "recheck") + (("timed",) if self.config.mode == "gpu" else ())
         request = {"op_name": r.candidate.op, "mode": self.config.mode, "folder": os.path.join(r.scratch, JUDGED),
                    "served": dict(r.served), "model_build": self.config.model_build,
@@ -967,6 +1009,33 @@ class MeasureWorker:
         res["seeds"] = len(r.served)
         if answer["problem"]:
             res.update(status="incorrect", error=answer["problem"])
+
+    def _refuted_figures(self, r: _Running) -> str:
+        """What the worker's own observations say against a child's figures (GPU mode), or "": every case it reports
+        was timed in a window the worker saw open and close, the calls it says it timed there fit in that window,
+        and no figure lies below the case's floor, which the worker computes itself (its bytes at the device's peak
+        bandwidth, its FLOPs at the top rate). The child's process holds candidate code: its own floor check and
+        the runtimes it reports are its say alone."""
+        if self.config.mode != "gpu":
+            return ""
+        if r.claim_problem:
+            return r.claim_problem
+        res = r.result
+        op = get_operation(r.candidate.op)
+        cases = {c.name: c for c in op.cases}
+        peak = peak_tflops(self.hardware.gpu_type)
+        for name, us in zip(res.get("case_names") or [], res.get("runtime_us_median") or []):
+            if name not in cases:
+                return f"a figure for case {str(name)[:60]!r}, which {r.candidate.op} does not have"
+            if name not in r.windows:
+                return (f"case {name}: a figure of {us:.3g} us with no timing window of that case seen by the worker: "
+                        f"the figure is not one the harness took")
+            floor = verify.floor_us(op, cases[name], self.hardware.peak_bandwidth_gbps, peak,
+                                    int(self.hardware.l2_mib * 2**20))
+            if floor and us < floor * verify.FLOOR_MARGIN:
+                return (f"case {name}: {us:.3g} us is below the case's floor of {floor:.3g} us by the worker's own "
+                        f"computation (its bytes at the device's peak bandwidth, its FLOPs at its top rate)")
+        return ""
 
     def _memchecks(self, r: _Running) -> bool:
         cand = r.candidate
