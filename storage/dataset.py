@@ -1,7 +1,8 @@
 """Parquet tables under one data root: a local folder or ``s3://bucket/prefix``.
 
 Layout is Hive-partitioned, ``{root}/{table}/op=softmax/gpu_type=h100/part-<hash>.parquet``,
-so ``pandas.read_parquet`` and ``pyarrow.dataset`` read it directly. Writes are
+so ``pandas.read_parquet`` and ``pyarrow.dataset`` read it directly (all but a candidate source
+moved into the sources table, ``storage/sources.py``, which only ``read_table`` puts back). Writes are
 idempotent and atomic:
 
 - a row whose key is already in its partition (or earlier in the batch) is not
