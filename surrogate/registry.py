@@ -115,14 +115,14 @@ class SurrogateEntry:
 
 SURROGATES: dict[str, SurrogateEntry] = {
     "learned": SurrogateEntry(_learned, _fit_learned), "source": SurrogateEntry(_source, _fit_source),
-    # the same, its source part (every written kernel's speed, every kernel's failure) reading the physics facts too
-    "learned-facts": SurrogateEntry(_learned_facts, _fit_learned),
     "lmhead": SurrogateEntry(_lmhead, load=_load_lmhead), "random": SurrogateEntry(_random), "roofline": SurrogateEntry(_roofline),
     # what each kernel makes the device do, found on the CPU and timed by a GPU model; used as it is (its fit on
     # measured pairs is optional: finding facts for a whole pool takes minutes)
     "physics": SurrogateEntry(_physics),
     # the same with its learned correction fit on the measured pairs (facts found for at most max_fit of them)
     "physics-fit": SurrogateEntry(_physics, _fit_physics),
+    # learned, its source part (every written kernel's speed, every kernel's failure) reading the physics facts too
+    "learned-facts": SurrogateEntry(_learned_facts, _fit_learned),
     # the baseline every forecaster table carries: six labels a user has for free (variant kind, the reference's
     # runtime and operator count), boosted
     "labels": SurrogateEntry(_labels, _fit_labels),
