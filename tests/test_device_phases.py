@@ -194,7 +194,7 @@ def test_release_collects_a_cycle_made_since_the_freeze():
 
     import torch
 
-    from kernelcast.kernels.harness.runner import _release_device
+    from kernelcast.kernels.harness.under_lock import _release_device
     from kernelcast.kernels.ops import get_operation
 
     class Holder:
@@ -272,7 +272,7 @@ def test_launchers_of_tma_kernels_are_not_built_ahead(tmp_path):
         os.environ["TRITON_CACHE_DIR"] = {str(tmp_path)!r}
         import torch
         from kernelcast.kernels.harness import ahead
-        from kernelcast.kernels.harness.runner import call_candidate, load_launch, poisoned_outputs
+        from kernelcast.kernels.harness.correctness import call_candidate, load_launch, poisoned_outputs
         from kernelcast.kernels.ops import get_operation
         from kernelcast.kernels.spaces import get_space
 
@@ -522,13 +522,13 @@ def _anchor_job(tmp_path, cand, reference_us):
 
 def test_a_host_bound_case_is_reported_as_the_reference_runtime_times_the_paired_ratio(tmp_path):
     """Timed in one window beside the reference: 1.5x the reference's time there is 1.5x its runtime elsewhere."""
-    from kernelcast.kernels.harness import runner
+    from kernelcast.kernels.harness import anchoring, at_start
     from kernelcast.kernels.harness.timing import Timing
     from kernelcast.kernels.ops import get_operation
 
     op = get_operation("softmax")
     cand = get_space("softmax").spread_subset(1)[0]
-    runner._TORCH_AT_START = runner.torch_fingerprint()
+    at_start.TORCH = at_start.torch_fingerprint()
     seen, phases = [], []
 
     def pair(case, anchor):  # the GPU's paired window: the candidate 1.5x the reference beside it
@@ -539,13 +539,13 @@ def test_a_host_bound_case_is_reported_as_the_reference_runtime_times_the_paired
 
     job = _anchor_job(tmp_path, cand, tuple(100.0 * (i + 1) for i in range(len(op.cases))))
     result = {}
-    got = runner._anchored(job, op, op.cases[1:2], pair, result, lambda *p: phases.append(p))
+    got = anchoring._anchored(job, op, op.cases[1:2], pair, result, lambda *p: phases.append(p))
     assert seen == [op.cases[1].name] and list(got) == [op.cases[1].name]
     assert got[op.cases[1].name].runtime_us_median == pytest.approx(200.0 * 1.5)
     assert result["anchored_cases"] == [op.cases[1].name]
     assert phases[-1][0] == "anchored" and phases[-1][1]["ratio"] == pytest.approx(1.5)
     # the reference itself (no reference runtimes given) is never anchored
-    assert runner._anchored(_anchor_job(tmp_path, cand, ()), op, op.cases, pair, {}, lambda *p: None) == {}
+    assert anchoring._anchored(_anchor_job(tmp_path, cand, ()), op, op.cases, pair, {}, lambda *p: None) == {}
     # and the stored row says which cases were paired, so a speedup can be read without the timeline
     from kernelcast.kernels.harness.worker import MeasureWorker
 
@@ -560,16 +560,16 @@ def test_no_anchoring_once_the_candidate_has_replaced_a_torch_function(tmp_path,
     """A candidate that swapped a torch function could slow the reference it is measured against."""
     import torch
 
-    from kernelcast.kernels.harness import runner
+    from kernelcast.kernels.harness import anchoring, at_start
     from kernelcast.kernels.ops import get_operation
 
     op = get_operation("softmax")
     cand = get_space("softmax").spread_subset(1)[0]
-    runner._TORCH_AT_START = runner.torch_fingerprint()
+    at_start.TORCH = at_start.torch_fingerprint()
     slow = torch.nn.functional.softmax
     monkeypatch.setattr(torch.nn.functional, "softmax", lambda *a, **k: slow(*a, **k))
     phases = []
-    got = runner._anchored(_anchor_job(tmp_path, cand, (100.0,) * len(op.cases)), op, op.cases,
+    got = anchoring._anchored(_anchor_job(tmp_path, cand, (100.0,) * len(op.cases)), op, op.cases,
                            lambda case, anchor: pytest.fail("the reference was timed"), {},
                            lambda *p: phases.append(p))
     assert got == {}
@@ -584,22 +584,22 @@ def test_cases_paired_ahead_are_timed_beside_the_reference_from_their_first_wind
 
     import torch
 
-    from kernelcast.kernels.harness import runner
+    from kernelcast.kernels.harness import anchoring, at_start
     from kernelcast.kernels.harness.anticheat import Rejected
     from kernelcast.kernels.harness.timing import Timing
     from kernelcast.kernels.ops import get_operation
 
     op = get_operation("softmax")
     cand = get_space("softmax").spread_subset(1)[0]
-    runner._TORCH_AT_START = runner.torch_fingerprint()
+    at_start.TORCH = at_start.torch_fingerprint()
     cases = op.cases[:3]
     reference = {c.name: 100.0 * (i + 1) for i, c in enumerate(cases)}
     job = dataclasses.replace(_anchor_job(tmp_path, cand, tuple(reference.values())),
                               reference_host_bound=(cases[0].name, cases[2].name))
-    ahead = {c.name for c in runner.cases_to_pair(job, cases, ())} & set(reference)
+    ahead = {c.name for c in anchoring.cases_to_pair(job, cases, ())} & set(reference)
     assert ahead == {cases[0].name, cases[2].name}
     calls, phases = [], []
-    anchor = runner._anchor_launch(job, op, lambda *p: phases.append(p))
+    anchor = anchoring._anchor_launch(job, op, lambda *p: phases.append(p))
     assert anchor is not None and callable(anchor[0])
 
     def time_case(case, anchor=None):
@@ -609,7 +609,7 @@ def test_cases_paired_ahead_are_timed_beside_the_reference_from_their_first_wind
         return Timing(50.0, 1.0, 20, 10.0), 2
 
     slowed = {}
-    windows, rotation, anchored = runner._first_windows(cases, ahead, anchor, time_case, reference,
+    windows, rotation, anchored = anchoring._first_windows(cases, ahead, anchor, time_case, reference,
                                                         lambda *p: phases.append(p), slowed=slowed)
     assert calls == [(cases[0].name, True), (cases[1].name, False), (cases[2].name, True)]  # one window each
     # the reference ran at 200 us beside it: twice the 100 us stored for the first case, under the 300 of the third
@@ -625,7 +625,7 @@ def test_cases_paired_ahead_are_timed_beside_the_reference_from_their_first_wind
         return Timing(50.0, 1.0, 20, 10.0), 2
 
     calls.clear()
-    _, _, anchored = runner._first_windows(cases[:1], ahead, anchor, reference_fails, reference,
+    _, _, anchored = anchoring._first_windows(cases[:1], ahead, anchor, reference_fails, reference,
                                            lambda *p: phases.append(p))
     assert anchored == {} and calls == [(cases[0].name, True), (cases[0].name, False)]
     assert phases[-1][0] == "not_anchored" and "module failed" in phases[-1][1]["error"]
@@ -634,7 +634,7 @@ def test_cases_paired_ahead_are_timed_beside_the_reference_from_their_first_wind
         raise Rejected("case x: launched work outside the timed window")
 
     with pytest.raises(Rejected):
-        runner._first_windows(cases[:1], ahead, anchor, cheat, reference, lambda *p: None)
+        anchoring._first_windows(cases[:1], ahead, anchor, cheat, reference, lambda *p: None)
 
     def replaces_softmax(case, anchor=None):  # swaps a torch function during its first paired window
         slow = torch.nn.functional.softmax
@@ -642,16 +642,16 @@ def test_cases_paired_ahead_are_timed_beside_the_reference_from_their_first_wind
         return time_case(case, anchor)
 
     calls.clear()
-    _, _, anchored = runner._first_windows(cases, ahead, anchor, replaces_softmax, reference,
+    _, _, anchored = anchoring._first_windows(cases, ahead, anchor, replaces_softmax, reference,
                                            lambda *p: phases.append(p))
     assert anchored == {} and [a for _, a in calls] == [True, False, False]
     assert ("not_anchored", {"replaced": ["F.softmax"]}) in phases
     # the later pairs take the reference loaded for the first windows, and refuse it too once torch is replaced
-    assert runner._anchored(job, op, cases[1:2], lambda case, a: pytest.fail("paired after a replacement"), {},
+    assert anchoring._anchored(job, op, cases[1:2], lambda case, a: pytest.fail("paired after a replacement"), {},
                             lambda *p: None, anchor=anchor) == {}
     monkeypatch.undo()
     used = []
-    got = runner._anchored(job, op, cases[1:2], lambda case, a: used.append(a) or time_case(case, a)[0], {},
+    got = anchoring._anchored(job, op, cases[1:2], lambda case, a: used.append(a) or time_case(case, a)[0], {},
                            lambda *p: None, anchor=anchor)
     assert used == [anchor] and list(got) == [cases[1].name]
 
@@ -675,22 +675,22 @@ def test_the_worker_anchors_candidates_but_never_the_reference():
 def test_anchor_all_pairs_every_case_with_the_reference_and_host_bound_only_those_cases(tmp_path):
     """kernelcast's protocol pairs the host-bound cases by default, every case with anchor "all"; a format's
     protocol pairs every case whatever the setting."""
-    from kernelcast.kernels.harness import runner
+    from kernelcast.kernels.harness import anchoring
     from kernelcast.kernels.ops import get_operation
 
     op = get_operation("softmax")
     cand = get_space("softmax").spread_subset(1)[0]
     host_bound = op.cases[1:2]
     job = _anchor_job(tmp_path, cand, (100.0,) * len(op.cases))
-    assert runner.cases_to_pair(job, op.cases, host_bound) == list(host_bound)
+    assert anchoring.cases_to_pair(job, op.cases, host_bound) == list(host_bound)
     every = dataclasses.replace(job, anchor_all=True)
-    assert runner.cases_to_pair(every, op.cases, host_bound) == list(op.cases)
+    assert anchoring.cases_to_pair(every, op.cases, host_bound) == list(op.cases)
     kernelbench = dataclasses.replace(job, protocol="kernelbench")
-    assert runner.cases_to_pair(kernelbench, op.cases, []) == list(op.cases)
+    assert anchoring.cases_to_pair(kernelbench, op.cases, []) == list(op.cases)
     # a case where the reference's own timing was host-bound is paired too, whatever the candidate's was
     ref_bound = dataclasses.replace(job, reference_host_bound=(op.cases[0].name,))
-    assert runner.cases_to_pair(ref_bound, op.cases, host_bound) == [op.cases[0], op.cases[1]]
-    assert runner.cases_to_pair(ref_bound, op.cases, []) == [op.cases[0]]
+    assert anchoring.cases_to_pair(ref_bound, op.cases, host_bound) == [op.cases[0], op.cases[1]]
+    assert anchoring.cases_to_pair(ref_bound, op.cases, []) == [op.cases[0]]
 
 
 def test_the_worker_refuses_an_unknown_anchor_setting_by_name():
@@ -903,13 +903,13 @@ def test_a_gpu_bound_candidate_timed_beside_a_host_bound_reference_keeps_its_own
     format's protocol stay anchored."""
     import dataclasses
 
-    from kernelcast.kernels.harness import runner
+    from kernelcast.kernels.harness import anchoring, at_start
     from kernelcast.kernels.harness.timing import Timing
     from kernelcast.kernels.ops import get_operation
 
     op = get_operation("softmax")
     cand = get_space("softmax").spread_subset(1)[0]
-    runner._TORCH_AT_START = runner.torch_fingerprint()
+    at_start.TORCH = at_start.torch_fingerprint()
     cases = op.cases[:2]
     reference = {c.name: 100.0 for c in cases}
     job = dataclasses.replace(_anchor_job(tmp_path, cand, tuple(reference.values())),
@@ -917,27 +917,27 @@ def test_a_gpu_bound_candidate_timed_beside_a_host_bound_reference_keeps_its_own
     flush = 60.0
     gpu_bound, host_bound = Timing(40.0, 1.0, 20, 12.0), Timing(90.0, 1.0, 20, 55.0)  # host 0.2 and 0.92 of the flush
     beside = Timing(80.0, 1.0, 20, 50.0)  # the reference in the pair, slowed by its host: 80 us where it stored 100
-    assert not runner.keeps_anchor(job, gpu_bound, flush) and runner.keeps_anchor(job, host_bound, flush)
-    assert runner.keeps_anchor(dataclasses.replace(job, protocol="kernelbench"), gpu_bound, flush)
-    assert runner.keeps_anchor(dataclasses.replace(job, anchor_all=True), gpu_bound, flush)
-    anchor = runner._anchor_launch(job, op, lambda *p: None)
+    assert not anchoring.keeps_anchor(job, gpu_bound, flush) and anchoring.keeps_anchor(job, host_bound, flush)
+    assert anchoring.keeps_anchor(dataclasses.replace(job, protocol="kernelbench"), gpu_bound, flush)
+    assert anchoring.keeps_anchor(dataclasses.replace(job, anchor_all=True), gpu_bound, flush)
+    anchor = anchoring._anchor_launch(job, op, lambda *p: None)
     phases = []
     timings = {cases[0].name: gpu_bound, cases[1].name: host_bound}
 
     def time_case(case, anchor=None):
         return (timings[case.name], beside), 3
 
-    windows, _, anchored = runner._first_windows(cases, set(reference), anchor, time_case, reference,
+    windows, _, anchored = anchoring._first_windows(cases, set(reference), anchor, time_case, reference,
                                                  lambda *p: phases.append(p),
-                                                 lambda t: runner.keeps_anchor(job, t, flush))
+                                                 lambda t: anchoring.keeps_anchor(job, t, flush))
     assert list(anchored) == [cases[1].name]  # the host-bound one: 100 us x (90 / 80)
     assert anchored[cases[1].name].runtime_us_median == pytest.approx(100.0 * 90.0 / 80.0)
     assert windows[cases[0].name][0].runtime_us_median == 40.0  # its own series, not 100 x 40 / 80 = 50
     assert [p[0] for p in phases] == ["own_figure", "anchored"] and phases[0][1]["host_us"] == 12.0
     # a later pair: the same rule, the own series joining the case's windows
     later = {cases[0].name: [Timing(41.0, 1.0, 20, 12.0)]}
-    got = runner._anchored(job, op, cases[:1], lambda case, a: (gpu_bound, beside), {}, lambda *p: None, anchor,
-                           lambda t: runner.keeps_anchor(job, t, flush), later)
+    got = anchoring._anchored(job, op, cases[:1], lambda case, a: (gpu_bound, beside), {}, lambda *p: None, anchor,
+                           lambda t: anchoring.keeps_anchor(job, t, flush), later)
     assert got == {} and [w.runtime_us_median for w in later[cases[0].name]] == [41.0, 40.0]
 
 

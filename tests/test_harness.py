@@ -177,7 +177,7 @@ def test_a_pair_is_judged_round_by_round_so_a_host_that_flips_between_stretches_
 
 
 def test_a_paired_case_takes_the_median_of_round_ratios_and_records_both_estimates():
-    from kernelcast.kernels.harness.runner import _anchored_timing
+    from kernelcast.kernels.harness.anchoring import _anchored_timing
     from kernelcast.kernels.harness.timing import Timing
 
     phases = []
@@ -194,7 +194,7 @@ def test_a_paired_case_takes_the_median_of_round_ratios_and_records_both_estimat
 
 
 def test_a_pair_whose_reference_ran_well_past_its_stored_runtime_is_recorded_and_named_in_the_row():
-    from kernelcast.kernels.harness.runner import ANCHOR_SLOWED, _anchored_timing
+    from kernelcast.kernels.harness.anchoring import ANCHOR_SLOWED, _anchored_timing
     from kernelcast.kernels.harness.timing import Timing
     from kernelcast.kernels.harness.worker import _anchoring, anchored_slowed_in
 

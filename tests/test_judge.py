@@ -283,20 +283,20 @@ class _Recorder:
 
 
 def test_the_timed_calls_latest_outputs_are_always_judged_and_a_reused_buffer_is_said():
-    from kernelcast.kernels.harness import runner
+    from kernelcast.kernels.harness import case_timing
 
     case = get_operation("softmax").interpret_cases[0]
     outs = [(torch.full((2,), float(k)),) for k in range(6)]
     fresh, result = _Recorder(), {}
-    runner._record_timed(fresh, case, outs, [None] * 6, 4, result)
-    seeds = [seed - runner._TIMING_SEED for seed, _, _ in fresh.records]
-    assert seeds[0] == 4 and len(seeds) == runner.TIMED_RECORDS and len(set(seeds)) == len(seeds)
-    assert all(float(got[0][0]) == seed - runner._TIMING_SEED for seed, _, got in fresh.records)
+    case_timing._record_timed(fresh, case, outs, [None] * 6, 4, result)
+    seeds = [seed - case_timing._TIMING_SEED for seed, _, _ in fresh.records]
+    assert seeds[0] == 4 and len(seeds) == case_timing.TIMED_RECORDS and len(set(seeds)) == len(seeds)
+    assert all(float(got[0][0]) == seed - case_timing._TIMING_SEED for seed, _, got in fresh.records)
     assert "timed_outputs" not in result
     shared = torch.zeros(2)  # one buffer returned by every call, as a CUDA graph's static output is
     reused, result = _Recorder(), {}
-    runner._record_timed(reused, case, outs, [shared] * 6, 2, result)
-    assert [seed - runner._TIMING_SEED for seed, _, _ in reused.records] == [2]
+    case_timing._record_timed(reused, case, outs, [shared] * 6, 2, result)
+    assert [seed - case_timing._TIMING_SEED for seed, _, _ in reused.records] == [2]
     assert "one buffer returned for every call" in result["timed_outputs"][0]
 
 

@@ -199,10 +199,10 @@ class _Pacer:
 
 
 def _verify(monkeypatch, cost, with_control=True, keep=False):
-    """runner._verify_case on a modelled host: the candidate's calls and the reference's control."""
+    """window_checks._verify_case on a modelled host: the candidate's calls and the reference's control."""
     from types import SimpleNamespace
 
-    from kernelcast.kernels.harness import runner
+    from kernelcast.kernels.harness import window_checks
 
     host = _Host(cost)
     monkeypatch.setattr(verify, "synced_call", host.synced_call)
@@ -215,7 +215,7 @@ def _verify(monkeypatch, cost, with_control=True, keep=False):
     job = SimpleNamespace(fresh_calls=3)
     result = {"window_check": "unavailable: no trace in this test"}
     case = SimpleNamespace(name="case-1")
-    problem = runner._verify_case(job, case, _Checker(), lambda i: ("candidate", "timing-set"), _Pacer(), result,
+    problem = window_checks._verify_case(job, case, _Checker(), lambda i: ("candidate", "timing-set"), _Pacer(), result,
                                   lambda *a: None, 500.0, control=control if with_control else None)
     return (problem, host, result) if keep else (problem, host)
 
@@ -382,7 +382,7 @@ def test_an_anchored_figure_is_held_to_the_trace_by_its_runtime_in_the_same_proc
     # KernelBench level2/98 on an H100 (2026-11-27): the reference took 45.8 us in its own process and 223 us beside
     # the candidate, whose 52.5 us there became 12.2 us anchored. A trace taken beside it (40 us busy on two streams)
     # judges the 52.5 us: set against the 12.2, the host's drift alone would have read as missed work.
-    from kernelcast.kernels.harness.runner import _check_timed
+    from kernelcast.kernels.harness.window_checks import _check_timed
     from kernelcast.kernels.harness.timing import Timing
 
     anchored, here = Timing(12.2, 1.0, 20), Timing(52.5, 4.0, 20, paired_ratio=0.235)

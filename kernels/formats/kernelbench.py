@@ -219,7 +219,7 @@ def launch(*inputs):
 
 def start_cpu_threads() -> None:
     """Start torch's pool of CPU threads now. A model built on the host starts it at its first parallel
-    initialisation, and a measuring child counts the threads it starts while its checks share the device (runner's
+    initialisation, and a measuring child counts the threads it starts while its checks share the device (under_lock's
     ``DeviceLock``): built there, a reference would be refused for threads that are torch's own (measured on an H200,
     2026-11-29: KernelBench's 43_MinGPTCausalAttention, 15 threads, the reference and its twin rejected)."""
     torch.ones(1 << 20).mul_(2)  # past the grain of a parallel loop: the pool starts

@@ -1,4 +1,4 @@
-"""Loading a candidate's source, calling it by the one convention, and judging its outputs.
+"""Loading a candidate's source, calling it by the one convention, judging its outputs, and naming a failure.
 
 These are plain functions: the runner process calls them inside its sandbox, and the
 template tests call them directly under Triton's interpreter.
@@ -10,10 +10,12 @@ import importlib.util
 import math
 import os
 import tempfile
+import traceback
 from typing import Any, Callable, Mapping
 
 import torch
 
+from kernelcast.kernels.harness.budget import is_out_of_memory
 from kernelcast.kernels.harness.sandbox import denied_write
 from kernelcast.kernels.ops import Case, Operation
 
@@ -112,3 +114,22 @@ def check_once(op: Operation, case: Case, launch, params, seed: int, device) -> 
     if stray:
         return f"case {case.name}: {stray}"
     return op.check(case, inputs, got)
+
+
+def is_compile_failure(exc: BaseException) -> bool:
+    """Triton raises compile failures from its compiler and backends; anything else ran and failed."""
+    if type(exc).__name__ in ("CompilationError", "OutOfResources", "CompileTimeAssertionFailure"):
+        return True
+    frames = traceback.extract_tb(exc.__traceback__)
+    return any("/triton/compiler/" in f.filename or "/triton/backends/" in f.filename for f in frames)
+
+
+def describe(exc: BaseException) -> str:
+    """A failure as a verdict names it: its type and message, a write the sandbox refused, at most 2,000 characters."""
+    text = f"{type(exc).__name__}: {exc}".strip() + denied_write(exc)
+    return text if len(text) <= 2000 else text[:2000] + " ..."
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Whether a failure is the device (or the interpreter's host) running out of memory."""
+    return isinstance(exc, torch.OutOfMemoryError) or is_out_of_memory(describe(exc))

@@ -478,7 +478,7 @@ def _measure_chunks(worker, imported: list, names: dict, chunk_size: int, deadli
                            windows=windows)
                 if key in earlier:
                     row["reference_measured_in"] = f"an earlier call of the sweep ({earlier[key]['measured_at']})"
-                # host-bound cases the null was timed beside the reference in (kernelcast.kernels.harness.runner._anchored)
+                # host-bound cases the null was timed beside the reference in (harness.anchoring._anchored)
                 row.update(anchored_fields(worker.timeline, got["null"].candidate_id))
                 row.update({f"{r}_checks_shared": checks_shared(worker.timeline, got[r].candidate_id)
                             for r in got if not (r == "reference" and key in earlier)})

@@ -15,7 +15,7 @@ NULL_BAND = 0.02
 
 
 # (segment, its first mark, its last mark or the marks that may end it, the first found): with shared checks
-# (runner.DeviceLock) a child's checks end at "checked" and it waits for the lock alone until "exclusive"; after its
+# (under_lock.DeviceLock) a child's checks end at "checked" and it waits for the lock alone until "exclusive"; after its
 # timing it holds the lock shared again ("shared_again"), unless another child got it alone first ("share_wait").
 SEGMENTS = (("compile ahead", "started", "ahead_done"), ("first calls", "locked", "checks"),
             ("checks", "checks", ("checked", "timing")), ("waiting, alone", "exclusive_wait", "exclusive"),

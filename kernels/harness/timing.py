@@ -46,7 +46,7 @@ class Timing:
 
     def host_sensitive(self, flush_us: float) -> bool:
         """Whether the host's side of a call comes near enough to the flush (``HOST_SENSITIVE_SHARE`` of it) that
-        one window's figure may follow the host: such a case is timed beside the reference (``runner.cases_to_pair``).
+        one window's figure may follow the host: such a case is timed beside the reference (``anchoring.cases_to_pair``).
         A call issues its launches at the end of its host time, so three quarters of the flush can already show."""
         return self.host_us_median > HOST_SENSITIVE_SHARE * flush_us
 
@@ -335,7 +335,7 @@ def paired_ratio(mine: list[list[float]], theirs: list[list[float]]) -> tuple[fl
 
 PROTOCOLS = ("kernelcast", "kernelbench", "gpumode")
 # The protocols that time each call alone on the same inputs, as a format's own harness does: the reference's
-# trials are taken beside each candidate's, in its process (kernelcast.kernels.harness.runner).
+# trials are taken beside each candidate's, in its process (kernelcast.kernels.harness.case_timing).
 FORMAT_PROTOCOLS = ("kernelbench", "gpumode")
 # Which of a candidate's cases kernelcast's protocol times beside the reference (WorkerConfig.anchor).
 ANCHORS = ("host-bound", "all", "off")

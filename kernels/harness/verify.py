@@ -59,8 +59,11 @@ FRESH_SEED = 5000  # seeds of the fresh verification inputs (compile 0, checks 1
 
 # ---- integrity: the timer and what it calls, unchanged -------------------------------------------
 
-_WATCHED_MODULES = ("kernelcast.kernels.harness.timing", "kernelcast.kernels.harness.verify", "kernelcast.kernels.harness.anticheat",
-                    "kernelcast.kernels.harness.correctness", "kernelcast.kernels.harness.runner")
+# The child's own modules among them (runner and the parts of its life): a candidate that replaced one of their
+# functions (the timing path's, the fingerprint anchoring compares) could defeat the check that calls it.
+_WATCHED_MODULES = tuple(f"kernelcast.kernels.harness.{name}" for name in (
+    "timing", "verify", "anticheat", "correctness", "runner",
+    "job", "at_start", "before_lock", "under_lock", "case_timing", "window_checks", "anchoring"))
 
 
 # What the host clock reads /proc with (``host_clock``, ``own_processes``): a candidate that replaced one could make

@@ -108,7 +108,7 @@ class WorkerConfig:
     # budget.autotunes) may take this long, its real cost rather than a hang.
     autotune_call_s: float = 900.0
     # Which of a candidate's cases are timed again in one window beside its op's reference, and reported as
-    # the reference's runtime times their ratio (kernelcast.kernels.harness.runner._anchored): "host-bound" (whose host
+    # the reference's runtime times their ratio (anchoring._anchored): "host-bound" (whose host
     # side nears the flush: timing.Timing.host_sensitive), "all" (every case: drift of the clocks and the host
     # between the reference's measurement and the candidate's cancels, for about twice the timing), or "off"
     # (the fastest window).
@@ -122,7 +122,7 @@ class WorkerConfig:
     # kernel loads it, about 200 ms of a child's first check under the lock on an H100. Off until measured.
     warm_checks: bool = False
     # A child's first calls and checks run with the GPU lock held shared, beside other children's checks and never
-    # beside a child being timed; its timing, verification and recheck hold the lock alone (runner.DeviceLock). Only
+    # beside a child being timed; its timing, verification and recheck hold the lock alone (under_lock.DeviceLock). Only
     # where budget.shares_checks allows: every case's bytes known and small, no first call that autotunes (its own
     # choice of kernel would be skewed by other children's work: budget.BENCHMARKS_FIRST).
     shared_checks: bool = True
@@ -1104,7 +1104,8 @@ class MeasureWorker:
 
 def _controlled(res: dict) -> list[str]:
     """The cases whose first calls on unseen inputs were slower than their repeats, as the reference's own were
-    (``runner._verify_case``'s control): kept in the row, since the reused-work check let them pass on that ground."""
+    (``window_checks._verify_case``'s control): kept in the row, since the reused-work check let them pass on that
+    ground."""
     return [f"unseen-input control: {'; '.join(res['unseen_control'])}"] if res.get("unseen_control") else []
 
 
@@ -1137,7 +1138,7 @@ def _anchoring(res: dict) -> list[str]:
         [f"{ANCHORED_SLOWED}{', '.join(slowed)}"] if slowed else [])
 
 
-# The anchored cases whose reference, beside the candidate, ran well past its stored runtime (runner.ANCHOR_SLOWED):
+# The anchored cases whose reference, beside the candidate, ran well past its stored runtime (anchoring.ANCHOR_SLOWED):
 # "CASE here/stored us" each.
 ANCHORED_SLOWED = "anchored beside a slowed reference: "
 
