@@ -249,12 +249,17 @@ def record(table: pd.DataFrame, name: str, forecasts) -> None:
 
 def truth(table: pd.DataFrame, measured: pd.DataFrame) -> pd.DataFrame:
     """The measured kernels of ``table``, as ``kernelcast.surrogate.ranking`` scores them: op (the problem), speedup,
-    failed, true_bin, status, and the row of ``table`` each came from (``row``). A kernel not measured is left out."""
+    failed, true_bin, status, and the row of ``table`` each came from (``row``). A kernel not measured is left out.
+
+    Within a problem the kernels are in the order of their candidate ids (content hashes), not the manifest's: a
+    ranking breaks ties by order, and the manifest lists the BLOCK 1024 kernel, often the best, first, which would
+    hand a forecaster that gives a problem's Triton kernels one forecast (labels, roofline) its top-1."""
     from kernelcast.surrogate.bins import speedup_bin
 
     m = measured[(measured["kernel"] != "reference") & (measured["status"] != "not_measured")]
-    joined = table.reset_index().rename(columns={"index": "row"})[["row", "problem", "kernel"]].merge(
+    joined = table.reset_index().rename(columns={"index": "row"})[["row", "problem", "kernel", "candidate_id"]].merge(
         m[["problem", "kernel", "status", "speedup"]], on=["problem", "kernel"], how="inner")
+    joined = joined.sort_values(["problem", "candidate_id"], kind="stable").reset_index(drop=True)
     ran = (joined["status"] == "ok").to_numpy() & (joined["speedup"].to_numpy(float) > 0)
     speedup = np.where(ran, joined["speedup"].to_numpy(float), np.nan)
     return pd.DataFrame({"op": joined["problem"].to_numpy(), "kernel": joined["kernel"].to_numpy(),

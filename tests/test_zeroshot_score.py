@@ -131,3 +131,20 @@ def test_every_registered_forecaster_that_needs_no_folder_is_scored_by_default()
     names = zeroshot_score.parse([]).forecasters.split(",")
     assert {"physics", "physics-fit", "learned", "learned-facts", "labels", "source", "roofline"} <= set(names)
     assert "lmhead" not in names and "oracle" not in names
+
+
+def test_a_problems_kernels_are_scored_in_candidate_id_order_not_the_manifests(told):
+    """Ties in a ranking go to the first kernel; the manifest lists BLOCK 1024, often the best, first."""
+    folder, path = told
+    problems = zeroshot_score.problems_of(folder, "dev")
+    rows = []
+    for problem in problems:
+        _, kernels = zeroshot_score.imported(folder, problem)
+        rows += [{"problem": problem["name"], "kernel": k, "candidate_id": c.candidate_id} for k, c in kernels.items()]
+    table = pd.DataFrame(rows)
+    measured, _ = zeroshot_score.read_measurements(str(path), problems)
+    scored = zeroshot_score.truth(table, measured)
+    for problem, g in scored.groupby("op", sort=False):
+        ids = table.loc[g["row"], "candidate_id"].tolist()
+        assert ids == sorted(ids)
+        assert g["kernel"].tolist() != [k for k in table[table["problem"] == problem]["kernel"]]
