@@ -60,6 +60,8 @@ def parse(argv=None):
     p.add_argument("--draws", type=int, default=1000)
     p.add_argument("--log", type=Path, default=Path("llama_server.log"))
     p.add_argument("--out", default=None, help="path stem of the .txt, .json and -forecasts.parquet results")
+    p.add_argument("--rescore", default=None,
+                   help="score an earlier run's kept forecasts (its --out stem) with today's scoring; no server")
     return p.parse_args(argv)
 
 
@@ -89,6 +91,8 @@ def requests_of(folder: Path, problem: dict, measured: pd.DataFrame, hardware) -
 
 def main(argv=None) -> int:
     args = parse(argv)
+    if args.rescore:
+        return rescore(args)
     from kernelcast.kernels.formats import TASKS_ENV
 
     with tempfile.TemporaryDirectory(prefix="zeroshot-tasks-") as tasks:
@@ -150,19 +154,62 @@ def run(args) -> int:
         process.wait(timeout=30)
 
     table = pd.DataFrame(rows)
-    done = list(dict.fromkeys(table["problem"]))
-    measured = measured[measured["problem"].isin(done)].reset_index(drop=True)
-    kernels = zs.truth(table, measured)
-    say(f"zero-shot set {folder}: {len(done)} development problems ({', '.join(done)}), {len(table)} kernels, "
-        f"forecast for {args.gpu_type}; measured on {summary.get('device', 'a GPU')}")
-    results = {"model": model.name, "model_sha256": model_sha, "prompt": prompt_version(), "problems": done,
-               "n_kernels": len(table), "device": summary.get("device"), "forecasters": {}, "versus": {}}
-    held = {}
     for name in WAYS:
         zs.record(table, name, forecasts[name])
-        parsed = np.array([f.parsed for f in forecasts[name]])
-        out = {"forecast_seconds_per_kernel": float(sum(seconds[name]) / len(table)),
-               "parse_rate": float(parsed.mean()), **zs.own_properties(table, name)}
+        table[f"{name}_parsed"] = [f.parsed for f in forecasts[name]]
+        table[f"{name}_raw"] = [f.raw_response for f in forecasts[name]]
+    meta = {"model": model.name, "model_sha256": model_sha, "prompt": prompt_version(),
+            "forecast_seconds_per_kernel": {name: float(sum(seconds[name]) / len(table)) for name in WAYS}}
+    if args.out:  # the forecasts first: a later scoring (--rescore) needs no server
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        table.drop(columns=["request"]).to_parquet(args.out + "-forecasts.parquet")
+        Path(args.out + "-meta.json").write_text(json.dumps(meta, indent=1))
+    return score(args, table.drop(columns=["request"]), meta, lines, say)
+
+
+def rescore(args) -> int:
+    """Score the forecasts that an earlier run kept (STEM-forecasts.parquet, STEM-meta.json) with today's
+    zeroshot_score.py; no server."""
+    lines: list[str] = []
+
+    def say(text: str = "") -> None:
+        print(text, flush=True)
+        lines.append(text)
+
+    table = pd.read_parquet(args.rescore + "-forecasts.parquet")
+    kept = Path(args.rescore + "-meta.json")
+    if kept.exists():
+        meta = json.loads(kept.read_text())
+    else:  # a run of the first version of this script kept its figures' JSON only
+        old = json.loads(Path(args.rescore + ".json").read_text())
+        meta = {key: old[key] for key in ("model", "model_sha256", "prompt")}
+        meta["forecast_seconds_per_kernel"] = {n: old["forecasters"][n]["forecast_seconds_per_kernel"] for n in WAYS}
+        meta["parse_rate"] = {n: old["forecasters"][n]["parse_rate"] for n in WAYS}
+    for name in WAYS:
+        table[f"{name}_probs"] = [list(map(float, p)) for p in table[f"{name}_probs"]]
+    return score(args, table, meta, lines, say)
+
+
+def score(args, table: pd.DataFrame, meta: dict, lines: list[str], say) -> int:
+    """Both ways scored by zeroshot_score.py's functions on the problems forecast, and paired, facts less code."""
+    from kernelcast.surrogate import ranking
+
+    folder = Path(args.set)
+    done = list(dict.fromkeys(table["problem"]))
+    if {p["name"] for p in zs.problems_of(folder, "sealed")} & set(done):
+        raise SystemExit("a sealed problem among the forecasts: refusing to score it")
+    measured, summary = zs.read_measurements(args.measurements, [{"name": n} for n in done])
+    kernels = zs.truth(table, measured)
+    say(f"model {meta['model']} (sha256 {meta['model_sha256']}); prompt {meta['prompt']}")
+    say(f"zero-shot set {folder}: {len(done)} development problems ({', '.join(done)}), {len(table)} kernels, "
+        f"forecast for {args.gpu_type}; measured on {summary.get('device', 'a GPU')}")
+    results = {**meta, "problems": done, "n_kernels": len(table), "device": summary.get("device"),
+               "forecasters": {}, "versus": {}}
+    held = {}
+    for name in WAYS:
+        out = {"forecast_seconds_per_kernel": meta["forecast_seconds_per_kernel"][name],
+               "parse_rate": float(table[f"{name}_parsed"].mean()) if f"{name}_parsed" in table
+               else meta["parse_rate"][name], **zs.own_properties(table, name)}
         held[name] = zs.as_held_out(table, kernels, name)
         out.update(zs.measured_figures(kernels, held[name], args.draws))
         out["distinct_expected_values"] = int(table[f"{name}_expected"].round(4).nunique())
@@ -183,9 +230,6 @@ def run(args) -> int:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         Path(args.out + ".txt").write_text("\n".join(lines) + "\n")
         Path(args.out + ".json").write_text(json.dumps(results, indent=1, default=float))
-        for name in WAYS:
-            table[f"{name}_raw"] = [f.raw_response for f in forecasts[name]]
-        table.drop(columns=["request"]).to_parquet(args.out + "-forecasts.parquet")
     return 0
 
 
