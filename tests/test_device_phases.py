@@ -961,8 +961,8 @@ def _take(runtimes, host_sensitive, status="ok", seconds=1.0, host_share=1.1):
 
 def test_a_reference_measured_in_several_processes_keeps_each_cases_fastest_process():
     from kernelcast.kernels.harness.sweep_report import cases_in
-    from kernelcast.kernels.harness.worker import (REFERENCE_PROCESSES_MARK, combine_reference_takes, host_sensitive_in,
-                                        reference_process_figures)
+    from kernelcast.kernels.harness.rows import (REFERENCE_PROCESSES_MARK, combine_reference_takes, host_sensitive_in,
+                                                 reference_process_figures)
 
     takes = [_take((180.0, 900.0), ["small"]), _take((310.0, 905.0), ["small", "large"]),
              _take((150.0, 890.0), []), _take((), [], status="timeout", seconds=3.0)]

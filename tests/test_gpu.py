@@ -174,7 +174,7 @@ def get_init_inputs():
 
 def test_a_host_bound_reference_is_measured_in_three_processes_and_keeps_the_fastest_ones_figure(tmp_path):
     from kernelcast.kernels.formats import import_task
-    from kernelcast.kernels.harness.worker import REFERENCE_PROCESSES_MARK
+    from kernelcast.kernels.harness.rows import REFERENCE_PROCESSES_MARK
     from kernelcast.kernels.null import null_candidate
 
     (tmp_path / "chain.py").write_text(KB_CHAIN)

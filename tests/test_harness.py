@@ -196,7 +196,7 @@ def test_a_paired_case_takes_the_median_of_round_ratios_and_records_both_estimat
 def test_a_pair_whose_reference_ran_well_past_its_stored_runtime_is_recorded_and_named_in_the_row():
     from kernelcast.kernels.harness.anchoring import ANCHOR_SLOWED, _anchored_timing
     from kernelcast.kernels.harness.timing import Timing
-    from kernelcast.kernels.harness.worker import _anchoring, anchored_slowed_in
+    from kernelcast.kernels.harness.rows import _anchoring, anchored_slowed_in
 
     slowed = {}
     beside = Timing(28.6, 1.0, 80, 62.8, paired_ratio=0.53)

@@ -229,7 +229,7 @@ def test_honest_code_on_a_host_that_slows_first_calls_passes_with_the_references
     assert any(who == "reference" for who, _ in host.seen)  # the control was made, after both rounds found it
     assert result["unseen_control"] == ["case-1 (first calls 800.0 us against 500.0 us; the reference's 800.0 against "
                                         "500.0 us)"]
-    from kernelcast.kernels.harness.worker import _controlled
+    from kernelcast.kernels.harness.rows import _controlled
     assert _controlled(result) == [f"unseen-input control: {result['unseen_control'][0]}"] and _controlled({}) == []
 
 

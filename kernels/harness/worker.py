@@ -23,16 +23,15 @@ with the next.
 Every child enters the sandbox (kernelcast.kernels.harness.sandbox) and reports which protections
 took effect; in GPU mode the worker first probes, once, which protections leave CUDA
 and Triton working and uses the strongest such set.
+
+Beside it: kernelcast.kernels.harness.children (its side of the child processes),
+kernelcast.kernels.harness.judges (the judge processes it asks) and kernelcast.kernels.harness.rows
+(a child's result as its row, and what a row's checks say read back).
 """
 
 from __future__ import annotations
 
-import json
-import math
-import multiprocessing as mp
-import multiprocessing.forkserver as forkserver
 import os
-import queue
 import shutil
 import signal
 import tempfile
@@ -43,18 +42,25 @@ from dataclasses import dataclass, field, replace
 from multiprocessing.connection import wait
 from typing import Iterable, Iterator
 
-from kernelcast.kernels.harness import ahead, budget, channel, cores, memcheck, precision, sandbox, verify
-from kernelcast.kernels.harness.judge import judge_main
+from kernelcast.kernels.harness import ahead, budget, channel, cores, memcheck, precision, verify
+from kernelcast.kernels.harness.children import (_context, _doing, _kill_group, _log_tail, _observe_window, _rss_bytes,
+                                                 _Running, _signal_name, attempt_of)
+from kernelcast.kernels.harness.judges import Judges
+from kernelcast.kernels.harness.rows import (combine_reference_takes, geometric_mean, host_paced, host_sensitive_in,
+                                             row_fields)
 from kernelcast.kernels.harness.runner import JUDGED, Job, child_main, probe_main
-from kernelcast.kernels.harness.sweep_report import cases_in, held_seconds
+from kernelcast.kernels.harness.sweep_report import held_seconds
 from kernelcast.kernels.harness.timing import ANCHORS, PROTOCOLS
-from kernelcast.kernels.formats import TASKS_ENV, tasks_dir
+from kernelcast.kernels.formats import tasks_dir
 from kernelcast.kernels.formats.common import is_imported_name
 from kernelcast.kernels.hardware import INTERPRETER, peak_tflops
 from kernelcast.kernels.null import NULL_MARK
 from kernelcast.kernels.ops import get_operation
 from kernelcast.kernels.ops.base import MODEL_BUILDS
 from kernelcast.kernels.records import Candidate, HardwareSpec, Measurement
+
+# Read from here by others: flows/report.py and benchmarks/pool_runs_compare.py.
+from kernelcast.kernels.harness.rows import anchored_slowed_in, reference_process_figures  # noqa: F401
 
 
 GPU_LOCK_ENV = "KERNELCAST_GPU_LOCK"
@@ -145,323 +151,6 @@ class WorkerStats:
     retried_alone: int = 0  # ran out of device memory beside others; measured again alone
     shared_checks: int = 0  # children whose checks held the lock shared (WorkerConfig.shared_checks)
     sandboxes: Counter = field(default_factory=Counter)  # sandbox summary -> children that entered it
-
-
-@dataclass
-class _Running:
-    candidate: Candidate
-    process: mp.process.BaseProcess
-    conn: object
-    scratch: str
-    started: float
-    limits: budget.Limits
-    alone: bool = False
-    take: int = 1  # a reference's process: 1 its first, 2 and on its further ones (WorkerConfig.reference_processes)
-    waiting_since: float | None = None
-    gpu_started: float | None = None
-    compiles_under_lock: bool = False
-    checks_started: float | None = None
-    doing: str = ""  # what the child said it was doing last, for a timeout's message
-    calling: tuple[str, float] | None = None  # (case, since) while a case's first call runs
-    released: float | None = None
-    paused_since: float | None = None  # waiting for the lock alone after shared checks: no limit runs meanwhile
-    holding: tuple[float, bool] | None = None  # the child's present hold of the lock: (since, shared)
-    result: dict | None = None
-    peak_rss_bytes: int = 0
-    memcheck: threading.Thread | None = None  # the sanitizer's call, made by the worker once the child is done
-    last_phase_t: float = 0.0  # the time of the child's latest phase, as the worker clamped it
-    served: dict = field(default_factory=dict)  # seed -> case: the seeds the worker drew for this child's inputs
-    judging: threading.Thread | None = None  # the judge's reading of the child's recorded outputs
-    window_open: tuple[str, float] | None = None  # the case whose timing window the child opened, read at (worker's)
-    windows: dict = field(default_factory=dict)  # case -> [(seconds by the worker's clock, seconds the calls claim)]
-    claim_problem: str = ""  # a child's figures that the worker's own observations refute
-    broken: str = ""  # why a message of the child's was refused (channel.ChannelError): it gets no verdict of its own
-
-
-class Judge:
-    """The judge's process (``judge.judge_main``), started from the fork server with the worker, before any child: it
-    never loads candidate code. One question at a time; started again if it died."""
-
-    def __init__(self, ctx):
-        self._ctx, self._proc, self._conn = ctx, None, None
-        self._lock = threading.Lock()
-
-    def start(self) -> None:
-        """Start the judge's process if it is not running (before any candidate: no child's doing can stop it
-        from starting, as a fork server that a child broke would)."""
-        if self._proc is None or not self._proc.is_alive():
-            self._conn, child = self._ctx.Pipe()
-            self._proc = self._ctx.Process(target=judge_main, args=(child,), daemon=True, name="kernelcast-judge")
-            self._proc.start()
-            child.close()
-
-    def ask(self, request: dict, timeout_s: float = 1800.0) -> dict:
-        with self._lock:
-            self.start()
-            # JSON both ways, as with a child: whatever reaches this socket is never unpickled on either side.
-            self._conn.send_bytes(json.dumps(request).encode())
-            if not self._conn.poll(timeout_s):
-                self._proc.kill()
-                raise RuntimeError(f"no answer from the judge within {timeout_s:.0f} s")
-            try:
-                answer = json.loads(self._conn.recv_bytes(channel.MAX_MESSAGE_BYTES))
-            except (EOFError, OSError, ValueError) as exc:
-                self._proc.kill()
-                raise RuntimeError(f"the judge's answer could not be read ({exc}; exit {self._proc.exitcode})") \
-                    from None
-        if not isinstance(answer, dict) or set(answer) - {"problem", "records", "trivial", "error"} \
-                or not isinstance(answer.get("problem"), str):
-            raise RuntimeError("the judge's answer is not of its schema")
-        if answer.get("error"):
-            raise RuntimeError(answer["error"])
-        return answer
-
-    def close(self) -> None:
-        with self._lock:
-            if self._proc is not None and self._proc.is_alive():
-                try:
-                    self._conn.send_bytes(b"null")
-                except OSError:
-                    pass
-                self._proc.join(5)
-                if self._proc.is_alive():
-                    self._proc.kill()
-
-
-WINDOW_SLACK_S = 0.05  # the worker reads a child's phases as its loop comes to them: up to this late, and 10%
-
-
-def _observe_window(r: _Running, name: str, detail, read_at: float) -> None:
-    """A timing window's opening and closing as the worker reads them, and what the child says it timed there: the
-    calls of each series (the candidate's, and the reference's beside it) at half their count times their median,
-    the least time calls with that median can have taken. A child whose claims need more time than the worker saw
-    the window take made its figures up (a reference said to be slower than it was, to inflate the speedup)."""
-    if name == "timing":
-        r.window_open = (detail, read_at) if isinstance(detail, str) else None
-        return
-    opened, r.window_open = r.window_open, None
-    case = detail.get("case") if isinstance(detail, dict) else None
-    if opened is None or case != opened[0]:
-        r.claim_problem = r.claim_problem or f"a timed window of case {str(case)[:60]!r} that the worker never saw open"
-        return
-    claimed = 0.0
-    for reps, us in ((detail.get("reps"), detail.get("us")), (detail.get("reference_reps"), detail.get("reference_us"))):
-        if reps is None and us is None:
-            continue
-        if not (isinstance(reps, int) and isinstance(us, (int, float)) and reps >= 0 and us >= 0):
-            r.claim_problem = r.claim_problem or f"case {case}: a timed window without its calls' count and runtime"
-            return
-        claimed += reps * us / 2e6
-    wall = read_at - opened[1]
-    r.windows.setdefault(case, []).append((wall, claimed))
-    if claimed > wall * 1.1 + WINDOW_SLACK_S:
-        r.claim_problem = r.claim_problem or (
-            f"case {case}: the calls it says it timed need at least {claimed:.3f} s; the worker saw the window take "
-            f"{wall:.3f} s: its figures are not what its calls took")
-
-
-class Judges:
-    """A few judges, each a process of its own, answering children's requests as they come: one judge answered one
-    candidate at a time, and judging (reading a child's records, recomputing the reference) took 2-6 s a candidate
-    against a child's 0.6 s of the device alone (H100, template kernels): one judge held every child's verdict up."""
-
-    def __init__(self, ctx, count: int):
-        self._all = [Judge(ctx) for _ in range(max(1, count))]
-        self._free: queue.Queue[Judge] = queue.Queue()
-        for j in self._all:
-            self._free.put(j)
-
-    def start(self) -> None:
-        for j in self._all:
-            j.start()
-
-    def ask(self, request: dict) -> dict:
-        j = self._free.get()
-        try:
-            return j.ask(request)
-        finally:
-            self._free.put(j)
-
-    def close(self) -> None:
-        for j in self._all:
-            j.close()
-
-
-
-def _context():
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["kernelcast.kernels.harness.runner"])
-    _start_scrubbed_forkserver()
-    return ctx
-
-
-def _start_scrubbed_forkserver() -> None:
-    """Run the fork server with no credentials in its environment.
-
-    Deleting variables in a child leaves them in /proc/self/environ, which shows the
-    environment the process was exec'd with, i.e. the fork server's; so the fork server
-    itself must start without them. One started earlier with secrets is restarted, and so is
-    one whose tasks folder (``KERNELCAST_TASKS``) is not this process's: its children would look
-    for imported tasks where the caller did not install them.
-    """
-    # This process's environment and memory hold the credentials: non-dumpable, no child of its user can read them
-    # through /proc/<pid> (environ, mem, maps) without a capability it has dropped (kernelcast.kernels.harness.sandbox).
-    sandbox.hide_this_process()
-    server = forkserver._forkserver
-    pid = getattr(server, "_forkserver_pid", None)
-    if pid:
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                items = [item.decode(errors="replace").split("=", 1) for item in f.read().split(b"\0") if item]
-        except OSError:
-            items = []
-        env = {kv[0]: kv[1] if len(kv) > 1 else "" for kv in items}
-        moved = bool(env) and env.get(TASKS_ENV, "") != os.environ.get(TASKS_ENV, "")
-        if moved or any(sandbox.is_secret_name(n) for n in env):
-            server._stop()
-    saved = dict(os.environ)
-    try:
-        sandbox.scrub_environment()
-        server.ensure_running()
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-
-
-def _signal_name(exitcode: int) -> str:
-    try:
-        return signal.Signals(-exitcode).name
-    except ValueError:
-        return f"signal {-exitcode}"
-
-
-def _log_tail(scratch: str, limit: int = 1500) -> str:
-    try:
-        with open(os.path.join(scratch, "child.log"), errors="replace") as f:
-            text = f.read()
-    except OSError:
-        return ""
-    return text[-limit:].strip()
-
-
-def _rss_bytes(pid: int) -> int:
-    """Resident memory of a process (0 once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-def _kill_group(pid: int | None) -> None:
-    """Kill the child's process group: whatever the candidate forked goes with it."""
-    if pid:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def _doing(phase: str, detail) -> str:
-    """A child's phase in words, for the message of a limit it passed ('' for phases that say nothing new)."""
-    if phase == "timing":
-        return f"timing case {detail}"
-    detail = detail if isinstance(detail, dict) else {}
-    if phase == "locked":
-        return "making its first inputs"
-    if phase == "calling":
-        return f"in the first call of case {detail.get('case')}"
-    if phase == "call":
-        return f"after the first call of case {detail.get('case')}"
-    if phase == "check":
-        return f"in the correctness check of case {detail.get('case')}, seed {detail.get('seed')}"
-    if phase == "recheck":
-        return f"in the recheck of case {detail.get('case')} after timing"
-    return ""
-
-
-def attempt_of(alone: bool, take: int) -> int:
-    """A child's attempt number in the worker's timeline: 1 a candidate's first process, 2 its retry alone (after
-    running out of device memory beside others), 3 and on a host-bound reference's further processes (take 2 is 3)."""
-    return 2 if alone else (1 if take == 1 else take + 1)
-
-
-REFERENCE_PROCESSES_MARK = "reference processes: "
-# A case is host-paced where the host's time to issue a call reaches this share of the call's runtime: the device
-# waits on the host, so the figure is the process's. Measured on one H200 host (2026-11-29, 19 references in three
-# processes, five runs): every reference whose processes spread past 1% had host time at least its runtime (1.00-4.2x)
-# in every process; every one whose processes agreed within 1% had at most 0.91 of it.
-HOST_PACED_SHARE = 0.95
-
-
-def host_paced(res: dict, m: Measurement) -> bool:
-    """Whether a reference's first process found a case both host-sensitive (the pairing rule's test, against the
-    flush) and host-paced (``HOST_PACED_SHARE``): the cases a further process can change. A result without host
-    times (an older child) counts host-sensitive alone."""
-    sensitive = set(res.get("host_sensitive_cases", ()))
-    host = res.get("host_us")
-    if not sensitive or host is None:
-        return bool(sensitive)
-    return any(name in sensitive and h >= HOST_PACED_SHARE * t
-               for name, h, t in zip(m.case_names, host, m.runtime_us_median))
-
-
-def combine_reference_takes(takes: list[tuple[dict, Measurement]]) -> tuple[Measurement, dict]:
-    """One row for a reference measured in several processes (``WorkerConfig.reference_processes``), and its result.
-
-    Per case, the figures (median, IQR, repetitions) of its fastest ok process, as a case's fastest window counts
-    within a process: the process whose host was least slowed. (Measured on one H200 host, 2026-11-29: the fastest of
-    three repeated across runs where the first process alone and the median of three did not; docs/harness.md.) A
-    case is host-sensitive where more than half of the ok processes found it so. The row is charged every process's
-    time, and its checks name each process's figure and host time of every case some process found host-sensitive
-    (``reference_process_figures`` reads them back)."""
-    ok = [(res, m) for res, m in takes if m.status == "ok" and m.runtime_us_median]
-    first_res, first = ok[0]
-    names = list(first.case_names)
-    res = dict(first_res)
-    medians, iqrs, reps = [], [], []
-    for i in range(len(names)):
-        figures = [m.runtime_us_median[i] for _, m in ok]
-        pick = figures.index(min(figures))
-        medians.append(figures[pick])
-        iqrs.append(ok[pick][1].runtime_us_iqr[i] if i < len(ok[pick][1].runtime_us_iqr) else 0.0)
-        reps.append(ok[pick][1].repetitions[i] if i < len(ok[pick][1].repetitions) else 0)
-    found = Counter(c for r, _ in ok for c in r.get("host_sensitive_cases", ()))
-    res["host_sensitive_cases"] = [c for c in names if 2 * found[c] > len(ok)]
-    detail = []
-    for i, name in enumerate(names):
-        if found[name]:
-            us = "/".join(f"{m.runtime_us_median[i]:.1f}" for _, m in ok)
-            host = "/".join(f"{r['host_us'][i]:.1f}" if i < len(r.get("host_us", ())) else "-" for r, _ in ok)
-            detail.append(f"{name} {us} us (host {host} us)")
-    failed = [f"{m.status}" for _, m in takes if not (m.status == "ok" and m.runtime_us_median)]
-    res["reference_processes"] = (f"{len(ok)} of {len(takes)} ok" + (f" ({', '.join(failed)})" if failed else "")
-                                  + "".join(f" | {d}" for d in detail))  # no "; ": it parts the row's checks
-    fields = MeasureWorker._from_result(res)
-    fields.update(runtime_us_median=tuple(medians), runtime_us_iqr=tuple(iqrs), repetitions=tuple(reps),
-                  compile_seconds=sum(m.compile_seconds for _, m in takes),
-                  gpu_seconds=sum(m.gpu_seconds for _, m in takes))
-    return replace(first, wall_seconds=sum(m.wall_seconds for _, m in takes), **fields), res
-
-
-def reference_process_figures(checks: str) -> dict[str, list[float]]:
-    """Each case's figure (us) in each process of a reference measured in several, in the order they ran, from a
-    row's checks (``combine_reference_takes``); {} for a row measured in one process."""
-    for part in (checks or "").split("; "):
-        if part.startswith(REFERENCE_PROCESSES_MARK):
-            figures = {}
-            for item in part.split(" | ")[1:]:
-                name, us = item.split(" ")[:2]
-                figures[name] = [float(x) for x in us.split("/")]
-            return figures
-    return {}
-
-
-def geometric_mean(values: Iterable[float]) -> float | None:
-    values = list(values)
-    if not values or any(v <= 0 or not math.isfinite(v) for v in values):
-        return None
-    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 class MeasureWorker:
@@ -1064,26 +753,7 @@ class MeasureWorker:
         if finding:
             res.update(status="rejected", error=f"case {case.name}: {finding}")
 
-    @staticmethod
-    def _from_result(res: dict) -> dict:
-        return {"status": res.get("status", "runtime_error"), "error": res.get("error", ""),
-                "case_names": tuple(res.get("case_names", ())),
-                "runtime_us_median": tuple(res.get("runtime_us_median", ())),
-                "runtime_us_iqr": tuple(res.get("runtime_us_iqr", ())),
-                "repetitions": tuple(res.get("repetitions", ())),
-                "compile_seconds": float(res.get("compile_seconds", 0.0)),
-                "gpu_seconds": float(res.get("gpu_seconds", 0.0)),
-                "precision": str(res.get("precision", "")),
-                "error_rel": tuple(res.get("error_rel", ())),
-                "reference_error_rel": tuple(res.get("reference_error_rel", ())),
-                "checks": "; ".join([f"{k}: {res[k]}" for k in ("window_check", "memcheck", "models_built", "judged",
-                                                                "seeds", "state")
-                                     if res.get(k)]
-                                    + ([f"timed outputs: {'; '.join(res['timed_outputs'])}"]
-                                       if res.get("timed_outputs") else [])
-                                    + ([f"{REFERENCE_PROCESSES_MARK}{res['reference_processes']}"]
-                                       if res.get("reference_processes") else [])
-                                    + _anchoring(res) + _host_sensitive(res) + _controlled(res))}
+    _from_result = staticmethod(row_fields)  # a child's result as its row's fields
 
     def _finish(self, r: _Running, **fields) -> Measurement:
         self._note(r, "ended", time.monotonic(), fields.get("status"))
@@ -1100,55 +770,3 @@ class MeasureWorker:
         return Measurement(candidate_id=r.candidate.candidate_id, op=r.candidate.op,
                            gpu_type=self.hardware.gpu_type, mode=self.config.mode, protocol=self.config.protocol,
                            wall_seconds=time.monotonic() - r.started, hardware=self.hardware, **fields)
-
-
-def _controlled(res: dict) -> list[str]:
-    """The cases whose first calls on unseen inputs were slower than their repeats, as the reference's own were
-    (``window_checks._verify_case``'s control): kept in the row, since the reused-work check let them pass on that
-    ground."""
-    return [f"unseen-input control: {'; '.join(res['unseen_control'])}"] if res.get("unseen_control") else []
-
-
-HOST_SENSITIVE = "host-sensitive: "
-
-
-def _host_sensitive(res: dict) -> list[str]:
-    """The cases whose own timing was host-sensitive ("none": none), as the row records them: for an op's reference,
-    the cases its candidates time beside it (``MeasureWorker.adopt_reference`` reads them back). Nothing where the
-    candidate was not timed."""
-    if "host_sensitive_cases" not in res:
-        return []
-    return [f"{HOST_SENSITIVE}{', '.join(res['host_sensitive_cases']) or 'none'}"]
-
-
-def host_sensitive_in(checks: str) -> tuple[str, ...] | None:
-    """The cases a row's checks say were host-sensitive; None where the row does not say (measured before it did)."""
-    return cases_in(checks, HOST_SENSITIVE)
-
-
-def _anchoring(res: dict) -> list[str]:
-    """The cases timed beside the reference, as the row records them: whether a speedup is a paired ratio or a
-    runtime over the reference's stored one ("none": so for the reference itself) is otherwise only in the
-    timeline. Nothing where the candidate was not timed. The cases whose reference ran well past its stored runtime
-    beside the candidate are named apart with both figures (``ANCHORED_SLOWED``)."""
-    if "anchored_cases" not in res:
-        return []
-    slowed = [f"{case} {here:.1f}/{stored:.1f} us" for case, (here, stored) in res.get("anchored_slowed", {}).items()]
-    return [f"anchored: {', '.join(res['anchored_cases']) or 'none'}"] + (
-        [f"{ANCHORED_SLOWED}{', '.join(slowed)}"] if slowed else [])
-
-
-# The anchored cases whose reference, beside the candidate, ran well past its stored runtime (anchoring.ANCHOR_SLOWED):
-# "CASE here/stored us" each.
-ANCHORED_SLOWED = "anchored beside a slowed reference: "
-
-
-def anchored_slowed_in(checks: str) -> dict[str, float]:
-    """{case: how many times its stored runtime the reference ran beside the candidate} for the anchored cases a
-    row's checks name as paired beside a slowed reference; {} where none (or the row predates the mark)."""
-    out = {}
-    for item in cases_in(checks, ANCHORED_SLOWED) or ():
-        case, figures, _ = item.rsplit(" ", 2)  # "CASE here/stored us"
-        here, _, stored = figures.partition("/")
-        out[case] = float(here) / float(stored)
-    return out

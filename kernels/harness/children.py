@@ -1,0 +1,179 @@
+"""The worker's side of its child processes: what it knows of each while it runs (``_Running``), the fork server
+they come from, started without credentials (``_context``), and what it reads of a child from outside: its exit
+signal, its log, its resident memory, what it said it was doing, the timing windows it opened and closed
+(``_observe_window``); its process group killed (``_kill_group``).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import multiprocessing.forkserver as forkserver
+import os
+import signal
+import threading
+from dataclasses import dataclass, field
+
+from kernelcast.kernels.harness import budget, sandbox
+from kernelcast.kernels.formats import TASKS_ENV
+from kernelcast.kernels.records import Candidate
+
+
+@dataclass
+class _Running:
+    candidate: Candidate
+    process: mp.process.BaseProcess
+    conn: object
+    scratch: str
+    started: float
+    limits: budget.Limits
+    alone: bool = False
+    take: int = 1  # a reference's process: 1 its first, 2 and on its further ones (WorkerConfig.reference_processes)
+    waiting_since: float | None = None
+    gpu_started: float | None = None
+    compiles_under_lock: bool = False
+    checks_started: float | None = None
+    doing: str = ""  # what the child said it was doing last, for a timeout's message
+    calling: tuple[str, float] | None = None  # (case, since) while a case's first call runs
+    released: float | None = None
+    paused_since: float | None = None  # waiting for the lock alone after shared checks: no limit runs meanwhile
+    holding: tuple[float, bool] | None = None  # the child's present hold of the lock: (since, shared)
+    result: dict | None = None
+    peak_rss_bytes: int = 0
+    memcheck: threading.Thread | None = None  # the sanitizer's call, made by the worker once the child is done
+    last_phase_t: float = 0.0  # the time of the child's latest phase, as the worker clamped it
+    served: dict = field(default_factory=dict)  # seed -> case: the seeds the worker drew for this child's inputs
+    judging: threading.Thread | None = None  # the judge's reading of the child's recorded outputs
+    window_open: tuple[str, float] | None = None  # the case whose timing window the child opened, read at (worker's)
+    windows: dict = field(default_factory=dict)  # case -> [(seconds by the worker's clock, seconds the calls claim)]
+    claim_problem: str = ""  # a child's figures that the worker's own observations refute
+    broken: str = ""  # why a message of the child's was refused (channel.ChannelError): it gets no verdict of its own
+
+
+WINDOW_SLACK_S = 0.05  # the worker reads a child's phases as its loop comes to them: up to this late, and 10%
+
+
+def _observe_window(r: _Running, name: str, detail, read_at: float) -> None:
+    """A timing window's opening and closing as the worker reads them, and what the child says it timed there: the
+    calls of each series (the candidate's, and the reference's beside it) at half their count times their median,
+    the least time calls with that median can have taken. A child whose claims need more time than the worker saw
+    the window take made its figures up (a reference said to be slower than it was, to inflate the speedup)."""
+    if name == "timing":
+        r.window_open = (detail, read_at) if isinstance(detail, str) else None
+        return
+    opened, r.window_open = r.window_open, None
+    case = detail.get("case") if isinstance(detail, dict) else None
+    if opened is None or case != opened[0]:
+        r.claim_problem = r.claim_problem or f"a timed window of case {str(case)[:60]!r} that the worker never saw open"
+        return
+    claimed = 0.0
+    for reps, us in ((detail.get("reps"), detail.get("us")), (detail.get("reference_reps"), detail.get("reference_us"))):
+        if reps is None and us is None:
+            continue
+        if not (isinstance(reps, int) and isinstance(us, (int, float)) and reps >= 0 and us >= 0):
+            r.claim_problem = r.claim_problem or f"case {case}: a timed window without its calls' count and runtime"
+            return
+        claimed += reps * us / 2e6
+    wall = read_at - opened[1]
+    r.windows.setdefault(case, []).append((wall, claimed))
+    if claimed > wall * 1.1 + WINDOW_SLACK_S:
+        r.claim_problem = r.claim_problem or (
+            f"case {case}: the calls it says it timed need at least {claimed:.3f} s; the worker saw the window take "
+            f"{wall:.3f} s: its figures are not what its calls took")
+
+
+def _context():
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["kernelcast.kernels.harness.runner"])
+    _start_scrubbed_forkserver()
+    return ctx
+
+
+def _start_scrubbed_forkserver() -> None:
+    """Run the fork server with no credentials in its environment.
+
+    Deleting variables in a child leaves them in /proc/self/environ, which shows the
+    environment the process was exec'd with, i.e. the fork server's; so the fork server
+    itself must start without them. One started earlier with secrets is restarted, and so is
+    one whose tasks folder (``KERNELCAST_TASKS``) is not this process's: its children would look
+    for imported tasks where the caller did not install them.
+    """
+    # This process's environment and memory hold the credentials: non-dumpable, no child of its user can read them
+    # through /proc/<pid> (environ, mem, maps) without a capability it has dropped (kernelcast.kernels.harness.sandbox).
+    sandbox.hide_this_process()
+    server = forkserver._forkserver
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                items = [item.decode(errors="replace").split("=", 1) for item in f.read().split(b"\0") if item]
+        except OSError:
+            items = []
+        env = {kv[0]: kv[1] if len(kv) > 1 else "" for kv in items}
+        moved = bool(env) and env.get(TASKS_ENV, "") != os.environ.get(TASKS_ENV, "")
+        if moved or any(sandbox.is_secret_name(n) for n in env):
+            server._stop()
+    saved = dict(os.environ)
+    try:
+        sandbox.scrub_environment()
+        server.ensure_running()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _signal_name(exitcode: int) -> str:
+    try:
+        return signal.Signals(-exitcode).name
+    except ValueError:
+        return f"signal {-exitcode}"
+
+
+def _log_tail(scratch: str, limit: int = 1500) -> str:
+    try:
+        with open(os.path.join(scratch, "child.log"), errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return ""
+    return text[-limit:].strip()
+
+
+def _rss_bytes(pid: int) -> int:
+    """Resident memory of a process (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _kill_group(pid: int | None) -> None:
+    """Kill the child's process group: whatever the candidate forked goes with it."""
+    if pid:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _doing(phase: str, detail) -> str:
+    """A child's phase in words, for the message of a limit it passed ('' for phases that say nothing new)."""
+    if phase == "timing":
+        return f"timing case {detail}"
+    detail = detail if isinstance(detail, dict) else {}
+    if phase == "locked":
+        return "making its first inputs"
+    if phase == "calling":
+        return f"in the first call of case {detail.get('case')}"
+    if phase == "call":
+        return f"after the first call of case {detail.get('case')}"
+    if phase == "check":
+        return f"in the correctness check of case {detail.get('case')}, seed {detail.get('seed')}"
+    if phase == "recheck":
+        return f"in the recheck of case {detail.get('case')} after timing"
+    return ""
+
+
+def attempt_of(alone: bool, take: int) -> int:
+    """A child's attempt number in the worker's timeline: 1 a candidate's first process, 2 its retry alone (after
+    running out of device memory beside others), 3 and on a host-bound reference's further processes (take 2 is 3)."""
+    return 2 if alone else (1 if take == 1 else take + 1)
