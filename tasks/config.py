@@ -196,12 +196,10 @@ def check_settings(config: SearchConfig) -> None:
     Nothing here loads the operation registry (torch) or reaches a service, so a bad flag
     fails at once; ``validate`` checks the operation after these.
     """
-    from kernelcast.kernels.hardware import INTERPRETER, KNOWN_GPU_TYPES
     from kernelcast.surrogate.registry import FACTORIES, reads_folder
     from kernelcast.tasks.generators import base_generator, generator_names
 
-    if config.gpu_type != "auto" and config.gpu_type not in (*KNOWN_GPU_TYPES, INTERPRETER):
-        raise ConfigError(f"unknown GPU type {config.gpu_type!r}; known: auto, {', '.join(KNOWN_GPU_TYPES)}")
+    check_gpu_type(config.gpu_type)
     if config.budget_kind not in BUDGET_KINDS:
         raise ConfigError(f"unknown budget_kind {config.budget_kind!r}; known: {', '.join(BUDGET_KINDS)}")
     if config.budget_in_seconds:
@@ -305,12 +303,27 @@ def check_operation(config: SearchConfig) -> None:
         if base_generator(config.generator) != "freeform" and config.generator != "variants":
             raise ConfigError(f"generator_roots starts a free-form or variants search from a pool's kernels; "
                               f"generator {config.generator!r} takes none")
-        from kernelcast.tasks.generators import template_roots
+        check_roots(config)
 
-        try:
-            template_roots(config.generator_roots, config.op, config.gpu_type)
-        except (ValueError, OSError) as exc:
-            raise ConfigError(f"generator_roots: {exc}") from None
+
+def check_roots(config: SearchConfig) -> None:
+    """A ConfigError unless ``generator_roots`` (if set) holds the operation's roots on the config's GPU type."""
+    if not config.generator_roots:
+        return
+    from kernelcast.tasks.generators import template_roots
+
+    try:
+        template_roots(config.generator_roots, config.op, config.gpu_type)
+    except (ValueError, OSError) as exc:
+        raise ConfigError(f"generator_roots: {exc}") from None
+
+
+def check_gpu_type(gpu_type: str) -> None:
+    """A ConfigError unless ``gpu_type`` is 'auto', a GPU type this project knows, or the CPU interpreter."""
+    from kernelcast.kernels.hardware import INTERPRETER, KNOWN_GPU_TYPES
+
+    if gpu_type != "auto" and gpu_type not in (*KNOWN_GPU_TYPES, INTERPRETER):
+        raise ConfigError(f"unknown GPU type {gpu_type!r}; known: auto, {', '.join(KNOWN_GPU_TYPES)}")
 
 
 def validate(config: SearchConfig) -> SearchConfig:

@@ -36,6 +36,7 @@ from kernelcast.surrogate.online import SearchSurrogate, log_expected_improvemen
 from kernelcast.surrogate.policies import BudgetPolicy, ConformalRiskPolicy, Selection, ThresholdPolicy, run_weighted
 from kernelcast.tasks.config import ConfigError, SearchConfig, changed_settings
 from kernelcast.tasks.generators import make_generator
+from kernelcast.tasks.setup import SearchContext
 from kernelcast.tasks.state import Archive
 
 _FLUSH_EVERY = 8  # measurements buffered before a write
@@ -84,8 +85,8 @@ class Search:
     """One search run over one operation on one GPU type."""
 
     def __init__(self, config: SearchConfig, root: DataRoot, pool, forecaster=None, tracker=None):
-        if config.gpu_type == "auto" or not config.run_id:
-            raise ConfigError("resolve gpu_type and run_id (kernelcast.tasks.config.validate) before starting a search")
+        # What every step reads: the config the setup validated and settled, and the data root it opened, once.
+        self.context = SearchContext(config, root)  # refuses a config whose GPU type or run id is unsettled
         self.config = config
         self.root = root
         self.pool = pool
@@ -117,6 +118,13 @@ class Search:
         self.replayed = False
 
     # ---- setup ---------------------------------------------------------------------------
+
+    @classmethod
+    def of(cls, context: SearchContext, pool, forecaster=None, tracker=None) -> "Search":
+        """A search on a context the setup resolved (``kernelcast.tasks.setup.open_context``)."""
+        search = cls(context.config, context.root, pool, forecaster, tracker)
+        search.context = context
+        return search
 
     def start(self) -> "Search":
         """Register (or resume) the run, measure the op's reference, and open tracking."""

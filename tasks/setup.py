@@ -12,13 +12,15 @@ import hashlib
 import io
 import pickle
 import posixpath
+from dataclasses import dataclass
 
 from threadpoolctl import threadpool_limits
 
 from kernelcast.storage.dataset import DataRoot, RetryPolicy
 from kernelcast.storage.tracking import Tracker, default_tracking_uri
 from kernelcast.tasks.generators import base_generator
-from kernelcast.tasks.config import NO_SURROGATE, PACKAGED_POOL, ConfigError, SearchConfig, validate
+from kernelcast.tasks.config import (NO_SURROGATE, PACKAGED_POOL, ConfigError, SearchConfig, check_gpu_type, check_roots,
+                                     default_run_id, validate)
 
 MODEL_FOLDER = "models"  # fitted surrogate priors under the data root, reused across runs
 
@@ -31,17 +33,28 @@ def data_root(config: SearchConfig) -> DataRoot:
 
 
 def resolve(config: SearchConfig) -> SearchConfig:
-    """Validate, then settle backend 'auto' and GPU type 'auto' against what this machine has."""
-    config = validate(config)
+    """Validate once, then settle backend 'auto' and GPU type 'auto' against what this machine has.
+
+    The one full validation (every setting, then the operation) runs on the config as given, so a bad
+    setting fails before torch loads or a pool is read."""
+    return settle(validate(config))
+
+
+def settle(config: SearchConfig) -> SearchConfig:
+    """A validated config with backend 'auto' and GPU type 'auto' settled against what this machine has; what
+    settling decides is checked on its own (a GPU type this project knows, ``generator_roots`` on that GPU
+    type), not by validating the whole config again."""
     if base_generator(config.generator) == "replay" and config.replay_pool == PACKAGED_POOL:
         config = config.replace(replay_pool=config.replay_corpus)  # replayed children replay their own measurements
+    if "auto" not in (config.backend, config.gpu_type):
+        return config
     backend = config.backend
     if backend == "auto":
         import torch
 
         backend = "local" if torch.cuda.is_available() else "replay"
-    gpu_type = config.gpu_type
-    if gpu_type == "auto":
+    gpu_type, settle_gpu = config.gpu_type, config.gpu_type == "auto"
+    if settle_gpu:
         if backend == "local":
             from kernelcast.kernels.hardware import detect
 
@@ -53,7 +66,44 @@ def resolve(config: SearchConfig) -> SearchConfig:
             if not available:
                 raise ConfigError(f"the replay pool {config.replay_pool} holds no measurements")
             gpu_type = "h100" if "h100" in available else available[0]
-    return validate(config.replace(backend=backend, gpu_type=gpu_type))
+    config = config.replace(backend=backend, gpu_type=gpu_type)
+    if settle_gpu:  # what validate could not check while the GPU type was 'auto'
+        check_gpu_type(gpu_type)
+        config = config if config.run_id else config.replace(run_id=default_run_id(config))
+        check_roots(config)  # generator_roots: the pool's kernels on the settled GPU type
+    return config
+
+
+@dataclass(frozen=True)
+class SearchContext:
+    """What every step of one search runs on, resolved once at its start: the validated config (backend, GPU
+    type and run id settled) and its data root, opened and probed once. ``Search`` holds it; its steps read
+    the config and the root from it rather than validating or opening either again."""
+
+    config: SearchConfig
+    root: DataRoot
+
+    def __post_init__(self):
+        if self.config.gpu_type == "auto" or not self.config.run_id:
+            raise ConfigError("resolve gpu_type and run_id (kernelcast.tasks.setup.resolve) before starting a search")
+
+    @property
+    def op(self) -> str:
+        return self.config.op
+
+    @property
+    def gpu_type(self) -> str:
+        return self.config.gpu_type
+
+    @property
+    def surrogate(self) -> str:
+        return self.config.surrogate
+
+
+def open_context(config: SearchConfig) -> SearchContext:
+    """A search's context from a raw config: validated once (``resolve``), its data root opened and probed once."""
+    config = resolve(config)
+    return SearchContext(config, data_root(config))
 
 
 def measure_pool(config: SearchConfig):
@@ -251,16 +301,16 @@ def tracker(config: SearchConfig, root: DataRoot) -> Tracker:
     return t
 
 
-def open_search(config: SearchConfig, track: bool = True):
-    """A started ``Search`` (run registered, reference measured, tracking open) for a raw config."""
+def open_search(config: "SearchConfig | SearchContext", track: bool = True):
+    """A started ``Search`` (run registered, reference measured, tracking open) for a raw config, or for a
+    context already opened (``open_context``), which is then neither validated nor opened again."""
     from kernelcast.tasks.search import Search
 
-    config = resolve(config)
-    root = data_root(config)
-    t = tracker(config, root) if track else None
-    pool = measure_pool(config)
+    context = config if isinstance(config, SearchContext) else open_context(config)
+    t = tracker(context.config, context.root) if track else None
+    pool = measure_pool(context.config)
     try:
-        return Search(config, root, pool, forecaster(config, root), t).start()
+        return Search.of(context, pool, forecaster(context.config, context.root), t).start()
     except BaseException:
         pool.close()
         raise

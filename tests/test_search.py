@@ -337,3 +337,58 @@ def test_a_root_whose_reference_was_only_replayed_gives_the_pool_nothing_to_adop
     finally:
         search.pool.close()
     assert pool.adopted == [] and pool.asked
+
+
+def _count_setup(monkeypatch):
+    """How often a search's config is validated (``validate``'s settings check) and each data root is opened."""
+    import collections
+
+    from kernelcast.tasks import config as config_module
+
+    counts = {"validated": 0, "opened": collections.Counter()}
+    check, init = config_module.check_settings, DataRoot.__init__
+
+    def counted_check(cfg):
+        counts["validated"] += 1
+        return check(cfg)
+
+    def counted_init(self, uri, *args, **kwargs):
+        init(self, uri, *args, **kwargs)
+        counts["opened"][self.uri] += 1
+
+    monkeypatch.setattr(config_module, "check_settings", counted_check)
+    monkeypatch.setattr(DataRoot, "__init__", counted_init)
+    return counts
+
+
+def test_a_search_validates_its_config_once_and_opens_its_data_root_once(tmp_path, monkeypatch):
+    counts = _count_setup(monkeypatch)
+    search, result = run(config(tmp_path, gpu_type="auto"))
+    assert result.budget_used == 8
+    assert counts["validated"] == 1
+    assert counts["opened"][str(tmp_path / "data")] == 1
+    assert search.context.config is search.config and search.context.root is search.root
+
+
+def test_the_search_command_validates_once_at_its_edge_and_leaves_the_data_root_to_the_flow(tmp_path, monkeypatch):
+    """`kernelcast search` checks its settings before Prefect starts; the flow (which deployments also call, with
+    plain parameters) builds the one context its steps run on. Prefect itself is left out: the flow's body runs as
+    ``prepare`` runs it."""
+    import dataclasses
+
+    from kernelcast.flows import search as flows
+    from kernelcast.flows.cli import main
+
+    def flow(options=None, **fields):
+        search, result = run(SearchConfig.from_mapping({**fields, **(options or {})}))
+        out = {**dataclasses.asdict(result), "data": search.config.data, "tracking_uri": ""}
+        out["generations"] = [dataclasses.asdict(s) for s in result.generations]
+        return out
+
+    monkeypatch.setattr(flows, "kernel_search", flow)
+    counts = _count_setup(monkeypatch)
+    data = str(tmp_path / "data")
+    assert main(["search", "--op", "softmax", "--budget", "4", "--generations", "2", "--children", "8",
+                 "--surrogate", "roofline", "--backend", "replay", "--data", data]) == 0
+    assert counts["validated"] == 2  # the command's edge, the flow's edge: neither twice
+    assert counts["opened"][data] == 1

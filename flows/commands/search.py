@@ -121,14 +121,17 @@ def cmd_search(args) -> int:
 
     # Bad input fails here, before Prefect, MLflow or a GPU starts: every setting, then the operation
     # (its registry, which loads torch, is the one heavy thing loaded), then the data root's protocol.
-    config = validate(search_config(args))
+    given = search_config(args)
+    resumed = bool(given.run_id)  # a run id of the user's: resumed only with its own settings
+    config = validate(given)  # the command's one validation
     check_data_root(config.data, dict(config.storage_options))
     from kernelcast.storage.dataset import DataRoot
     from kernelcast.tasks.search import check_resume
-    from kernelcast.tasks.setup import resolve
+    from kernelcast.tasks.setup import settle
 
-    config = resolve(config)  # backend and GPU type 'auto' settled against this machine
-    check_resume(DataRoot(config.data, storage_options=dict(config.storage_options)), config)  # a run id's own settings
+    config = settle(config)  # backend and GPU type 'auto' settled against this machine, not validated again
+    if resumed:  # a new run id has no run to resume: the data root is left for the flow to open
+        check_resume(DataRoot(config.data, storage_options=dict(config.storage_options)), config)
     prefect_defaults()
     from kernelcast.flows.search import kernel_search
     from kernelcast.tasks.report import summary_lines
