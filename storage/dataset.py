@@ -43,17 +43,14 @@ import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
 from kernelcast.kernels.records import Candidate, Measurement
-from kernelcast.storage.retry import RetryPolicy, is_transient
+from kernelcast.storage import sources
+from kernelcast.storage.retry import RetryPolicy, StorageError, is_transient
 from kernelcast.storage.schema import (TableSpec, candidates_to_table, forecasts_to_table, measurements_to_table,
                             records_to_table, table_spec)
 
 _PARTITION_VALUE = re.compile(r"[a-z0-9_.-]+")
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-class StorageError(OSError):
-    """An I/O failure at the data root, naming the URI that failed."""
 
 
 def _caused_by_missing_file(exc: BaseException) -> bool:
@@ -265,9 +262,7 @@ class DataRoot:
             wanted = list(dict.fromkeys([*wanted, "op", "source_sha256"]))
         rows = _first_of_each_key(self._read_where(spec, where, wanted), spec.key)
         if moved:  # sources moved into the sources table are put back: readers see the rows as written
-            from kernelcast.storage.sources import fill_candidate_sources
-
-            rows = fill_candidate_sources(self, rows)
+            rows = sources.fill_candidate_sources(self, rows)
         return rows if columns is None else rows.select(columns)
 
     def read(self, table: str, **where: str) -> pd.DataFrame:
@@ -394,28 +389,22 @@ class DataRoot:
 
         self._call("remove", path, remove)
 
-    # ---- sources stored once (storage/sources.py) --------------------------------------------
+    # ---- sources stored once (storage/sources.py; the migration: storage/dedup.py) -------------
 
     def sources_root(self) -> DataRoot:
         """The root whose ``sources`` table keeps this root's sources: the one its ``sources.json`` names, else
         itself."""
         if self._sources_root is None:
-            from kernelcast.storage.sources import resolve_sources_root
-
-            self._sources_root = resolve_sources_root(self)
+            self._sources_root = sources.resolve_sources_root(self)
         return self._sources_root
 
     def put_sources(self, op: str, contents: list[bytes]) -> list[str]:
         """Store each content once, keyed by its SHA-256, in the sources table (under ``op``); returns the hashes."""
-        from kernelcast.storage.sources import put_sources
-
-        return put_sources(self, op, contents)
+        return sources.put_sources(self, op, contents)
 
     def get_sources(self, hashes_by_op: dict[str, list[str]]) -> dict[str, bytes]:
         """The stored contents of these hashes (each op's under it); a missing one is a StorageError naming it."""
-        from kernelcast.storage.sources import get_sources
-
-        return get_sources(self, hashes_by_op)
+        return sources.get_sources(self, hashes_by_op)
 
     def get_object(self, relative: str) -> bytes | None:
         """The bytes at ``relative`` under the root, or None when there is nothing there."""

@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+class StorageError(OSError):
+    """An I/O failure at the data root, naming the URI that failed."""
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """How long a data root keeps retrying a transient failure: waits of ``backoff_s``, doubling up

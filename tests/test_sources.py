@@ -1,4 +1,5 @@
-"""Sources stored once (storage/sources.py): tasks by hash, ``kernelcast dedup``, and pools written before."""
+"""Sources stored once (storage/sources.py): tasks by hash, ``kernelcast dedup`` (storage/dedup.py), and pools
+written before."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from kernelcast.kernels.formats import (MANIFEST, import_task, install_from_root
 from kernelcast.kernels.records import Candidate
 from kernelcast.storage.dataset import DataRoot, StorageError
 from kernelcast.storage.schema import candidates_from_frame, candidates_to_table
-from kernelcast.storage.sources import POINTER, data_roots, loaded, store_once
+from kernelcast.storage.dedup import data_roots, loaded, store_once
+from kernelcast.storage.sources import POINTER
 from tests.formats_for_tests import KB_ROW_SUM, write_kernelbench
 
 OLD_POOLS = ("pool/kernelcast", "pool/kernelbench", "retest/kernelcast")
@@ -40,7 +42,8 @@ def write_old_pool(folder: Path, name: str, files: dict, candidates: list) -> No
         (folder / "tasks" / name / rel).write_bytes(data)
     partition = folder / "candidates" / f"op={name}"
     partition.mkdir(parents=True)
-    pq.write_table(candidates_to_table(candidates).drop_columns(["op", "source_sha256"]), partition / "part-old.parquet")
+    old_columns = candidates_to_table(candidates).drop_columns(["op", "source_sha256"])
+    pq.write_table(old_columns, partition / "part-old.parquet")
 
 
 def loads(tree: Path) -> dict:
@@ -113,7 +116,8 @@ def test_dedup_run_again_changes_nothing(tree):
     after_first = files_under(tree)
     again = store_once(str(tree))
     assert files_under(tree) == after_first
-    assert (first.task_folders, first.candidate_files) == (3, 4) and (again.task_folders, again.candidate_files) == (0, 0)
+    assert (first.task_folders, first.candidate_files) == (3, 4)
+    assert (again.task_folders, again.candidate_files) == (0, 0)
 
 
 def test_a_task_stored_into_a_pool_of_a_deduplicated_tree_goes_to_the_trees_table(tree, tmp_path):

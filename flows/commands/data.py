@@ -4,7 +4,7 @@
 on Triton's CPU interpreter), into the data root; ``sweep`` imports and measures every public task
 under a folder (``kernelcast.kernels.harness.sweep``); ``show`` prints the best measured ones; ``import`` turns
 a KernelBench problem or GPU MODE task into an operation; ``compact`` merges Parquet files;
-``dedup`` stores every source under a tree of data roots once (``kernelcast.storage.sources``);
+``dedup`` stores every source under a tree of data roots once (``kernelcast.storage.dedup``);
 ``pairs`` draws surrogate training pairs.
 """
 
@@ -221,7 +221,7 @@ def cmd_compact(args) -> int:
 
 def cmd_dedup(args) -> int:
     check_data_root(args.tree, parse_storage_options(args.storage_option))
-    from kernelcast.storage.sources import store_once
+    from kernelcast.storage.dedup import store_once
 
     report = store_once(args.tree, parse_storage_options(args.storage_option), log=print)
     print(f"{args.tree}: {len(report.roots)} data roots share {args.tree}/sources ({report.contents} contents); "
