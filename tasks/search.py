@@ -36,7 +36,7 @@ from kernelcast.surrogate.online import SearchSurrogate, log_expected_improvemen
 from kernelcast.surrogate.policies import BudgetPolicy, ConformalRiskPolicy, Selection, ThresholdPolicy, run_weighted
 from kernelcast.tasks.config import ConfigError, SearchConfig, changed_settings
 from kernelcast.tasks.generators import make_generator
-from kernelcast.tasks.setup import SearchContext
+from kernelcast.tasks.context import SearchContext
 from kernelcast.tasks.state import Archive
 
 _FLUSH_EVERY = 8  # measurements buffered before a write

@@ -12,13 +12,13 @@ import hashlib
 import io
 import pickle
 import posixpath
-from dataclasses import dataclass
 
 from threadpoolctl import threadpool_limits
 
 from kernelcast.storage.dataset import DataRoot, RetryPolicy
 from kernelcast.storage.tracking import Tracker, default_tracking_uri
 from kernelcast.tasks.generators import base_generator
+from kernelcast.tasks.context import SearchContext
 from kernelcast.tasks.config import (NO_SURROGATE, PACKAGED_POOL, ConfigError, SearchConfig, check_gpu_type, check_roots,
                                      default_run_id, validate)
 
@@ -72,32 +72,6 @@ def settle(config: SearchConfig) -> SearchConfig:
         config = config if config.run_id else config.replace(run_id=default_run_id(config))
         check_roots(config)  # generator_roots: the pool's kernels on the settled GPU type
     return config
-
-
-@dataclass(frozen=True)
-class SearchContext:
-    """What every step of one search runs on, resolved once at its start: the validated config (backend, GPU
-    type and run id settled) and its data root, opened and probed once. ``Search`` holds it; its steps read
-    the config and the root from it rather than validating or opening either again."""
-
-    config: SearchConfig
-    root: DataRoot
-
-    def __post_init__(self):
-        if self.config.gpu_type == "auto" or not self.config.run_id:
-            raise ConfigError("resolve gpu_type and run_id (kernelcast.tasks.setup.resolve) before starting a search")
-
-    @property
-    def op(self) -> str:
-        return self.config.op
-
-    @property
-    def gpu_type(self) -> str:
-        return self.config.gpu_type
-
-    @property
-    def surrogate(self) -> str:
-        return self.config.surrogate
 
 
 def open_context(config: SearchConfig) -> SearchContext:
