@@ -151,7 +151,7 @@ def install_from_root(root, name: str) -> bool:
 
 # ---- resolving an op name -----------------------------------------------------------------------
 
-_LOADED: dict[str, tuple[str, object]] = {}  # op name -> (manifest digest, operation)
+_LOADED: dict[str, tuple[str, object]] = {}  # op name -> (its folder and manifest digest, operation)
 
 
 def installed() -> list[str]:
@@ -173,7 +173,8 @@ def _format_module(fmt: str):
 
 
 def load_operation(name: str):
-    """The imported operation called ``name`` from the tasks directory (cached while its manifest is unchanged)."""
+    """The imported operation called ``name`` from the tasks directory (cached while its folder and manifest are
+    unchanged: the same manifest installed in another tasks directory names files there, not in the first)."""
     folder = tasks_dir() / name
     try:
         raw = (folder / MANIFEST).read_bytes()
@@ -181,7 +182,7 @@ def load_operation(name: str):
         known = ", ".join(installed()) or "none"
         raise ValueError(f"unknown operation {name!r}: no imported task of that name in {tasks_dir()} "
                          f"(import it with `kernelcast import`); imported here: {known}") from None
-    digest = hashlib.sha256(raw).hexdigest()
+    digest = f"{folder.resolve()}:{hashlib.sha256(raw).hexdigest()}"
     cached = _LOADED.get(name)
     if cached is not None and cached[0] == digest:
         return cached[1]
