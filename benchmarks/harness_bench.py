@@ -90,6 +90,9 @@ def main() -> int:
     p.add_argument("--no-shared-checks", action="store_true",
                    help="every child holds the GPU lock alone from its first allocation (WorkerConfig.shared_checks "
                         "off): checks no longer run beside other children's checks")
+    p.add_argument("--no-gate", action="store_true",
+                   help="the GPU lock taken directly, not through its gate (WorkerConfig.lock_gate off): a child waiting "
+                        "to be timed no longer goes before children arriving for their checks")
     p.add_argument("--keep-reference", action="store_true",
                    help="the repeatability runs adopt each op's reference as the throughput batch measured it "
                         "(MeasureWorker.adopt_reference) instead of measuring it again each run: its runtime and "
@@ -112,9 +115,10 @@ def main() -> int:
     config = WorkerConfig(mode="gpu", concurrency=args.concurrency,
                           reserve_timing_core=False if args.no_reserve else None,
                           host_bound_windows=args.timing_windows, verify=not args.no_verify, anchor=args.anchor,
-                          warm_checks=args.warm_checks, shared_checks=not args.no_shared_checks)
+                          warm_checks=args.warm_checks, shared_checks=not args.no_shared_checks,
+                          lock_gate=not args.no_gate)
     report.update(verify=not args.no_verify, anchor=args.anchor, warm_checks=args.warm_checks,
-                  shared_checks=not args.no_shared_checks)
+                  shared_checks=not args.no_shared_checks, lock_gate=not args.no_gate)
 
     # 2. throughput over a fresh batch (the eager reference of each op is measured too and counted)
     ops = tuple(o for o in args.ops.split(",") if o)
@@ -207,12 +211,15 @@ def main() -> int:
         theirs = do_bench_medians(c)
         ratios += [o / t for o, t in zip(ours, theirs)]
     devs = [abs(r - 1) for r in ratios]
-    report.update(do_bench_pairs=len(ratios), do_bench_median_ratio=statistics.median(ratios),
-                  do_bench_median_abs_dev=statistics.median(devs),
-                  do_bench_within_3pct=sum(d <= 0.03 for d in devs) / len(devs))
-    print(f"do_bench agreement: {len(ratios)} (kernel, case) pairs, median ratio harness/do_bench "
-          f"{report['do_bench_median_ratio']:.3f}, median |deviation| {100 * report['do_bench_median_abs_dev']:.1f}%, "
-          f"{100 * report['do_bench_within_3pct']:.0f}% within 3%")
+    if ratios:
+        report.update(do_bench_pairs=len(ratios), do_bench_median_ratio=statistics.median(ratios),
+                      do_bench_median_abs_dev=statistics.median(devs),
+                      do_bench_within_3pct=sum(d <= 0.03 for d in devs) / len(devs))
+        print(f"do_bench agreement: {len(ratios)} (kernel, case) pairs, median ratio harness/do_bench "
+              f"{report['do_bench_median_ratio']:.3f}, median |deviation| "
+              f"{100 * report['do_bench_median_abs_dev']:.1f}%, {100 * report['do_bench_within_3pct']:.0f}% within 3%")
+    else:  # --repeats 0: the throughput batch alone
+        print("do_bench agreement: not measured (no repeated run)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)

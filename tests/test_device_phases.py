@@ -1040,3 +1040,33 @@ def test_the_worker_measures_a_host_bound_reference_again_in_more_processes_befo
             MeasureWorker(CPU, WorkerConfig(mode="interpreter", reference_processes=bad))
     # the timeline's attempt numbers: 1 first, 2 a retry alone, 3 and on the further processes of a reference
     assert [attempt_of(False, 1), attempt_of(True, 1), attempt_of(False, 2), attempt_of(False, 3)] == [1, 2, 3, 4]
+
+
+def test_a_child_waiting_to_be_timed_goes_before_children_arriving_to_share(tmp_path):
+    import threading
+    import time
+
+    from kernelcast.kernels.harness import gate
+
+    lock = str(tmp_path / "gpu.lock")
+    gate.create(lock)
+    order: list[str] = []
+    checking = gate.holds(lock)  # a child in its checks: the lock held shared
+    checking.__enter__()
+
+    def hold(name: str, exclusive: bool) -> None:
+        with gate.holds(lock, exclusive):
+            order.append(name)
+            time.sleep(0.2)
+
+    timed = threading.Thread(target=hold, args=("timed", True))
+    timed.start()
+    time.sleep(0.3)  # waiting for the lock alone, behind the checks
+    arriving = threading.Thread(target=hold, args=("arriving", False))
+    arriving.start()
+    time.sleep(0.3)
+    assert order == [], "a shared hold began while a child waited to hold the device alone"
+    checking.__exit__(None, None, None)
+    timed.join(5)
+    arriving.join(5)
+    assert order == ["timed", "arriving"]

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from kernelcast.kernels.harness import channel, judge
+from kernelcast.kernels.harness.anticheat import Checker
 from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig
 from kernelcast.kernels.hardware import INTERPRETER
 from kernelcast.kernels.ops import get_operation
@@ -154,6 +155,9 @@ def test_the_reference_itself_is_judged_correct_with_the_seeds_it_was_given():
     (b'["phase", "anything", null, 1.0]', "a phase is"),
     (b'["exec", "import os"]', "unknown message kind"),
     (b'["seed", {"case": "c", "key": "x"}]', "a seed request is"),
+    (b'["seed", {"case": "c", "keys": []}]', "a seed request is"),
+    (b'["seed", {"case": "c", "keys": [1, "x"]}]', "a seed request is"),
+    (b'["seed", {"case": "c", "keys": [' + b", ".join(b"1" for _ in range(257)) + b']}]', "a seed request is"),
 ])
 def test_the_channel_refuses_what_the_harness_does_not_send(data, why):
     with pytest.raises(channel.ChannelError, match=why):
@@ -166,6 +170,24 @@ def test_the_channel_carries_the_harnesss_own_messages():
     assert channel.decode(channel.encode("result", result)) == ("result", result)
     assert channel.decode(channel.encode("phase", "timed", {"case": "a", "us": 3.0}, 12.5)) == \
         ("phase", "timed", {"case": "a", "us": 3.0}, 12.5)
+    assert channel.decode(channel.encode("seed", {"case": "a", "keys": [1000, 1001]})) == ("seed", "a", [1000, 1001])
+
+
+def test_input_sets_made_together_draw_their_seeds_in_one_request():
+    asked = []
+
+    def draw(case, keys):
+        asked.append(list(keys))
+        return [7 + k for k in keys]
+
+    op = get_operation("softmax")
+    case = op.interpret_cases[0]
+    checker = Checker(op, op.seed_candidates()[0], lambda *a: None, "cpu", draw=draw)
+    checker.draw(case, [1001, 1002, 1003])
+    sets = [checker.inputs(case, 1000 + k) for k in range(4)]  # the first drawn alone, the other three at once
+    assert asked == [[1001, 1002, 1003], [1000]]
+    assert checker.drawn_seed(case, 1002) == 1009 and len(asked) == 2  # drawn once, remembered
+    assert not torch.equal(sets[1][0], sets[2][0])
 
 
 # ---- the judge's comparison ------------------------------------------------------------------------------
@@ -280,6 +302,20 @@ class _Recorder:
 
     def record(self, case, seed, role, got):
         self.records.append((seed, role, [t.clone() for t in got]))
+
+
+def test_the_verifications_first_call_on_unseen_inputs_is_the_recheck_the_judge_reads():
+    op = get_operation("softmax")
+    case = op.interpret_cases[0]
+    kept = _Recorder()
+    checker = Checker(op, op.seed_candidates()[0], lambda x, out: out.copy_(torch.softmax(x.float(), -1)), "cpu",
+                      record=kept.record)
+    for seed in (5000, 5001):
+        unseen = checker.prepare(case, seed)
+        assert checker.fresh(unseen, lambda call: call()) is None
+    assert [(seed, role) for seed, role, _ in kept.records] == [(checker.drawn_seed(case, 5000), "recheck")]
+    wrong = Checker(op, op.seed_candidates()[0], lambda x, out: out.zero_(), "cpu", record=kept.record)
+    assert wrong.fresh(wrong.prepare(case, 5000), lambda call: call()) and len(kept.records) == 1
 
 
 def test_the_timed_calls_latest_outputs_are_always_judged_and_a_reused_buffer_is_said():

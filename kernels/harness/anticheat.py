@@ -395,7 +395,7 @@ class Checker:
         # The protocol's seeds (0 compile, 1.. checks, 1000.. timing, 5000.. fresh, 9000 recheck) name input sets;
         # the values are drawn when first used (by the worker, from the operating system, in a child): a candidate
         # that has read this source still cannot make the inputs ahead of the call that gets them.
-        self._draw = draw or (lambda case, seed: int.from_bytes(os.urandom(8), "little") >> 1)
+        self._draw = draw or (lambda case, keys: [int.from_bytes(os.urandom(8), "little") >> 1 for _ in keys])
         self.drawn: dict[tuple[str, int], int] = {}
         self._record = record  # (case, drawn seed, role, outputs): a checked call's outputs, for the judge
         self._recorded: set[tuple[str, str]] = set()
@@ -427,10 +427,15 @@ class Checker:
 
     def drawn_seed(self, case: Case, seed: int) -> int:
         """The value behind the protocol's seed ``seed`` of ``case``: drawn at its first use, the same after."""
-        key = (case.name, seed)
-        if key not in self.drawn:
-            self.drawn[key] = self._draw(case.name, seed)
-        return self.drawn[key]
+        self.draw(case, [seed])
+        return self.drawn[(case.name, seed)]
+
+    def draw(self, case: Case, seeds) -> None:
+        """Draw the values behind the protocol's ``seeds`` of ``case`` not drawn yet, in one request: for input sets
+        made together, with no call of the candidate between the draw and the making."""
+        new = [s for s in dict.fromkeys(seeds) if (case.name, s) not in self.drawn]
+        if new:
+            self.drawn.update(zip(((case.name, s) for s in new), self._draw(case.name, new)))
 
     def record(self, case: Case, seed: int, role: str, got) -> None:
         """Keep a call's outputs for the judge (nothing where no judge reads them): one checked and one rechecked call
@@ -548,7 +553,10 @@ class Checker:
         stray = stray_writes(outputs)
         if stray:
             return f"case {case.name}: {stray}"
-        return self.op.check(case, inputs, got)
+        problem = self.op.check(case, inputs, got)
+        if problem is None:  # the recheck the judge reads: a call on fresh inputs and outputs after the timing
+            self.record(case, unseen.seed, "recheck", got)
+        return problem
 
     def _unchanged(self, case: Case, seed: int, inputs, before, writable: set[int]) -> None:
         """Refuse a call that changed a read-only input (compared with a copy, or with the inputs made again)."""

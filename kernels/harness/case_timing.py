@@ -59,6 +59,7 @@ def _time_cases(job: Job, op, cases, launch, checker: Checker, result: dict, pha
         n_sets = budget.rotation_sets(free, budget.tensor_bytes(first), out_bytes * (2 if anchor else 1))
         if job.protocol in FORMAT_PROTOCOLS:
             n_sets = 1  # their harnesses call the model on the same inputs every time
+        checker.draw(case, [_TIMING_SEED + k for k in range(1, n_sets)])  # one request for all of them
         sets = [first] + [checker.inputs(case, _TIMING_SEED + k) for k in range(1, n_sets)]
         outs = [first_outs] + [poisoned_outputs(op, case, "cuda") for _ in range(1, n_sets)]
         params = job.candidate.params

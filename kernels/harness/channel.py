@@ -20,6 +20,7 @@ import os
 MAX_MESSAGE_BYTES = 1 << 20  # a result with every case's figures is a few KiB
 MAX_TEXT = 20_000  # an error message or a check's text, characters
 MAX_ITEMS = 4096  # entries of any one list or mapping
+MAX_SEEDS = 256  # seeds one request may ask for (a case's rotation sets, budget.MAX_ROTATION_SETS, and more)
 
 STATUSES = ("ok", "compile_error", "runtime_error", "incorrect", "timeout", "crashed", "rejected")
 PHASES = frozenset({
@@ -88,12 +89,13 @@ def decode(data: bytes) -> tuple:
             raise ChannelError(f"a phase is [name, detail, time]; got {str(args)[:120]}")
         _check_plain(args[1], "phase detail")
         return ("phase", args[0], args[1], float(args[2]))
-    if kind == "seed":  # a request: the worker answers with a seed it draws (``answer_seed``)
-        if len(args) != 1 or not isinstance(args[0], dict) or set(args[0]) != {"case", "key"} \
+    if kind == "seed":  # a request: the worker answers with the seeds it draws (``answer_seeds``)
+        if len(args) != 1 or not isinstance(args[0], dict) or set(args[0]) != {"case", "keys"} \
                 or not isinstance(args[0]["case"], str) or len(args[0]["case"]) > 200 \
-                or not isinstance(args[0]["key"], int):
-            raise ChannelError("a seed request is {case, key}")
-        return ("seed", args[0]["case"], args[0]["key"])
+                or not isinstance(args[0]["keys"], list) or not 1 <= len(args[0]["keys"]) <= MAX_SEEDS \
+                or not all(isinstance(k, int) and not isinstance(k, bool) for k in args[0]["keys"]):
+            raise ChannelError(f"a seed request is {{case, keys}}, 1 to {MAX_SEEDS} keys")
+        return ("seed", args[0]["case"], args[0]["keys"])
     if kind in ("sandbox",):
         if len(args) != 1 or not isinstance(args[0], str) or len(args[0]) > MAX_TEXT:
             raise ChannelError("a sandbox report is one string")
@@ -180,12 +182,17 @@ def draw_seed() -> int:
     return int.from_bytes(os.urandom(8), "little") >> 1
 
 
-def request_seed(conn, case: str, key: int) -> int:
-    """The child's side: ask the worker for the seed of ``case``'s input set ``key`` and wait for it."""
-    send(conn, "seed", {"case": case, "key": int(key)})
-    return int(conn.recv_bytes(64).decode())
+def request_seeds(conn, case: str, keys) -> list[int]:
+    """The child's side: ask the worker for the seeds of ``case``'s input sets ``keys`` (made together, at once: one
+    round trip, not one a set) and wait for them."""
+    keys = [int(k) for k in keys]
+    send(conn, "seed", {"case": case, "keys": keys})
+    seeds = json.loads(conn.recv_bytes(32 * MAX_SEEDS).decode())
+    if not isinstance(seeds, list) or len(seeds) != len(keys) or not all(isinstance(s, int) for s in seeds):
+        raise ChannelError("the worker's answer to a seed request is not one seed a key")
+    return seeds
 
 
-def answer_seed(conn, seed: int) -> None:
-    """The worker's side of ``request_seed``."""
-    conn.send_bytes(str(int(seed)).encode())
+def answer_seeds(conn, seeds: list[int]) -> None:
+    """The worker's side of ``request_seeds``."""
+    conn.send_bytes(json.dumps([int(s) for s in seeds]).encode())

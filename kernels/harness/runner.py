@@ -48,7 +48,7 @@ from kernelcast.kernels.formats.common import unmet_requirement
 from kernelcast.kernels.harness import ahead, at_start, budget, channel, cores, prebuild, sandbox
 from kernelcast.kernels.harness.anticheat import Rejected, install_stream_guard, scan_source, warm_comparisons
 from kernelcast.kernels.harness.before_lock import (_CAPTURES, _arch, _device_bytes, _warm_context, _warm_profiler,
-                                                    compile_ahead)
+                                                    compile_ahead, warm_triton_utils)
 from kernelcast.kernels.harness.correctness import CandidateLoadError, describe, load_launch
 from kernelcast.kernels.harness.job import Job
 from kernelcast.kernels.harness.under_lock import DeviceLock, _under_lock
@@ -79,7 +79,7 @@ def enter_sandbox(job: Job) -> sandbox.SandboxReport:
 
 
 def evaluate(job: Job, notify=lambda *msg: None, draw=None) -> dict:
-    """Run the stages and return a flat result dict (status, error, per-case timings, seconds). ``draw(case, key)``:
+    """Run the stages and return a flat result dict (status, error, per-case timings, seconds). ``draw(case, keys)``:
     the seed of an input set, drawn when first used (the worker's, in a child; the operating system's here)."""
     cand = job.candidate
     op = get_operation(cand.op)
@@ -108,6 +108,7 @@ def evaluate(job: Job, notify=lambda *msg: None, draw=None) -> dict:
         built = prebuild.build_ahead(cand.source, _arch(job.compile_target))
         result["prebuilt"] = built
         phase("prebuilt", {k: built[k] for k in ("built", "failed", "seconds")})
+    unbuilt = warm_triton_utils() if gpu else ""  # else built at the first launch, under the lock
     try:
         deferred = compile_ahead(job, op, cases)
     except Rejected as exc:
@@ -149,7 +150,8 @@ def evaluate(job: Job, notify=lambda *msg: None, draw=None) -> dict:
         if job.verify:
             _warm_profiler(result)
     result["compile_seconds"] = time.perf_counter() - t0
-    phase("ahead_done", {"deferred": sorted(deferred), "cpus": sorted(os.sched_getaffinity(0))})
+    phase("ahead_done", {"deferred": sorted(deferred), "cpus": sorted(os.sched_getaffinity(0)),
+                         **({"triton_utils_unbuilt": unbuilt} if unbuilt else {})})
     # What exists now (torch, Triton, the compiled kernels: some 180,000 objects) is never garbage that holds
     # device memory: frozen, no collection under the lock walks it (a full one took 0.1 s on an H200's host).
     gc.freeze()
@@ -177,7 +179,7 @@ def child_main(job: Job, conn) -> None:
         if not job.verify or job.mode != "gpu":
             install_stream_guard()
         result = evaluate(job, notify=lambda *msg: channel.send(conn, *msg),
-                          draw=lambda case, key: channel.request_seed(conn, case, key))
+                          draw=lambda case, keys: channel.request_seeds(conn, case, keys))
     except BaseException as exc:  # a harness bug must still come back as a classified result
         result = {"status": "runtime_error", "error": describe(exc)}
     channel.send(conn, "result", result)

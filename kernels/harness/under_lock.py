@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from kernelcast.kernels.harness import cores, judge
+from kernelcast.kernels.harness import cores, gate, judge
 from kernelcast.kernels.harness.anticheat import Checker, Rejected
 from kernelcast.kernels.harness.case_timing import _time_cases
 from kernelcast.kernels.harness.correctness import (CandidateLoadError, describe, is_compile_failure, is_oom,
@@ -47,8 +47,9 @@ class DeviceLock:
 
     Shared holders run beside each other and never beside an exclusive one, so a child's checks may overlap other
     children's checks and nothing overlaps its timing. ``exclusive`` gives the shared hold up and waits for the lock
-    alone (flock converts so: two children converting at once never deadlock); waiting counts against no limit (the
-    worker hears ``exclusive_wait`` and ``exclusive``)."""
+    alone; waiting counts against no limit (the worker hears ``exclusive_wait`` and ``exclusive``). Every hold is
+    taken through the lock's gate (kernelcast.kernels.harness.gate): a child waiting to hold it alone goes before
+    children arriving to share it."""
 
     def __init__(self, path: str, shared: bool, phase, timing_cpus: tuple[int, ...] = (), gpu: bool = True):
         self.path, self.shared, self._phase, self._timing_cpus, self._gpu = path, shared, phase, timing_cpus, gpu
@@ -60,7 +61,7 @@ class DeviceLock:
     def __enter__(self) -> "DeviceLock":
         # Opened read-only: flock needs no write access, and the sandbox allows none outside the scratch dir.
         self._file = open(self.path, "r")
-        fcntl.flock(self._file, fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX)
+        gate.take(self._file, not self.shared, self.path)  # behind any child waiting to hold it alone
         _prime_thread_pools()
         self.threads_at_lock = _threads()
         return self
@@ -90,7 +91,9 @@ class DeviceLock:
                            f"beside other candidates' checks: a thread of its own could launch device work while "
                            f"another candidate is timed; start no threads in a kernel's call")
         t = time.perf_counter()
-        fcntl.flock(self._file, fcntl.LOCK_EX)
+        # the shared hold goes first: nobody waits at the gate holding the lock (kernelcast.kernels.harness.gate)
+        fcntl.flock(self._file, fcntl.LOCK_UN)
+        gate.take(self._file, True, self.path)
         self.waited_s += time.perf_counter() - t
         self.shared = False
         self._phase("exclusive", {"cpus": self.pin()})
@@ -154,7 +157,7 @@ def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: d
     checker = None
     # the outputs the judge reads: written to files only where the device is not held alone (``flush``)
     log = judge.OutputLog(os.path.join(job.scratch_dir, JUDGED), deferred=True,
-                          sample=type(op).check is Operation.check)
+                          sample=type(op).check is Operation.check, device=device)
     try:
         if launch is None:
             launch = load_launch(cand.source, job.scratch_dir)
@@ -196,13 +199,14 @@ def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: d
                 _time_cases(job, op, cases, launch, checker, result, phase, output_bytes)
             except _Incorrect as exc:
                 return fail("incorrect", str(exc))
-        # Once more on fresh inputs and outputs, after all the calls above: a kernel that
-        # computes only on its first calls, or replays a cached answer, fails here. Nothing is timed from here on:
-        # a child whose checks shared the device shares it again (measured on an H200, 2026-11-29: the recheck was
-        # 2-4% of the time KernelBench tasks' children held the device, about 6% on the template batch).
+        # Nothing is timed from here on: a child whose checks shared the device shares it again.
         lock.share_again()
         log.flush()
-        for case in cases:
+        # Once more on fresh inputs and outputs, after all the calls above: a kernel that computes only on its first
+        # calls, or replays a cached answer, fails here. Timed and verified, the child has done this already: the
+        # verification's calls on unseen inputs (fresh outputs, made after the timing) are the recheck, the first of
+        # each case recorded for the judge as this round's was, and the timed calls' own outputs are judged.
+        for case in (cases if not (gpu and job.verify) else ()):
             phase("recheck", {"case": case.name})
             problem = checker.check(case, _RECHECK_SEED, role="recheck")
             if problem:

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 from multiprocessing.connection import wait
 from typing import Iterable, Iterator
 
-from kernelcast.kernels.harness import ahead, budget, channel, cores, memcheck, precision, verify
+from kernelcast.kernels.harness import ahead, budget, channel, cores, gate, memcheck, precision, verify
 from kernelcast.kernels.harness.children import (_context, _doing, _kill_group, _log_tail, _observe_window, _rss_bytes,
                                                  _Running, _signal_name, attempt_of)
 from kernelcast.kernels.harness.judges import Judges
@@ -132,6 +132,10 @@ class WorkerConfig:
     # where budget.shares_checks allows: every case's bytes known and small, no first call that autotunes (its own
     # choice of kernel would be skewed by other children's work: budget.BENCHMARKS_FIRST).
     shared_checks: bool = True
+    # Every hold of the GPU lock passes its gate (kernelcast.kernels.harness.gate): a child waiting to be timed goes
+    # before children arriving for their checks, which then share the device together. Off: the lock alone, as
+    # before 2026-12-06 (its worker makes no gate, and every process sharing the lock takes it directly).
+    lock_gate: bool = True
     # Processes a reference is measured in where its first one found a case host-sensitive and host-paced (only a
     # timed one can; ``host_paced``): a host-bound call's figure moves with the speed its process happens to get (one
     # H200 host, one run: a reference of 19.9, 59.1 and 135.1 us in three processes), so such a reference's stored
@@ -188,7 +192,8 @@ class MeasureWorker:
         self._judge.start()
         self._root = tempfile.mkdtemp(prefix="kernelcast-worker-")
         self._lock_path = config.gpu_lock or os.path.join(self._root, "gpu.lock")
-        open(self._lock_path, "a").close()  # children open it read-only: they may not create files here
+        # with its gate; children open both read-only: they may not create files here
+        gate.create(self._lock_path, with_gate=config.lock_gate)
         self._cache = os.path.join(self._root, "triton-cache")
         os.makedirs(self._cache, exist_ok=True)
         self.stats = WorkerStats()
@@ -411,7 +416,7 @@ class MeasureWorker:
         scratch = tempfile.mkdtemp(prefix="cand-", dir=self._root)
         limits = self.candidate_limits(cand)
         job = self._job(cand, scratch, *self._protection, limits=limits, alone=alone)
-        # Both ways: the child asks for its inputs' seeds when it makes them (channel.request_seed), the worker answers.
+        # Both ways: the child asks for its inputs' seeds when it makes them (channel.request_seeds), the worker answers.
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(target=child_main, args=(job, child_conn), daemon=True,
                                  name=f"kernelcast-{cand.candidate_id}")
@@ -532,9 +537,9 @@ class MeasureWorker:
                 elif kind == "sandbox":
                     self.stats.sandboxes[message[1]] += 1
                 elif kind == "seed":  # drawn now, from the operating system, and remembered for the judge
-                    seed = channel.draw_seed()
-                    r.served[seed] = message[1]
-                    channel.answer_seed(r.conn, seed)
+                    seeds = [channel.draw_seed() for _ in message[2]]
+                    r.served.update(dict.fromkeys(seeds, message[1]))
+                    channel.answer_seeds(r.conn, seeds)
                 elif kind == "result":
                     r.result = message[1]
         except channel.ChannelError as exc:
