@@ -97,6 +97,8 @@ def main() -> int:
                    help="the repeatability runs adopt each op's reference as the throughput batch measured it "
                         "(MeasureWorker.adopt_reference) instead of measuring it again each run: its runtime and "
                         "its paired cases then stay the same from run to run")
+    p.add_argument("--max-seconds", type=float, default=0.0,
+                   help="stop the throughput batch after this long and report what was measured (0: the whole batch)")
     p.add_argument("--json", default=None, help="also write the figures here")
     p.add_argument("--timeline", default=None, help="write the worker's timeline of the throughput batch here "
                    "(JSON lines: candidate, attempt, phase, seconds, detail) to see where a child's time went")
@@ -116,7 +118,7 @@ def main() -> int:
                           reserve_timing_core=False if args.no_reserve else None,
                           host_bound_windows=args.timing_windows, verify=not args.no_verify, anchor=args.anchor,
                           warm_checks=args.warm_checks, shared_checks=not args.no_shared_checks,
-                          lock_gate=not args.no_gate)
+                          **({"lock_gate": False} if args.no_gate else {}))  # the field's default: the gate
     report.update(verify=not args.no_verify, anchor=args.anchor, warm_checks=args.warm_checks,
                   shared_checks=not args.no_shared_checks, lock_gate=not args.no_gate)
 
@@ -129,7 +131,12 @@ def main() -> int:
     batch = spread_batch(args.batch, ops)
     with MeasureWorker(hw, config) as worker:
         t0 = time.monotonic()
-        results = list(worker.measure(batch))
+        results = []
+        for m in worker.measure(batch):
+            results.append(m)
+            if args.max_seconds and time.monotonic() - t0 > args.max_seconds:
+                print(f"stopped after --max-seconds {args.max_seconds}: {len(results)} of the batch measured")
+                break
         wall = time.monotonic() - t0
         held = held_seconds(worker.holds)  # overlapping shared holds counted once
         busy = held["held"]

@@ -1070,3 +1070,18 @@ def test_a_child_waiting_to_be_timed_goes_before_children_arriving_to_share(tmp_
     timed.join(5)
     arriving.join(5)
     assert order == ["timed", "arriving"]
+
+
+def test_tritons_utilities_built_once_are_copied_into_each_childs_own_cache(tmp_path):
+    from kernelcast.kernels.harness.before_lock import seed_triton_cache
+
+    built = tmp_path / "built" / "abc123"
+    built.mkdir(parents=True)
+    (built / "cuda_utils.so").write_bytes(b"\x7fELF")
+    (built / "lock").write_text("")
+    child = tmp_path / "cand-1"
+    child.mkdir()
+    seed_triton_cache(str(tmp_path / "built"), str(child))
+    copy = child / "triton-cache" / "abc123" / "cuda_utils.so"
+    assert copy.read_bytes() == b"\x7fELF" and not (child / "triton-cache" / "abc123" / "lock").exists()
+    assert copy.stat().st_ino != (built / "cuda_utils.so").stat().st_ino  # a copy: the child's, not the worker's

@@ -11,6 +11,8 @@ timed. A case whose first call cannot be made ahead is named, and made under the
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 
 import torch
@@ -83,6 +85,26 @@ def warm_triton_utils() -> str:
     except Exception as exc:  # noqa: BLE001 - no C compiler or libcuda here: built at the first launch, as before
         return describe(exc)[:200]
     return ""
+
+
+def build_triton_utils(cache_dir: str) -> bool:
+    """The worker's part (GPU mode): build Triton's CUDA utilities once, in a process of its own, into ``cache_dir``,
+    which the worker copies into each child's own Triton cache before the child starts (``seed_triton_cache``). A
+    copy, not a link: a child may do what it likes with its copy and with nothing else. True when built."""
+    code = "from triton.backends.nvidia.driver import CudaUtils; CudaUtils()"
+    env = {**os.environ, "TRITON_CACHE_DIR": cache_dir}
+    try:
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=300)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
+def seed_triton_cache(built: str, scratch_dir: str) -> None:
+    """Copy what ``build_triton_utils`` built into a child's own Triton cache (kernelcast.kernels.harness.sandbox's
+    ``triton-cache`` in its scratch folder); its first launch then loads them instead of compiling them."""
+    shutil.copytree(built, os.path.join(scratch_dir, "triton-cache"), dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("lock", "*.tmp*"))
 
 
 def _device_bytes(job: Job) -> int:

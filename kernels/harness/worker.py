@@ -45,6 +45,7 @@ from typing import Iterable, Iterator
 from kernelcast.kernels.harness import ahead, budget, channel, cores, gate, memcheck, precision, verify
 from kernelcast.kernels.harness.children import (_context, _doing, _kill_group, _log_tail, _observe_window, _rss_bytes,
                                                  _Running, _signal_name, attempt_of)
+from kernelcast.kernels.harness.before_lock import build_triton_utils, seed_triton_cache
 from kernelcast.kernels.harness.judges import Judges
 from kernelcast.kernels.harness.rows import (combine_reference_takes, geometric_mean, host_paced, host_sensitive_in,
                                              row_fields)
@@ -196,6 +197,13 @@ class MeasureWorker:
         gate.create(self._lock_path, with_gate=config.lock_gate)
         self._cache = os.path.join(self._root, "triton-cache")
         os.makedirs(self._cache, exist_ok=True)
+        # Triton's CUDA utilities, built once here for every child's own cache (before_lock.build_triton_utils); a
+        # child started before they are built builds its own, ahead of the lock (before_lock.warm_triton_utils).
+        self._utils = os.path.join(self._root, "triton-utils")
+        self._utils_built = threading.Event()
+        if config.mode == "gpu":
+            threading.Thread(target=lambda: build_triton_utils(self._utils) and self._utils_built.set(),
+                             daemon=True).start()
         self.stats = WorkerStats()
         reserve = config.reserve_timing_core if config.reserve_timing_core is not None else config.mode == "gpu"
         # A process told to measure on one of the machine's GPUs takes that GPU's share of the cores unless given some.
@@ -414,6 +422,8 @@ class MeasureWorker:
 
     def _start(self, cand: Candidate, alone: bool = False, take: int = 1) -> _Running:
         scratch = tempfile.mkdtemp(prefix="cand-", dir=self._root)
+        if self._utils_built.is_set():
+            seed_triton_cache(self._utils, scratch)
         limits = self.candidate_limits(cand)
         job = self._job(cand, scratch, *self._protection, limits=limits, alone=alone)
         # Both ways: the child asks for its inputs' seeds when it makes them (channel.request_seeds), the worker answers.
