@@ -90,9 +90,6 @@ def main() -> int:
     p.add_argument("--no-shared-checks", action="store_true",
                    help="every child holds the GPU lock alone from its first allocation (WorkerConfig.shared_checks "
                         "off): checks no longer run beside other children's checks")
-    p.add_argument("--no-gate", action="store_true",
-                   help="the GPU lock taken directly, not through its gate (WorkerConfig.lock_gate off): a child waiting "
-                        "to be timed no longer goes before children arriving for their checks")
     p.add_argument("--keep-reference", action="store_true",
                    help="the repeatability runs adopt each op's reference as the throughput batch measured it "
                         "(MeasureWorker.adopt_reference) instead of measuring it again each run: its runtime and "
@@ -117,10 +114,9 @@ def main() -> int:
     config = WorkerConfig(mode="gpu", concurrency=args.concurrency,
                           reserve_timing_core=False if args.no_reserve else None,
                           host_bound_windows=args.timing_windows, verify=not args.no_verify, anchor=args.anchor,
-                          warm_checks=args.warm_checks, shared_checks=not args.no_shared_checks,
-                          **({"lock_gate": False} if args.no_gate else {}))  # the field's default: the gate
+                          warm_checks=args.warm_checks, shared_checks=not args.no_shared_checks)
     report.update(verify=not args.no_verify, anchor=args.anchor, warm_checks=args.warm_checks,
-                  shared_checks=not args.no_shared_checks, lock_gate=not args.no_gate)
+                  shared_checks=not args.no_shared_checks)
 
     # 2. throughput over a fresh batch (the eager reference of each op is measured too and counted)
     ops = tuple(o for o in args.ops.split(",") if o)

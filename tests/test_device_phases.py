@@ -1042,36 +1042,6 @@ def test_the_worker_measures_a_host_bound_reference_again_in_more_processes_befo
     assert [attempt_of(False, 1), attempt_of(True, 1), attempt_of(False, 2), attempt_of(False, 3)] == [1, 2, 3, 4]
 
 
-def test_a_child_waiting_to_be_timed_goes_before_children_arriving_to_share(tmp_path):
-    import threading
-    import time
-
-    from kernelcast.kernels.harness import gate
-
-    lock = str(tmp_path / "gpu.lock")
-    gate.create(lock)
-    order: list[str] = []
-    checking = gate.holds(lock)  # a child in its checks: the lock held shared
-    checking.__enter__()
-
-    def hold(name: str, exclusive: bool) -> None:
-        with gate.holds(lock, exclusive):
-            order.append(name)
-            time.sleep(0.2)
-
-    timed = threading.Thread(target=hold, args=("timed", True))
-    timed.start()
-    time.sleep(0.3)  # waiting for the lock alone, behind the checks
-    arriving = threading.Thread(target=hold, args=("arriving", False))
-    arriving.start()
-    time.sleep(0.3)
-    assert order == [], "a shared hold began while a child waited to hold the device alone"
-    checking.__exit__(None, None, None)
-    timed.join(5)
-    arriving.join(5)
-    assert order == ["timed", "arriving"]
-
-
 def test_tritons_utilities_built_once_are_copied_into_each_childs_own_cache(tmp_path):
     from kernelcast.kernels.harness.before_lock import seed_triton_cache
 

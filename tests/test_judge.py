@@ -121,8 +121,10 @@ def test_nothing_a_child_writes_is_unpickled(tmp_path):
 
 def test_a_result_the_child_forges_gets_no_verdict():
     got = _measure(FORGED_RESULT)
-    assert got.status == "incorrect", (got.status, got.error)
-    assert "recorded for the judge" in got.error
+    # written on every pipe it has: the seeds' pipe refuses it as it comes; where it came on the phases' pipe alone,
+    # the judge finds no check recorded
+    assert got.status in ("incorrect", "crashed"), (got.status, got.error)
+    assert "recorded for the judge" in got.error or "gets no verdict of its own" in got.error, got.error
 
 
 def test_a_reference_patched_in_the_childs_process_does_not_judge_it():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kernelcast.kernels.harness import gate, sandbox
+from kernelcast.kernels.harness import sandbox
 from kernelcast.kernels.records import Candidate
 
 
@@ -54,5 +54,4 @@ class Job:
                                      gpu=self.mode == "gpu", network=self.network, filesystem=self.filesystem,
                                      cpu_seconds=self.cpu_seconds, address_space_bytes=self.address_space_bytes,
                                      file_size_bytes=self.file_size_bytes,
-                                     readable=(self.lock_path, gate.gate_of(self.lock_path)) if self.lock_path
-                                     else ())
+                                     readable=(self.lock_path,) if self.lock_path else ())

@@ -25,7 +25,7 @@ import subprocess
 import sys
 
 from kernelcast.kernels.formats import TASKS_ENV
-from kernelcast.kernels.harness import gate, sandbox
+from kernelcast.kernels.harness import sandbox
 
 MODES = ("auto", "all", "off")
 _SANITIZERS = ("compute-sanitizer", "/usr/local/cuda/bin/compute-sanitizer")
@@ -130,6 +130,8 @@ def _main(request_path: str) -> int:
     with open(request_path) as f:
         req = json.load(f)
     os.environ.update(req["environment"])
+    import fcntl
+
     import torch
 
     from kernelcast.kernels.harness import sandbox
@@ -138,7 +140,7 @@ def _main(request_path: str) -> int:
 
     lock = open(req["lock"], "r") if req["lock"] else None
     if lock:
-        gate.take(lock, True, req["lock"])  # released when this process ends
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when this process ends
     torch.zeros(1, device="cuda")  # CUDA starts before the sandbox (it writes beneath /proc/<pid>)
     op = get_operation(req["op"])  # read before the sandbox too
     sandbox.enter(sandbox.SandboxPolicy(**req["policy"]))

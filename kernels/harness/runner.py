@@ -167,8 +167,9 @@ def evaluate(job: Job, notify=lambda *msg: None, draw=None) -> dict:
     return result
 
 
-def child_main(job: Job, conn) -> None:
-    """Entry point of the isolated child process."""
+def child_main(job: Job, conn, seeds=None) -> None:
+    """Entry point of the isolated child process: phases and the result go on ``conn``; the seeds of its inputs are
+    asked for on ``seeds`` (the worker's SeedServer; ``conn`` where none is given)."""
     try:
         if job.compile_cpus:  # before any thread starts: the threads started later run there too
             cores.pin(job.compile_cpus)
@@ -179,7 +180,7 @@ def child_main(job: Job, conn) -> None:
         if not job.verify or job.mode != "gpu":
             install_stream_guard()
         result = evaluate(job, notify=lambda *msg: channel.send(conn, *msg),
-                          draw=lambda case, keys: channel.request_seeds(conn, case, keys))
+                          draw=lambda case, keys: channel.request_seeds(seeds or conn, case, keys))
     except BaseException as exc:  # a harness bug must still come back as a classified result
         result = {"status": "runtime_error", "error": describe(exc)}
     channel.send(conn, "result", result)

@@ -42,9 +42,9 @@ from dataclasses import dataclass, field, replace
 from multiprocessing.connection import wait
 from typing import Iterable, Iterator
 
-from kernelcast.kernels.harness import ahead, budget, channel, cores, gate, memcheck, precision, verify
-from kernelcast.kernels.harness.children import (_context, _doing, _kill_group, _log_tail, _observe_window, _rss_bytes,
-                                                 _Running, _signal_name, attempt_of)
+from kernelcast.kernels.harness import ahead, budget, channel, cores, memcheck, precision, verify
+from kernelcast.kernels.harness.children import (SeedServer, _context, _doing, _kill_group, _log_tail, _observe_window,
+                                                 _rss_bytes, _Running, _signal_name, attempt_of)
 from kernelcast.kernels.harness.before_lock import build_triton_utils, seed_triton_cache
 from kernelcast.kernels.harness.judges import Judges
 from kernelcast.kernels.harness.rows import (combine_reference_takes, geometric_mean, host_paced, host_sensitive_in,
@@ -133,10 +133,6 @@ class WorkerConfig:
     # where budget.shares_checks allows: every case's bytes known and small, no first call that autotunes (its own
     # choice of kernel would be skewed by other children's work: budget.BENCHMARKS_FIRST).
     shared_checks: bool = True
-    # Every hold of the GPU lock passes its gate (kernelcast.kernels.harness.gate): a child waiting to be timed goes
-    # before children arriving for their checks, which then share the device together. Off: the lock alone, as
-    # before 2026-12-06 (its worker makes no gate, and every process sharing the lock takes it directly).
-    lock_gate: bool = True
     # Processes a reference is measured in where its first one found a case host-sensitive and host-paced (only a
     # timed one can; ``host_paced``): a host-bound call's figure moves with the speed its process happens to get (one
     # H200 host, one run: a reference of 19.9, 59.1 and 135.1 us in three processes), so such a reference's stored
@@ -191,10 +187,10 @@ class MeasureWorker:
         self._ctx = _context()
         self._judge = Judges(self._ctx, config.judges)
         self._judge.start()
+        self._seeds = SeedServer()
         self._root = tempfile.mkdtemp(prefix="kernelcast-worker-")
         self._lock_path = config.gpu_lock or os.path.join(self._root, "gpu.lock")
-        # with its gate; children open both read-only: they may not create files here
-        gate.create(self._lock_path, with_gate=config.lock_gate)
+        open(self._lock_path, "a").close()  # children open it read-only: they may not create files here
         self._cache = os.path.join(self._root, "triton-cache")
         os.makedirs(self._cache, exist_ok=True)
         # Triton's CUDA utilities, built once here for every child's own cache (before_lock.build_triton_utils); a
@@ -232,6 +228,7 @@ class MeasureWorker:
 
     def close(self) -> None:
         self._judge.close()
+        self._seeds.close()
         shutil.rmtree(self._root, ignore_errors=True)
 
     def __enter__(self):
@@ -426,14 +423,19 @@ class MeasureWorker:
             seed_triton_cache(self._utils, scratch)
         limits = self.candidate_limits(cand)
         job = self._job(cand, scratch, *self._protection, limits=limits, alone=alone)
-        # Both ways: the child asks for its inputs' seeds when it makes them (channel.request_seeds), the worker answers.
-        parent_conn, child_conn = self._ctx.Pipe(duplex=True)
-        proc = self._ctx.Process(target=child_main, args=(job, child_conn), daemon=True,
+        # The child's phases and result come on one pipe; its requests for its inputs' seeds (channel.request_seeds) on
+        # another, answered at once by the seed server's thread.
+        parent_conn, child_conn = self._ctx.Pipe(duplex=False)
+        seeds_conn, child_seeds = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(target=child_main, args=(job, child_conn, child_seeds), daemon=True,
                                  name=f"kernelcast-{cand.candidate_id}")
         proc.start()
         child_conn.close()
+        child_seeds.close()
         self.stats.children += 1
-        r = _Running(cand, proc, parent_conn, scratch, time.monotonic(), limits=limits, alone=alone, take=take)
+        r = _Running(cand, proc, parent_conn, scratch, time.monotonic(), limits=limits, alone=alone, take=take,
+                     seeds_conn=seeds_conn)
+        self._seeds.add(seeds_conn, r)
         self._note(r, "started", r.started, limits)
         return r
 
@@ -546,10 +548,8 @@ class MeasureWorker:
                         _observe_window(r, name, detail, read_at)
                 elif kind == "sandbox":
                     self.stats.sandboxes[message[1]] += 1
-                elif kind == "seed":  # drawn now, from the operating system, and remembered for the judge
-                    seeds = [channel.draw_seed() for _ in message[2]]
-                    r.served.update(dict.fromkeys(seeds, message[1]))
-                    channel.answer_seeds(r.conn, seeds)
+                elif kind == "seed":  # asked on the seeds' own pipe (SeedServer), never on this one
+                    raise channel.ChannelError("a seed request on the phases' pipe")
                 elif kind == "result":
                     r.result = message[1]
         except channel.ChannelError as exc:
@@ -774,10 +774,12 @@ class MeasureWorker:
         self._note(r, "ended", time.monotonic(), fields.get("status"))
         _kill_group(r.process.pid)
         shutil.rmtree(r.scratch, ignore_errors=True)
-        try:
-            r.conn.close()
-        except OSError:
-            pass
+        self._seeds.remove(r.seeds_conn)
+        for conn in (r.conn, r.seeds_conn):
+            try:
+                conn.close()
+            except OSError:
+                pass
         self._end_hold(r, time.monotonic())  # a child that died or was killed holding the lock
         self.busy_gpu_seconds += fields.get("gpu_seconds", 0.0)
         if fields.get("status") != "ok":  # a failed candidate carries no timings
