@@ -28,6 +28,7 @@ COMPILE_FAILURE = 0.97  # P(fails) of a kernel that does not compile for the tar
 PRIOR_SIGMA = 0.45  # spread of the model's log speedup before any fit (about 1.6x either way)
 UNKNOWN_SIGMA = 1.0  # where the facts could not be found
 BASE_FAILURE = 0.12  # P(fails) of a kernel that compiles, before a fit: wrong math is not seen here
+PROBED_WRONG = 0.95  # P(fails) of a kernel the interpreted harness found wrong (``probe``): a check's verdict
 _BOUNDS = ("memory", "compute", "latency", "launch", "resources", "unknown")
 FACT_FEATURES = ("model_log_speedup", "log_candidate_us", "log_anchor_us", "log_launch_ratio", "log_bytes_ratio",
                  "candidate_launches", "triton_launches", "occupancy", "log_waves", "registers", "spill_bytes",
@@ -203,6 +204,8 @@ def why(f: dict) -> str:
     how = " (torch.compile)" if f["compiled"] else ""
     how += f" (autocast {f['autocast']})" if f.get("autocast") else ""
     how += " (CUDA graph)" if f["graphed"] else ""
+    if f.get("probe") in ("incorrect", "rejected"):
+        how += f"; interpreted on small cases, {f['probe']}: {f.get('probe_error', '')[:120]}"
     return (f"moves {f['bytes'] / 1e6:.1f} MB, {f['flops'] / 1e9:.2f} GFLOP, launches {f['launches']}{how}; "
             f"libraries: {libs}{triton}; modelled {f['candidate_us']:.1f} us vs the anchor's {f['anchor_us']:.1f} us, "
             f"{f['bound']}-bound")
@@ -214,8 +217,13 @@ class PhysicsForecaster:
     name = "physics"
 
     def __init__(self, max_fit: int = 600, max_iter: int = 150, random_state: int = 0, isolated: bool = True,
-                 facts_cache: str | None = DEFAULT_CACHE_DIR):
+                 facts_cache: str | None = DEFAULT_CACHE_DIR, probe: bool = False):
         self.max_fit = max_fit
+        # each candidate also run in the harness under Triton's interpreter on its small cases
+        # (kernelcast.kernels.probe): a kernel found wrong there is forecast to fail; seconds a kernel, not a second
+        self.probe = probe
+        if probe:
+            self.name = "physics-probe"
         # find facts in a child process per batch: the candidate's host code runs to find them, and it is untrusted
         self.isolated = isolated
         self.facts_cache = facts_cache  # a folder the facts are kept in between runs (None: in memory only)
@@ -285,6 +293,13 @@ class PhysicsForecaster:
             known = np.array([f["status"] == "ok" and f["candidate_us"] > 0 for f in facts])
             if known.any():
                 mu[known] += self.correction_.predict(np.nan_to_num(np.array(X)[known], nan=-1.0))
+        if self.probe:
+            from kernelcast.kernels import probe
+
+            for i, (f, (status, error)) in enumerate(zip(facts, probe.probe_many([r.candidate for r in requests]))):
+                f["probe"], f["probe_error"] = status, error
+                if status in probe.WRONG and f["status"] != "compile_error":
+                    p_fail[i] = PROBED_WRONG
         return mu, sigma, p_fail, facts
 
     def predict_log_speedup(self, requests: Sequence[ForecastRequest]) -> tuple[np.ndarray, np.ndarray]:

@@ -51,6 +51,12 @@ def _physics():
     return PhysicsForecaster()
 
 
+def _physics_probe():
+    from kernelcast.surrogate.physics import PhysicsForecaster
+
+    return PhysicsForecaster(probe=True)
+
+
 def _fit_physics(forecaster, pairs, sources):
     """The correction of the GPU model on the written kernels when there are any, the template pairs otherwise."""
     return forecaster.fit(pairs if sources is None else sources)
@@ -121,6 +127,9 @@ SURROGATES: dict[str, SurrogateEntry] = {
     "physics": SurrogateEntry(_physics),
     # the same with its learned correction fit on the measured pairs (facts found for at most max_fit of them)
     "physics-fit": SurrogateEntry(_physics, _fit_physics),
+    # physics, each candidate also run in the harness under Triton's interpreter on its operation's small cases
+    # (kernelcast.kernels.probe): a kernel found wrong there is forecast to fail (seconds a kernel on the CPU)
+    "physics-probe": SurrogateEntry(_physics_probe),
     # learned, its source part (every written kernel's speed, every kernel's failure) reading the physics facts too
     "learned-facts": SurrogateEntry(_learned_facts, _fit_learned),
     # the baseline every forecaster table carries: six labels a user has for free (variant kind, the reference's

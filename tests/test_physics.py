@@ -125,7 +125,7 @@ def task(tmp_path_factory):
     folder = tmp_path_factory.mktemp("physics")
     (folder / "reference.py").write_text(REFERENCE)
     files = {"b1024": _triton(1024, 4), "b32": _triton(32, 1), "missing": _triton(1024, 4, "tl.fast_bump(x)"),
-             "compiled": COMPILED, "graphed": GRAPHED}
+             "compiled": COMPILED, "graphed": GRAPHED, "wrong": _triton(1024, 4, "tl.exp(-x * x) - x")}
     for name, text in files.items():
         (folder / f"{name}.py").write_text(text)
     op, kernels = import_task("kernelbench", str(folder / "reference.py"), [str(folder / f"{n}.py") for n in files],
@@ -179,6 +179,21 @@ def test_a_kernel_calling_a_triton_function_that_does_not_exist_is_forecast_to_f
     missing, fine = PhysicsForecaster().fit(None).forecast(_requests(op, [kernels["missing"], kernels["b1024"]]))
     assert missing.failure_probability >= 0.95
     assert fine.failure_probability < 0.5
+
+
+def test_a_kernel_computing_the_wrong_thing_is_forecast_to_fail_once_probed_in_the_interpreter(task):
+    from kernelcast.kernels import probe
+    from kernelcast.surrogate.physics import PhysicsForecaster
+
+    op, kernels, _ = task
+    asked = [kernels["wrong"], kernels["b1024"], kernels["graphed"]]
+    plain = PhysicsForecaster().fit(None).forecast(_requests(op, asked[:2]))
+    assert plain[0].failure_probability == plain[1].failure_probability  # the twins, told apart by nothing they do
+    wrong, right, graphed = PhysicsForecaster(probe=True).fit(None).forecast(_requests(op, asked))
+    assert [s for s, _ in probe.probe_many(asked)] == ["incorrect", "ok", "runtime_error"]
+    assert wrong.failure_probability >= 0.95 and wrong.surrogate == "physics-probe"
+    assert right.failure_probability < 0.5
+    assert graphed.failure_probability < 0.5  # the interpreter cannot run a CUDA graph: no evidence either way
 
 
 def test_torch_compile_and_cuda_graphs_are_recognised_and_their_operators_counted(task):
