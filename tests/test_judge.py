@@ -453,3 +453,14 @@ def test_a_figure_under_the_floor_or_of_no_window_is_refused_by_the_worker():
     assert "no timing window of that case" in MeasureWorker._refuted_figures(worker, r)
     worker.config.mode = "interpreter"  # no device timing to check
     assert MeasureWorker._refuted_figures(worker, r) == ""
+
+
+def test_without_the_recheck_round_the_judge_asks_for_no_rechecked_call():
+    op = get_operation("softmax")
+    cand = op.seed_candidates()[0]
+    config = WorkerConfig(mode="interpreter", concurrency=1, seeds=1, recheck=False)
+    with MeasureWorker(CPU, config) as worker:
+        [got] = list(worker.measure([cand]))
+        phases = {phase for cid, _, phase, _, _ in worker.timeline if cid == cand.candidate_id}
+    assert got.status == "ok", got.error
+    assert "recheck" not in phases and "judged" in phases

@@ -20,6 +20,7 @@ class Job:
     lock_path: str
     triton_cache_dir: str
     seeds: int = 3
+    recheck: bool = True  # the recheck round where nothing is verified (WorkerConfig.recheck)
     max_seconds_per_case: float = 1.0
     network: str = "namespace"  # strongest network protection to try (sandbox.NETWORK_CHOICES)
     filesystem: str = "landlock"

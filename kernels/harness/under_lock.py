@@ -205,7 +205,7 @@ def _under_lock(job: Job, op, cases, first_calls, device: str, launch, result: d
         # calls, or replays a cached answer, fails here. Timed and verified, the child has done this already: the
         # verification's calls on unseen inputs (fresh outputs, made after the timing) are the recheck, the first of
         # each case recorded for the judge as this round's was, and the timed calls' own outputs are judged.
-        for case in (cases if not (gpu and job.verify) else ()):
+        for case in (cases if job.recheck and not (gpu and job.verify) else ()):
             phase("recheck", {"case": case.name})
             problem = checker.check(case, _RECHECK_SEED, role="recheck")
             if problem:

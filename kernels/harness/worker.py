@@ -75,6 +75,10 @@ class WorkerConfig:
     timeout_s: float = 300.0  # loading and compiling ahead, outside the lock (waiting for it not counted)
     gpu_timeout_s: float = 60.0  # holding the GPU lock, for the smallest case; grows with case size and runtime
     seeds: int = 3  # seeded correctness inputs per case
+    # the recheck round where nothing is verified (the interpreter, verify off): off only where a verdict says no
+    # more than whether the outputs are right (kernelcast.kernels.probe: an interpreted call of a BLOCK-32 kernel
+    # on a million elements takes 19 s)
+    recheck: bool = True
     max_seconds_per_case: float = 1.0  # timing budget per case
     network: str = "namespace"  # strongest network protection to try: namespace, seccomp, off
     filesystem: str = "landlock"  # landlock or off
@@ -313,7 +317,8 @@ class MeasureWorker:
         cfg = self.config
         whole = (limits.ahead_s + limits.first_calls_s + limits.device_s) if limits else cfg.timeout_s
         return Job(candidate=cand, mode=cfg.mode, scratch_dir=scratch, lock_path=self._lock_path,
-                   triton_cache_dir=self._cache, seeds=cfg.seeds, max_seconds_per_case=cfg.max_seconds_per_case,
+                   triton_cache_dir=self._cache, seeds=cfg.seeds, recheck=cfg.recheck,
+                   max_seconds_per_case=cfg.max_seconds_per_case,
                    network=network, filesystem=filesystem,
                    cpu_seconds=int(cfg.cpu_seconds or max(10, 2 * whole)),
                    address_space_bytes=int(cfg.address_space_gib * 2**30) if cfg.address_space_gib else None,
@@ -694,7 +699,10 @@ class MeasureWorker:
         if problem:
             res.update(status="rejected", error=problem)
             return
-        roles = ("check", "recheck") + (("timed",) if self.config.mode == "gpu" else ())
+        gpu = self.config.mode == "gpu"
+        # a rechecked call: the round's, or the verification's first on unseen inputs where cases are verified
+        rechecked = self.config.recheck or (gpu and self.config.verify)
+        roles = ("check",) + (("recheck",) if rechecked else ()) + (("timed",) if gpu else ())
         request = {"op_name": r.candidate.op, "mode": self.config.mode, "folder": os.path.join(r.scratch, JUDGED),
                    "served": dict(r.served), "model_build": self.config.model_build,
                    "protocol": self.config.protocol, "lock_path": self._lock_path, "roles_needed": roles}
