@@ -606,13 +606,9 @@ def _extract_in_child(jobs) -> list[KernelFacts]:
     request = json.dumps([{"op": op.name, "case": case.name, "target": target, "source": c.source,
                            "params": dict(c.params), "backend": c.backend, "origin": c.origin}
                           for op, c, case, target in jobs])
-    import kernelcast
-
     env = {k: os.path.abspath(os.environ[k]) if k in ("KERNELCAST_TASKS", "TRITON_CACHE_DIR") else os.environ[k]
            for k in _CHILD_ENV if k in os.environ}
-    # kernelcast importable there as here (a checkout run from its root is not installed)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(kernelcast.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = importable_path(env.get("PYTHONPATH", ""))
     env.update(TRITON_INTERPRET="0", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     try:
         # in a scratch folder of its own: what the candidates write where they stand lands there
@@ -626,6 +622,15 @@ def _extract_in_child(jobs) -> list[KernelFacts]:
     except subprocess.TimeoutExpired:
         why = "the facts child timed out"
     return [KernelFacts("unknown", why, target) for _, _, _, target in jobs]
+
+
+def importable_path(pythonpath: str = "") -> str:
+    """``pythonpath`` with this kernelcast's root first: a child Python imports kernelcast as this one does (a checkout
+    run from its root is not installed)."""
+    import kernelcast
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(kernelcast.__file__)))
+    return os.pathsep.join(p for p in (root, pythonpath) if p)
 
 
 def _child() -> None:

@@ -46,14 +46,13 @@ def probe_many(candidates, workers: int = 2) -> list[tuple[str, str]]:
 
 
 def _probe_in_child(candidates, workers: int) -> list[tuple[str, str]]:
-    import kernelcast
+    from kernelcast.kernels.facts import importable_path
 
     request = json.dumps({"workers": workers, "candidates": [
         {"op": c.op, "backend": c.backend, "source": c.source, "params": dict(c.params), "origin": c.origin,
          "template": c.template} for c in candidates]})
-    root = os.path.dirname(os.path.dirname(os.path.abspath(kernelcast.__file__)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p),
-           "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env = {**os.environ, "PYTHONPATH": importable_path(os.environ.get("PYTHONPATH", "")), "TRITON_INTERPRET": "1",
+           "CUDA_VISIBLE_DEVICES": ""}
     try:
         done = subprocess.run([sys.executable, "-m", "kernelcast.kernels.probe"], input=request, capture_output=True,
                               text=True, env=env, timeout=120 + SECONDS_PER_CANDIDATE * len(candidates) / workers)
