@@ -428,9 +428,26 @@ def test_calls_claimed_beyond_the_window_the_worker_saw_are_refused():
         _observe_window(r, "timed", {"case": "4096x4096", "us": 20.0, "reps": 400, "reference_us": reference_us,
                                      "reference_reps": 400}, 100.25)
     assert honest.claim_problem == "" and honest.windows == {"4096x4096": [(0.25, 400 * 70.0 / 2e6)]}
-    assert "the worker saw the window take 0.250 s" in inflated.claim_problem  # a reference said to take 2 s there
+    assert "the worker saw the window take 0.250 s at most" in inflated.claim_problem  # a reference said to take 2 s
     _observe_window(unopened, "timed", {"case": "4096x4096", "us": 1.0, "reps": 10}, 5.0)
     assert "never saw open" in unopened.claim_problem
+
+
+def test_a_window_read_late_is_bounded_by_the_last_empty_look_not_by_when_it_was_read():
+    from kernelcast.kernels.harness.worker import _observe_window
+
+    # A busy worker last found the pipe empty at 99.7 and read the opening and the closing in one pass at 100.0: the
+    # honest 0.18 s of calls (as the reference refused on an H100 before the bound) fit the window's bound of 0.3 s.
+    late, made_up = _running(), _running()
+    for r, us in ((late, 450.0), (made_up, 4500.0)):
+        _observe_window(r, "timing", "16x16x32", 100.0, sent_after=99.7)
+        _observe_window(r, "timed", {"case": "16x16x32", "us": us, "reps": 400}, 100.0)
+    assert late.claim_problem == "" and late.windows == {"16x16x32": [(pytest.approx(0.3), 400 * 450.0 / 2e6)]}
+    assert "0.300 s at most" in made_up.claim_problem  # 0.9 s of calls cannot fit in a window of at most 0.3 s
+    # the bound never runs past the reading: a look reported after the read does not shrink the window below zero
+    clamped = _running()
+    _observe_window(clamped, "timing", "16x16x32", 100.0, sent_after=100.5)
+    assert clamped.window_open == ("16x16x32", 100.0)
 
 
 def test_a_figure_under_the_floor_or_of_no_window_is_refused_by_the_worker():

@@ -43,7 +43,8 @@ class _Running:
     last_phase_t: float = 0.0  # the time of the child's latest phase, as the worker clamped it
     served: dict = field(default_factory=dict)  # seed -> case: the seeds the worker drew for this child's inputs
     judging: threading.Thread | None = None  # the judge's reading of the child's recorded outputs
-    window_open: tuple[str, float] | None = None  # the case whose timing window the child opened, read at (worker's)
+    window_open: tuple[str, float] | None = None  # the case whose timing window the child opened, opened no earlier than
+    quiet_at: float = 0.0  # the worker's latest look at the child's pipe that found nothing: what comes next was sent after
     windows: dict = field(default_factory=dict)  # case -> [(seconds by the worker's clock, seconds the calls claim)]
     claim_problem: str = ""  # a child's figures that the worker's own observations refute
     broken: str = ""  # why a message of the child's was refused (channel.ChannelError): it gets no verdict of its own
@@ -53,13 +54,20 @@ class _Running:
 WINDOW_SLACK_S = 0.05  # the worker reads a child's phases as its loop comes to them: up to this late, and 10%
 
 
-def _observe_window(r: _Running, name: str, detail, read_at: float) -> None:
+def _observe_window(r: _Running, name: str, detail, read_at: float, sent_after: float | None = None) -> None:
     """A timing window's opening and closing as the worker reads them, and what the child says it timed there: the
     calls of each series (the candidate's, and the reference's beside it) at half their count times their median,
-    the least time calls with that median can have taken. A child whose claims need more time than the worker saw
-    the window take made its figures up (a reference said to be slower than it was, to inflate the speedup)."""
+    the least time calls with that median can have taken. A child whose claims need more time than the window can
+    have taken made its figures up (a reference said to be slower than it was, to inflate the speedup).
+
+    The window is bounded from above, never estimated: it opened after ``sent_after`` (the worker's latest look at
+    the pipe that found it empty before the opening came; the reading time where not given) and closed before the
+    closing is read at ``read_at``. A worker busy elsewhere reads both messages late, and the same pass can read both:
+    the bound grows with its lateness, so an honest child's claims always fit (measured: a reference refused under
+    KernelBench's protocol, its 0.18 s of calls read as a window of no time, before the bound)."""
     if name == "timing":
-        r.window_open = (detail, read_at) if isinstance(detail, str) else None
+        opened = read_at if sent_after is None else min(sent_after, read_at)
+        r.window_open = (detail, opened) if isinstance(detail, str) else None
         return
     opened, r.window_open = r.window_open, None
     case = detail.get("case") if isinstance(detail, dict) else None
@@ -79,7 +87,7 @@ def _observe_window(r: _Running, name: str, detail, read_at: float) -> None:
     if claimed > wall * 1.1 + WINDOW_SLACK_S:
         r.claim_problem = r.claim_problem or (
             f"case {case}: the calls it says it timed need at least {claimed:.3f} s; the worker saw the window take "
-            f"{wall:.3f} s: its figures are not what its calls took")
+            f"{wall:.3f} s at most: its figures are not what its calls took")
 
 
 def _context():

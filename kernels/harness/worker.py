@@ -540,7 +540,11 @@ class MeasureWorker:
     def _poll(self, r: _Running) -> Measurement | None:
         """The finished measurement of a child, or None while it is still running within its limits."""
         try:
-            while not r.broken and r.result is None and r.conn.poll():
+            while not r.broken and r.result is None:
+                looked = time.monotonic()
+                if not r.conn.poll():
+                    r.quiet_at = looked  # nothing had come by then: the next message was sent after it
+                    break
                 message = channel.receive(r.conn)  # bytes, validated: nothing a child writes is unpickled
                 kind = message[0]
                 if kind == "phase":
@@ -550,7 +554,7 @@ class MeasureWorker:
                     r.last_phase_t = min(max(t, r.last_phase_t, r.started), read_at)
                     self._phase(r, name, detail, r.last_phase_t)
                     if name in ("timing", "timed"):
-                        _observe_window(r, name, detail, read_at)
+                        _observe_window(r, name, detail, read_at, max(r.quiet_at, r.started))
                 elif kind == "sandbox":
                     self.stats.sandboxes[message[1]] += 1
                 elif kind == "seed":  # asked on the seeds' own pipe (SeedServer), never on this one
