@@ -12,18 +12,24 @@ wrong there computes the wrong thing. Its verdict is a fact a forecaster may rea
 - anything else says nothing of the GPU: the interpreter cannot run a CUDA graph, a CUDA extension or a library the
   CPU build lacks (``runtime_error``), or a call took too long interpreted (``timeout``).
 
-Probed in a Python of its own (``python -m kernelcast.kernels.probe``, JSON in and out): the interpreter is chosen
-when Triton is imported, and the process that forecasts may be the one measuring on a GPU. Verdicts are kept in
+Probed in a Python of its own (``python -m kernelcast.kernels.probe``, a JSON line in and out a request), started at
+the first probe and kept: the interpreter is chosen when Triton is imported, and the process that forecasts may be
+the one measuring on a GPU. An imported task runs its probe case there (its interpreter case halved again until the
+inputs take ``PROBE_INPUT_BYTES``), and torch.compile runs the code it compiles, eagerly. Verdicts are kept in
 memory by source, parameters and operation.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
 import subprocess
 import sys
+import threading
+
+from kernelcast.kernels.formats import TASKS_ENV
 
 WRONG = ("incorrect", "rejected")  # verdicts that say the candidate fails on a GPU too
 _CACHE: dict[tuple[str, str], tuple[str, str]] = {}
@@ -39,52 +45,104 @@ def probe_many(candidates, workers: int = 2) -> list[tuple[str, str]]:
     """(status, error) of each candidate run in the harness under Triton's interpreter on its operation's small
     cases; ("unknown", why) where the probe itself could not run."""
     todo = {key(c): c for c in candidates if key(c) not in _CACHE}
-    if todo:
-        found = _probe_in_child(list(todo.values()), workers)
-        _CACHE.update(zip(todo, found))
-    return [_CACHE[key(c)] for c in candidates]
+    found = dict(zip(todo, _server(workers).ask(list(todo.values())))) if todo else {}
+    _CACHE.update((k, v) for k, v in found.items() if v[0] != "unknown")  # a probe that failed is tried again
+    return [_CACHE.get(key(c)) or found[key(c)] for c in candidates]
 
 
-def _probe_in_child(candidates, workers: int) -> list[tuple[str, str]]:
-    from kernelcast.kernels.facts import importable_path
-
-    request = json.dumps({"workers": workers, "candidates": [
-        {"op": c.op, "backend": c.backend, "source": c.source, "params": dict(c.params), "origin": c.origin,
-         "template": c.template} for c in candidates]})
-    env = {**os.environ, "PYTHONPATH": importable_path(os.environ.get("PYTHONPATH", "")), "TRITON_INTERPRET": "1",
-           "CUDA_VISIBLE_DEVICES": ""}
-    try:
-        done = subprocess.run([sys.executable, "-m", "kernelcast.kernels.probe"], input=request, capture_output=True,
-                              text=True, env=env, timeout=120 + SECONDS_PER_CANDIDATE * len(candidates) / workers)
-        lines = done.stdout.strip().splitlines()
-        if done.returncode == 0 and lines:
-            answers = json.loads(lines[-1])
-            return [(str(a[0]), str(a[1])) for a in answers]
-        why = f"the probe failed (exit {done.returncode}): {done.stderr.strip()[-300:]}"
-    except subprocess.TimeoutExpired:
-        why = "the probe timed out"
-    return [("unknown", why)] * len(candidates)
+ANSWER = "kernelcast-probe-answer "  # the prefix of the server's answer lines: anything else it prints is not one
 
 
-def _child() -> None:
-    """Read candidates (JSON on stdin), measure them in the interpreter, print each one's [status, error]."""
+class _Server:
+    """The probe's Python, started at the first probe and kept: its worker's fork server and judges stay warm, so a
+    later request pays for its candidates alone (4-6 s of start-up on the 2 cores the probe was measured on). One
+    request at a time; a request that fails or times out stops it, and the next starts another."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self._proc: subprocess.Popen | None = None
+        self._tasks = ""  # the tasks folder it was started with (KERNELCAST_TASKS)
+        self._lock = threading.Lock()
+
+    def _start(self) -> subprocess.Popen:
+        from kernelcast.kernels.facts import importable_path
+        from kernelcast.kernels.formats.operation import PROBE_CASES_ENV
+
+        # The probe's own small case of an imported task; torch.compile run as the eager code it compiles (the math
+        # is the same, and Inductor's CPU code took 25-31 s a kernel here, for a fact of a forecast).
+        env = {**os.environ, "PYTHONPATH": importable_path(os.environ.get("PYTHONPATH", "")),
+               "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "", PROBE_CASES_ENV: "1", "TORCHDYNAMO_DISABLE": "1"}
+        return subprocess.Popen([sys.executable, "-m", "kernelcast.kernels.probe", str(self.workers)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                env=env)
+
+    def ask(self, candidates) -> list[tuple[str, str]]:
+        request = json.dumps([{"op": c.op, "backend": c.backend, "source": c.source, "params": dict(c.params),
+                               "origin": c.origin, "template": c.template} for c in candidates])
+        with self._lock:
+            tasks = os.environ.get(TASKS_ENV, "")
+            if self._proc is not None and (self._proc.poll() is not None or tasks != self._tasks):
+                self.stop()  # ended, or started for another tasks folder than the caller's now
+            if self._proc is None:
+                self._proc, self._tasks = self._start(), tasks
+            proc = self._proc
+            timer = threading.Timer(120 + SECONDS_PER_CANDIDATE * len(candidates) / self.workers, proc.kill)
+            timer.start()
+            try:
+                proc.stdin.write(request + "\n")
+                proc.stdin.flush()
+                for line in proc.stdout:
+                    if line.startswith(ANSWER):
+                        return [(str(a[0]), str(a[1])) for a in json.loads(line[len(ANSWER):])]
+                why = f"the probe ended (exit {proc.wait()})" if timer.is_alive() else "the probe timed out"
+            except (OSError, ValueError) as exc:
+                why = f"the probe failed: {exc}"
+            finally:
+                timer.cancel()
+            self.stop()
+        return [("unknown", why)] * len(candidates)
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+
+
+_SERVERS: dict[int, _Server] = {}
+
+
+def _server(workers: int) -> _Server:
+    if workers not in _SERVERS:
+        _SERVERS[workers] = _Server(workers)
+        atexit.register(_SERVERS[workers].stop)
+    return _SERVERS[workers]
+
+
+def _child(workers: int) -> None:
+    """Read requests (a JSON list of candidates a line) until stdin closes; measure each in the interpreter and
+    answer one line: ``ANSWER`` and each candidate's [status, error]."""
     from kernelcast.kernels.harness.worker import MeasureWorker, WorkerConfig
     from kernelcast.kernels.hardware import INTERPRETER
     from kernelcast.kernels.records import Candidate, HardwareSpec
 
-    request = json.loads(sys.stdin.read())
-    candidates = [Candidate(op=c["op"], backend=c["backend"], source=c["source"], params=c["params"],
-                            origin=c["origin"], template=c["template"]) for c in request["candidates"]]
     hardware = HardwareSpec(gpu_type=INTERPRETER, device_name="Triton CPU interpreter")
-    verdicts: dict[str, tuple[str, str]] = {}
     # one checked call a case, no recheck round: whether the outputs are right, not whether the kernel cheats
-    config = WorkerConfig(mode="interpreter", concurrency=max(1, int(request["workers"])), seeds=1, recheck=False)
+    config = WorkerConfig(mode="interpreter", concurrency=max(1, workers), seeds=1, recheck=False)
     with MeasureWorker(hardware, config) as worker:
-        for m in worker.measure(candidates):
-            verdicts[m.candidate_id] = (m.status, (m.error or "")[:300])
-    sys.stdout.write("\n" + json.dumps([verdicts.get(c.candidate_id, ("unknown", "not measured"))
-                                        for c in candidates]) + "\n")
+        for line in sys.stdin:
+            candidates = [Candidate(op=c["op"], backend=c["backend"], source=c["source"], params=c["params"],
+                                    origin=c["origin"], template=c["template"]) for c in json.loads(line)]
+            verdicts: dict[str, tuple[str, str]] = {}
+            missing = ("unknown", "not measured")
+            try:
+                for m in worker.measure(candidates):
+                    verdicts[m.candidate_id] = (m.status, (m.error or "")[:300])
+            except Exception as exc:  # noqa: BLE001 - the request's fault (an operation not installed): the next one runs
+                missing = ("unknown", f"the probe could not measure them: {type(exc).__name__}: {exc}"[:300])
+            sys.stdout.write(ANSWER + json.dumps([verdicts.get(c.candidate_id, missing) for c in candidates]) + "\n")
+            sys.stdout.flush()
 
 
 if __name__ == "__main__":
-    _child()
+    _child(int(sys.argv[1]) if len(sys.argv) > 1 else 2)

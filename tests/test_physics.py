@@ -196,6 +196,39 @@ def test_a_kernel_computing_the_wrong_thing_is_forecast_to_fail_once_probed_in_t
     assert graphed.failure_probability < 0.5  # the interpreter cannot run a CUDA graph: no evidence either way
 
 
+def test_the_probe_keeps_its_python_runs_compiled_code_eagerly_and_a_task_s_probe_case(task, monkeypatch):
+    import json
+
+    from kernelcast.kernels import probe
+    from kernelcast.kernels.formats import MANIFEST, task_files, tasks_dir
+    from kernelcast.kernels.formats.kernelbench import PROBE_INPUT_BYTES, KernelBenchOperation
+    from kernelcast.kernels.formats.operation import PROBE_CASES_ENV
+
+    op, kernels, folder = task
+    probe._CACHE.clear()
+    assert probe.probe_many([kernels["b1024"]])[0][0] == "ok"
+    server = probe._server(2)
+    first = server._proc.pid
+    # torch.compile's kernel is probed as the code it compiles (Inductor's CPU code took 25-31 s a kernel)
+    assert probe.probe_many([kernels["compiled"]])[0][0] == "ok"
+    assert server._proc.pid == first  # the same Python, its worker warm
+    # the task's probe case: its interpreter case halved until the inputs take at most PROBE_INPUT_BYTES
+    manifest = json.loads(task_files(op.name)[MANIFEST])
+    ((shape, _),) = manifest["probe_cases"][0]["signature"]
+    ((big, _),) = manifest["interpret_cases"][0]["signature"]
+    assert 4 * shape[0] * shape[1] <= PROBE_INPUT_BYTES < 4 * big[0] * big[1]
+    stored = tasks_dir() / op.name
+    assert dict(KernelBenchOperation(stored, manifest).interpret_cases[0].dims) == manifest["interpret_cases"][0]["dims"]
+    monkeypatch.setenv(PROBE_CASES_ENV, "1")
+    assert dict(KernelBenchOperation(stored, manifest).interpret_cases[0].dims) == manifest["probe_cases"][0]["dims"]
+    # a caller whose tasks folder moved gets a probe started there
+    monkeypatch.delenv(PROBE_CASES_ENV)
+    monkeypatch.setenv("KERNELCAST_TASKS", str(folder / "elsewhere"))
+    status, error = probe.probe_many([kernels["b32"]])[0]
+    assert status == "unknown" and "unknown operation" in error, error  # no such task there: not a verdict
+    assert server._proc.pid != first
+
+
 def test_torch_compile_and_cuda_graphs_are_recognised_and_their_operators_counted(task):
     from kernelcast.kernels.facts import extract
 

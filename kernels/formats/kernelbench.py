@@ -417,16 +417,21 @@ def history_dependence(module, sizes: dict[str, int], where: str) -> str | None:
 
 # The interpreter case made when none is given: the problem's own sizes, halved until its inputs fit here.
 INTERPRET_INPUT_BYTES = 4 << 20  # a CPU checks a few MB of inputs under Triton's interpreter in seconds
+# The probe's case (kernelcast.kernels.probe: whether a candidate computes the right thing, a forecast's fact): the
+# interpreter's case halved again until its inputs take this. An interpreted kernel's time grows with its programs:
+# a BLOCK-32 kernel took 7-15 s a call on the 4 MB case of an elementwise problem, for one fact of a forecast.
+PROBE_INPUT_BYTES = 64 << 10
 # Integers at or below the first floor are left alone (axes, kernel sizes, strides, groups, small channels);
 # a problem still too big then (a 3-D volume, many heads) goes down to the second.
 SCALE_FLOORS = (32, 8)
 
 
-def scaled_interpret_sizes(module, sizes: dict[str, int], where: str) -> tuple[dict[str, int], dict]:
+def scaled_interpret_sizes(module, sizes: dict[str, int], where: str,
+                           limit: int = INTERPRET_INPUT_BYTES) -> tuple[dict[str, int], dict]:
     """The problem's sizes scaled down for the interpreter, and how (the manifest's ``interpret_scaling``).
 
     The largest integer above the floor (``SCALE_FLOORS``, in turn) is halved, again and again, until the
-    inputs take at most ``INTERPRET_INPUT_BYTES``; an integer whose halving the problem refuses
+    inputs take at most ``limit`` bytes (``INTERPRET_INPUT_BYTES``; the probe's case: ``PROBE_INPUT_BYTES``); an integer whose halving the problem refuses
     (``get_inputs`` fails, or a model that ran on meta tensors no longer does) keeps its last good value.
     Shapes come from the meta device, so nothing is allocated. ``how`` is empty when the problem's own
     sizes already fit.
@@ -435,7 +440,7 @@ def scaled_interpret_sizes(module, sizes: dict[str, int], where: str) -> tuple[d
     full_bytes = tensor_bytes(inputs)
     scaled, now_bytes, refused = dict(sizes), full_bytes, set()
     for floor in SCALE_FLOORS:
-        while now_bytes > INTERPRET_INPUT_BYTES:
+        while now_bytes > limit:
             movable = [k for k, v in scaled.items() if v > floor and k not in refused]
             if not movable:
                 break
@@ -452,9 +457,9 @@ def scaled_interpret_sizes(module, sizes: dict[str, int], where: str) -> tuple[d
     if scaled == sizes:
         return scaled, {}
     return scaled, {"sizes": {k: [sizes[k], scaled[k]] for k in sizes if scaled[k] != sizes[k]},
-                    "input_bytes": [full_bytes, now_bytes], "limit_bytes": INTERPRET_INPUT_BYTES,
+                    "input_bytes": [full_bytes, now_bytes], "limit_bytes": limit,
                     "rule": f"the largest size above {SCALE_FLOORS[0]} (then above {SCALE_FLOORS[1]}) halved until "
-                            f"the inputs take at most {INTERPRET_INPUT_BYTES} bytes; --interpret-case to choose"}
+                            f"the inputs take at most {limit} bytes; --interpret-case to choose"}
 
 
 def scaling_text(scaling: dict) -> str:
@@ -483,12 +488,16 @@ def import_task(reference: str, candidates: Sequence[str] = (), name: str | None
     sizes = _size_names(module)
     cases = [_profile(module, sizes, reference)]
     scaling: dict = {}
+    probe: list = []  # given interpreter cases are the probe's too
     if interpret_sizes:
         small = _parse_sizes(interpret_sizes[0], sizes, reference)
         interpret = [_profile(module, _parse_sizes(s, sizes, reference), reference) for s in interpret_sizes]
     else:  # the problem's own sizes, scaled down until a CPU checks them in seconds
         small, scaling = scaled_interpret_sizes(module, sizes, reference)
         interpret = [_profile(module, small, reference)] if scaling else cases
+        tiny, probe_scaling = scaled_interpret_sizes(module, small, reference, PROBE_INPUT_BYTES)
+        if probe_scaling:  # the probe's own, smaller still (ImportedOperation reads it under PROBE_CASES_ENV)
+            probe = [_profile(module, tiny, reference)]
     why = history_dependence(module, small, reference) if may_depend_on_history(source) else None
     if why:
         raise TaskFormatError(why)
@@ -505,5 +514,7 @@ def import_task(reference: str, candidates: Sequence[str] = (), name: str | None
         manifest["requires"] = requires
     if scaling:
         manifest["interpret_scaling"] = scaling
+    if probe:
+        manifest["probe_cases"] = probe
     files[MANIFEST] = json.dumps(manifest, indent=1, sort_keys=True).encode()
     return name, files

@@ -11,6 +11,7 @@ always makes inputs in the process that then calls the candidate, so the lookup 
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -20,6 +21,10 @@ from torch.overrides import TorchFunctionMode
 from kernelcast.kernels.formats.common import WRAPPER_MARK, backend_of, submission_of
 from kernelcast.kernels.ops.base import DEFAULT_TOLERANCES, DTYPES, Case, Operation
 from kernelcast.kernels.records import Candidate
+
+# Set ("1") in the probe's process (kernelcast.kernels.probe): an imported task with a probe case runs it under the
+# interpreter instead of its interpreter case.
+PROBE_CASES_ENV = "KERNELCAST_PROBE_CASES"
 
 Signature = tuple[tuple[tuple[int, ...], str], ...]
 
@@ -146,7 +151,9 @@ class ImportedOperation(Operation):
         self.summary = manifest["summary"]
         self._case_info: dict[Case, dict] = {}
         self.cases = self._cases(manifest["cases"])
-        self.interpret_cases = self._cases(manifest["interpret_cases"])
+        # the probe's smaller interpreter case where the task has one and the probe's process asks for it
+        probing = os.environ.get(PROBE_CASES_ENV) == "1" and manifest.get("probe_cases")
+        self.interpret_cases = self._cases(manifest["probe_cases" if probing else "interpret_cases"])
         self._last_case: dict[Signature, Case] = {}
         self.requires = manifest.get("requires")  # the compute capability its code needs (common.device_requirement)
         tol = manifest.get("tolerance")
