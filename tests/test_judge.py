@@ -427,7 +427,8 @@ def test_calls_claimed_beyond_the_window_the_worker_saw_are_refused():
         # 400 calls of 20 us and 400 of the reference beside them, in a window of 0.25 s by the worker's clock
         _observe_window(r, "timed", {"case": "4096x4096", "us": 20.0, "reps": 400, "reference_us": reference_us,
                                      "reference_reps": 400}, 100.25)
-    assert honest.claim_problem == "" and honest.windows == {"4096x4096": [(0.25, 400 * 70.0 / 2e6)]}
+    assert honest.claim_problem == "" and honest.windows == {
+        "4096x4096": [(0.25, 400 * 70.0 / 2e6, None, 400 * 70.0 / 1e6)]}
     assert "the worker saw the window take 0.250 s at most" in inflated.claim_problem  # a reference said to take 2 s
     _observe_window(unopened, "timed", {"case": "4096x4096", "us": 1.0, "reps": 10}, 5.0)
     assert "never saw open" in unopened.claim_problem
@@ -442,12 +443,26 @@ def test_a_window_read_late_is_bounded_by_the_last_empty_look_not_by_when_it_was
     for r, us in ((late, 450.0), (made_up, 4500.0)):
         _observe_window(r, "timing", "16x16x32", 100.0, sent_after=99.7)
         _observe_window(r, "timed", {"case": "16x16x32", "us": us, "reps": 400}, 100.0)
-    assert late.claim_problem == "" and late.windows == {"16x16x32": [(pytest.approx(0.3), 400 * 450.0 / 2e6)]}
+    assert late.claim_problem == "" and late.windows == {
+        "16x16x32": [(pytest.approx(0.3), 400 * 450.0 / 2e6, None, 400 * 450.0 / 1e6)]}
     assert "0.300 s at most" in made_up.claim_problem  # 0.9 s of calls cannot fit in a window of at most 0.3 s
     # the bound never runs past the reading: a look reported after the read does not shrink the window below zero
     clamped = _running()
     _observe_window(clamped, "timing", "16x16x32", 100.0, sent_after=100.5)
-    assert clamped.window_open == ("16x16x32", 100.0)
+    assert clamped.window_open == ("16x16x32", 100.0, 100.0)
+
+
+def test_a_window_the_worker_looked_into_is_bounded_from_below_too_and_shown_in_the_row():
+    from kernelcast.kernels.harness.children import window_text
+    from kernelcast.kernels.harness.worker import _observe_window
+
+    r = _running()
+    _observe_window(r, "timing", "4096x4096", 100.0, sent_after=99.9)
+    # an empty look at 100.4, after the opening was read: the closing was sent after it
+    _observe_window(r, "timed", {"case": "4096x4096", "us": 500.0, "reps": 600}, 100.5, sent_after=100.4)
+    ((high, least, low, calls),) = r.windows["4096x4096"]
+    assert (high, low) == (pytest.approx(0.6), pytest.approx(0.4)) and calls == pytest.approx(0.3) and least < calls
+    assert window_text(r.windows) == "4096x4096 0.400-0.600 s, calls 0.300 s"
 
 
 def test_a_figure_under_the_floor_or_of_no_window_is_refused_by_the_worker():

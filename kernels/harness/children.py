@@ -43,9 +43,11 @@ class _Running:
     last_phase_t: float = 0.0  # the time of the child's latest phase, as the worker clamped it
     served: dict = field(default_factory=dict)  # seed -> case: the seeds the worker drew for this child's inputs
     judging: threading.Thread | None = None  # the judge's reading of the child's recorded outputs
-    window_open: tuple[str, float] | None = None  # the case whose timing window the child opened, opened no earlier than
+    window_open: tuple[str, float, float] | None = None  # the case whose window the child opened, opened after, read at
     quiet_at: float = 0.0  # the worker's latest look at the child's pipe that found nothing: what comes next was sent after
-    windows: dict = field(default_factory=dict)  # case -> [(seconds by the worker's clock, seconds the calls claim)]
+    # case -> [(the window's most seconds by the worker's clock, the least its calls take, its fewest seconds or None,
+    # the calls' count times median)]
+    windows: dict = field(default_factory=dict)
     claim_problem: str = ""  # a child's figures that the worker's own observations refute
     broken: str = ""  # why a message of the child's was refused (channel.ChannelError): it gets no verdict of its own
     seeds_conn: object = None  # the pipe the child asks for its inputs' seeds on (SeedServer)
@@ -64,17 +66,22 @@ def _observe_window(r: _Running, name: str, detail, read_at: float, sent_after: 
     the pipe that found it empty before the opening came; the reading time where not given) and closed before the
     closing is read at ``read_at``. A worker busy elsewhere reads both messages late, and the same pass can read both:
     the bound grows with its lateness, so an honest child's claims always fit (measured: a reference refused under
-    KernelBench's protocol, its 0.18 s of calls read as a window of no time, before the bound)."""
+    KernelBench's protocol, its 0.18 s of calls read as a window of no time, before the bound).
+
+    Bounded from below too, where the worker looked at the pipe and found it empty after reading the opening (the
+    closing was sent after that look): kept with the calls' full time (count times median) in ``windows``, for the
+    row, never yet a reason to refuse: a figure understated within the upper bound is what such a lower bound could
+    refute, once honest kernels' windows against their calls are measured on a GPU."""
+    looked, sent_after = sent_after, read_at if sent_after is None else min(sent_after, read_at)
     if name == "timing":
-        opened = read_at if sent_after is None else min(sent_after, read_at)
-        r.window_open = (detail, opened) if isinstance(detail, str) else None
+        r.window_open = (detail, sent_after, read_at) if isinstance(detail, str) else None
         return
     opened, r.window_open = r.window_open, None
     case = detail.get("case") if isinstance(detail, dict) else None
     if opened is None or case != opened[0]:
         r.claim_problem = r.claim_problem or f"a timed window of case {str(case)[:60]!r} that the worker never saw open"
         return
-    claimed = 0.0
+    claimed = calls = 0.0
     for reps, us in ((detail.get("reps"), detail.get("us")), (detail.get("reference_reps"), detail.get("reference_us"))):
         if reps is None and us is None:
             continue
@@ -82,12 +89,23 @@ def _observe_window(r: _Running, name: str, detail, read_at: float, sent_after: 
             r.claim_problem = r.claim_problem or f"case {case}: a timed window without its calls' count and runtime"
             return
         claimed += reps * us / 2e6
+        calls += reps * us / 1e6
     wall = read_at - opened[1]
-    r.windows.setdefault(case, []).append((wall, claimed))
+    # None: no empty look inside the window (or none told)
+    at_least = looked - opened[2] if looked is not None and looked > opened[2] else None
+    r.windows.setdefault(case, []).append((wall, claimed, at_least, calls))
     if claimed > wall * 1.1 + WINDOW_SLACK_S:
         r.claim_problem = r.claim_problem or (
             f"case {case}: the calls it says it timed need at least {claimed:.3f} s; the worker saw the window take "
             f"{wall:.3f} s at most: its figures are not what its calls took")
+
+
+def window_text(windows: dict) -> str:
+    """The timed windows as the worker saw them, for the row: 'CASE 0.301-0.312 s, calls 0.286 s' a window (the
+    fewest and the most seconds it can have taken by the worker's clock, '?' where it cannot tell the fewest; the
+    calls' count times their median, the candidate's and the reference's beside it)."""
+    return ", ".join(f"{case} {'?' if low is None else f'{low:.3f}'}-{high:.3f} s, calls {calls:.3f} s"
+                     for case, seen in windows.items() for high, _, low, calls in seen)
 
 
 def _context():

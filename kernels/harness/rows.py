@@ -27,7 +27,7 @@ def row_fields(res: dict) -> dict:
             "error_rel": tuple(res.get("error_rel", ())),
             "reference_error_rel": tuple(res.get("reference_error_rel", ())),
             "checks": "; ".join([f"{k}: {res[k]}" for k in ("window_check", "memcheck", "models_built", "judged",
-                                                            "seeds", "state")
+                                                            "seeds", "windows", "state")
                                  if res.get(k)]
                                 + ([f"timed outputs: {'; '.join(res['timed_outputs'])}"]
                                    if res.get("timed_outputs") else [])

@@ -44,7 +44,7 @@ from typing import Iterable, Iterator
 
 from kernelcast.kernels.harness import ahead, budget, channel, cores, memcheck, precision, verify
 from kernelcast.kernels.harness.children import (SeedServer, _context, _doing, _kill_group, _log_tail, _observe_window,
-                                                 _rss_bytes, _Running, _signal_name, attempt_of)
+                                                 _rss_bytes, _Running, _signal_name, attempt_of, window_text)
 from kernelcast.kernels.harness.before_lock import build_triton_utils, seed_triton_cache
 from kernelcast.kernels.harness.judges import Judges
 from kernelcast.kernels.harness.rows import (combine_reference_takes, geometric_mean, host_paced, host_sensitive_in,
@@ -723,6 +723,8 @@ class MeasureWorker:
         res["judged"] = (f"{answer['records']} calls ({seconds:.1f} s)"
                          + (f", trivial outputs the tolerance alone accepts, refused: {caught}" if caught else ""))
         res["seeds"] = len(r.served)
+        if r.windows:
+            res["windows"] = window_text(r.windows)
         if answer["problem"]:
             res.update(status="incorrect", error=answer["problem"])
 
