@@ -22,12 +22,16 @@ memory by source, parameters and operation.
 from __future__ import annotations
 
 import atexit
+import functools
 import hashlib
+import inspect
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
+from pathlib import Path
 
 from kernelcast.kernels.formats import TASKS_ENV
 
@@ -41,13 +45,77 @@ def key(candidate) -> tuple[str, str]:
     return candidate.op, digest
 
 
-def probe_many(candidates, workers: int = 2) -> list[tuple[str, str]]:
+def probe_many(candidates, workers: int = 2, cache_dir: str | None = None) -> list[tuple[str, str]]:
     """(status, error) of each candidate run in the harness under Triton's interpreter on its operation's small
-    cases; ("unknown", why) where the probe itself could not run."""
+    cases; ("unknown", why) where the probe itself could not run. Kept in memory, and in ``cache_dir`` when given
+    (by source, parameters and the operation's own text, in a folder named by the code that decides a verdict)."""
     todo = {key(c): c for c in candidates if key(c) not in _CACHE}
+    folder = _cache_folder(cache_dir) if cache_dir and todo else None
+    if folder:
+        for k, c in list(todo.items()):
+            kept = _read_kept(folder, c)
+            if kept:
+                _CACHE[k] = kept
+                del todo[k]
     found = dict(zip(todo, _server(workers).ask(list(todo.values())))) if todo else {}
-    _CACHE.update((k, v) for k, v in found.items() if v[0] != "unknown")  # a probe that failed is tried again
+    for k, verdict in found.items():
+        if verdict[0] != "unknown":  # a probe that failed is tried again
+            _CACHE[k] = verdict
+            if folder:
+                _keep(folder, todo[k], verdict)
     return [_CACHE.get(key(c)) or found[key(c)] for c in candidates]
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_folder(cache_dir: str) -> str:
+    """``cache_dir``'s folder for verdicts of this code: named by the text of the probe, the harness and the task
+    formats, and torch's and Triton's versions, so a change to what decides a verdict starts a fresh folder."""
+    import torch
+    import triton
+
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256(torch.__version__.encode() + triton.__version__.encode())
+    for path in sorted([here / "probe.py", *(here / "harness").glob("*.py"), *(here / "formats").glob("*.py")]):
+        digest.update(path.read_bytes())
+    folder = os.path.join(cache_dir, digest.hexdigest()[:16])
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+def _operation_text(op_name: str) -> bytes:
+    """What the operation is, as text: an imported task's files, or a built-in operation's module."""
+    from kernelcast.kernels.formats import task_files
+    from kernelcast.kernels.formats.common import is_imported_name
+    from kernelcast.kernels.ops import get_operation
+
+    if is_imported_name(op_name):
+        return b"".join(name.encode() + data for name, data in task_files(op_name).items())
+    return Path(inspect.getfile(type(get_operation(op_name)))).read_bytes()
+
+
+def _kept_path(folder: str, candidate) -> str:
+    digest = hashlib.sha256(repr(key(candidate)).encode() + _operation_text(candidate.op)).hexdigest()[:32]
+    return os.path.join(folder, digest + ".json")
+
+
+def _read_kept(folder: str, candidate) -> tuple[str, str] | None:
+    try:
+        with open(_kept_path(folder, candidate)) as f:
+            status, error = json.load(f)
+        return str(status), str(error)
+    except (OSError, ValueError, TypeError):  # not there, cut short, or an operation no longer installed: probed again
+        return None
+
+
+def _keep(folder: str, candidate, verdict: tuple[str, str]) -> None:
+    """One verdict into its file, whole or not at all (written aside, then renamed)."""
+    try:
+        path = _kept_path(folder, candidate)
+    except (OSError, ValueError):
+        return
+    with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".part", delete=False) as f:
+        json.dump(list(verdict), f)
+    os.replace(f.name, path)
 
 
 ANSWER = "kernelcast-probe-answer "  # the prefix of the server's answer lines: anything else it prints is not one

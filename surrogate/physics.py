@@ -16,6 +16,7 @@ with ``PRIOR_SIGMA``.
 from __future__ import annotations
 
 import math
+import os
 import time
 from typing import Sequence
 
@@ -296,7 +297,9 @@ class PhysicsForecaster:
         if self.probe:
             from kernelcast.kernels import probe
 
-            for i, (f, (status, error)) in enumerate(zip(facts, probe.probe_many([r.candidate for r in requests]))):
+            kept = os.path.join(os.path.dirname(self.facts_cache), "probe") if self.facts_cache else None
+            verdicts = probe.probe_many([r.candidate for r in requests], cache_dir=kept)
+            for i, (f, (status, error)) in enumerate(zip(facts, verdicts)):
                 f["probe"], f["probe_error"] = status, error
                 if status in probe.WRONG and f["status"] != "compile_error":
                     p_fail[i] = PROBED_WRONG

@@ -229,6 +229,23 @@ def test_the_probe_keeps_its_python_runs_compiled_code_eagerly_and_a_task_s_prob
     assert server._proc.pid != first
 
 
+def test_probe_verdicts_kept_on_disk_answer_a_later_process_without_probing(task, tmp_path):
+    from kernelcast.kernels import probe
+
+    op, kernels, _ = task
+    asked = [kernels["wrong"], kernels["b1024"]]
+    probe._CACHE.clear()
+    first = probe.probe_many(asked, cache_dir=str(tmp_path))
+    assert [s for s, _ in first] == ["incorrect", "ok"]
+    probe._server(2).stop()
+    probe._CACHE.clear()  # as a new process: nothing in memory, the probe's Python not started
+    assert probe.probe_many(asked, cache_dir=str(tmp_path)) == first
+    assert probe._server(2)._proc is None  # answered from the folder alone
+    # one file a verdict, in one folder named by the code that decides them
+    (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert len(list(folder.glob("*.json"))) == 2
+
+
 def test_torch_compile_and_cuda_graphs_are_recognised_and_their_operators_counted(task):
     from kernelcast.kernels.facts import extract
 
