@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -66,6 +67,30 @@ def do_bench_medians(cand) -> list[float]:
         fn = lambda: launch(*inputs, *outputs, **cand.params)  # noqa: E731
         medians.append(1e3 * triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
     return medians
+
+
+_WINDOW = re.compile(r"(\?|[0-9.]+)-([0-9.]+) s, calls ([0-9.]+) s")
+
+
+def window_fill(results) -> dict:
+    """How much of each timed window of the ok rows their calls fill (the calls' count times median over the fewest
+    seconds the worker saw the window take, where it could tell): what a refutation of understated figures could
+    ask of an honest kernel's window."""
+    fills, untold = [], 0
+    for m in results:
+        if m.status != "ok":
+            continue
+        for low, _, calls in _WINDOW.findall(m.checks or ""):
+            if low == "?" or float(low) <= 0:
+                untold += 1
+            else:
+                fills.append(float(calls) / float(low))
+    if not fills:
+        return {"windows": 0, "untold": untold}
+    fills.sort()
+    return {"windows": len(fills), "untold": untold, "fill_min": round(fills[0], 3),
+            "fill_p05": round(fills[int(0.05 * (len(fills) - 1))], 3),
+            "fill_median": round(statistics.median(fills), 3), "fill_max": round(fills[-1], 3)}
 
 
 def _p90(values) -> float:
@@ -153,6 +178,8 @@ def main() -> int:
           f"alone, {100 * held['shared'] / wall:.0f}% shared by checks; {shared_children} children shared); "
           f"statuses {statuses}")
     report["lock_breakdown"] = breakdown
+    report["windows"] = window_fill(results)
+    print(f"timed windows: {report['windows']}")
     not_ok = [f"{m.op} {m.status}: {m.error[:200]}" for m in results if m.status != "ok"]
     report["not_ok"] = not_ok
     for line in not_ok:
