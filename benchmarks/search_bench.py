@@ -1,8 +1,8 @@
 """Surrogate-filtered search against the equal-budget baseline, replayed on the committed pool.
 
-For each operation, seed and budget, two searches with the same GPU budget: the learned
-surrogate (fit on the other operations only, corrected online by the run's own
-measurements) choosing what to measure among many children, and the baseline measuring
+For each operation, seed and budget, two searches with the same GPU budget: the surrogate
+(``--surrogate``, learned by default: fit on the other operations only, corrected online by the
+run's own measurements) choosing what to measure among many children, and the baseline measuring
 every child it breeds. Prints, per budget:
 
 - the geometric mean over (op, seed) of best-measured-speedup(surrogate) / best(baseline);
@@ -48,6 +48,8 @@ def main(argv=None) -> int:
     p.add_argument("--backend", default="replay", help="replay (the committed pool) or local (this machine's GPU)")
     p.add_argument("--prior-scope", default="other-ops",
                    help="what the learned prior saw of the searched op: other-ops (nothing), other-gpus, all")
+    p.add_argument("--surrogate", default="learned", help="the forecaster of the surrogate's searches (any registered "
+                   "one: learned, physics, ...); the baseline's are the same either way")
     p.add_argument("--data", default="/tmp/kernelcast-search-bench")
     p.add_argument("--json", default="", help="write every run's numbers here")
     args = p.parse_args(argv)
@@ -58,7 +60,7 @@ def main(argv=None) -> int:
             for seed in range(args.first_seed, args.first_seed + args.seeds):
                 base = dict(op=op, gpu_type=args.gpu_type, budget=budget, generations=args.generations,
                             children=args.children, seed=seed, data=args.data, backend=args.backend)
-                sur, sur_traj, sur_s, sur_over = run_one(SearchConfig(**base, surrogate="learned",
+                sur, sur_traj, sur_s, sur_over = run_one(SearchConfig(**base, surrogate=args.surrogate,
                                                                       prior_scope=args.prior_scope))
                 bl, _, bl_s, _ = run_one(SearchConfig(**base, surrogate="none"))
                 target = bl.best_speedup or 0.0
