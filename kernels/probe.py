@@ -130,10 +130,14 @@ class _Server:
         self.workers = workers
         self._proc: subprocess.Popen | None = None
         self._tasks = ""  # the tasks folder it was started with (KERNELCAST_TASKS)
+        self._log = tempfile.TemporaryFile()  # its standard error, for the reason where it fails
         self._lock = threading.Lock()
 
     def _start(self) -> subprocess.Popen:
         from kernelcast.kernels.facts import importable_path
+
+        self._log.seek(0)
+        self._log.truncate()
         from kernelcast.kernels.formats.operation import PROBE_CASES_ENV
 
         # The probe's own small case of an imported task; torch.compile run as the eager code it compiles (the math
@@ -141,7 +145,7 @@ class _Server:
         env = {**os.environ, "PYTHONPATH": importable_path(os.environ.get("PYTHONPATH", "")),
                "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "", PROBE_CASES_ENV: "1", "TORCHDYNAMO_DISABLE": "1"}
         return subprocess.Popen([sys.executable, "-m", "kernelcast.kernels.probe", str(self.workers)],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
                                 env=env)
 
     def ask(self, candidates) -> list[tuple[str, str]]:
@@ -163,6 +167,9 @@ class _Server:
                     if line.startswith(ANSWER):
                         return [(str(a[0]), str(a[1])) for a in json.loads(line[len(ANSWER):])]
                 why = f"the probe ended (exit {proc.wait()})" if timer.is_alive() else "the probe timed out"
+                self._log.seek(max(0, self._log.seek(0, os.SEEK_END) - 300))
+                tail = self._log.read().decode(errors="replace").strip()
+                why += f": {tail}" if tail else ""
             except (OSError, ValueError) as exc:
                 why = f"the probe failed: {exc}"
             finally:
