@@ -218,13 +218,16 @@ class PhysicsForecaster:
     name = "physics"
 
     def __init__(self, max_fit: int = 600, max_iter: int = 150, random_state: int = 0, isolated: bool = True,
-                 facts_cache: str | None = DEFAULT_CACHE_DIR, probe: bool = False):
+                 facts_cache: str | None = DEFAULT_CACHE_DIR, probe: bool = False, probe_top: int | None = None):
         self.max_fit = max_fit
         # each candidate also run in the harness under Triton's interpreter on its small cases
         # (kernelcast.kernels.probe): a kernel found wrong there is forecast to fail; seconds a kernel, not a second
         self.probe = probe
+        # probe_top: only the contenders are probed, from the fastest forecast down, until this many of each
+        # operation's were not found wrong (None: every candidate)
+        self.probe_top = probe_top
         if probe:
-            self.name = "physics-probe"
+            self.name = "physics-probe" if probe_top is None else "physics-probe-top"
         # find facts in a child process per batch: the candidate's host code runs to find them, and it is untrusted
         self.isolated = isolated
         self.facts_cache = facts_cache  # a folder the facts are kept in between runs (None: in memory only)
@@ -297,13 +300,35 @@ class PhysicsForecaster:
         if self.probe:
             from kernelcast.kernels import probe
 
-            kept = os.path.join(os.path.dirname(self.facts_cache), "probe") if self.facts_cache else None
-            verdicts = probe.probe_many([r.candidate for r in requests], cache_dir=kept)
-            for i, (f, (status, error)) in enumerate(zip(facts, verdicts)):
-                f["probe"], f["probe_error"] = status, error
-                if status in probe.WRONG and f["status"] != "compile_error":
+            for i, (status, error) in self._probed(requests, mu, p_fail).items():
+                facts[i]["probe"], facts[i]["probe_error"] = status, error
+                if status in probe.WRONG and facts[i]["status"] != "compile_error":
                     p_fail[i] = PROBED_WRONG
         return mu, sigma, p_fail, facts
+
+    def _probed(self, requests: Sequence[ForecastRequest], mu: np.ndarray, p_fail: np.ndarray) -> dict:
+        """{request index: (status, error)} of the candidates probed: every one, or with ``probe_top`` the contenders
+        of each operation, the fastest forecast first (a compile error is known already), a round at a time until
+        ``probe_top`` of them were not found wrong or none is left."""
+        from kernelcast.kernels import probe
+
+        kept = os.path.join(os.path.dirname(self.facts_cache), "probe") if self.facts_cache else None
+        ask = lambda idx: dict(zip(idx, probe.probe_many([requests[i].candidate for i in idx], cache_dir=kept)))
+        if self.probe_top is None:
+            return ask(list(range(len(requests))))
+        by_op: dict[str, list[int]] = {}
+        for i in sorted(range(len(requests)), key=lambda i: -mu[i]):
+            if p_fail[i] < COMPILE_FAILURE:
+                by_op.setdefault(requests[i].candidate.op, []).append(i)
+        verdicts: dict[int, tuple[str, str]] = {}
+        while True:
+            batch = []
+            for order in by_op.values():
+                fine = sum(1 for i in order if i in verdicts and verdicts[i][0] not in probe.WRONG)
+                batch += [i for i in order if i not in verdicts][:max(0, self.probe_top - fine)]
+            if not batch:
+                return verdicts
+            verdicts.update(ask(batch))
 
     def predict_log_speedup(self, requests: Sequence[ForecastRequest]) -> tuple[np.ndarray, np.ndarray]:
         mu, sigma, _, _ = self._predict(requests)

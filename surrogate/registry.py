@@ -57,6 +57,12 @@ def _physics_probe():
     return PhysicsForecaster(probe=True)
 
 
+def _physics_probe_top():
+    from kernelcast.surrogate.physics import PhysicsForecaster
+
+    return PhysicsForecaster(probe=True, probe_top=2)
+
+
 def _fit_physics(forecaster, pairs, sources):
     """The correction of the GPU model on the written kernels when there are any, the template pairs otherwise."""
     return forecaster.fit(pairs if sources is None else sources)
@@ -130,6 +136,8 @@ SURROGATES: dict[str, SurrogateEntry] = {
     # physics, each candidate also run in the harness under Triton's interpreter on its operation's small cases
     # (kernelcast.kernels.probe): a kernel found wrong there is forecast to fail (seconds a kernel on the CPU)
     "physics-probe": SurrogateEntry(_physics_probe),
+    # the same, probing only the contenders: each operation's fastest forecasts until two were not found wrong
+    "physics-probe-top": SurrogateEntry(_physics_probe_top),
     # learned, its source part (every written kernel's speed, every kernel's failure) reading the physics facts too
     "learned-facts": SurrogateEntry(_learned_facts, _fit_learned),
     # the baseline every forecaster table carries: six labels a user has for free (variant kind, the reference's

@@ -246,6 +246,23 @@ def test_probe_verdicts_kept_on_disk_answer_a_later_process_without_probing(task
     assert len(list(folder.glob("*.json"))) == 2
 
 
+def test_physics_probe_top_probes_the_fastest_forecasts_until_enough_were_not_found_wrong(task):
+    import numpy as np
+
+    from kernelcast.surrogate.physics import PhysicsForecaster
+
+    op, kernels, _ = task
+    requests = _requests(op, [kernels["wrong"], kernels["b1024"], kernels["b32"], kernels["missing"]])
+    top = PhysicsForecaster(probe=True, probe_top=1).fit(None)
+    mu, p_fail = np.array([1.0, 1.0, 0.1, 2.0]), np.array([0.05, 0.05, 0.05, 0.97])
+    # the wrong twin first (found wrong), then its right twin (ok: one not found wrong, enough); the slow kernel is
+    # never probed, nor the one known not to compile
+    assert {i: status for i, (status, _) in top._probed(requests, mu, p_fail).items()} == {0: "incorrect", 1: "ok"}
+    wrong, right, slow, missing = top.forecast(requests)
+    assert wrong.failure_probability >= 0.95 and right.failure_probability < 0.5 and slow.failure_probability < 0.5
+    assert wrong.surrogate == "physics-probe-top" and missing.failure_probability >= 0.95
+
+
 def test_torch_compile_and_cuda_graphs_are_recognised_and_their_operators_counted(task):
     from kernelcast.kernels.facts import extract
 
