@@ -29,6 +29,7 @@ COMPILE_FAILURE = 0.97  # P(fails) of a kernel that does not compile for the tar
 PRIOR_SIGMA = 0.45  # spread of the model's log speedup before any fit (about 1.6x either way)
 UNKNOWN_SIGMA = 1.0  # where the facts could not be found
 BASE_FAILURE = 0.12  # P(fails) of a kernel that compiles, before a fit: wrong math is not seen here
+TIE = 1e-9  # log speedups this close are one forecast (physics_probe_top's contenders)
 PROBED_WRONG = 0.95  # P(fails) of a kernel the interpreted harness found wrong (``probe``): a check's verdict
 _BOUNDS = ("memory", "compute", "latency", "launch", "resources", "unknown")
 FACT_FEATURES = ("model_log_speedup", "log_candidate_us", "log_anchor_us", "log_launch_ratio", "log_bytes_ratio",
@@ -309,7 +310,8 @@ class PhysicsForecaster:
     def _probed(self, requests: Sequence[ForecastRequest], mu: np.ndarray, p_fail: np.ndarray) -> dict:
         """{request index: (status, error)} of the candidates probed: every one, or with ``probe_top`` the contenders
         of each operation, the fastest forecast first (a compile error is known already), a round at a time until
-        ``probe_top`` of them were not found wrong or none is left."""
+        ``probe_top`` of them were not found wrong and none left is forecast as fast as one of those (twins whose
+        facts agree, the right math and the wrong, are told apart by the probe alone)."""
         from kernelcast.kernels import probe
 
         kept = os.path.join(os.path.dirname(self.facts_cache), "probe") if self.facts_cache else None
@@ -324,8 +326,12 @@ class PhysicsForecaster:
         while True:
             batch = []
             for order in by_op.values():
-                fine = sum(1 for i in order if i in verdicts and verdicts[i][0] not in probe.WRONG)
-                batch += [i for i in order if i not in verdicts][:max(0, self.probe_top - fine)]
+                fine = [i for i in order if i in verdicts and verdicts[i][0] not in probe.WRONG]
+                pending = [i for i in order if i not in verdicts]
+                take = pending[:max(0, self.probe_top - len(fine))]
+                if len(fine) >= self.probe_top:  # and those tied with a contender: nothing else tells them apart
+                    take = [i for i in pending if mu[i] >= min(mu[j] for j in fine) - TIE]
+                batch += take
             if not batch:
                 return verdicts
             verdicts.update(ask(batch))

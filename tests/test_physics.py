@@ -258,6 +258,9 @@ def test_physics_probe_top_probes_the_fastest_forecasts_until_enough_were_not_fo
     # the wrong twin first (found wrong), then its right twin (ok: one not found wrong, enough); the slow kernel is
     # never probed, nor the one known not to compile
     assert {i: status for i, (status, _) in top._probed(requests, mu, p_fail).items()} == {0: "incorrect", 1: "ok"}
+    # the right twin first: found ok, and its wrong twin, forecast the same, is probed too
+    twins = [requests[1], requests[0], requests[2]]
+    assert {i: s for i, (s, _) in top._probed(twins, mu[:3], p_fail[:3]).items()} == {0: "ok", 1: "incorrect"}
     wrong, right, slow, missing = top.forecast(requests)
     assert wrong.failure_probability >= 0.95 and right.failure_probability < 0.5 and slow.failure_probability < 0.5
     assert wrong.surrogate == "physics-probe-top" and missing.failure_probability >= 0.95
