@@ -7,6 +7,7 @@ imports this one, and ``kernelcast`` must answer a bad argument before anything 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 DEFAULT_DATA = "kernelcast-data"
 
@@ -61,7 +62,44 @@ def prefect_defaults() -> None:
     one deferred transaction, and when the flow's own writes commit in between (they do, at the
     start of every run), SQLite refuses the upgrade at once (``database is locked``, a traceback on
     the console, whatever the busy timeout); on a machine without internet access it also logs an
-    error every run. A setting given in the environment is kept.
+    error every run. Its logging is Prefect's own but for SQLAlchemy's connection pool, quiet below
+    CRITICAL (``quiet_logging_settings``). A setting given in the environment is kept.
     """
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    if "PREFECT_LOGGING_SETTINGS_PATH" not in os.environ:
+        quiet = quiet_logging_settings()
+        if quiet:
+            os.environ["PREFECT_LOGGING_SETTINGS_PATH"] = quiet
+
+
+# Stopped at the end of a run while a request of the flow's held a connection, the temporary server's pool logs
+# the cancelled rollback as an ERROR with its traceback (seen at the end of `kernelcast search --op softmax`, the
+# README's main job, on a busy machine): nothing was lost, the run had finished.
+QUIET_LOGGERS = {"sqlalchemy.pool": "CRITICAL"}
+
+
+def quiet_logging_settings() -> str:
+    """A logging settings file: Prefect's own with ``QUIET_LOGGERS`` added, written once by content into the temporary
+    folder; its path, or "" where Prefect's own cannot be read (Prefect's then stand)."""
+    import hashlib
+    import importlib.util
+    import tempfile
+
+    import yaml
+
+    spec = importlib.util.find_spec("prefect")
+    try:
+        own = (Path(list(spec.submodule_search_locations)[0]) / "logging" / "logging.yml").read_text()
+        settings = yaml.safe_load(own)
+    except (AttributeError, IndexError, OSError, TypeError, yaml.YAMLError):
+        return ""
+    for name, level in QUIET_LOGGERS.items():
+        settings.setdefault("loggers", {})[name] = {"level": level}
+    text = yaml.safe_dump(settings, sort_keys=False)
+    path = Path(tempfile.gettempdir()) / f"kernelcast-prefect-logging-{hashlib.sha256(text.encode()).hexdigest()[:12]}.yml"
+    if not path.exists():
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".part", delete=False) as f:
+            f.write(text)
+        os.replace(f.name, path)
+    return str(path)
