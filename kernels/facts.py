@@ -568,10 +568,15 @@ def _read_cached(folder: str, key: tuple) -> KernelFacts | None:
 
 
 def _write_cached(folder: str, key: tuple, facts: KernelFacts) -> None:
-    """One job's facts into its file, whole or not at all (written aside, then renamed)."""
-    path = _cache_path(folder, key)
-    with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".part", delete=False) as f:
-        f.write(to_json(facts))
+    """One job's facts into its file."""
+    write_whole(_cache_path(folder, key), to_json(facts))
+
+
+def write_whole(path: str, text: str) -> None:
+    """``text`` into ``path``, whole or not at all (written aside in the same folder, then renamed): a reader meets
+    the old file, the new one, or none, never a part."""
+    with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(path), suffix=".part", delete=False) as f:
+        f.write(text)
     os.replace(f.name, path)
 
 

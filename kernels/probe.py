@@ -33,6 +33,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from kernelcast.kernels.facts import write_whole
 from kernelcast.kernels.formats import TASKS_ENV
 
 WRONG = ("incorrect", "rejected")  # verdicts that say the candidate fails on a GPU too
@@ -51,9 +52,12 @@ def probe_many(candidates, workers: int = 2, cache_dir: str | None = None) -> li
     (by source, parameters and the operation's own text, in a folder named by the code that decides a verdict)."""
     todo = {key(c): c for c in candidates if key(c) not in _CACHE}
     folder = _cache_folder(cache_dir) if cache_dir and todo else None
+    paths: dict[tuple[str, str], str | None] = {}
     if folder:
+        texts: dict[str, bytes | None] = {}  # each operation's text read once a call
         for k, c in list(todo.items()):
-            kept = _read_kept(folder, c)
+            paths[k] = _kept_path(folder, c, texts)
+            kept = _read_kept(paths[k])
             if kept:
                 _CACHE[k] = kept
                 del todo[k]
@@ -61,8 +65,8 @@ def probe_many(candidates, workers: int = 2, cache_dir: str | None = None) -> li
     for k, verdict in found.items():
         if verdict[0] != "unknown":  # a probe that failed is tried again
             _CACHE[k] = verdict
-            if folder:
-                _keep(folder, todo[k], verdict)
+            if paths.get(k):
+                write_whole(paths[k], json.dumps(list(verdict)))
     return [_CACHE.get(key(c)) or found[key(c)] for c in candidates]
 
 
@@ -93,29 +97,29 @@ def _operation_text(op_name: str) -> bytes:
     return Path(inspect.getfile(type(get_operation(op_name)))).read_bytes()
 
 
-def _kept_path(folder: str, candidate) -> str:
-    digest = hashlib.sha256(repr(key(candidate)).encode() + _operation_text(candidate.op)).hexdigest()[:32]
+def _kept_path(folder: str, candidate, texts: dict) -> str | None:
+    """The file of ``candidate``'s verdict: by its key and its operation's text (``texts``: op -> text, filled as read);
+    None where the operation cannot be read (not installed here): nothing is kept for it."""
+    if candidate.op not in texts:
+        try:
+            texts[candidate.op] = _operation_text(candidate.op)
+        except (OSError, ValueError):
+            texts[candidate.op] = None
+    if texts[candidate.op] is None:
+        return None
+    digest = hashlib.sha256(repr(key(candidate)).encode() + texts[candidate.op]).hexdigest()[:32]
     return os.path.join(folder, digest + ".json")
 
 
-def _read_kept(folder: str, candidate) -> tuple[str, str] | None:
+def _read_kept(path: str | None) -> tuple[str, str] | None:
+    if path is None:
+        return None
     try:
-        with open(_kept_path(folder, candidate)) as f:
+        with open(path) as f:
             status, error = json.load(f)
         return str(status), str(error)
-    except (OSError, ValueError, TypeError):  # not there, cut short, or an operation no longer installed: probed again
+    except (OSError, ValueError, TypeError):  # not there, or cut short: probed again
         return None
-
-
-def _keep(folder: str, candidate, verdict: tuple[str, str]) -> None:
-    """One verdict into its file, whole or not at all (written aside, then renamed)."""
-    try:
-        path = _kept_path(folder, candidate)
-    except (OSError, ValueError):
-        return
-    with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".part", delete=False) as f:
-        json.dump(list(verdict), f)
-    os.replace(f.name, path)
 
 
 ANSWER = "kernelcast-probe-answer "  # the prefix of the server's answer lines: anything else it prints is not one

@@ -431,8 +431,9 @@ def scaled_interpret_sizes(module, sizes: dict[str, int], where: str,
     """The problem's sizes scaled down for the interpreter, and how (the manifest's ``interpret_scaling``).
 
     The largest integer above the floor (``SCALE_FLOORS``, in turn) is halved, again and again, until the
-    inputs take at most ``limit`` bytes (``INTERPRET_INPUT_BYTES``; the probe's case: ``PROBE_INPUT_BYTES``); an integer whose halving the problem refuses
-    (``get_inputs`` fails, or a model that ran on meta tensors no longer does) keeps its last good value.
+    inputs take at most ``limit`` bytes (``INTERPRET_INPUT_BYTES``; the probe's case: ``PROBE_INPUT_BYTES``); an
+    integer whose halving the problem refuses (``get_inputs`` fails, or a model that ran on meta tensors no longer
+    does) keeps its last good value.
     Shapes come from the meta device, so nothing is allocated. ``how`` is empty when the problem's own
     sizes already fit.
     """
