@@ -179,6 +179,9 @@ def main() -> int:
           f"statuses {statuses}")
     report["lock_breakdown"] = breakdown
     report["windows"] = window_fill(results)
+    # every ok row's windows as the worker saw them (fewest seconds, or None; the calls' count times median)
+    report["window_pairs"] = [[None if low == "?" else float(low), float(calls)] for m in results if m.status == "ok"
+                              for low, _, calls in _WINDOW.findall(m.checks or "")]
     print(f"timed windows: {report['windows']}")
     not_ok = [f"{m.op} {m.status}: {m.error[:200]}" for m in results if m.status != "ok"]
     report["not_ok"] = not_ok
