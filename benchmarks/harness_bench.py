@@ -69,28 +69,35 @@ def do_bench_medians(cand) -> list[float]:
     return medians
 
 
-_WINDOW = re.compile(r"(\?|[0-9.]+)-([0-9.]+) s, calls ([0-9.]+) s")
+_WINDOW = re.compile(r"(\?|[0-9.]+)-([0-9.]+) s, calls ([0-9.]+) s(?: \(explains ([0-9.]+) s\))?")
 
 
 def window_fill(results) -> dict:
     """How much of each timed window of the ok rows their calls fill (the calls' count times median over the fewest
     seconds the worker saw the window take, where it could tell): what a refutation of understated figures could
     ask of an honest kernel's window."""
-    fills, untold = [], 0
+    fills, uses, untold = [], [], 0
     for m in results:
         if m.status != "ok":
             continue
-        for low, _, calls in _WINDOW.findall(m.checks or ""):
+        for low, _, calls, explained in _WINDOW.findall(m.checks or ""):
             if low == "?" or float(low) <= 0:
                 untold += 1
             else:
                 fills.append(float(calls) / float(low))
+                if explained:  # how much of what the calls' figures explain the window took: refused above 1
+                    uses.append(float(low) / float(explained))
     if not fills:
         return {"windows": 0, "untold": untold}
     fills.sort()
-    return {"windows": len(fills), "untold": untold, "fill_min": round(fills[0], 3),
-            "fill_p05": round(fills[int(0.05 * (len(fills) - 1))], 3),
-            "fill_median": round(statistics.median(fills), 3), "fill_max": round(fills[-1], 3)}
+    out = {"windows": len(fills), "untold": untold, "fill_min": round(fills[0], 3),
+           "fill_p05": round(fills[int(0.05 * (len(fills) - 1))], 3),
+           "fill_median": round(statistics.median(fills), 3), "fill_max": round(fills[-1], 3)}
+    if uses:
+        uses.sort()
+        out.update(explained_use_median=round(statistics.median(uses), 3),
+                   explained_use_p95=round(uses[int(0.95 * (len(uses) - 1))], 3), explained_use_max=round(uses[-1], 3))
+    return out
 
 
 def _p90(values) -> float:
@@ -180,8 +187,9 @@ def main() -> int:
     report["lock_breakdown"] = breakdown
     report["windows"] = window_fill(results)
     # every ok row's windows as the worker saw them (fewest seconds, or None; the calls' count times median)
-    report["window_pairs"] = [[None if low == "?" else float(low), float(calls)] for m in results if m.status == "ok"
-                              for low, _, calls in _WINDOW.findall(m.checks or "")]
+    report["window_pairs"] = [[None if low == "?" else float(low), float(calls), float(explained or "nan")]
+                              for m in results if m.status == "ok"
+                              for low, _, calls, explained in _WINDOW.findall(m.checks or "")]
     print(f"timed windows: {report['windows']}")
     not_ok = [f"{m.op} {m.status}: {m.error[:200]}" for m in results if m.status != "ok"]
     report["not_ok"] = not_ok

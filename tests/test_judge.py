@@ -428,7 +428,7 @@ def test_calls_claimed_beyond_the_window_the_worker_saw_are_refused():
         _observe_window(r, "timed", {"case": "4096x4096", "us": 20.0, "reps": 400, "reference_us": reference_us,
                                      "reference_reps": 400}, 100.25)
     assert honest.claim_problem == "" and honest.windows == {
-        "4096x4096": [(0.25, 400 * 70.0 / 2e6, None, 400 * 70.0 / 1e6)]}
+        "4096x4096": [(0.25, 400 * 70.0 / 2e6, None, 400 * 70.0 / 1e6, pytest.approx(2 * 403 * 470e-6 + 0.03))]}
     assert "the worker saw the window take 0.250 s at most" in inflated.claim_problem  # a reference said to take 2 s
     _observe_window(unopened, "timed", {"case": "4096x4096", "us": 1.0, "reps": 10}, 5.0)
     assert "never saw open" in unopened.claim_problem
@@ -444,7 +444,7 @@ def test_a_window_read_late_is_bounded_by_the_last_empty_look_not_by_when_it_was
         _observe_window(r, "timing", "16x16x32", 100.0, sent_after=99.7)
         _observe_window(r, "timed", {"case": "16x16x32", "us": us, "reps": 400}, 100.0)
     assert late.claim_problem == "" and late.windows == {
-        "16x16x32": [(pytest.approx(0.3), 400 * 450.0 / 2e6, None, 400 * 450.0 / 1e6)]}
+        "16x16x32": [(pytest.approx(0.3), 400 * 450.0 / 2e6, None, 400 * 450.0 / 1e6, pytest.approx(2 * 403 * 650e-6 + 0.03))]}
     assert "0.300 s at most" in made_up.claim_problem  # 0.9 s of calls cannot fit in a window of at most 0.3 s
     # the bound never runs past the reading: a look reported after the read does not shrink the window below zero
     clamped = _running()
@@ -460,9 +460,32 @@ def test_a_window_the_worker_looked_into_is_bounded_from_below_too_and_shown_in_
     _observe_window(r, "timing", "4096x4096", 100.0, sent_after=99.9)
     # an empty look at 100.4, after the opening was read: the closing was sent after it
     _observe_window(r, "timed", {"case": "4096x4096", "us": 500.0, "reps": 600}, 100.5, sent_after=100.4)
-    ((high, least, low, calls),) = r.windows["4096x4096"]
+    ((high, least, low, calls, _),) = r.windows["4096x4096"]
     assert (high, low) == (pytest.approx(0.6), pytest.approx(0.4)) and calls == pytest.approx(0.3) and least < calls
-    assert window_text(r.windows) == "4096x4096 0.400-0.600 s, calls 0.300 s"
+    assert window_text(r.windows) == "4096x4096 0.400-0.600 s, calls 0.300 s (explains 0.874 s)"
+
+
+def test_a_window_its_calls_figures_leave_unexplained_is_refused_as_understated():
+    from kernelcast.kernels.harness.children import explained_s
+    from kernelcast.kernels.harness.worker import _observe_window
+
+    # 600 calls of 5 ms seen to take at least 3.1 s: told as 5 ms they explain it; told as 0.5 ms (the timer of the
+    # child's process hooked to a tenth, as pygpubench's GOT-patch and detour exploits do) they do not
+    honest, hooked = _running(), _running()
+    for r, us in ((honest, 5000.0), (hooked, 500.0)):
+        _observe_window(r, "timing", "4096x4096", 100.0, sent_after=99.9)
+        _observe_window(r, "timed", {"case": "4096x4096", "us": us, "reps": 600}, 103.2, sent_after=103.1)
+    assert honest.claim_problem == "" and not honest.understated
+    assert hooked.understated and "understate what its calls took" in hooked.claim_problem, hooked.claim_problem
+    assert "600 at 500 us" in hooked.claim_problem
+    # where the worker never looked into the window it cannot tell, and refutes nothing
+    unseen = _running()
+    _observe_window(unseen, "timing", "4096x4096", 100.0, sent_after=99.9)
+    _observe_window(unseen, "timed", {"case": "4096x4096", "us": 500.0, "reps": 600}, 103.2)
+    assert unseen.claim_problem == "" and not unseen.understated
+    # GPU MODE's timer warms up for up to a tenth of a second of calls before the ones it counts
+    assert explained_s([(3, 10.0)], "gpumode") > explained_s([(3, 10.0)]) + 0.25
+    assert explained_s([(100, 50.0), (100, 50.0)]) == pytest.approx(2 * 2 * 103 * 250e-6 + 0.03)
 
 
 def test_a_figure_under_the_floor_or_of_no_window_is_refused_by_the_worker():

@@ -46,17 +46,35 @@ class _Running:
     window_open: tuple[str, float, float] | None = None  # the case whose window the child opened, opened after, read at
     quiet_at: float = 0.0  # the worker's latest look at the child's pipe that found nothing: what comes next was sent after
     # case -> [(the window's most seconds by the worker's clock, the least its calls take, its fewest seconds or None,
-    # the calls' count times median)]
+    # the calls' count times median, the most seconds its calls' figures explain)]
     windows: dict = field(default_factory=dict)
     claim_problem: str = ""  # a child's figures that the worker's own observations refute
+    understated: bool = False  # claim_problem: a window its calls' figures leave unexplained (retried alone first)
     broken: str = ""  # why a message of the child's was refused (channel.ChannelError): it gets no verdict of its own
     seeds_conn: object = None  # the pipe the child asks for its inputs' seeds on (SeedServer)
 
 
 WINDOW_SLACK_S = 0.05  # the worker reads a child's phases as its loop comes to them: up to this late, and 10%
+# What a timed window may hold beyond its calls' figures, by the worker's clock: each call's flush, events and host
+# issue up to CALL_OVERHEAD_S, the warm-up calls each series makes first (WARMUP_CALLS, GPU MODE's timer up to
+# FORMAT_WARMUP_S more), all of it UNEXPLAINED_FACTOR over, and UNEXPLAINED_SLACK_S whatever the window.
+CALL_OVERHEAD_S = 200e-6
+WARMUP_CALLS = 3
+FORMAT_WARMUP_S = {"gpumode": 0.15}
+UNEXPLAINED_FACTOR = 2.0
+UNEXPLAINED_SLACK_S = 0.03
 
 
-def _observe_window(r: _Running, name: str, detail, read_at: float, sent_after: float | None = None) -> None:
+def explained_s(series, protocol: str = "kernelcast") -> float:
+    """The most seconds an honest window of these series ``[(repetitions, microseconds a call), ...]`` takes at
+    the worker's clock: what a window seen to take longer leaves unexplained. Honest calls fill their window but
+    for the flush and events between them and the warm-up before (measured on H100s: see docs/harness.md)."""
+    need = sum((reps + WARMUP_CALLS) * (us / 1e6 + CALL_OVERHEAD_S) for reps, us in series)
+    return UNEXPLAINED_FACTOR * (need + FORMAT_WARMUP_S.get(protocol, 0.0)) + UNEXPLAINED_SLACK_S
+
+
+def _observe_window(r: _Running, name: str, detail, read_at: float, sent_after: float | None = None,
+                    protocol: str = "kernelcast") -> None:
     """A timing window's opening and closing as the worker reads them, and what the child says it timed there: the
     calls of each series (the candidate's, and the reference's beside it) at half their count times their median,
     the least time calls with that median can have taken. A child whose claims need more time than the window can
@@ -70,8 +88,10 @@ def _observe_window(r: _Running, name: str, detail, read_at: float, sent_after: 
 
     Bounded from below too, where the worker looked at the pipe and found it empty after reading the opening (the
     closing was sent after that look): kept with the calls' full time (count times median) in ``windows``, for the
-    row, never yet a reason to refuse: a figure understated within the upper bound is what such a lower bound could
-    refute, once honest kernels' windows against their calls are measured on a GPU."""
+    row; a window seen to take longer than its calls' figures can explain (``explained_s``) refutes them: figures
+    rewritten in the child's process (its timer hooked, its message rewritten on the way out) understate what its
+    calls took. Such a child is marked ``understated``: the worker measures it again alone before it believes that
+    (a host busy with other children can stall an honest child's window)."""
     looked, sent_after = sent_after, read_at if sent_after is None else min(sent_after, read_at)
     if name == "timing":
         r.window_open = (detail, sent_after, read_at) if isinstance(detail, str) else None
@@ -82,6 +102,7 @@ def _observe_window(r: _Running, name: str, detail, read_at: float, sent_after: 
         r.claim_problem = r.claim_problem or f"a timed window of case {str(case)[:60]!r} that the worker never saw open"
         return
     claimed = calls = 0.0
+    series = []
     for reps, us in ((detail.get("reps"), detail.get("us")), (detail.get("reference_reps"), detail.get("reference_us"))):
         if reps is None and us is None:
             continue
@@ -90,22 +111,32 @@ def _observe_window(r: _Running, name: str, detail, read_at: float, sent_after: 
             return
         claimed += reps * us / 2e6
         calls += reps * us / 1e6
+        series.append((reps, us))
     wall = read_at - opened[1]
     # None: no empty look inside the window (or none told)
     at_least = looked - opened[2] if looked is not None and looked > opened[2] else None
-    r.windows.setdefault(case, []).append((wall, claimed, at_least, calls))
+    explained = explained_s(series, protocol)
+    r.windows.setdefault(case, []).append((wall, claimed, at_least, calls, explained))
     if claimed > wall * 1.1 + WINDOW_SLACK_S:
         r.claim_problem = r.claim_problem or (
             f"case {case}: the calls it says it timed need at least {claimed:.3f} s; the worker saw the window take "
             f"{wall:.3f} s at most: its figures are not what its calls took")
+    if at_least is not None and at_least > explained and not r.claim_problem:
+        r.understated = True
+        r.claim_problem = (
+            f"case {case}: the worker saw the window take at least {at_least:.3f} s; the calls it says it timed there "
+            f"({', '.join(f'{n} at {us:.4g} us' for n, us in series)}), their warm-up, flushes and events explain "
+            f"{explained:.3f} s at most: its figures understate what its calls took")
 
 
 def window_text(windows: dict) -> str:
-    """The timed windows as the worker saw them, for the row: 'CASE 0.301-0.312 s, calls 0.286 s' a window (the
-    fewest and the most seconds it can have taken by the worker's clock, '?' where it cannot tell the fewest; the
-    calls' count times their median, the candidate's and the reference's beside it)."""
-    return ", ".join(f"{case} {'?' if low is None else f'{low:.3f}'}-{high:.3f} s, calls {calls:.3f} s"
-                     for case, seen in windows.items() for high, _, low, calls in seen)
+    """The timed windows as the worker saw them, for the row: 'CASE 0.301-0.312 s, calls 0.286 s (explains 0.640 s)'
+    a window (the fewest and the most seconds it can have taken by the worker's clock, '?' where it cannot tell the
+    fewest; the calls' count times their median, the candidate's and the reference's beside it; the most seconds
+    those figures explain, ``explained_s``)."""
+    return ", ".join(f"{case} {'?' if low is None else f'{low:.3f}'}-{high:.3f} s, calls {calls:.3f} s "
+                     f"(explains {explained:.3f} s)" for case, seen in windows.items()
+                     for high, _, low, calls, explained in seen)
 
 
 def _context():

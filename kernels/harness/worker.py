@@ -153,7 +153,7 @@ class WorkerStats:
     children: int = 0
     crashed: int = 0  # died before reporting
     killed: int = 0  # killed by the worker: time or memory limit
-    retried_alone: int = 0  # ran out of device memory beside others; measured again alone
+    retried_alone: int = 0  # ran out of device memory, or its window was unexplained, beside others: measured again alone
     shared_checks: int = 0  # children whose checks held the lock shared (WorkerConfig.shared_checks)
     sandboxes: Counter = field(default_factory=Counter)  # sandbox summary -> children that entered it
 
@@ -475,7 +475,7 @@ class MeasureWorker:
                     done = self._poll(r)
                     if done is None:
                         still.append(r)
-                    elif not r.alone and self._out_of_memory(r, done):
+                    elif not r.alone and (self._out_of_memory(r, done) or (r.understated and self.config.mode == "gpu")):
                         self.stats.retried_alone += 1
                         solo.append((r.candidate, done, r.take))  # no verdict yet: others held the device beside it
                     else:
@@ -554,7 +554,7 @@ class MeasureWorker:
                     r.last_phase_t = min(max(t, r.last_phase_t, r.started), read_at)
                     self._phase(r, name, detail, r.last_phase_t)
                     if name in ("timing", "timed"):
-                        _observe_window(r, name, detail, read_at, max(r.quiet_at, r.started))
+                        _observe_window(r, name, detail, read_at, max(r.quiet_at, r.started), self.config.protocol)
                 elif kind == "sandbox":
                     self.stats.sandboxes[message[1]] += 1
                 elif kind == "seed":  # asked on the seeds' own pipe (SeedServer), never on this one
