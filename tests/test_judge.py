@@ -499,6 +499,7 @@ def test_a_figure_under_the_floor_or_of_no_window_is_refused_by_the_worker():
     names = [c.name for c in op.cases]
     r = _running()
     r.windows = {name: [(0.1, 0.01)] for name in names}
+    r.timed_seen = {name: [(500.0, None), (0.5, None)] for name in names}  # the figures its windows told
     r.result = {"status": "ok", "case_names": names, "runtime_us_median": [500.0] * len(names)}
     assert MeasureWorker._refuted_figures(worker, r) == ""
     r.result["runtime_us_median"] = [0.5] * len(names)  # under a microsecond for 100+ MiB: impossible
@@ -508,6 +509,32 @@ def test_a_figure_under_the_floor_or_of_no_window_is_refused_by_the_worker():
     assert "no timing window of that case" in MeasureWorker._refuted_figures(worker, r)
     worker.config.mode = "interpreter"  # no device timing to check
     assert MeasureWorker._refuted_figures(worker, r) == ""
+
+
+def test_a_result_figure_its_windows_did_not_tell_is_refused():
+    from kernelcast.kernels.harness.children import figure_problem, observe_anchored
+    from kernelcast.kernels.harness.worker import _observe_window
+
+    r = _running()
+    # a window of its own, told as 300 us (its fastest), and a pair beside the reference: 80 us against 100 us here
+    _observe_window(r, "timing", "own", 10.0)
+    _observe_window(r, "timed", {"case": "own", "us": 300.0, "reps": 20}, 10.1)
+    _observe_window(r, "timing", "pair", 11.0)
+    _observe_window(r, "timed", {"case": "pair", "us": 80.0, "reps": 80, "reference_us": 100.0,
+                                 "reference_reps": 80}, 11.1)
+    observe_anchored(r, {"case": "pair", "us": 80.0, "reference_us_here": 100.0, "ratio": 0.79, "reference_us": 120.0})
+    assert figure_problem(r, "own", 300.0) == ""
+    assert figure_problem(r, "pair", 120.0 * 0.79, references=(120.0, 9.0)) == ""
+    # the result rewritten alone (pygpubench's pipe interposer on the last message): a figure no window told
+    assert "none of its timed windows told" in figure_problem(r, "own", 30.0)
+    # a pair anchored to a reference runtime the worker never gave, a ratio rewritten far from its medians, medians
+    # no window told: each in a child of its own
+    for pair, why in (((80.0, 100.0, 0.79, 12.0), "never gave it"), ((80.0, 100.0, 0.079, 120.0), "times apart"),
+                      ((8.0, 100.0, 0.079, 120.0), "none of its windows told")):
+        forged = _running()
+        forged.timed_seen = {"pair": [(80.0, 100.0)]}
+        observe_anchored(forged, dict(zip(("us", "reference_us_here", "ratio", "reference_us"), pair), case="pair"))
+        assert why in figure_problem(forged, "pair", pair[3] * pair[2], references=(120.0, 9.0)), why
 
 
 def test_without_the_recheck_round_the_judge_asks_for_no_rechecked_call():

@@ -50,6 +50,11 @@ class _Running:
     windows: dict = field(default_factory=dict)
     claim_problem: str = ""  # a child's figures that the worker's own observations refute
     understated: bool = False  # claim_problem: a window its calls' figures leave unexplained (retried alone first)
+    # case -> the figures its windows told: [(the candidate's microseconds, the reference's beside them or None)], and
+    # its pairs' [(us, reference_us_here, ratio, reference_us)]: a result's figure must be one of them (figure_problem)
+    timed_seen: dict = field(default_factory=dict)
+    anchored_seen: dict = field(default_factory=dict)
+    references: tuple = ()  # the reference's runtimes the worker gave the child to anchor its pairs to
     broken: str = ""  # why a message of the child's was refused (channel.ChannelError): it gets no verdict of its own
     seeds_conn: object = None  # the pipe the child asks for its inputs' seeds on (SeedServer)
 
@@ -59,6 +64,9 @@ WINDOW_SLACK_S = 0.05  # the worker reads a child's phases as its loop comes to 
 # issue up to CALL_OVERHEAD_S, the warm-up calls each series makes first (WARMUP_CALLS, GPU MODE's timer up to
 # FORMAT_WARMUP_S more), all of it UNEXPLAINED_FACTOR over, and UNEXPLAINED_SLACK_S whatever the window.
 CALL_OVERHEAD_S = 200e-6
+# How often the worker looks at a timing child's pipe (measured on an H100 at its loop's half-second: 154 of 289
+# honest windows had no empty look inside them, so no lower bound; tens of milliseconds are typical windows)
+WINDOW_LOOK_S = 0.002
 WARMUP_CALLS = 3
 FORMAT_WARMUP_S = {"gpumode": 0.15}
 UNEXPLAINED_FACTOR = 2.0
@@ -112,6 +120,7 @@ def _observe_window(r: _Running, name: str, detail, read_at: float, sent_after: 
         claimed += reps * us / 2e6
         calls += reps * us / 1e6
         series.append((reps, us))
+    r.timed_seen.setdefault(case, []).append((detail.get("us"), detail.get("reference_us")))
     wall = read_at - opened[1]
     # None: no empty look inside the window (or none told)
     at_least = looked - opened[2] if looked is not None and looked > opened[2] else None
@@ -127,6 +136,46 @@ def _observe_window(r: _Running, name: str, detail, read_at: float, sent_after: 
             f"case {case}: the worker saw the window take at least {at_least:.3f} s; the calls it says it timed there "
             f"({', '.join(f'{n} at {us:.4g} us' for n, us in series)}), their warm-up, flushes and events explain "
             f"{explained:.3f} s at most: its figures understate what its calls took")
+
+
+PAIRED_RATIO_SPREAD = 2.0  # a pair's median of per-round ratios against its ratio of medians: at most this apart
+
+
+def observe_anchored(r: _Running, detail) -> None:
+    """A pair's figures as the child told them (its ``anchored`` phase), for ``figure_problem``."""
+    if not isinstance(detail, dict):
+        return
+    keys = ("us", "reference_us_here", "ratio", "reference_us")
+    if all(isinstance(detail.get(k), (int, float)) for k in keys):
+        r.anchored_seen.setdefault(detail.get("case"), []).append(tuple(float(detail[k]) for k in keys))
+
+
+def _same(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-9 * max(abs(a), abs(b))
+
+
+def figure_problem(r: _Running, case: str, figure: float, references: tuple[float, ...] = ()) -> str:
+    """Why the figure a child's result gives ``case`` is not one its windows told the worker, or "". An honest
+    child's figure is its fastest window's median as that window's ``timed`` phase told it, or a pair's: the
+    reference's runtime the worker gave it (``references``) times the pair's ratio, the pair's medians being a
+    window's and its ratio near theirs. A child that rewrote its result alone, or its pair's ratio, or the
+    reference's runtime, is refuted here; one that rewrote its windows' figures too meets the windows' bounds."""
+    told = r.timed_seen.get(case, [])
+    if any(isinstance(us, (int, float)) and _same(us, figure) for us, _ in told):
+        return ""
+    for us, here, ratio, reference_us in r.anchored_seen.get(case, []):
+        if not _same(reference_us * ratio, figure):
+            continue
+        if not any(_same(us, u) and isinstance(h, (int, float)) and _same(here, h) for u, h in told):
+            return f"case {case}: a pair's medians ({us:.4g} and {here:.4g} us) that none of its windows told"
+        if references and not any(_same(reference_us, x) for x in references):
+            return f"case {case}: anchored to a reference runtime of {reference_us:.4g} us, which the worker never gave it"
+        medians = us / here if here > 0 else float("inf")
+        if not (medians / PAIRED_RATIO_SPREAD <= ratio <= medians * PAIRED_RATIO_SPREAD):
+            return (f"case {case}: a pair's ratio of {ratio:.4g} against its medians' {medians:.4g}: more than "
+                    f"{PAIRED_RATIO_SPREAD:g} times apart")
+        return ""
+    return f"case {case}: a figure of {figure:.4g} us that none of its timed windows told the worker"
 
 
 def window_text(windows: dict) -> str:

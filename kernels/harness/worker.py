@@ -44,7 +44,8 @@ from typing import Iterable, Iterator
 
 from kernelcast.kernels.harness import ahead, budget, channel, cores, memcheck, precision, verify
 from kernelcast.kernels.harness.children import (SeedServer, _context, _doing, _kill_group, _log_tail, _observe_window,
-                                                 _rss_bytes, _Running, _signal_name, attempt_of, window_text)
+                                                 _rss_bytes, _Running, _signal_name, attempt_of, figure_problem,
+                                                 observe_anchored, window_text, WINDOW_LOOK_S)
 from kernelcast.kernels.harness.before_lock import build_triton_utils, seed_triton_cache
 from kernelcast.kernels.harness.judges import Judges
 from kernelcast.kernels.harness.rows import (combine_reference_takes, geometric_mean, host_paced, host_sensitive_in,
@@ -440,6 +441,7 @@ class MeasureWorker:
         self.stats.children += 1
         r = _Running(cand, proc, parent_conn, scratch, time.monotonic(), limits=limits, alone=alone, take=take,
                      seeds_conn=seeds_conn)
+        r.references = tuple(job.reference_us)  # what its pairs may be anchored to (figure_problem)
         self._seeds.add(seeds_conn, r)
         self._note(r, "started", r.started, limits)
         return r
@@ -469,7 +471,10 @@ class MeasureWorker:
                         running.append(self._start(cand, take=take))
                     else:
                         running.append(self._start(pending.popleft()))
-                wait([r.conn for r in running] + [r.process.sentinel for r in running], timeout=0.5)
+                # while a child times, look at its pipe often: each empty look bounds its window from below
+                timing = any(r.window_open is not None for r in running)
+                wait([r.conn for r in running] + [r.process.sentinel for r in running],
+                     timeout=WINDOW_LOOK_S if timing else 0.5)
                 still = []
                 for r in running:
                     done = self._poll(r)
@@ -555,6 +560,8 @@ class MeasureWorker:
                     self._phase(r, name, detail, r.last_phase_t)
                     if name in ("timing", "timed"):
                         _observe_window(r, name, detail, read_at, max(r.quiet_at, r.started), self.config.protocol)
+                    elif name == "anchored":
+                        observe_anchored(r, detail)
                 elif kind == "sandbox":
                     self.stats.sandboxes[message[1]] += 1
                 elif kind == "seed":  # asked on the seeds' own pipe (SeedServer), never on this one
@@ -748,6 +755,9 @@ class MeasureWorker:
             if name not in r.windows:
                 return (f"case {name}: a figure of {us:.3g} us with no timing window of that case seen by the worker: "
                         f"the figure is not one the harness took")
+            told = figure_problem(r, name, us, r.references)
+            if told:
+                return told
             floor = verify.floor_us(op, cases[name], self.hardware.peak_bandwidth_gbps, peak,
                                     int(self.hardware.l2_mib * 2**20))
             if floor and us < floor * verify.FLOOR_MARGIN:
