@@ -31,8 +31,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--corpus", default=str(SHARED / "corpora" / "cuda-l1"), help="CUDA-L1's JSON Lines files")
     p.add_argument("--kernelbench", default=str(SHARED / "tasks" / "kernelbench"),
                    help="today's KernelBench folder, each problem compared with (default: %(default)s)")
-    p.add_argument("--root", required=True, help="pool root: one data root per protocol under it, cudal1.parquet")
-    p.add_argument("--out", required=True, help="folder for report.md, report.json")
+    p.add_argument("--root", default=None, help="pool root: one data root per protocol under it, cudal1.parquet "
+                                                  "(required but with --import-only)")
+    p.add_argument("--out", default=None, help="folder for report.md, report.json (required but with --import-only)")
     p.add_argument("--protocols", default="kernelcast,kernelbench")
     p.add_argument("--variants", default="custom,cuda-graph,cudnn,null",
                    help="comma-separated, or all (default: %(default)s); compile-* compile under the GPU lock")
@@ -60,6 +61,11 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--memcheck", default="off", choices=("off", "auto", "all"),
                    help="compute-sanitizer per candidate (8-23 s each on an H100; default: %(default)s)")
     p.add_argument("--mode", default="gpu", choices=("gpu", "interpreter"))
+    p.add_argument("--import-only", action="store_true",
+                   help="measure nothing: import the problems into this machine's tasks folder (KERNELCAST_TASKS) and "
+                        "stop; a GPU run given that folder skips their import (each problem's model is built and "
+                        "checked on this machine's CPU: 127 problems in about two minutes on two cores, five on an "
+                        "H100 host)")
     p.add_argument("--report-only", action="store_true",
                    help="measure nothing: read the published figures again from --corpus and write the report of what "
                         "is stored")
@@ -73,6 +79,9 @@ def parse(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse(argv)
+    if not args.import_only and (args.root is None or args.out is None):
+        print("error: --root and --out are required (but with --import-only)", file=sys.stderr)
+        return 2
     from kernelcast.kernels.formats.cudal1 import SOURCE_GPU, read_corpus, variants_named
     from kernelcast.kernels.harness.sweep import _hardware
     from kernelcast.storage.dataset import DataRoot
@@ -89,6 +98,8 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.import_only:
+        return import_only(problems, variants, args.kernelbench)
     top = DataRoot(args.root)
     roots = {p: pool.protocol_root(args.root, p) for p in protocols}
     out = Path(args.out)
@@ -133,6 +144,19 @@ def shard_cpus(spec: str | None) -> tuple[int, ...] | None:
 
     index, parts = (int(x) for x in spec.split("/"))
     return cores.share(index, parts)
+
+
+def import_only(problems, variants, kernelbench_folder) -> int:
+    """Import ``problems`` into this machine's tasks folder and say how many came in; nothing is measured."""
+    from kernelcast.kernels.formats import tasks_dir
+    from kernelcast.tasks import cudal1_pool as pool
+
+    started = time.monotonic()
+    prepared = pool.prepare(problems, variants, kernelbench_folder)
+    refused = [p for p in prepared if p.op is None]
+    print(f"{len(prepared) - len(refused)} of {len(prepared)} problems imported into {tasks_dir()} in "
+          f"{time.monotonic() - started:.0f} s; not imported: {', '.join(p.problem.op_name for p in refused) or 'none'}")
+    return 0
 
 
 def measure(args, prepared, roots, protocols, hardware, started: float, chunk: int) -> None:

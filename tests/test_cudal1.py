@@ -199,6 +199,27 @@ def test_a_pool_run_imports_builds_measures_resumably_and_reports(tmp_path, caps
     assert len(root.read_measurements()) == count and "0 measurements in" in capsys.readouterr().out
 
 
+def test_problems_imported_ahead_into_a_tasks_folder_are_not_imported_again(tmp_path, monkeypatch, capsys):
+    import benchmarks.cudal1_pool as bench
+    from kernelcast.kernels.formats import TASKS_ENV
+
+    monkeypatch.setenv(TASKS_ENV, str(tmp_path / "tasks"))
+    corpus = _corpus(tmp_path / "corpus", [_row(1, 19), _row(1, 20, ref_code="import torch\n")])
+    (tmp_path / "kb").mkdir()
+    assert bench.main(["--corpus", str(corpus), "--kernelbench", str(tmp_path / "kb"), "--import-only"]) == 0
+    said = capsys.readouterr().out
+    assert f"1 of 2 problems imported into {tmp_path / 'tasks'}" in said and "not imported: kb.cudal1-l1-020" in said
+    assert (tmp_path / "tasks" / "kb.cudal1-l1-019" / "reference.py").read_text() == RELU
+    # a later run finds it installed (the same reference) and loads it instead of importing it again
+    calls = []
+    monkeypatch.setattr(pool.kernelbench, "import_task", lambda *a, **k: calls.append(a) or (_ for _ in ()).throw(
+        AssertionError("imported again")))
+    [prepared] = pool.prepare(read_corpus(corpus)[:1], ["custom"], tmp_path / "kb")
+    assert prepared.op is not None and prepared.op.name == "kb.cudal1-l1-019" and not calls
+    assert bench.main(["--corpus", str(corpus)]) == 2  # measuring needs --root and --out
+    assert "--root and --out are required" in capsys.readouterr().err
+
+
 def test_shards_split_the_problems_and_their_side_rows_all_land(tmp_path):
     problems = read_corpus(_corpus(tmp_path / "c", [_row(1, t) for t in range(1, 8)]))
     parts = [pool.shard(problems, f"{i}/3") for i in range(3)]
