@@ -118,6 +118,15 @@ class KernelFacts:
     # per call of a CUDA C++ extension's function (load_inline, not built here): its extension, function and the
     # bytes of its tensors and of an output shaped like its first (a guess)
     cuda_kernels: tuple[dict, ...] = field(default_factory=tuple)
+    # What the judge's rules read, found on a later call on other inputs as the checks make (``_RuleWatch``): a write
+    # into one of the call's inputs, an output that is (a view of) an input, a CUDA graph replayed that reads an
+    # earlier call's inputs (captured off them: every replay reads the first call's), cuDNN autotuning turned on
+    # during the call (repeated inputs then run faster than new ones); and each output's (shape, strides, dtype)
+    writes_input: bool = False
+    returns_input: bool = False
+    graph_stale_input: bool = False
+    cudnn_benchmark: bool = False
+    outputs: tuple[tuple, ...] = ()
 
     @property
     def launches(self) -> int:
@@ -156,10 +165,12 @@ class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):
         self.views = 0
         self.capture: list[AtenOp] | None = None  # the operators a CUDA graph being captured holds
         self.autocast: str = ""  # the dtype CUDA autocast runs library calls in, while it is on
+        self.rules = _RuleWatch()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        self.rules.see(func, args, kwargs)
         name = func.overloadpacket.__name__.rstrip("_") if func.overloadpacket.__name__ != "t_" else "t"
         base = func.overloadpacket.__name__
         if _NO_KERNEL.match(base) or _NO_KERNEL.match(name) or getattr(func, "is_view", False):
@@ -177,6 +188,53 @@ class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):
         if self.capture is not None:
             self.capture.append(self.ops[-1])
         return out
+
+
+def _storage(t) -> int:
+    """Which storage a tensor views (meta tensors have storages of their own too): 0 where it has none."""
+    try:
+        return t.untyped_storage()._cdata
+    except Exception:  # noqa: BLE001 - a tensor subclass without a storage
+        return 0
+
+
+class _RuleWatch:
+    """What the judge's rules read of the operators dispatched: writes into the call's inputs, reads of an earlier
+    call's inputs by a CUDA graph (through ``graph_reads``, the storages the graph being captured reads), cuDNN
+    autotuning switched on."""
+
+    def __init__(self):
+        self.inputs: set[int] = set()  # the storages of this call's inputs
+        self.earlier: set[int] = set()  # of earlier calls' inputs
+        self.graph_reads: set[int] | None = None
+        self.writes_input = self.cudnn_benchmark = False
+        self.benchmark_before = torch.backends.cudnn.benchmark
+
+    def new_call(self, inputs) -> None:
+        self.earlier |= self.inputs
+        self.inputs = {k for k in (_storage(t) for t in _tensors(inputs)) if k}
+
+    def see(self, func, args, kwargs) -> None:
+        if self.graph_reads is not None:
+            self.graph_reads.update(k for k in (_storage(t) for t in _tensors(list(args) + list(kwargs.values())))
+                                    if k)
+        if self.inputs and any(_storage(t) in self.inputs for t in _written(func, args, kwargs)):
+            self.writes_input = True
+        if torch.backends.cudnn.benchmark and not self.benchmark_before:
+            self.cudnn_benchmark = True
+
+
+def _written(func, args, kwargs):
+    """The tensors an operator writes in place (its schema's mutable arguments, ``out=`` among them)."""
+    try:
+        schema = func._schema.arguments
+    except AttributeError:
+        return
+    for i, a in enumerate(schema):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        value = args[i] if i < len(args) and not a.kwarg_only else kwargs.get(a.name)
+        yield from _tensors([value])
 
 
 def _flops(func, args, kwargs, out) -> float:
@@ -252,6 +310,7 @@ def _stand_ins(state: dict, recorder: _Recorder):
         "get_device_capability", "empty_cache", "get_device_name")}}
     flags = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision(),
              torch.backends.cudnn.allow_tf32)
+    benchmark = torch.backends.cudnn.benchmark
 
     def compile_(model=None, *args, **kwargs):
         state["compiled"] = True
@@ -261,18 +320,24 @@ def _stand_ins(state: dict, recorder: _Recorder):
         def __init__(self, *args, **kwargs):
             state["graphed"] = True
             self.ops: list[AtenOp] = []
+            self.reads: set[int] = set()  # the storages its captured operators read and write
 
         def capture_begin(self, *args, **kwargs):
             recorder.capture = self.ops
+            recorder.rules.graph_reads = self.reads
 
         def capture_end(self):
             recorder.capture = None
+            recorder.rules.graph_reads = None
 
         def replay(self):
             recorder.ops.extend(self.ops)
+            if self.reads & recorder.rules.earlier - recorder.rules.inputs:
+                state["graph_stale_input"] = True
 
         def reset(self, *args, **kwargs):
             self.ops = []
+            self.reads = set()
 
         enable_debug_mode = reset
 
@@ -384,6 +449,7 @@ def _stand_ins(state: dict, recorder: _Recorder):
                 setattr(cuda, name, value)
         torch.backends.cuda.matmul.allow_tf32, precision, torch.backends.cudnn.allow_tf32 = flags
         torch.set_float32_matmul_precision(precision)
+        torch.backends.cudnn.benchmark = benchmark
 
 
 @contextlib.contextmanager
@@ -596,6 +662,7 @@ def from_json(text: str) -> KernelFacts:
     d["aten"] = tuple(AtenOp(**o) for o in d["aten"])
     d["triton"] = tuple(TritonLaunch(**t) for t in d["triton"])
     d["cuda_kernels"] = tuple(d.get("cuda_kernels", ()))
+    d["outputs"] = tuple((tuple(shape), tuple(stride), dtype) for shape, stride, dtype in d.get("outputs", ()))
     return KernelFacts(**d)
 
 
@@ -684,10 +751,12 @@ def _extract(op, candidate, case, target: str) -> KernelFacts:
                 del launches[:]
                 state.pop("cuda", None)
                 outputs = poisoned_outputs(op, case, "meta")
+                recorder.rules.new_call(inputs)
                 with on_device("meta"), recorder:
                     result = call_candidate(launch, inputs, outputs, candidate.params)
             output_bytes = sum(_nbytes(t) for t in _tensors(result))
             input_bytes += _parameter_bytes(launch)
+            rules = _later_call(op, case, launch, candidate, recorder, state, launches, result)
     except Exception as exc:  # noqa: BLE001 - sorted: a Triton compile failure is a verdict, anything else unknown
         status = "compile_error" if _is_compile_failure(exc) else "host_error"
         # the end of the message: a compile error ends with what went wrong, after the code it points at
@@ -701,7 +770,36 @@ def _extract(op, candidate, case, target: str) -> KernelFacts:
     return KernelFacts("ok", "", target, ops, recorder.views, tuple(launches), bool(state.get("compiled")),
                        bool(state.get("graphed")), bool(state.get("allow_tf32")), str(state.get("autocast", "")),
                        int(input_bytes), int(output_bytes), sum(o.flops for o in ops), time.perf_counter() - t0,
-                       tuple(state.get("cuda", ())))
+                       tuple(state.get("cuda", ())), **rules)
+
+
+def _later_call(op, case, launch, candidate, recorder: _Recorder, state: dict, launches: list, result) -> dict:
+    """The rule facts (``KernelFacts.writes_input`` and on): the steady call's outputs against its inputs, then one
+    more call on inputs of its own, as the checks make, its operators and launches not counted in the facts."""
+    from kernelcast.kernels.formats.operation import on_device
+    from kernelcast.kernels.harness.budget import meta_inputs
+    from kernelcast.kernels.harness.correctness import call_candidate, poisoned_outputs
+
+    outs = list(_tensors(result if isinstance(result, (tuple, list)) else [result]))
+    rules = {"returns_input": any(_storage(t) in recorder.rules.inputs for t in outs),
+             "outputs": tuple((tuple(t.shape), tuple(t.stride()), str(t.dtype).removeprefix("torch.")) for t in outs)}
+    if len(recorder.ops) + recorder.views <= MANY_OPERATORS:
+        kept = list(recorder.ops), recorder.views, list(launches), state.get("cuda")
+        try:
+            inputs = meta_inputs(op, case)
+            recorder.rules.new_call(inputs)
+            with on_device("meta"), recorder:
+                call_candidate(launch, inputs, poisoned_outputs(op, case, "meta"), candidate.params)
+        except Exception:  # noqa: BLE001 - the steady call's facts stand; a later call that fails says nothing here
+            pass
+        finally:
+            recorder.ops[:], launches[:] = kept[0], kept[2]
+            recorder.views = kept[1]
+            state.pop("cuda", None)
+            if kept[3] is not None:
+                state["cuda"] = kept[3]
+    return {**rules, "writes_input": recorder.rules.writes_input, "cudnn_benchmark": recorder.rules.cudnn_benchmark,
+            "graph_stale_input": bool(state.get("graph_stale_input"))}
 
 
 def key_name(candidate) -> str:

@@ -40,7 +40,17 @@ FACT_FEATURES = ("model_log_speedup", "log_candidate_us", "log_anchor_us", "log_
 # kernel's facts say outright, absolute bytes and FLOPs, extension calls, and whether the facts are a compile
 # error (a failure found without a GPU) or unknown (host code that does not run on meta tensors)
 LEARNED_FACT_FEATURES = (*FACT_FEATURES, "log_bytes", "log_flops", "log_anchor_launches", "cuda_calls",
-                         "compile_error", "facts_unknown")
+                         "compile_error", "facts_unknown", "writes_input", "returns_input", "graph_stale_input",
+                         "outputs_unlike", "cudnn_benchmark", "lower_precision")
+# The facts that break a rule the harness judges by (docs/harness.md): a write into an input, an output that is an
+# input, a CUDA graph whose replays read the first call's inputs, outputs unlike the reference's in shape, dtype or
+# layout. A kernel with one is forecast to fail at RULE_FAILURE: a check's verdict found on meta tensors.
+RULE_FACTS = ("writes_input", "returns_input", "graph_stale_input", "outputs_unlike")
+RULE_FAILURE = 0.9
+RULE_TEXT = {"writes_input": "writes into an input", "returns_input": "returns an input (or a view of one)",
+             "graph_stale_input": "a CUDA graph whose replays read the first call's inputs",
+             "outputs_unlike": "outputs unlike the reference's in shape, dtype or layout"}
+_HALF = ("float16", "bfloat16")
 
 
 def _case_of(op, name: str):
@@ -104,7 +114,7 @@ def request_facts(request: ForecastRequest, isolated: bool = False, cache_dir: s
            "flops": 0.0, "launches": 0, "anchor_launches": 0, "triton_launches": 0, "registers": -1,
            "spill_bytes": 0, "load_bits": 0, "occupancy": math.nan, "waves": math.nan, "compiled": False,
            "graphed": False, "libraries": {}, "tensor_cores": False, "bound": "unknown", "seconds": 0.0,
-           "cuda_calls": 0}
+           "cuda_calls": 0, **{r: False for r in RULE_FACTS}, "cudnn_benchmark": False, "lower_precision": False}
     worst = {"ok": 0, "host_error": 1, "unknown": 1, "compile_error": 2}
     for case in _cases(op, request):
         a_facts, a_est = modelled(op, request.anchor, case, request.hardware, isolated=isolated, cache_dir=cache_dir)
@@ -116,6 +126,8 @@ def request_facts(request: ForecastRequest, isolated: bool = False, cache_dir: s
             out["status"], out["error"] = "unknown", f"anchor: {a_facts.error}"
         if c_facts.status != "ok" or a_facts.status != "ok":
             continue
+        for name, broken in rule_facts(c_facts, a_facts).items():
+            out[name] |= broken
         out["candidate_us"] += c_est.runtime_us
         out["anchor_us"] += a_est.runtime_us
         out["bytes"] += _bytes(c_facts)
@@ -154,6 +166,33 @@ def _launches(facts) -> int:
     return facts.launches
 
 
+def rule_facts(candidate, anchor) -> dict[str, bool]:
+    """What of the harness's rules ``candidate``'s facts break against its anchor's on one case (``RULE_FACTS``), and
+    the facts that only tilt a failure forecast: cuDNN autotuning turned on, arithmetic in half precision where the
+    anchor has none. Outputs are compared only where no CUDA C++ extension made them (its output is a guess)."""
+    def unlike(c, a) -> bool:
+        shape_c, stride_c, dtype_c = c
+        shape_a, stride_a, dtype_a = a
+        dense = math.prod(shape_a) > 1
+        return shape_c != shape_a or dtype_c != dtype_a or (dense and stride_c != stride_a)
+
+    def half(facts) -> bool:
+        return bool(facts.autocast) or any(o.dtype in _HALF for o in facts.aten)
+
+    compared = not candidate.cuda_kernels and candidate.outputs and anchor.outputs
+    return {"writes_input": candidate.writes_input, "returns_input": candidate.returns_input,
+            "graph_stale_input": candidate.graph_stale_input,
+            "outputs_unlike": bool(compared) and (len(candidate.outputs) != len(anchor.outputs) or any(
+                unlike(c, a) for c, a in zip(candidate.outputs, anchor.outputs))),
+            "cudnn_benchmark": candidate.cudnn_benchmark and not anchor.cudnn_benchmark,
+            "lower_precision": half(candidate) and not half(anchor)}
+
+
+def breaks_rule(f: dict) -> bool:
+    """Whether one request's facts (``request_facts``) break a rule the harness judges by."""
+    return any(f.get(r) for r in RULE_FACTS)
+
+
 def facts_features(f: dict) -> list[float]:
     """FACT_FEATURES of one request's facts (NaN where unknown)."""
     ok = f["status"] == "ok" and f["candidate_us"] > 0 and f["anchor_us"] > 0
@@ -181,7 +220,8 @@ def learned_facts_features(f: dict) -> list[float]:
     nan = math.nan
     return [*facts_features(f), math.log1p(f["bytes"]) if ok else nan, math.log1p(f["flops"]) if ok else nan,
             math.log1p(f["anchor_launches"]) if ok else nan, float(f.get("cuda_calls", 0)),
-            float(f["status"] == "compile_error"), float(f["status"] not in ("ok", "compile_error"))]
+            float(f["status"] == "compile_error"), float(f["status"] not in ("ok", "compile_error")),
+            *(float(f.get(r, False)) for r in (*RULE_FACTS, "cudnn_benchmark", "lower_precision"))]
 
 
 def facts_matrix(requests: Sequence[ForecastRequest], isolated: bool = True, cache_dir: str | None = None) -> np.ndarray:
@@ -206,6 +246,8 @@ def why(f: dict) -> str:
     how = " (torch.compile)" if f["compiled"] else ""
     how += f" (autocast {f['autocast']})" if f.get("autocast") else ""
     how += " (CUDA graph)" if f["graphed"] else ""
+    broken = [RULE_TEXT[r] for r in RULE_FACTS if f.get(r)]
+    how += f"; breaks a check: {', '.join(broken)}" if broken else ""
     if f.get("probe") in ("incorrect", "rejected"):
         how += f"; interpreted on small cases, {f['probe']}: {f.get('probe_error', '')[:120]}"
     return (f"moves {f['bytes'] / 1e6:.1f} MB, {f['flops'] / 1e9:.2f} GFLOP, launches {f['launches']}{how}; "
@@ -293,6 +335,8 @@ class PhysicsForecaster:
             elif f["status"] == "ok" and f["candidate_us"] > 0 and f["anchor_us"] > 0:
                 mu[i] = math.log(f["anchor_us"] / f["candidate_us"])
                 sigma[i] = self.sigma_
+            if breaks_rule(f):
+                p_fail[i] = max(p_fail[i], RULE_FAILURE)
             X.append(facts_features(f))
         if self.correction_ is not None:
             known = np.array([f["status"] == "ok" and f["candidate_us"] > 0 for f in facts])

@@ -416,10 +416,14 @@ class SourceForecaster:
             p_fail = self.platt_.predict_proba(_logit(self.failure_model_.predict_proba(X)[:, 1])[:, None])[:, 1]
         if facts:  # a kernel that does not compile for the target fails: a compiler's verdict, not a pattern to learn
             # (the pools hold no such kernel to learn it from: none of CUDA-L1's measured kernels has a compile error)
-            from kernelcast.surrogate.physics import COMPILE_FAILURE, LEARNED_FACT_FEATURES
+            # and one that breaks a rule the harness judges by fails its check (``physics.RULE_FACTS``)
+            from kernelcast.surrogate.physics import COMPILE_FAILURE, LEARNED_FACT_FEATURES, RULE_FACTS, RULE_FAILURE
 
-            column = X.shape[1] - len(LEARNED_FACT_FEATURES) + LEARNED_FACT_FEATURES.index("compile_error")
+            first = X.shape[1] - len(LEARNED_FACT_FEATURES)
+            column = first + LEARNED_FACT_FEATURES.index("compile_error")
             p_fail = np.where(X[:, column] == 1.0, np.maximum(p_fail, COMPILE_FAILURE), p_fail)
+            rules = [first + LEARNED_FACT_FEATURES.index(r) for r in RULE_FACTS]
+            p_fail = np.where((X[:, rules] == 1.0).any(axis=1), np.maximum(p_fail, RULE_FAILURE), p_fail)
         if not speed:
             return (p_fail,)
         sigma = np.maximum(self.spread_model_.predict(X), _MIN_SIGMA)

@@ -466,3 +466,67 @@ def test_learned_facts_source_part_reads_each_kernels_facts_beside_its_text(task
     p_fail = np.array([f.failure_probability for f in forecasts])
     assert (p_fail[corpus["failed"].to_numpy()] >= 0.95).all()  # the compiler's verdict, whatever was learned
     assert (p_fail[~corpus["failed"].to_numpy()] < 0.5).all()
+
+
+def _forward(body: str, init: str = "") -> str:
+    """A KernelBench kernel of REFERENCE's operation whose forward is ``body``, after module-level ``init``."""
+    head = ["import torch", "import torch.nn as nn", init, "", "class ModelNew(nn.Module):",
+            "    def __init__(self):", "        super().__init__()", "        self.graph = None", "",
+            "    def forward(self, x):"]
+    return "\n".join(head + [f"        {line}" for line in body.strip().splitlines()]) + "\n"
+
+
+RULE_KERNELS = {
+    "honest_graph": GRAPHED,
+    "honest_eager": _forward("return torch.exp(-x * x) + x"),
+    "writes_input": _forward("x.add_(torch.exp(-x * x))\nreturn x.clone()"),
+    "returns_input": _forward("return x.mul_(0).add_(torch.exp(-x * x) + x)"),
+    # the input copied inside the capture: every replay reads the first call's input
+    "graph_stale_input": _forward('''if self.graph is None:
+    self.static = torch.empty_like(x)
+    self.graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(self.graph):
+        self.static.copy_(x)
+        self.out = torch.exp(-self.static * self.static) + self.static
+self.graph.replay()
+return self.out'''),
+    "column_major": _forward("y = torch.exp(-x * x) + x\nreturn y.t().contiguous().t()"),
+    "half_output": _forward("h = x.half()\nreturn torch.exp(-h * h) + h"),
+    "cudnn_benchmark": _forward("return torch.exp(-x * x) + x", "torch.backends.cudnn.benchmark = True"),
+}
+
+
+@pytest.fixture(scope="module")
+def rule_task(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("rules")
+    (folder / "reference.py").write_text(REFERENCE)
+    for name, text in RULE_KERNELS.items():
+        (folder / f"{name}.py").write_text(text)
+    op, kernels = import_task("kernelbench", str(folder / "reference.py"),
+                              [str(folder / f"{n}.py") for n in RULE_KERNELS], name="physics_rules")
+    return op, dict(zip(RULE_KERNELS, kernels))
+
+
+def test_facts_read_which_of_the_judges_rules_a_kernel_breaks_on_a_later_call(rule_task):
+    from kernelcast.surrogate.physics import RULE_FACTS, request_facts
+
+    op, kernels = rule_task
+    found = {name: request_facts(r) for name, r in zip(kernels, _requests(op, kernels.values()))}
+    broken = {name: sorted(r for r in (*RULE_FACTS, "cudnn_benchmark", "lower_precision") if f[r])
+              for name, f in found.items()}
+    assert all(f["status"] == "ok" for f in found.values()), {n: f["error"] for n, f in found.items()}
+    assert broken == {"honest_graph": [], "honest_eager": [], "writes_input": ["writes_input"],
+                      "returns_input": ["returns_input", "writes_input"], "graph_stale_input": ["graph_stale_input"],
+                      "column_major": ["outputs_unlike"], "half_output": ["lower_precision", "outputs_unlike"],
+                      "cudnn_benchmark": ["cudnn_benchmark"]}
+
+
+def test_a_kernel_breaking_a_rule_is_forecast_to_fail_and_an_honest_one_is_not(rule_task):
+    from kernelcast.surrogate.physics import RULE_FAILURE, PhysicsForecaster
+
+    op, kernels = rule_task
+    forecasts = dict(zip(kernels, PhysicsForecaster().fit(None).forecast(_requests(op, kernels.values()))))
+    for name in ("writes_input", "returns_input", "graph_stale_input", "column_major", "half_output"):
+        assert forecasts[name].failure_probability >= RULE_FAILURE, name
+    for name in ("honest_graph", "honest_eager", "cudnn_benchmark"):
+        assert forecasts[name].failure_probability < 0.5, name
