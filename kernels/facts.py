@@ -170,12 +170,13 @@ class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        self.rules.see(func, args, kwargs)
         name = func.overloadpacket.__name__.rstrip("_") if func.overloadpacket.__name__ != "t_" else "t"
         base = func.overloadpacket.__name__
         if _NO_KERNEL.match(base) or _NO_KERNEL.match(name) or getattr(func, "is_view", False):
+            self.rules.see(func, args, kwargs, launches=False)
             self.views += 1
             return out
+        self.rules.see(func, args, kwargs)
         ins = list(_tensors(args)) + list(_tensors(kwargs.values()))
         outs = list(_tensors(out if isinstance(out, (tuple, list)) else [out]))
         moved = sum(_nbytes(t) for t in {id(t): t for t in ins + outs}.values())
@@ -207,21 +208,33 @@ class _RuleWatch:
         self.inputs: set[int] = set()  # the storages of this call's inputs
         self.earlier: set[int] = set()  # of earlier calls' inputs
         self.graph_reads: set[int] | None = None
+        self.written: set[int] = set()
         self.writes_input = self.cudnn_benchmark = False
         self.benchmark_before = torch.backends.cudnn.benchmark
 
     def new_call(self, inputs) -> None:
         self.earlier |= self.inputs
         self.inputs = {k for k in (_storage(t) for t in _tensors(inputs)) if k}
+        self.written: set[int] = set()  # the storages written during this call
 
-    def see(self, func, args, kwargs) -> None:
-        if self.graph_reads is not None:
-            self.graph_reads.update(k for k in (_storage(t) for t in _tensors(list(args) + list(kwargs.values())))
-                                    if k)
-        if self.inputs and any(_storage(t) in self.inputs for t in _written(func, args, kwargs)):
+    def see(self, func, args, kwargs, launches: bool = True) -> None:
+        """One operator dispatched; ``launches``: whether it runs a kernel (a view or an allocation reads no data)."""
+        read = {k for k in (_storage(t) for t in _tensors(list(args) + list(kwargs.values()))) if k}
+        if self.graph_reads is not None and launches:
+            self.graph_reads.update(read)
+        written = {k for k in (_storage(t) for t in _written(func, args, kwargs)) if k}
+        if func.overloadpacket.__name__ == "copy_" and len(read) == 1:
+            written = set()  # a tensor copied onto itself (a buffer that is the input): nothing changes
+        self.written |= written
+        if written & self.inputs:
             self.writes_input = True
         if torch.backends.cudnn.benchmark and not self.benchmark_before:
             self.cudnn_benchmark = True
+
+    def stale(self, reads: set[int]) -> bool:
+        """Whether a graph replayed now, reading ``reads``, reads an earlier call's input this call has not
+        written: what it reads is the first call's."""
+        return bool(reads & self.earlier - self.inputs - self.written)
 
 
 def _written(func, args, kwargs):
@@ -332,7 +345,7 @@ def _stand_ins(state: dict, recorder: _Recorder):
 
         def replay(self):
             recorder.ops.extend(self.ops)
-            if self.reads & recorder.rules.earlier - recorder.rules.inputs:
+            if recorder.rules.stale(self.reads):
                 state["graph_stale_input"] = True
 
         def reset(self, *args, **kwargs):
