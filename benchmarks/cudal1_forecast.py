@@ -396,6 +396,14 @@ def run(args) -> int:
         say(f"Paired against {against} (each forecaster's figure less {against}'s on the kernels both forecast; "
             "95% bootstrap over problems, the same problems for both; * where the interval excludes a tie):")
         say(_versus_table(table_of))
+    replays = replayed_searches(kernels, first, args)
+    say()
+    say("Searches replayed from the measurements (each problem's kernels its children, the reference's resubmission "
+        f"among them, measured in the order of each forecaster's held-out ranking under {next(iter(splits))}; the "
+        "baseline measures them as they come): the geometric mean over problems of the best found over the "
+        "baseline's at each budget, the perfect forecaster's ceiling, and the measurements to a kernel within 10% "
+        "of the problem's best (95% bootstrap over problems):")
+    say(_replay_table(replays))
     measured = measured_rankers(args, kernels, first, next(iter(splits))) if args.measured_rankers else pd.DataFrame()
     if not measured.empty:
         say()
@@ -418,10 +426,36 @@ def run(args) -> int:
                 "not_run": skipped}
         Path(args.out + ".json").write_text(json.dumps(
             {**meta, "rows": table.to_dict("records"), "versus": paired.to_dict("records"),
-             "measured_rankers": measured.to_dict("records"),
+             "measured_rankers": measured.to_dict("records"), "replayed_searches": replays.to_dict("records"),
              "cross_gpu": transfer.to_dict("records")}, indent=1,
             default=float))
     return 0
+
+
+def replayed_searches(kernels: pd.DataFrame, forecasts: dict, args) -> pd.DataFrame:
+    """``ranking.replayed_search`` of each forecaster's held-out forecasts, on the kernels it forecast."""
+    from kernelcast.surrogate import ranking
+
+    rows = []
+    for name, table in forecasts.items():
+        done = table["fold"].notna().to_numpy() if "fold" in table else np.ones(len(table), bool)
+        rows.append({"forecaster": name, **ranking.replayed_search(kernels[done], ranking.rank_of(table[done])[0],
+                                                                   draws=args.draws, seed=args.seed)})
+    return pd.DataFrame(rows)
+
+
+def _replay_table(table: pd.DataFrame) -> str:
+    from kernelcast.surrogate.ranking import REPLAY_BUDGETS
+
+    def cell(r, key, form):
+        return f"{r[key]:{form}} [{r[key + '_lo']:{form}}, {r[key + '_hi']:{form}}]"
+
+    heads = ("forecaster", "problems", *(f"best at {b} / baseline's" for b in REPLAY_BUDGETS),
+             *(f"ceiling at {b}" for b in REPLAY_BUDGETS), "measurements to the best", "baseline's")
+    body = [[r["forecaster"], str(r["problems"]), *(cell(r, f"best_at_{b}", ".3f") for b in REPLAY_BUDGETS),
+             *(f"{r[f'oracle_at_{b}']:.3f}" for b in REPLAY_BUDGETS), cell(r, "to_best", ".2f"),
+             f"{r['baseline_to_best']:.2f}"] for r in table.to_dict("records")]
+    return _aligned(heads, body)
 
 
 def spaced_problems(folders, problems) -> list[str]:

@@ -381,3 +381,54 @@ def paired_difference(kernels: pd.DataFrame, mine: pd.DataFrame, theirs: pd.Data
         out[key] = statistic(np.arange(len(kernels)))
         out[f"{key}_lo"], out[f"{key}_hi"] = _over_problems(statistic, rows_of, draws, seed)
     return out
+
+
+REPLAY_BUDGETS = (1, 2)
+_TIE_ORDERS = 64  # random orders of tied forecasts a replay averages over
+
+
+def baseline_best(found: np.ndarray, budget: int) -> float:
+    """The best of ``budget`` kernels measured as they come: the mean over every order of ``found``, exactly (the
+    i-th smallest is the best of a random draw of ``budget`` with probability C(i-1, budget-1) / C(n, budget))."""
+    from math import comb
+
+    values = np.sort(np.asarray(found, dtype=float))
+    n, b = len(values), min(budget, len(values))
+    return float(sum(v * comb(i, b - 1) for i, v in enumerate(values)) / comb(n, b))
+
+
+def replayed_search(kernels: pd.DataFrame, score, budgets: Sequence[int] = REPLAY_BUDGETS, draws: int = 1000,
+                    seed: int = 0) -> dict:
+    """A search over each problem's kernels replayed from their measurements: every kernel a child (the reference's
+    resubmission and the written ones alike; none measured for free), measured in the order of ``score`` (ties in a
+    random order, the mean of ``_TIE_ORDERS``), against the baseline measuring them as they come (the mean over
+    every order) and the perfect forecaster. Per budget: the geometric mean over problems of the best found over the
+    baseline's (``best_at_B``, with its bootstrap interval over problems, and the ceiling ``oracle_at_B``); and the
+    measurements until a kernel within TOP1_TOLERANCE of the problem's best is found (``to_best``, the baseline's
+    (n + 1) / (m + 1) for m such kernels). Problems where nothing ran are left out."""
+    rng = np.random.default_rng(seed)
+    found = worth(kernels["speedup"], kernels["failed"])
+    score = np.asarray(score, dtype=float)
+    rows: dict[str, list[float]] = {k: [] for k in ("to_best", "baseline_to_best",
+                                                    *(f"{w}_at_{b}" for b in budgets for w in ("best", "oracle")))}
+    for rows_of in _rows_of_problems(kernels):
+        got, s = found[rows_of], score[rows_of]
+        if got.max() <= 0:
+            continue
+        good = got >= (1.0 - TOP1_TOLERANCE) * got.max() - 1e-12
+        orders = [np.lexsort((rng.random(len(s)), -s)) for _ in range(_TIE_ORDERS)]
+        rows["to_best"].append(float(np.mean([1 + np.flatnonzero(good[o])[0] for o in orders])))
+        rows["baseline_to_best"].append((len(got) + 1) / (good.sum() + 1))
+        for b in budgets:
+            base = baseline_best(got, b)
+            best = np.mean([got[o[:b]].max() for o in orders])
+            rows[f"best_at_{b}"].append(np.log(max(best, 1e-9) / base))
+            rows[f"oracle_at_{b}"].append(np.log(got.max() / base))
+    out = {"problems": len(rows["to_best"])}
+    for key, values in rows.items():
+        values = np.array(values)
+        geometric = key.startswith(("best", "oracle"))
+        out[key] = float(np.exp(values.mean()) if geometric else values.mean())
+        lo, hi = _interval(np.mean, values, draws, seed)
+        out[f"{key}_lo"], out[f"{key}_hi"] = (float(np.exp(lo)), float(np.exp(hi))) if geometric else (lo, hi)
+    return out

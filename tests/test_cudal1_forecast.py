@@ -140,6 +140,29 @@ def _build_pool(folder, monkeypatch):
     pd.DataFrame(side).to_parquet(folder / "pool" / "cudal1.parquet")
 
 
+def test_the_baseline_s_best_is_the_mean_over_every_order_of_the_kernels_it_measures():
+    import itertools
+
+    found = np.array([0.0, 1.3, 0.8, 2.0, 1.1])
+    for budget in (1, 2, 3, 5):
+        brute = np.mean([max(found[list(o[:budget])]) for o in itertools.permutations(range(5))])
+        assert ranking.baseline_best(found, budget) == pytest.approx(brute)
+
+
+def test_a_replayed_search_reaches_the_ceiling_with_a_perfect_forecaster_and_falls_below_the_baseline_reversed():
+    kernels = _kernels()
+    failed = kernels["failed"].to_numpy()
+    truth = kernels["speedup"].fillna(1.0).to_numpy()
+    perfect = ranking.replayed_search(kernels, np.where(failed, 0.0, truth), draws=50)
+    assert perfect["problems"] == 9 and perfect["to_best"] == 1.0
+    for b in ranking.REPLAY_BUDGETS:
+        assert perfect[f"best_at_{b}"] == pytest.approx(perfect[f"oracle_at_{b}"]) and perfect[f"best_at_{b}"] > 1.0
+    reversed_ = ranking.replayed_search(kernels, np.where(failed, 9.0, 1.0 / truth), draws=50)
+    assert reversed_["best_at_1"] < 1.0 and reversed_["to_best"] > reversed_["baseline_to_best"]
+    tied = ranking.replayed_search(kernels, np.zeros(len(kernels)), draws=50)  # ties in random orders: the baseline
+    assert tied["best_at_1"] == pytest.approx(1.0, abs=0.15)
+
+
 def test_the_benchmark_runs_end_to_end_on_a_small_pool(tmp_path, monkeypatch, capsys):
     from benchmarks import cudal1_forecast
 
@@ -159,6 +182,9 @@ def test_the_benchmark_runs_end_to_end_on_a_small_pool(tmp_path, monkeypatch, ca
     assert transfer.loc[("all", "ratio"), "median_abs_log_error"] == pytest.approx(0.0, abs=1e-9)
     assert transfer.loc[("a100", "same"), "within_20pct"] == 0.0
     assert "Per forecaster, on held-out problems" in out.with_suffix(".txt").read_text()
+    replays = pd.DataFrame(result["replayed_searches"]).set_index("forecaster")
+    assert set(replays.index) == {"learned", "source", "roofline", "random"} and (replays["problems"] == 9).all()
+    assert (replays["oracle_at_1"] >= replays["best_at_1"] - 1e-9).all()
     assert "learned" in capsys.readouterr().out
 
 
