@@ -405,9 +405,12 @@ def replayed_search(kernels: pd.DataFrame, score, budgets: Sequence[int] = REPLA
     every order) and the perfect forecaster. Per budget: the geometric mean over problems of the best found over the
     baseline's (``best_at_B``, with its bootstrap interval over problems, and the ceiling ``oracle_at_B``); and the
     measurements until a kernel within TOP1_TOLERANCE of the problem's best is found (``to_best``, the baseline's
-    (n + 1) / (m + 1) for m such kernels). Problems where nothing ran are left out."""
+    (n + 1) / (m + 1) for m such kernels). The best found is never below the reference's 1.0: a search holds its
+    reference measured, so a child that fails or runs slower leaves it the reference. Problems where nothing ran
+    are left out."""
     rng = np.random.default_rng(seed)
     found = worth(kernels["speedup"], kernels["failed"])
+    kept = np.maximum(found, 1.0)  # what the search holds after measuring each: that kernel or its reference
     score = np.asarray(score, dtype=float)
     rows: dict[str, list[float]] = {k: [] for k in ("to_best", "baseline_to_best",
                                                     *(f"{w}_at_{b}" for b in budgets for w in ("best", "oracle")))}
@@ -419,11 +422,11 @@ def replayed_search(kernels: pd.DataFrame, score, budgets: Sequence[int] = REPLA
         orders = [np.lexsort((rng.random(len(s)), -s)) for _ in range(_TIE_ORDERS)]
         rows["to_best"].append(float(np.mean([1 + np.flatnonzero(good[o])[0] for o in orders])))
         rows["baseline_to_best"].append((len(got) + 1) / (good.sum() + 1))
+        held = kept[rows_of]
         for b in budgets:
-            base = baseline_best(got, b)
-            best = np.mean([got[o[:b]].max() for o in orders])
-            rows[f"best_at_{b}"].append(np.log(max(best, 1e-9) / base))
-            rows[f"oracle_at_{b}"].append(np.log(got.max() / base))
+            base = baseline_best(held, b)
+            rows[f"best_at_{b}"].append(np.log(np.mean([held[o[:b]].max() for o in orders]) / base))
+            rows[f"oracle_at_{b}"].append(np.log(held.max() / base))
     out = {"problems": len(rows["to_best"])}
     for key, values in rows.items():
         values = np.array(values)
