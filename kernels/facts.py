@@ -125,6 +125,8 @@ class KernelFacts:
     writes_input: bool = False
     returns_input: bool = False
     graph_stale_input: bool = False
+    graph_reads_freed: bool = False  # a graph replayed reads a tensor made before its capture and let go since
+    graph_default_stream: bool = False  # a capture begun on the default stream (CUDA refuses it)
     cudnn_benchmark: bool = False
     outputs: tuple[tuple, ...] = ()
 
@@ -173,10 +175,10 @@ class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):
         name = func.overloadpacket.__name__.rstrip("_") if func.overloadpacket.__name__ != "t_" else "t"
         base = func.overloadpacket.__name__
         if _NO_KERNEL.match(base) or _NO_KERNEL.match(name) or getattr(func, "is_view", False):
-            self.rules.see(func, args, kwargs, launches=False)
+            self.rules.see(func, args, kwargs, out, launches=False)
             self.views += 1
             return out
-        self.rules.see(func, args, kwargs)
+        self.rules.see(func, args, kwargs, out)
         ins = list(_tensors(args)) + list(_tensors(kwargs.values()))
         outs = list(_tensors(out if isinstance(out, (tuple, list)) else [out]))
         moved = sum(_nbytes(t) for t in {id(t): t for t in ins + outs}.values())
@@ -208,6 +210,8 @@ class _RuleWatch:
         self.inputs: set[int] = set()  # the storages of this call's inputs
         self.earlier: set[int] = set()  # of earlier calls' inputs
         self.graph_reads: set[int] | None = None
+        self.graph_held: dict | None = None  # storage -> a weak reference to it, of what the capture reads
+        self.graph_made: set[int] | None = None  # the storages the capture's own operators made
         self.written: set[int] = set()
         self.writes_input = self.cudnn_benchmark = False
         self.benchmark_before = torch.backends.cudnn.benchmark
@@ -217,11 +221,21 @@ class _RuleWatch:
         self.inputs = {k for k in (_storage(t) for t in _tensors(inputs)) if k}
         self.written: set[int] = set()  # the storages written during this call
 
-    def see(self, func, args, kwargs, launches: bool = True) -> None:
+    def see(self, func, args, kwargs, out=None, launches: bool = True) -> None:
         """One operator dispatched; ``launches``: whether it runs a kernel (a view or an allocation reads no data)."""
-        read = {k for k in (_storage(t) for t in _tensors(list(args) + list(kwargs.values()))) if k}
-        if self.graph_reads is not None and launches:
-            self.graph_reads.update(read)
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        tensors = list(_tensors(list(args) + list(kwargs.values())))
+        read = {k for k in (_storage(t) for t in tensors) if k}
+        if self.graph_reads is not None:
+            made = {k for k in (_storage(t) for t in _tensors(out if isinstance(out, (tuple, list)) else [out])) if k}
+            self.graph_made |= made - read
+            if launches:
+                self.graph_reads.update(read)
+                for t in tensors:
+                    key = _storage(t)
+                    if key and key not in self.graph_held:
+                        self.graph_held[key] = StorageWeakRef(t.untyped_storage())
         written = {k for k in (_storage(t) for t in _written(func, args, kwargs)) if k}
         if func.overloadpacket.__name__ == "copy_" and len(read) == 1:
             written = set()  # a tensor copied onto itself (a buffer that is the input): nothing changes
@@ -336,32 +350,50 @@ def _stand_ins(state: dict, recorder: _Recorder):
             self.reads: set[int] = set()  # the storages its captured operators read and write
 
         def capture_begin(self, *args, **kwargs):
+            if not state.get("side_stream"):  # torch.cuda.graph captures on a stream of its own; a bare capture_begin
+                state["graph_default_stream"] = True  # on the default stream is refused by CUDA
             recorder.capture = self.ops
             recorder.rules.graph_reads = self.reads
+            recorder.rules.graph_held = self.held = {}
+            recorder.rules.graph_made = self.made = set()
 
         def capture_end(self):
             recorder.capture = None
-            recorder.rules.graph_reads = None
+            recorder.rules.graph_reads = recorder.rules.graph_held = recorder.rules.graph_made = None
 
         def replay(self):
             recorder.ops.extend(self.ops)
             if recorder.rules.stale(self.reads):
                 state["graph_stale_input"] = True
+            # a tensor made before the capture, read by it, and let go since: its memory can hold anything now (the
+            # capture's own tensors live on in the graph's private pool)
+            if any(ref.expired() for key, ref in getattr(self, "held", {}).items() if key not in self.made):
+                state["graph_reads_freed"] = True
 
         def reset(self, *args, **kwargs):
             self.ops = []
             self.reads = set()
+            self.held, self.made = {}, set()
 
         enable_debug_mode = reset
 
     @contextlib.contextmanager
     def graph(cuda_graph, *args, **kwargs):
         state["graphed"] = True
-        cuda_graph.capture_begin()
+        with side_stream():
+            cuda_graph.capture_begin()
         try:
             yield
         finally:
             cuda_graph.capture_end()
+
+    @contextlib.contextmanager
+    def side_stream(*args, **kwargs):
+        state["side_stream"] = state.get("side_stream", 0) + 1
+        try:
+            yield
+        finally:
+            state["side_stream"] -= 1
 
     class Stream:
         def __init__(self, *args, **kwargs):
@@ -435,7 +467,7 @@ def _stand_ins(state: dict, recorder: _Recorder):
     torch.cuda.amp.autocast = CudaAutocast
     torch.compile = compile_
     cuda.CUDAGraph, cuda.graph, cuda.synchronize = Graph, graph, lambda *a, **k: None
-    cuda.Stream, cuda.stream = Stream, lambda *a, **k: contextlib.nullcontext()
+    cuda.Stream, cuda.stream = Stream, side_stream
     cuda.current_stream = lambda *a, **k: Stream()
     cuda.make_graphed_callables, cuda.is_available = graphed_callables, lambda: True
     cuda.current_device, cuda.set_device, cuda.device_count = (lambda: 0), (lambda *a: None), (lambda: 1)
@@ -812,7 +844,9 @@ def _later_call(op, case, launch, candidate, recorder: _Recorder, state: dict, l
             if kept[3] is not None:
                 state["cuda"] = kept[3]
     return {**rules, "writes_input": recorder.rules.writes_input, "cudnn_benchmark": recorder.rules.cudnn_benchmark,
-            "graph_stale_input": bool(state.get("graph_stale_input"))}
+            "graph_stale_input": bool(state.get("graph_stale_input")),
+            "graph_reads_freed": bool(state.get("graph_reads_freed")),
+            "graph_default_stream": bool(state.get("graph_default_stream"))}
 
 
 def key_name(candidate) -> str:

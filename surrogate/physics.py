@@ -36,19 +36,23 @@ FACT_FEATURES = ("model_log_speedup", "log_candidate_us", "log_anchor_us", "log_
                  "candidate_launches", "triton_launches", "occupancy", "log_waves", "registers", "spill_bytes",
                  "load_bits", "compiled", "graphed", "cublas", "cudnn", "sdpa", "tensor_cores",
                  *(f"bound_{b}" for b in _BOUNDS))
-# What the learned forecaster's source part reads of the facts (``facts_matrix``): FACT_FEATURES, and what a
-# kernel's facts say outright, absolute bytes and FLOPs, extension calls, and whether the facts are a compile
-# error (a failure found without a GPU) or unknown (host code that does not run on meta tensors)
-LEARNED_FACT_FEATURES = (*FACT_FEATURES, "log_bytes", "log_flops", "log_anchor_launches", "cuda_calls",
-                         "compile_error", "facts_unknown", "writes_input", "returns_input", "graph_stale_input",
-                         "outputs_unlike", "cudnn_benchmark", "lower_precision")
-# The facts that break a rule the harness judges by (docs/harness.md): a write into an input, an output that is an
-# input, a CUDA graph whose replays read the first call's inputs, outputs unlike the reference's in shape, dtype or
-# layout. A kernel with one is forecast to fail at RULE_FAILURE: a check's verdict found on meta tensors.
-RULE_FACTS = ("writes_input", "returns_input", "graph_stale_input", "outputs_unlike")
+# The facts that break a rule the harness judges by (docs/harness.md) or that CUDA enforces: a write into an input,
+# an output that is an input, a CUDA graph whose replays read the first call's inputs or a tensor let go after its
+# capture, a capture on the default stream, outputs unlike the reference's in shape, dtype or layout. A kernel with
+# one is forecast to fail at RULE_FAILURE: a check's verdict found on meta tensors.
+RULE_FACTS = ("writes_input", "returns_input", "graph_stale_input", "graph_reads_freed", "graph_default_stream",
+              "outputs_unlike")
 RULE_FAILURE = 0.9
+# What the learned forecaster's source part reads of the facts (``facts_matrix``): FACT_FEATURES, and what a
+# kernel's facts say outright, absolute bytes and FLOPs, extension calls, whether the facts are a compile error (a
+# failure found without a GPU) or unknown (host code that does not run on meta tensors), the rules it breaks, and
+# two leanings: cuDNN autotuning turned on, arithmetic in half precision where the anchor has none
+LEARNED_FACT_FEATURES = (*FACT_FEATURES, "log_bytes", "log_flops", "log_anchor_launches", "cuda_calls",
+                         "compile_error", "facts_unknown", *RULE_FACTS, "cudnn_benchmark", "lower_precision")
 RULE_TEXT = {"writes_input": "writes into an input", "returns_input": "returns an input (or a view of one)",
              "graph_stale_input": "a CUDA graph whose replays read the first call's inputs",
+             "graph_reads_freed": "a CUDA graph whose replays read a tensor let go after its capture",
+             "graph_default_stream": "a CUDA graph captured on the default stream",
              "outputs_unlike": "outputs unlike the reference's in shape, dtype or layout"}
 _HALF = ("float16", "bfloat16")
 
@@ -181,7 +185,8 @@ def rule_facts(candidate, anchor) -> dict[str, bool]:
 
     compared = not candidate.cuda_kernels and candidate.outputs and anchor.outputs
     return {"writes_input": candidate.writes_input, "returns_input": candidate.returns_input,
-            "graph_stale_input": candidate.graph_stale_input,
+            "graph_stale_input": candidate.graph_stale_input, "graph_reads_freed": candidate.graph_reads_freed,
+            "graph_default_stream": candidate.graph_default_stream,
             "outputs_unlike": bool(compared) and (len(candidate.outputs) != len(anchor.outputs) or any(
                 unlike(c, a) for c, a in zip(candidate.outputs, anchor.outputs))),
             "cudnn_benchmark": candidate.cudnn_benchmark and not anchor.cudnn_benchmark,

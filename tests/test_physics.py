@@ -499,6 +499,35 @@ return self.out'''),
 self.static.copy_(x)
 self.graph.replay()
 return self.out'''),
+    # a tensor made before the capture, read by it and let go when the first call returns
+    "graph_reads_freed": _forward('''if self.graph is None:
+    self.static = torch.empty_like(x)
+    ones = torch.ones_like(x)
+    self.graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(self.graph):
+        self.out = torch.exp(-self.static * self.static) + self.static * ones
+self.static.copy_(x)
+self.graph.replay()
+return self.out'''),
+    "graph_default_stream": _forward('''if self.graph is None:
+    self.static = torch.empty_like(x)
+    self.graph = torch.cuda.CUDAGraph()
+    self.graph.capture_begin()
+    self.out = torch.exp(-self.static * self.static) + self.static
+    self.graph.capture_end()
+self.static.copy_(x)
+self.graph.replay()
+return self.out'''),
+    "honest_graph_side_stream": _forward('''if self.graph is None:
+    self.static = torch.empty_like(x)
+    self.graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(torch.cuda.Stream()):
+        self.graph.capture_begin()
+        self.out = torch.exp(-self.static * self.static) + self.static
+        self.graph.capture_end()
+self.static.copy_(x)
+self.graph.replay()
+return self.out'''),
     "column_major": _forward("y = torch.exp(-x * x) + x\nreturn y.t().contiguous().t()"),
     "half_output": _forward("h = x.half()\nreturn torch.exp(-h * h) + h"),
     "cudnn_benchmark": _forward("return torch.exp(-x * x) + x", "torch.backends.cudnn.benchmark = True"),
@@ -525,7 +554,8 @@ def test_facts_read_which_of_the_judges_rules_a_kernel_breaks_on_a_later_call(ru
               for name, f in found.items()}
     assert all(f["status"] == "ok" for f in found.values()), {n: f["error"] for n, f in found.items()}
     assert broken == {"honest_graph": [], "honest_eager": [], "honest_graph_on_input": [],
-                      "writes_input": ["writes_input"],
+                      "honest_graph_side_stream": [], "graph_reads_freed": ["graph_reads_freed"],
+                      "graph_default_stream": ["graph_default_stream"], "writes_input": ["writes_input"],
                       "returns_input": ["returns_input", "writes_input"], "graph_stale_input": ["graph_stale_input"],
                       "column_major": ["outputs_unlike"], "half_output": ["lower_precision", "outputs_unlike"],
                       "cudnn_benchmark": ["cudnn_benchmark"]}
@@ -536,7 +566,8 @@ def test_a_kernel_breaking_a_rule_is_forecast_to_fail_and_an_honest_one_is_not(r
 
     op, kernels = rule_task
     forecasts = dict(zip(kernels, PhysicsForecaster().fit(None).forecast(_requests(op, kernels.values()))))
-    for name in ("writes_input", "returns_input", "graph_stale_input", "column_major", "half_output"):
+    for name in ("writes_input", "returns_input", "graph_stale_input", "graph_reads_freed", "graph_default_stream",
+                 "column_major", "half_output"):
         assert forecasts[name].failure_probability >= RULE_FAILURE, name
-    for name in ("honest_graph", "honest_eager", "honest_graph_on_input", "cudnn_benchmark"):
+    for name in ("honest_graph", "honest_eager", "honest_graph_on_input", "honest_graph_side_stream", "cudnn_benchmark"):
         assert forecasts[name].failure_probability < 0.5, name
