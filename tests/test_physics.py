@@ -476,58 +476,34 @@ def _forward(body: str, init: str = "") -> str:
     return "\n".join(head + [f"        {line}" for line in body.strip().splitlines()]) + "\n"
 
 
+_MATH = "torch.exp(-self.static * self.static) + self.static"
+
+
+def _graphed(capture: str, static: str = "torch.empty_like(x)", refresh: str = "self.static.copy_(x)") -> str:
+    """A kernel that captures ``capture`` (lines that set ``self.out``) on its first call into a CUDA graph over
+    ``self.static`` (made as ``static``), then on every call runs ``refresh`` and replays it."""
+    head = ["if self.graph is None:", f"    self.static = {static}", "    self.graph = torch.cuda.CUDAGraph()"]
+    return _forward("\n".join(head + [f"    {line}" for line in capture.strip().splitlines()]
+                              + [refresh, "self.graph.replay()", "return self.out"]))
+
+
 RULE_KERNELS = {
     "honest_graph": GRAPHED,
     "honest_eager": _forward("return torch.exp(-x * x) + x"),
     "writes_input": _forward("x.add_(torch.exp(-x * x))\nreturn x.clone()"),
     "returns_input": _forward("return x.mul_(0).add_(torch.exp(-x * x) + x)"),
     # the input copied inside the capture: every replay reads the first call's input
-    "graph_stale_input": _forward('''if self.graph is None:
-    self.static = torch.empty_like(x)
-    self.graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(self.graph):
-        self.static.copy_(x)
-        self.out = torch.exp(-self.static * self.static) + self.static
-self.graph.replay()
-return self.out'''),
+    "graph_stale_input": _graphed(f"with torch.cuda.graph(self.graph):\n    self.static.copy_(x)\n    self.out = {_MATH}",
+                                  refresh=""),
     # captured on the first call's input itself, later inputs copied into it before each replay: honest
-    "honest_graph_on_input": _forward('''if self.graph is None:
-    self.static = x
-    self.graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(self.graph):
-        self.out = torch.exp(-self.static * self.static) + self.static
-self.static.copy_(x)
-self.graph.replay()
-return self.out'''),
+    "honest_graph_on_input": _graphed(f"with torch.cuda.graph(self.graph):\n    self.out = {_MATH}", static="x"),
     # a tensor made before the capture, read by it and let go when the first call returns
-    "graph_reads_freed": _forward('''if self.graph is None:
-    self.static = torch.empty_like(x)
-    ones = torch.ones_like(x)
-    self.graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(self.graph):
-        self.out = torch.exp(-self.static * self.static) + self.static * ones
-self.static.copy_(x)
-self.graph.replay()
-return self.out'''),
-    "graph_default_stream": _forward('''if self.graph is None:
-    self.static = torch.empty_like(x)
-    self.graph = torch.cuda.CUDAGraph()
-    self.graph.capture_begin()
-    self.out = torch.exp(-self.static * self.static) + self.static
-    self.graph.capture_end()
-self.static.copy_(x)
-self.graph.replay()
-return self.out'''),
-    "honest_graph_side_stream": _forward('''if self.graph is None:
-    self.static = torch.empty_like(x)
-    self.graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(torch.cuda.Stream()):
-        self.graph.capture_begin()
-        self.out = torch.exp(-self.static * self.static) + self.static
-        self.graph.capture_end()
-self.static.copy_(x)
-self.graph.replay()
-return self.out'''),
+    "graph_reads_freed": _graphed(f"ones = torch.ones_like(x)\nwith torch.cuda.graph(self.graph):\n"
+                                  f"    self.out = {_MATH} * ones"),
+    "graph_default_stream": _graphed(f"self.graph.capture_begin()\nself.out = {_MATH}\nself.graph.capture_end()"),
+    "honest_graph_side_stream": _graphed("with torch.cuda.stream(torch.cuda.Stream()):\n"
+                                         f"    self.graph.capture_begin()\n    self.out = {_MATH}\n"
+                                         "    self.graph.capture_end()"),
     "column_major": _forward("y = torch.exp(-x * x) + x\nreturn y.t().contiguous().t()"),
     "half_output": _forward("h = x.half()\nreturn torch.exp(-h * h) + h"),
     "cudnn_benchmark": _forward("return torch.exp(-x * x) + x", "torch.backends.cudnn.benchmark = True"),
