@@ -212,6 +212,8 @@ class _RuleWatch:
         self.graph_reads: set[int] | None = None
         self.graph_held: dict | None = None  # storage -> a weak reference to it, of what the capture reads
         self.graph_made: set[int] | None = None  # the storages the capture's own operators made
+        self.before: set[int] = set()  # the storages operators met outside any capture (a scalar that torch.tensor
+        # makes within the capture is first met there: on the GPU a CPU scalar, captured by value)
         self.written: set[int] = set()
         self.writes_input = self.cudnn_benchmark = False
         self.benchmark_before = torch.backends.cudnn.benchmark
@@ -227,14 +229,16 @@ class _RuleWatch:
 
         tensors = list(_tensors(list(args) + list(kwargs.values())))
         read = {k for k in (_storage(t) for t in tensors) if k}
-        if self.graph_reads is not None:
-            made = {k for k in (_storage(t) for t in _tensors(out if isinstance(out, (tuple, list)) else [out])) if k}
+        made = {k for k in (_storage(t) for t in _tensors(out if isinstance(out, (tuple, list)) else [out])) if k}
+        if self.graph_reads is None:
+            self.before |= read | made
+        else:
             self.graph_made |= made - read
             if launches:
                 self.graph_reads.update(read)
-                for t in tensors:
+                for t in tensors:  # held weakly: what the capture reads of the tensors made before it began
                     key = _storage(t)
-                    if key and key not in self.graph_held:
+                    if key in self.before and key not in self.graph_held:
                         self.graph_held[key] = StorageWeakRef(t.untyped_storage())
         written = {k for k in (_storage(t) for t in _written(func, args, kwargs)) if k}
         if func.overloadpacket.__name__ == "copy_" and len(read) == 1:

@@ -500,6 +500,9 @@ RULE_KERNELS = {
     # a tensor made before the capture, read by it and let go when the first call returns
     "graph_reads_freed": _graphed(f"ones = torch.ones_like(x)\nwith torch.cuda.graph(self.graph):\n"
                                   f"    self.out = {_MATH} * ones"),
+    # a scalar made within the capture (on the GPU a CPU scalar, captured by value): honest
+    "honest_graph_scalar": _graphed(f"with torch.cuda.graph(self.graph):\n"
+                                    f"    self.out = torch.maximum({_MATH}, torch.tensor(-1e30))"),
     "graph_default_stream": _graphed(f"self.graph.capture_begin()\nself.out = {_MATH}\nself.graph.capture_end()"),
     "honest_graph_side_stream": _graphed("with torch.cuda.stream(torch.cuda.Stream()):\n"
                                          f"    self.graph.capture_begin()\n    self.out = {_MATH}\n"
@@ -529,7 +532,7 @@ def test_facts_read_which_of_the_judges_rules_a_kernel_breaks_on_a_later_call(ru
     broken = {name: sorted(r for r in (*RULE_FACTS, "cudnn_benchmark", "lower_precision") if f[r])
               for name, f in found.items()}
     assert all(f["status"] == "ok" for f in found.values()), {n: f["error"] for n, f in found.items()}
-    assert broken == {"honest_graph": [], "honest_eager": [], "honest_graph_on_input": [],
+    assert broken == {"honest_graph": [], "honest_eager": [], "honest_graph_on_input": [], "honest_graph_scalar": [],
                       "honest_graph_side_stream": [], "graph_reads_freed": ["graph_reads_freed"],
                       "graph_default_stream": ["graph_default_stream"], "writes_input": ["writes_input"],
                       "returns_input": ["returns_input", "writes_input"], "graph_stale_input": ["graph_stale_input"],
@@ -545,5 +548,6 @@ def test_a_kernel_breaking_a_rule_is_forecast_to_fail_and_an_honest_one_is_not(r
     for name in ("writes_input", "returns_input", "graph_stale_input", "graph_reads_freed", "graph_default_stream",
                  "column_major", "half_output"):
         assert forecasts[name].failure_probability >= RULE_FAILURE, name
-    for name in ("honest_graph", "honest_eager", "honest_graph_on_input", "honest_graph_side_stream", "cudnn_benchmark"):
+    for name in ("honest_graph", "honest_eager", "honest_graph_on_input", "honest_graph_side_stream",
+                 "honest_graph_scalar", "cudnn_benchmark"):
         assert forecasts[name].failure_probability < 0.5, name
