@@ -212,8 +212,6 @@ class _RuleWatch:
         self.graph_reads: set[int] | None = None
         self.graph_held: dict | None = None  # storage -> a weak reference to it, of what the capture reads
         self.graph_made: set[int] | None = None  # the storages the capture's own operators made
-        self.before: set[int] = set()  # the storages operators met outside any capture (a scalar that torch.tensor
-        # makes within the capture is first met there: on the GPU a CPU scalar, captured by value)
         self.written: set[int] = set()
         self.writes_input = self.cudnn_benchmark = False
         self.benchmark_before = torch.backends.cudnn.benchmark
@@ -229,16 +227,14 @@ class _RuleWatch:
 
         tensors = list(_tensors(list(args) + list(kwargs.values())))
         read = {k for k in (_storage(t) for t in tensors) if k}
-        made = {k for k in (_storage(t) for t in _tensors(out if isinstance(out, (tuple, list)) else [out])) if k}
-        if self.graph_reads is None:
-            self.before |= read | made
-        else:
+        if self.graph_reads is not None:
+            made = {k for k in (_storage(t) for t in _tensors(out if isinstance(out, (tuple, list)) else [out])) if k}
             self.graph_made |= made - read
             if launches:
                 self.graph_reads.update(read)
-                for t in tensors:  # held weakly: what the capture reads of the tensors made before it began
+                for t in tensors:  # held weakly: what the capture reads (those it made are left out at replay)
                     key = _storage(t)
-                    if key in self.before and key not in self.graph_held:
+                    if key and key not in self.graph_held:
                         self.graph_held[key] = StorageWeakRef(t.untyped_storage())
         written = {k for k in (_storage(t) for t in _written(func, args, kwargs)) if k}
         if func.overloadpacket.__name__ == "copy_" and len(read) == 1:
@@ -414,6 +410,17 @@ def _stand_ins(state: dict, recorder: _Recorder):
 
         wait_event = synchronize
 
+    def made_here(factory):
+        """``factory`` (torch.tensor, torch.as_tensor: they dispatch no operator) noting what it makes within a
+        capture as the capture's own (a scalar made there is, on the GPU, a CPU scalar captured by value)."""
+        def make(*args, **kwargs):
+            t = factory(*args, **kwargs)
+            if recorder.rules.graph_made is not None and isinstance(t, torch.Tensor):
+                recorder.rules.graph_made.add(_storage(t))
+            return t
+
+        return make
+
     def graphed_callables(callables, *args, **kwargs):
         state["graphed"] = True
         return callables
@@ -470,6 +477,8 @@ def _stand_ins(state: dict, recorder: _Recorder):
     torch.autocast = torch.amp.autocast = Autocast
     torch.cuda.amp.autocast = CudaAutocast
     torch.compile = compile_
+    saved_factories = torch.tensor, torch.as_tensor
+    torch.tensor, torch.as_tensor = made_here(torch.tensor), made_here(torch.as_tensor)
     cuda.CUDAGraph, cuda.graph, cuda.synchronize = Graph, graph, lambda *a, **k: None
     cuda.Stream, cuda.stream = Stream, side_stream
     cuda.current_stream = lambda *a, **k: Stream()
@@ -493,6 +502,7 @@ def _stand_ins(state: dict, recorder: _Recorder):
         cpp_extension.load_inline, cpp_extension.load = saved_build
         torch.autocast, torch.cuda.amp.autocast, torch.amp.autocast = saved_autocast
         torch.compile = saved.pop("compile")
+        torch.tensor, torch.as_tensor = saved_factories
         for name, value in saved.items():
             if value is not None:
                 setattr(cuda, name, value)

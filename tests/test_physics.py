@@ -497,9 +497,13 @@ RULE_KERNELS = {
                                   refresh=""),
     # captured on the first call's input itself, later inputs copied into it before each replay: honest
     "honest_graph_on_input": _graphed(f"with torch.cuda.graph(self.graph):\n    self.out = {_MATH}", static="x"),
-    # a tensor made before the capture, read by it and let go when the first call returns
+    # a tensor made before the capture, read by it and let go when the first call returns (as torch.tensor makes
+    # one, dispatching no operator)
     "graph_reads_freed": _graphed(f"ones = torch.ones_like(x)\nwith torch.cuda.graph(self.graph):\n"
                                   f"    self.out = {_MATH} * ones"),
+    "graph_reads_freed_scalar": _graphed(f"low = torch.tensor(-1e30, device=x.device)\n"
+                                         f"with torch.cuda.graph(self.graph):\n"
+                                         f"    self.out = torch.maximum({_MATH}, low)"),
     # a scalar made within the capture (on the GPU a CPU scalar, captured by value): honest
     "honest_graph_scalar": _graphed(f"with torch.cuda.graph(self.graph):\n"
                                     f"    self.out = torch.maximum({_MATH}, torch.tensor(-1e30))"),
@@ -534,6 +538,7 @@ def test_facts_read_which_of_the_judges_rules_a_kernel_breaks_on_a_later_call(ru
     assert all(f["status"] == "ok" for f in found.values()), {n: f["error"] for n, f in found.items()}
     assert broken == {"honest_graph": [], "honest_eager": [], "honest_graph_on_input": [], "honest_graph_scalar": [],
                       "honest_graph_side_stream": [], "graph_reads_freed": ["graph_reads_freed"],
+                      "graph_reads_freed_scalar": ["graph_reads_freed"],
                       "graph_default_stream": ["graph_default_stream"], "writes_input": ["writes_input"],
                       "returns_input": ["returns_input", "writes_input"], "graph_stale_input": ["graph_stale_input"],
                       "column_major": ["outputs_unlike"], "half_output": ["lower_precision", "outputs_unlike"],
@@ -545,8 +550,8 @@ def test_a_kernel_breaking_a_rule_is_forecast_to_fail_and_an_honest_one_is_not(r
 
     op, kernels = rule_task
     forecasts = dict(zip(kernels, PhysicsForecaster().fit(None).forecast(_requests(op, kernels.values()))))
-    for name in ("writes_input", "returns_input", "graph_stale_input", "graph_reads_freed", "graph_default_stream",
-                 "column_major", "half_output"):
+    for name in ("writes_input", "returns_input", "graph_stale_input", "graph_reads_freed", "graph_reads_freed_scalar",
+                 "graph_default_stream", "column_major", "half_output"):
         assert forecasts[name].failure_probability >= RULE_FAILURE, name
     for name in ("honest_graph", "honest_eager", "honest_graph_on_input", "honest_graph_side_stream",
                  "honest_graph_scalar", "cudnn_benchmark"):
