@@ -188,6 +188,20 @@ def test_the_benchmark_runs_end_to_end_on_a_small_pool(tmp_path, monkeypatch, ca
     assert "learned" in capsys.readouterr().out
 
 
+def test_the_rule_census_counts_every_kernel_by_its_verdict_and_its_facts(tmp_path, monkeypatch):
+    from benchmarks import cudal1_forecast, rule_facts_census
+
+    pool = _pool(tmp_path, monkeypatch)
+    kernels, _ = cudal1_forecast._measured(rule_facts_census.parse(["--pool", str(pool), "--problems", "all"]))
+    counts, flagged = rule_facts_census.census(kernels)
+    assert counts[("kernels", "ok")] == 33 and counts[("kernels", "incorrect")] == 3
+    # the pool's stand-in kernels define no launch: their facts cannot be found, and none is said to break a rule
+    assert counts[("facts host_error", "")] == 36 and flagged == []
+    out = tmp_path / "census.txt"
+    assert rule_facts_census.main(["--pool", str(pool), "--problems", "all", "--out", str(out)]) == 0
+    assert "36 kernels" in out.read_text().splitlines()[0]
+
+
 def test_stored_forecasts_are_aligned_by_kernel_and_refused_under_other_folds_or_with_a_kernel_missing():
     kernels = _kernels().assign(candidate_id=lambda k: [f"c{i}" for i in range(len(k))])
     folds = ranking.problem_folds(sorted(PROBLEMS), 3, 0)
