@@ -70,7 +70,7 @@ def main(argv=None) -> int:
         for (fact, verdict), n in sorted(counts.items()):
             lines.append(f"{fact:22s} {verdict:14s} {n}")
         lines.append("")
-        lines += [f"{fact:22s} {verdict:14s} {cid} {op}" for fact, verdict, cid, op in flagged]
+        lines.extend(f"{fact:22s} {verdict:14s} {cid} {op}" for fact, verdict, cid, op in flagged)
 
     cudal1_forecast.with_pool_tasks(work)
     print("\n".join(lines))
