@@ -494,9 +494,13 @@ def _stand_ins(state: dict, recorder: _Recorder):
         warp_size = 32
 
     cuda.get_device_properties = lambda *a: Properties()
+    # a meta tensor stands for a CUDA one: a kernel that asks ``x.is_cuda`` takes the path it takes on the GPU (its
+    # CUDA extension, say), not its CPU fallback
+    torch.Tensor.is_cuda = property(lambda t: t.device.type in ("cuda", "meta"))
     try:
         yield
     finally:
+        del torch.Tensor.is_cuda  # the tensor base's own again
         state["allow_tf32"] = bool(torch.backends.cuda.matmul.allow_tf32
                                    or torch.get_float32_matmul_precision() != "highest")
         cpp_extension.load_inline, cpp_extension.load = saved_build
@@ -843,7 +847,7 @@ def _later_call(op, case, launch, candidate, recorder: _Recorder, state: dict, l
     rules = {"returns_input": any(_storage(t) in recorder.rules.inputs for t in outs),
              "outputs": tuple((tuple(t.shape), tuple(t.stride()), str(t.dtype).removeprefix("torch.")) for t in outs)}
     if len(recorder.ops) + recorder.views <= MANY_OPERATORS:
-        kept = list(recorder.ops), recorder.views, list(launches), state.get("cuda")
+        kept = list(recorder.ops), recorder.views, list(launches), list(state.get("cuda", ()))
         try:
             inputs = meta_inputs(op, case)
             recorder.rules.new_call(inputs)
@@ -855,7 +859,7 @@ def _later_call(op, case, launch, candidate, recorder: _Recorder, state: dict, l
             recorder.ops[:], launches[:] = kept[0], kept[2]
             recorder.views = kept[1]
             state.pop("cuda", None)
-            if kept[3] is not None:
+            if kept[3]:
                 state["cuda"] = kept[3]
     return {**rules, "writes_input": recorder.rules.writes_input, "cudnn_benchmark": recorder.rules.cudnn_benchmark,
             "graph_stale_input": bool(state.get("graph_stale_input")),

@@ -556,3 +556,35 @@ def test_a_kernel_breaking_a_rule_is_forecast_to_fail_and_an_honest_one_is_not(r
     for name in ("honest_graph", "honest_eager", "honest_graph_on_input", "honest_graph_side_stream",
                  "honest_graph_scalar", "cudnn_benchmark"):
         assert forecasts[name].failure_probability < 0.5, name
+
+
+def test_a_kernel_that_asks_whether_its_input_is_on_the_gpu_is_read_down_its_gpu_path(tmp_path):
+    from kernelcast.kernels.facts import extract
+
+    (tmp_path / "reference.py").write_text(REFERENCE)
+    (tmp_path / "branch.py").write_text(_src('''
+        import torch
+        import torch.nn as nn
+        from torch.utils.cpp_extension import load_inline
+
+        _ext = load_inline(name="bump_ext", cpp_sources="", cuda_sources="", functions=["bump"])
+
+
+        class ModelNew(nn.Module):
+            def forward(self, x):
+                if x.is_cuda:
+                    return _ext.bump(x)
+                return torch.exp(-x * x) + x
+    '''))
+    op, (kernel,) = import_task("kernelbench", str(tmp_path / "reference.py"), [str(tmp_path / "branch.py")],
+                                name="physics_branch")
+    facts = extract(op, kernel, op.cases[0], "cuda:90")
+    assert facts.status == "ok", facts.error
+    assert [c["function"] for c in facts.cuda_kernels] == ["bump"] and not facts.aten
+    assert not torch_tensor_is_cuda_patched()
+
+
+def torch_tensor_is_cuda_patched() -> bool:
+    import torch
+
+    return "is_cuda" in vars(torch.Tensor)
