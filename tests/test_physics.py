@@ -588,3 +588,12 @@ def torch_tensor_is_cuda_patched() -> bool:
     import torch
 
     return "is_cuda" in vars(torch.Tensor)
+
+
+def test_the_why_line_names_the_check_a_kernel_breaks_and_nothing_for_an_honest_one(rule_task):
+    from kernelcast.surrogate.physics import request_facts, why
+
+    op, kernels = rule_task
+    stale, honest = (request_facts(r) for r in _requests(op, [kernels["graph_stale_input"], kernels["honest_graph"]]))
+    assert "breaks a check: a CUDA graph whose replays read the first call's inputs" in why(stale)
+    assert "breaks a check" not in why(honest)
