@@ -1,4 +1,4 @@
-"""What a kernel makes the device do, found on the CPU: its first call on meta tensors, recorded.
+"""What a kernel makes the device do, found on the CPU: its calls on meta tensors, recorded.
 
 ``extract(op, candidate, case, target)`` runs the candidate once on the case's inputs made on the
 *meta* device (shapes and dtypes, no memory, no compute) and records:
@@ -14,8 +14,13 @@
   widest global load per thread and whether it uses tensor cores from its PTX;
 - ``torch.compile`` and CUDA graphs, recognised by standing in for them while the call runs (the
   compile becomes eager, a capture runs its body once and a replay nothing), so the operators
-  behind them are still counted.
+  behind them are still counted;
+- which of the judge's rules (or CUDA's) it breaks, from one more call on inputs of its own, as the checks
+  make (``_RuleWatch``, ``_later_call``): a write into an input, an output that is an input, a CUDA graph whose
+  replay reads an earlier call's input or a tensor let go since its capture, a capture on the default stream; and
+  each output's shape, strides and dtype, which the forecaster sets against the reference's.
 
+A meta tensor answers ``is_cuda`` as a CUDA tensor does, so a kernel is read down the path it takes on the GPU.
 A Triton compile error is a failure found without a GPU (``status`` "compile_error"). Host code
 that cannot run on meta tensors (data-dependent, ``.item()``, a library the CPU build lacks) is
 recorded as "host_error" with the reason: nothing is known then, which is not a failure.
