@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 # ATen operators that launch no kernel: views, metadata, allocation without a fill
 _NO_KERNEL = re.compile(r"^(view|_unsafe_view|reshape|t|transpose|permute|expand|as_strided|slice|select|unsqueeze|"
@@ -130,7 +131,7 @@ class KernelFacts:
     writes_input: bool = False
     returns_input: bool = False
     graph_stale_input: bool = False
-    graph_reads_freed: bool = False  # a graph replayed reads a tensor made before its capture and let go since
+    graph_reads_freed: bool = False  # a graph replayed reads a tensor made outside its capture and let go since
     graph_default_stream: bool = False  # a capture begun on the default stream (CUDA refuses it)
     cudnn_benchmark: bool = False
     outputs: tuple[tuple, ...] = ()
@@ -179,12 +180,12 @@ class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):
         out = func(*args, **kwargs)
         name = func.overloadpacket.__name__.rstrip("_") if func.overloadpacket.__name__ != "t_" else "t"
         base = func.overloadpacket.__name__
+        ins = list(_tensors(args)) + list(_tensors(kwargs.values()))
         if _NO_KERNEL.match(base) or _NO_KERNEL.match(name) or getattr(func, "is_view", False):
-            self.rules.see(func, args, kwargs, out, launches=False)
+            self.rules.see(func, args, kwargs, ins, out, launches=False)
             self.views += 1
             return out
-        self.rules.see(func, args, kwargs, out)
-        ins = list(_tensors(args)) + list(_tensors(kwargs.values()))
+        self.rules.see(func, args, kwargs, ins, out)
         outs = list(_tensors(out if isinstance(out, (tuple, list)) else [out]))
         moved = sum(_nbytes(t) for t in {id(t): t for t in ins + outs}.values())
         library = next((lib for lib, rx in _LIBRARY if rx.search(name)), "")
@@ -207,36 +208,31 @@ def _storage(t) -> int:
 
 
 class _RuleWatch:
-    """What the judge's rules read of the operators dispatched: writes into the call's inputs, reads of an earlier
-    call's inputs by a CUDA graph (through ``graph_reads``, the storages the graph being captured reads), cuDNN
-    autotuning switched on."""
+    """What the judge's rules read of the operators dispatched: writes into the call's inputs, what a CUDA graph being
+    captured reads (``graph_held``) and makes (``graph_made``), cuDNN autotuning switched on."""
 
     def __init__(self):
         self.inputs: set[int] = set()  # the storages of this call's inputs
         self.earlier: set[int] = set()  # of earlier calls' inputs
-        self.graph_reads: set[int] | None = None
-        self.graph_held: dict | None = None  # storage -> a weak reference to it, of what the capture reads
+        self.written: set[int] = set()  # the storages written during this call
+        self.graph_held: dict | None = None  # while a graph is captured: storage -> a weak reference, of what it reads
         self.graph_made: set[int] | None = None  # the storages the capture's own operators made
-        self.written: set[int] = set()
         self.writes_input = self.cudnn_benchmark = False
         self.benchmark_before = torch.backends.cudnn.benchmark
 
     def new_call(self, inputs) -> None:
         self.earlier |= self.inputs
         self.inputs = {k for k in (_storage(t) for t in _tensors(inputs)) if k}
-        self.written: set[int] = set()  # the storages written during this call
+        self.written = set()
 
-    def see(self, func, args, kwargs, out=None, launches: bool = True) -> None:
-        """One operator dispatched; ``launches``: whether it runs a kernel (a view or an allocation reads no data)."""
-        from torch.multiprocessing.reductions import StorageWeakRef
-
-        tensors = list(_tensors(list(args) + list(kwargs.values())))
+    def see(self, func, args, kwargs, tensors: list, out=None, launches: bool = True) -> None:
+        """One operator dispatched, ``tensors`` its tensor arguments; ``launches``: whether it runs a kernel (a view
+        or an allocation reads no data)."""
         read = {k for k in (_storage(t) for t in tensors) if k}
-        if self.graph_reads is not None:
+        if self.graph_held is not None:
             made = {k for k in (_storage(t) for t in _tensors(out if isinstance(out, (tuple, list)) else [out])) if k}
             self.graph_made |= made - read
             if launches:
-                self.graph_reads.update(read)
                 for t in tensors:  # held weakly: what the capture reads (those it made are left out at replay)
                     key = _storage(t)
                     if key and key not in self.graph_held:
@@ -250,7 +246,7 @@ class _RuleWatch:
         if torch.backends.cudnn.benchmark and not self.benchmark_before:
             self.cudnn_benchmark = True
 
-    def stale(self, reads: set[int]) -> bool:
+    def stale(self, reads) -> bool:
         """Whether a graph replayed now, reading ``reads``, reads an earlier call's input this call has not
         written: what it reads is the first call's."""
         return bool(reads & self.earlier - self.inputs - self.written)
@@ -352,33 +348,30 @@ def _stand_ins(state: dict, recorder: _Recorder):
         def __init__(self, *args, **kwargs):
             state["graphed"] = True
             self.ops: list[AtenOp] = []
-            self.reads: set[int] = set()  # the storages its captured operators read and write
+            self.held: dict = {}  # storage -> a weak reference to it, of what its captured operators read
+            self.made: set[int] = set()  # the storages its captured operators made
 
         def capture_begin(self, *args, **kwargs):
             if not state.get("side_stream"):  # torch.cuda.graph captures on a stream of its own; a bare capture_begin
                 state["graph_default_stream"] = True  # on the default stream is refused by CUDA
             recorder.capture = self.ops
-            recorder.rules.graph_reads = self.reads
-            recorder.rules.graph_held = self.held = {}
-            recorder.rules.graph_made = self.made = set()
+            recorder.rules.graph_held, recorder.rules.graph_made = self.held, self.made
 
         def capture_end(self):
             recorder.capture = None
-            recorder.rules.graph_reads = recorder.rules.graph_held = recorder.rules.graph_made = None
+            recorder.rules.graph_held = recorder.rules.graph_made = None
 
         def replay(self):
             recorder.ops.extend(self.ops)
-            if recorder.rules.stale(self.reads):
+            if recorder.rules.stale(self.held.keys()):
                 state["graph_stale_input"] = True
-            # a tensor made before the capture, read by it, and let go since: its memory can hold anything now (the
+            # a tensor made outside the capture, read by it, and let go since: its memory can hold anything now (the
             # capture's own tensors live on in the graph's private pool)
-            if any(ref.expired() for key, ref in getattr(self, "held", {}).items() if key not in self.made):
+            if any(ref.expired() for key, ref in self.held.items() if key not in self.made):
                 state["graph_reads_freed"] = True
 
         def reset(self, *args, **kwargs):
-            self.ops = []
-            self.reads = set()
-            self.held, self.made = {}, set()
+            self.ops, self.held, self.made = [], {}, set()
 
         enable_debug_mode = reset
 
