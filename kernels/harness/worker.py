@@ -440,8 +440,7 @@ class MeasureWorker:
         child_seeds.close()
         self.stats.children += 1
         r = _Running(cand, proc, parent_conn, scratch, time.monotonic(), limits=limits, alone=alone, take=take,
-                     seeds_conn=seeds_conn)
-        r.references = tuple(job.reference_us)  # what its pairs may be anchored to (figure_problem)
+                     seeds_conn=seeds_conn, references=tuple(job.reference_us))
         self._seeds.add(seeds_conn, r)
         self._note(r, "started", r.started, limits)
         return r
